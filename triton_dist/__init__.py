@@ -1,0 +1,20 @@
+"""triton_dist: compute-communication overlapping kernels in stock Triton.
+
+    import triton_dist as td
+    td.init()                                   # from torchrun's environment (or a group you pass)
+    x = td.shmem.empty((m, k), torch.bfloat16)  # symmetric tensor
+    import triton_dist.language as dl           # tile primitives for your own @triton.jit kernels
+"""
+
+import os
+
+import torch
+
+# With no GPU, kernels run under the Triton interpreter; it must be chosen before any @triton.jit is applied.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from . import language, shmem  # noqa: E402,F401
+from .shmem import finalize, init, rank, world_size  # noqa: E402,F401
+
+__version__ = "0.1.0"

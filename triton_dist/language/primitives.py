@@ -1,0 +1,176 @@
+"""The primitives behind ``triton_dist.language`` (see the package docstring for the ordering contract).
+
+All of them are built from Triton's own loads, stores and atomics; the one trick is the address translation in
+``symm_at``: a symmetric tensor sits at the same offset in every rank's heap, so its copy on ``peer`` is
+``ptr + (heap_base[peer] - heap_base[me])``.
+"""
+
+import triton
+import triton.language as tl
+
+from ..shmem import layout
+
+CTX_RANK = tl.constexpr(layout.CTX_RANK)
+CTX_WORLD = tl.constexpr(layout.CTX_WORLD)
+CTX_WAIT_BUDGET = tl.constexpr(layout.CTX_WAIT_BUDGET)
+CTX_BASES = tl.constexpr(layout.CTX_BASES)
+ERR_FLAG = tl.constexpr(layout.ERR_FLAG)
+ERR_RANK = tl.constexpr(layout.ERR_RANK)
+ERR_SIGNAL = tl.constexpr(layout.ERR_SIGNAL)
+ERR_EXPECTED = tl.constexpr(layout.ERR_EXPECTED)
+ERR_SEEN = tl.constexpr(layout.ERR_SEEN)
+ERR_CMP = tl.constexpr(layout.ERR_CMP)
+BARRIER_COUNT = tl.constexpr(layout.BARRIER_COUNT)
+BARRIER_FLAGS = tl.constexpr(layout.BARRIER_FLAGS)
+FENCE_SCRATCH = tl.constexpr(layout.FENCE_SCRATCH)
+
+
+@triton.jit
+def rank(ctx):
+    """This rank's index (int32 scalar)."""
+    return tl.load(ctx + CTX_RANK).to(tl.int32)
+
+
+@triton.jit
+def num_ranks(ctx):
+    """Number of ranks sharing the heap (int32 scalar)."""
+    return tl.load(ctx + CTX_WORLD).to(tl.int32)
+
+
+@triton.jit
+def _heap_base(ctx, peer):
+    return tl.load(ctx + CTX_BASES + peer)
+
+
+@triton.jit
+def symm_at(ptr, peer, ctx):
+    """The address of ``ptr`` (a pointer or a block of pointers into a symmetric tensor) on rank ``peer``."""
+    ELEM_BYTES: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
+    delta = _heap_base(ctx, peer) - _heap_base(ctx, rank(ctx))
+    # Heaps are page aligned, so the byte distance is a whole number of elements.
+    return ptr + delta // ELEM_BYTES
+
+
+@triton.jit
+def put(ptr, value, peer, ctx, mask=None):
+    """Store ``value`` at ``ptr`` on rank ``peer`` (plain store; follow with ``signal`` to publish it)."""
+    tl.store(symm_at(ptr, peer, ctx), value, mask=mask)
+
+
+@triton.jit
+def get(ptr, peer, ctx, mask=None, other=None):
+    """Load ``ptr`` from rank ``peer`` (plain load; ``wait`` first for data the peer publishes)."""
+    return tl.load(symm_at(ptr, peer, ctx), mask=mask, other=other)
+
+
+@triton.jit
+def signal(flag, value, peer, ctx, op: tl.constexpr = "set"):
+    """Publish every earlier store of this program, then set (``op="set"``) or add to (``op="add"``) the int32
+    ``flag`` on rank ``peer`` with release semantics at system scope."""
+    tl.debug_barrier()  # the stores of all threads of the program happen before the release below
+    remote = symm_at(flag, peer, ctx)
+    if op == "add":
+        tl.atomic_add(remote, value, sem="release", scope="sys")
+    else:
+        tl.atomic_xchg(remote, value, sem="release", scope="sys")
+
+
+@triton.jit
+def _satisfied(seen, value, CMP: tl.constexpr):
+    # Signed difference: counters that wrap around past 2**31 still compare correctly.
+    diff = (seen - value).to(tl.int32)
+    if CMP == "eq":
+        ok = diff == 0
+    elif CMP == "ne":
+        ok = diff != 0
+    elif CMP == "gt":
+        ok = diff > 0
+    else:
+        ok = diff >= 0
+    return ok
+
+
+@triton.jit
+def _cmp_code(CMP: tl.constexpr):
+    if CMP == "eq":
+        code = 1
+    elif CMP == "ne":
+        code = 2
+    elif CMP == "gt":
+        code = 3
+    else:
+        code = 0
+    return code
+
+
+@triton.jit
+def _record_timeout(flag, value, seen, ctx, CMP: tl.constexpr):
+    me = rank(ctx)
+    base = _heap_base(ctx, me)
+    # The first timeout on this rank wins the record; later ones leave it alone.
+    if tl.atomic_cas((base + ERR_FLAG).to(tl.pointer_type(tl.int32)), 0, 1, sem="acq_rel", scope="sys") == 0:
+        tl.store((base + ERR_RANK).to(tl.pointer_type(tl.int64)), me.to(tl.int64))
+        tl.store((base + ERR_SIGNAL).to(tl.pointer_type(tl.int64)), flag.to(tl.int64) - base)
+        tl.store((base + ERR_EXPECTED).to(tl.pointer_type(tl.int64)), value.to(tl.int64))
+        tl.store((base + ERR_SEEN).to(tl.pointer_type(tl.int64)), seen.to(tl.int64))
+        tl.store((base + ERR_CMP).to(tl.pointer_type(tl.int64)), _cmp_code(CMP).to(tl.int64))
+
+
+@triton.jit
+def wait(flag, value, ctx, cmp: tl.constexpr = "ge"):
+    """Poll this rank's int32 ``flag`` with acquire semantics until ``flag <cmp> value`` (``ge``, ``gt``,
+    ``eq``, ``ne``); return the last value seen. Gives up after the context's wait budget and records the
+    timeout (rank, signal, expected, seen) for the host to raise."""
+    budget = tl.load(ctx + CTX_WAIT_BUDGET).to(tl.int32)
+    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    polls = 1
+    while (_satisfied(seen, value, cmp) == 0) & (polls < budget):
+        seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+        polls += 1
+    if _satisfied(seen, value, cmp) == 0:
+        _record_timeout(flag, value, seen, ctx, cmp)
+    tl.debug_barrier()  # every thread of the program reads after the acquire
+    return seen
+
+
+@triton.jit
+def fence(ctx):
+    """Order all earlier memory operations of this program before all later ones, at system scope."""
+    tl.debug_barrier()
+    scratch = (_heap_base(ctx, rank(ctx)) + FENCE_SCRATCH).to(tl.pointer_type(tl.int32))
+    tl.atomic_add(scratch, 0, sem="acq_rel", scope="sys")
+    tl.debug_barrier()
+
+
+@triton.jit
+def barrier_all(ctx):
+    """Block until every rank has reached its own ``barrier_all``; call it from ONE program of a launch.
+    Stores made before the barrier by the calling program are visible to every rank after it."""
+    me = rank(ctx)
+    world = num_ranks(ctx)
+    base = _heap_base(ctx, me)
+    count = (base + BARRIER_COUNT).to(tl.pointer_type(tl.int32))
+    arrivals = (base + BARRIER_FLAGS).to(tl.pointer_type(tl.int32))
+    generation = tl.load(count) + 1
+    tl.store(count, generation)
+    for peer in range(world):
+        signal(arrivals + me, 1, peer, ctx, op="add")
+    for peer in range(world):
+        wait(arrivals + peer, generation, ctx)
+
+
+@triton.jit
+def call_epoch(state):
+    """This call's epoch (1, 2, 3, ... per launch) from an int32[2] device counter ``state`` that
+    ``finish_call`` advances; every program of the launch reads the same value."""
+    return tl.load(state) + 1
+
+
+@triton.jit
+def finish_call(state, epoch, num_programs):
+    """Every program calls this last; the last one to arrive advances ``state`` to ``epoch``."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(state + 1, 1, sem="acq_rel", scope="gpu")
+    if arrived == num_programs - 1:
+        tl.atomic_xchg(state + 1, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(state, epoch, sem="release", scope="gpu")

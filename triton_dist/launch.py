@@ -1,0 +1,136 @@
+"""Run a function on N ranks as local processes — how examples and tests run multi-rank without a launcher.
+
+    from triton_dist.launch import RankPool
+    with RankPool(2) as pool:              # starts 2 ranks (CPU: Triton interpreter + shared-memory heap)
+        results = pool.run(my_fn, arg)     # my_fn(arg) on every rank; returns [result of rank 0, rank 1]
+
+Ranks start once and serve many calls (starting one costs seconds of imports). A call that raises on any rank,
+or does not finish in time, raises here with every rank's error, and the pool restarts so that the next call
+begins from clean state.
+"""
+
+import gc
+import multiprocessing as mp
+import os
+import time
+import traceback
+
+
+class RankError(RuntimeError):
+    pass
+
+
+def _worker(rank, world, port, backend, heap_size, conn):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    import torch
+
+    import triton_dist as td
+
+    try:
+        if backend != "cpu":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        td.init(backend=backend, heap_size=heap_size)
+        conn.send(("ready", None))
+    except BaseException:
+        conn.send(("err", traceback.format_exc()))
+        return
+    while True:
+        task = conn.recv()
+        if task is None:
+            break
+        fn, args, kwargs = task
+        try:
+            result = fn(*args, **kwargs)
+            gc.collect()  # free symmetric tensors now, identically on every rank
+            td.shmem.check_errors()
+            conn.send(("ok", result))
+        except BaseException:
+            conn.send(("err", traceback.format_exc()))
+    td.finalize()
+    conn.send(("bye", None))
+
+
+class RankPool:
+    def __init__(self, world, backend="cpu", heap_size=None, start_timeout=120):
+        self.world, self.backend, self.heap_size, self.start_timeout = world, backend, heap_size, start_timeout
+        self._procs = []
+        self._start()
+
+    def _start(self):
+        from .shmem.heap import _free_port
+
+        if self.backend == "cpu":
+            os.environ["TRITON_INTERPRET"] = "1"  # inherited by the spawned ranks
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self._conns, self._procs = [], []
+        for r in range(self.world):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker, args=(r, self.world, port, self.backend, self.heap_size, child),
+                            daemon=True)
+            p.start()
+            self._conns.append(parent)
+            self._procs.append(p)
+        self._collect(self.start_timeout, "start")
+
+    def _collect(self, timeout, what):
+        deadline = time.monotonic() + timeout
+        results, errors = [None] * self.world, []
+        pending = set(range(self.world))
+        while pending:
+            for r in list(pending):
+                if self._conns[r].poll(0.01):
+                    kind, value = self._conns[r].recv()
+                    pending.discard(r)
+                    if kind == "err":
+                        errors.append(f"--- rank {r} ---\n{value}")
+                    results[r] = value
+                elif not self._procs[r].is_alive():
+                    pending.discard(r)
+                    errors.append(f"--- rank {r} --- process died (exit code {self._procs[r].exitcode})")
+            if pending and time.monotonic() > deadline:
+                errors.append(f"ranks {sorted(pending)} did not finish {what} within {timeout} s")
+                break
+        if errors:
+            self._kill()
+            raise RankError("\n".join(errors))
+        return results
+
+    def run(self, fn, *args, timeout=300, **kwargs):
+        """``fn(*args, **kwargs)`` on every rank; the list of per-rank results."""
+        if not self._procs:
+            self._start()
+        for c in self._conns:
+            c.send((fn, args, kwargs))
+        return self._collect(timeout, fn.__name__)
+
+    def _kill(self):
+        for p in self._procs:
+            p.kill()
+        for p in self._procs:
+            p.join(5)
+        self._procs = []
+
+    def close(self):
+        if not self._procs:
+            return
+        try:
+            for c in self._conns:
+                c.send(None)
+            self._collect(30, "finalize")
+        except Exception:
+            pass
+        self._kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def spawn(fn, world, *args, backend="cpu", **kwargs):
+    """Start ``world`` ranks, run ``fn(*args, **kwargs)`` on each, stop them; the per-rank results."""
+    with RankPool(world, backend=backend) as pool:
+        return pool.run(fn, *args, **kwargs)

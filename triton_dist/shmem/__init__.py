@@ -1,0 +1,26 @@
+"""Host side: the symmetric heap, peer views, barrier and error reporting. See ``heap.py``."""
+
+from .heap import (  # noqa: F401
+    HeapExhaustedError,
+    NotInitializedError,
+    WaitTimeoutError,
+    backend,
+    barrier,
+    check_errors,
+    check_symmetric,
+    clear_errors,
+    context,
+    device,
+    empty,
+    finalize,
+    init,
+    is_initialized,
+    is_symmetric,
+    peer_view,
+    peer_views,
+    raise_pending_errors,
+    rank,
+    set_wait_timeout,
+    world_size,
+    zeros,
+)

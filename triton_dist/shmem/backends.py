@@ -1,0 +1,72 @@
+"""Where a rank's heap lives and how its peers' heaps are reached.
+
+* ``CpuHeap``: one file per rank in /dev/shm, mapped by every rank (kernels run under the Triton interpreter, and
+  Triton's atomics are real atomics on these shared pages). Files are unlinked as soon as every rank has mapped
+  them, so nothing is left behind, even when a rank dies.
+* ``TorchSymmHeap``: PyTorch symmetric memory (NVSHMEM or CUDA backend); peers are reached over NVLink by address.
+"""
+
+import os
+import uuid
+
+import torch
+import torch.distributed as dist
+
+
+class CpuHeap:
+    name = "cpu"
+
+    def __init__(self, nbytes, group, rank, world):
+        tokens = [None] * world
+        dist.all_gather_object(tokens, uuid.uuid4().hex, group=group)
+        paths = [f"/dev/shm/triton_dist_{tokens[0]}_{r}" for r in range(world)]
+        self._own_path = paths[rank]
+        self.local = torch.from_file(paths[rank], shared=True, size=nbytes, dtype=torch.uint8)
+        dist.barrier(group=group)
+        self.peers = [self.local if r == rank else torch.from_file(p, shared=True, size=nbytes, dtype=torch.uint8)
+                      for r, p in enumerate(paths)]
+        dist.barrier(group=group)
+        self.unlink()
+        self.bases = [t.data_ptr() for t in self.peers]
+        self.device = torch.device("cpu")
+
+    def unlink(self):
+        try:
+            os.unlink(self._own_path)
+        except FileNotFoundError:
+            pass
+
+    def close(self):
+        self.unlink()
+        self.peers = []
+        self.local = None
+
+
+def nvshmem_available():
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+        return bool(getattr(symm_mem, "is_nvshmem_available", lambda: False)())
+    except Exception:
+        return False
+
+
+class TorchSymmHeap:
+    def __init__(self, nbytes, group, rank, world, device, backend):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.name = backend
+        if hasattr(symm_mem, "set_backend"):
+            symm_mem.set_backend("NVSHMEM" if backend == "nvshmem" else "CUDA")
+        elif backend == "nvshmem":
+            raise RuntimeError("this torch has no NVSHMEM symmetric-memory backend; use backend='cuda'")
+        self.device = device
+        self.local = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+        self.handle = symm_mem.rendezvous(self.local, group.group_name)
+        self.bases = [int(p) for p in self.handle.buffer_ptrs]
+        self.peers = [self.local if r == rank else self.handle.get_buffer(r, (nbytes,), torch.uint8)
+                      for r in range(world)]
+
+    def close(self):
+        self.peers = []
+        self.handle = None
+        self.local = None
