@@ -81,7 +81,10 @@ class RankPool:
         while pending:
             for r in list(pending):
                 if self._conns[r].poll(0.01):
-                    kind, value = self._conns[r].recv()
+                    try:
+                        kind, value = self._conns[r].recv()
+                    except EOFError:
+                        kind, value = "err", f"process died (exit code {self._procs[r].exitcode})"
                     pending.discard(r)
                     if kind == "err":
                         errors.append(f"--- rank {r} ---\n{value}")

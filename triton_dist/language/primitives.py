@@ -47,8 +47,9 @@ def symm_at(ptr, peer, ctx):
     """The address of ``ptr`` (a pointer or a block of pointers into a symmetric tensor) on rank ``peer``."""
     ELEM_BYTES: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
     delta = _heap_base(ctx, peer) - _heap_base(ctx, rank(ctx))
-    # Heaps are page aligned, so the byte distance is a whole number of elements.
-    return ptr + delta // ELEM_BYTES
+    # Heaps are page aligned: the distance is a whole number of elements, and a multiple of 16 of them, which
+    # keeps the peer address exactly as aligned as `ptr` (so stores stay vectorised).
+    return ptr + tl.multiple_of(delta // ELEM_BYTES, 16)
 
 
 @triton.jit
@@ -117,18 +118,41 @@ def _record_timeout(flag, value, seen, ctx, CMP: tl.constexpr):
 
 
 @triton.jit
-def wait(flag, value, ctx, cmp: tl.constexpr = "ge"):
+def _poll(flag, mask):
+    return tl.atomic_add(flag, 0, mask=mask, sem="acquire", scope="sys")
+
+
+@triton.jit
+def _all_satisfied(seen, value, mask, CMP: tl.constexpr):
+    ok = _satisfied(seen, value, CMP)
+    if len(seen.shape) > 0:
+        ok = tl.min(((ok != 0) | (mask == 0)).to(tl.int32), axis=0)
+    return ok != 0
+
+
+@triton.jit
+def wait(flag, value, ctx, cmp: tl.constexpr = "ge", mask=None):
     """Poll this rank's int32 ``flag`` with acquire semantics until ``flag <cmp> value`` (``ge``, ``gt``,
-    ``eq``, ``ne``); return the last value seen. Gives up after the context's wait budget and records the
-    timeout (rank, signal, expected, seen) for the host to raise."""
+    ``eq``, ``ne``) and return the last value(s) seen. ``flag`` is a pointer or a 1-D block of pointers (then
+    every element not masked off must satisfy the comparison; one poll round reads them all in parallel).
+    Gives up after the context's wait budget and records the timeout (rank, signal, expected, seen) for the
+    host to raise as ``WaitTimeoutError``."""
+    if mask is None:
+        mask = True
     budget = tl.load(ctx + CTX_WAIT_BUDGET).to(tl.int32)
-    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    seen = _poll(flag, mask)
     polls = 1
-    while (_satisfied(seen, value, cmp) == 0) & (polls < budget):
-        seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    while (_all_satisfied(seen, value, mask, cmp) == 0) & (polls < budget):
+        seen = _poll(flag, mask)
         polls += 1
-    if _satisfied(seen, value, cmp) == 0:
-        _record_timeout(flag, value, seen, ctx, cmp)
+    if _all_satisfied(seen, value, mask, cmp) == 0:
+        if len(seen.shape) > 0:  # name the first flag that is still short
+            bad = (_satisfied(seen, value, cmp) == 0) & (mask != 0)
+            addr = tl.min(tl.where(bad, flag.to(tl.int64), 0x7FFFFFFFFFFFFFFF), axis=0)
+            first_seen = tl.sum(tl.where(bad & (flag.to(tl.int64) == addr), seen.to(tl.int64), 0), axis=0)
+            _record_timeout(addr.to(tl.pointer_type(tl.int32)), value, first_seen, ctx, cmp)
+        else:
+            _record_timeout(flag, value, seen, ctx, cmp)
     tl.debug_barrier()  # every thread of the program reads after the acquire
     return seen
 

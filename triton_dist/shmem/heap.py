@@ -21,8 +21,8 @@ from .backends import CpuHeap, TorchSymmHeap, nvshmem_available
 
 ALIGN = 256
 DEFAULT_HEAP_BYTES = {"cpu": 256 << 20, "gpu": 2 << 30}
-# Rough poll rates of dl.wait, to turn a timeout in seconds into a poll budget.
-POLLS_PER_SECOND = {"cpu": 20_000, "gpu": 2_000_000}
+# Rough poll rates of dl.wait, to turn a timeout in seconds into a poll budget (the interpreter manages ~1000/s).
+POLLS_PER_SECOND = {"cpu": 1_000, "gpu": 2_000_000}
 DEFAULT_WAIT_TIMEOUT_S = 60.0
 
 

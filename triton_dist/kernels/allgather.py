@@ -1,0 +1,127 @@
+"""All-gather by pushing: every rank stores its shard straight into every peer's output, chunk by chunk.
+
+    rank r:   for each peer p (starting with itself) and each chunk c of its shard:
+                  wait until p has entered this call          (ready[r] on r, set by p: p is done with the old out)
+                  dl.put(out[r's rows, chunk c]) on p
+                  dl.signal(arrived[r, c]) on p with this call's epoch
+              the last program then waits until arrived[q, c] >= epoch for every rank q and chunk c
+
+Flags carry the call's *epoch* (1, 2, 3, ... kept on the device by ``dl.call_epoch``/``dl.finish_call``), so
+repeated calls and CUDA-graph replays need no flag resets. ``arrived`` is what overlapped consumers (AG+GEMM)
+wait on chunk by chunk; this standalone op waits for everything before it returns.
+
+Programs are ordered so that all pushes of a launch precede its waits: the Triton interpreter runs the programs
+of a launch one after another, and the same source must run there.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import language as dl
+from .. import shmem
+
+
+@triton.jit
+def all_gather_push_kernel(src, out, arrived, ready, state, shard_words, chunk_words, n_chunks, ctx,
+                           BLOCK: tl.constexpr, FLAGS_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    me = dl.rank(ctx)
+    world = dl.num_ranks(ctx)
+    epoch = dl.call_epoch(state)
+    if pid == 0:  # tell every peer it may overwrite our copy of `out` now
+        for peer in range(world):
+            dl.signal(ready + me, epoch, peer, ctx)
+    for item in range(pid, world * n_chunks, n_programs):
+        peer = (me + item // n_chunks) % world  # own copy first, then the peers in ring order
+        chunk = item % n_chunks
+        dl.wait(ready + peer, epoch, ctx)
+        start = chunk * chunk_words
+        end = tl.minimum(start + chunk_words, shard_words)
+        dst = out + me.to(tl.int64) * shard_words
+        for off in range(start, end, BLOCK):
+            offs = off + tl.arange(0, BLOCK)
+            m = offs < end
+            dl.put(dst + offs, tl.load(src + offs, mask=m), peer, ctx, mask=m)
+        dl.signal(arrived + me * n_chunks + chunk, epoch, peer, ctx)
+    if pid == n_programs - 1:
+        for first in range(0, world * n_chunks, FLAGS_BLOCK):
+            idx = first + tl.arange(0, FLAGS_BLOCK)
+            dl.wait(arrived + idx, epoch, ctx, mask=idx < world * n_chunks)
+    dl.finish_call(state, epoch, n_programs)
+
+
+class _Workspace:
+    """Per-call-site signals, created once (collectively) and reused by every later call."""
+
+    _cache = {}
+
+    def __init__(self, n_chunks):
+        world = shmem.world_size()
+        self.arrived = shmem.zeros((world * n_chunks,), torch.int32, name="all_gather.arrived")
+        self.ready = shmem.zeros((world,), torch.int32, name="all_gather.ready")
+        self.state = torch.zeros(2, dtype=torch.int32, device=shmem.device())
+        shmem.barrier()  # peers signal into these flags only after everyone zeroed them
+
+    @classmethod
+    def get(cls, n_chunks):
+        if n_chunks not in cls._cache:
+            cls._cache[n_chunks] = cls(n_chunks)
+        return cls._cache[n_chunks]
+
+
+def _as_words(t):
+    """View a contiguous tensor as the widest integer words its byte size allows (wider = fewer instructions)."""
+    flat = t.reshape(-1).view(torch.uint8)
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        if flat.numel() % dtype.itemsize == 0 and flat.data_ptr() % dtype.itemsize == 0:
+            return flat.view(dtype)
+    return flat
+
+
+def default_config(nbytes, device_type):
+    if device_type == "cpu":
+        return {"num_programs": 2, "n_chunks": 2, "block": 256, "num_warps": 4}
+    programs = 32 if nbytes >= (8 << 20) else 16
+    return {"num_programs": programs, "n_chunks": programs, "block": 2048, "num_warps": 8}
+
+
+def all_gather(x, out=None, config=None):
+    """``out = cat([x of rank 0, x of rank 1, ...], dim=0)`` on every rank, by direct stores into peers' ``out``.
+
+    ``x``: this rank's shard (any contiguous tensor). ``out``: a symmetric tensor of shape
+    ``[world * x.shape[0], *x.shape[1:]]`` and x's dtype (allocated if not given; pass one for CUDA graphs).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    world = shmem.world_size()
+    if x.device.type != shmem.device().type:
+        raise ValueError(f"x is on {x.device}, triton_dist runs on {shmem.device()}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension")
+    x = x.contiguous()
+    shape = (world * x.shape[0], *x.shape[1:])
+    if out is None:
+        out = shmem.empty(shape, x.dtype, name="all_gather.out")
+    shmem.check_symmetric(out, "out")
+    if tuple(out.shape) != shape or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {list(shape)}, "
+                         f"got {out.dtype} {list(out.shape)}")
+    if x.numel() == 0:
+        return out
+    cfg = {**default_config(x.numel() * x.element_size(), x.device.type), **(config or {})}
+    src, dst = _as_words(x), _as_words(out)
+    if src.dtype != dst.dtype:  # alignment of one side forbids the wider view
+        src, dst = x.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
+    shard_words = src.numel()
+    n_chunks = max(1, min(cfg["n_chunks"], triton.cdiv(shard_words, cfg["block"])))
+    chunk_words = triton.cdiv(triton.cdiv(shard_words, n_chunks), cfg["block"]) * cfg["block"]
+    n_chunks = triton.cdiv(shard_words, chunk_words)
+    ws = _Workspace.get(n_chunks)
+    shmem.raise_pending_errors()
+    all_gather_push_kernel[(cfg["num_programs"],)](
+        src, dst, ws.arrived, ws.ready, ws.state, shard_words, chunk_words, n_chunks, shmem.context(),
+        BLOCK=cfg["block"], FLAGS_BLOCK=triton.next_power_of_2(min(world * n_chunks, 1024)),
+        num_warps=cfg["num_warps"])
+    return out

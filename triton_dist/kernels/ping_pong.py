@@ -1,0 +1,41 @@
+"""Signal latency: ranks 2i and 2i+1 bounce a counter ``iters`` times (``dl.signal`` -> ``dl.wait``).
+One-way latency = elapsed / (2 * iters). Also a correctness test of repeated signal/wait pairs."""
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import language as dl
+from .. import shmem
+
+
+@triton.jit
+def ping_pong_kernel(flag, count, iters, ctx):
+    me = dl.rank(ctx)
+    peer = me ^ 1
+    base = tl.load(count)  # the flag's value so far: counters keep growing across calls, no resets
+    if peer < dl.num_ranks(ctx):
+        for i in range(1, iters + 1):
+            if me % 2 == 0:
+                dl.signal(flag, base + i, peer, ctx)
+                dl.wait(flag, base + i, ctx, cmp="eq")
+            else:
+                dl.wait(flag, base + i, ctx, cmp="eq")
+                dl.signal(flag, base + i, peer, ctx)
+    tl.store(count, base + iters)
+
+
+_WS = {}
+
+
+def ping_pong(iters=1000):
+    """Run ``iters`` round trips between rank pairs (2i, 2i+1); returns the flag (== total iters so far)."""
+    if iters < 1:
+        raise ValueError("iters must be >= 1")
+    if "flag" not in _WS:
+        _WS["flag"] = shmem.zeros((1,), torch.int32, name="ping_pong.flag")
+        _WS["count"] = torch.zeros(1, dtype=torch.int32, device=shmem.device())
+        shmem.barrier()
+    shmem.raise_pending_errors()
+    ping_pong_kernel[(1,)](_WS["flag"], _WS["count"], iters, shmem.context(), num_warps=1)
+    return _WS["flag"]
