@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The whole GPU suite in one call: tests under torchrun on every GPU of the node, then every benchmark.
+# Writes $OUT/suite.log, $OUT/results.json (every benchmark) and $OUT/table.md (short tables).
+#   usage: OUT=/some/dir GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_suite.sh [pytest args...]
+# Set SUITE_SKIP_TESTS=1 or SUITE_SKIP_BENCH=1 to run half of it; SUITE_BENCH="allgather ..." to pick benchmarks.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT=${OUT:-benchmarks/results/latest}
+mkdir -p "$OUT"
+export BENCH_DIR=$(mktemp -d)
+NGPU=${NGPU:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}
+LOG="$OUT/suite.log"
+status=0
+{
+  echo "== node"; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv; nvidia-smi topo -m
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+} >"$LOG" 2>&1
+run() {  # run "label" cmd...: log it, keep going, remember failures
+  local label=$1; shift
+  echo "== $label: $*" | tee -a "$LOG"
+  local t0=$(date +%s)
+  timeout "${SUITE_STEP_TIMEOUT:-900}" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  echo "== $label: exit $rc in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
+  [ $rc -eq 0 ] || status=1
+}
+TR="torchrun --nproc-per-node=$NGPU --master-port=29517"
+if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
+  for be in ${SUITE_BACKENDS:-cuda nvshmem}; do
+    TRITON_DIST_BACKEND=$be run "tests[$be] x$NGPU" $TR -m pytest tests -q -p no:cacheprovider -rs "$@"
+  done
+fi
+if [ "${SUITE_SKIP_BENCH:-0}" != 1 ]; then
+  for b in ${SUITE_BENCH:-$(ls benchmarks/bench_*.py | sed 's#benchmarks/bench_##; s#\.py##')}; do
+    run "bench $b x$NGPU" $TR "benchmarks/bench_$b.py"
+  done
+fi
+python3 - "$BENCH_DIR" "$OUT" <<'PY'
+import glob, json, os, sys
+sys.path.insert(0, "benchmarks")
+from harness import format_table
+docs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(sys.argv[1], "*.json")))]
+json.dump(docs, open(os.path.join(sys.argv[2], "results.json"), "w"), indent=1)
+open(os.path.join(sys.argv[2], "table.md"), "w").write("\n\n".join(format_table(d) for d in docs) + "\n")
+PY
+grep -E "^== |passed|failed|error" "$LOG" | tail -40
+cat "$OUT/table.md"
+exit $status
