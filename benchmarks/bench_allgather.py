@@ -14,7 +14,7 @@ import torch.distributed as dist
 import triton_dist as td
 from harness import record, time_us
 from triton_dist.kernels.allgather import all_gather, default_config
-from triton_dist.kernels.ping_pong import ping_pong
+from triton_dist.kernels.pingpong import ping_pong
 
 SIZES_MIB = [1, 16, 256]
 CONFIGS = [dict(num_programs=p, n_chunks=p, block=b, num_warps=w)

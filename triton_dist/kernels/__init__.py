@@ -5,7 +5,7 @@ import importlib
 
 _OPS = {
     "all_gather": "allgather",
-    "ping_pong": "ping_pong",
+    "ping_pong": "pingpong",
     "ag_gemm": "allgather_gemm",
     "gemm_rs": "gemm_reducescatter",
     "ep_dispatch": "moe_ep",
