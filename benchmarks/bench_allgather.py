@@ -10,6 +10,10 @@ Signal one-way latency: ping_pong round trips / 2.
 
 import torch
 import torch.distributed as dist
+import triton
+import triton.language as tl
+
+import triton_dist.language as dl
 
 import triton_dist as td
 from harness import record, time_us
@@ -63,11 +67,33 @@ def main():
                          **default_config(nbytes, "cuda"))})
         del out, peers
     record("allgather_bandwidth", rows, notes="bus bandwidth = bytes per rank * (W-1) / time; median of 20, max over ranks")
+    global _never
+    _never = td.shmem.zeros((1,), torch.int32, name="never")
     iters = 2000
     t = time_us(lambda: ping_pong(iters), iters=10, warmup=2)
     record("signal_latency", [{"round trips": iters, "total us": t, "one-way us": t / (2 * iters)}],
            notes="dl.signal (release, sys) -> dl.wait (acquire poll) between GPU pairs, one program each")
+    record("wait_poll_rate", [{"polls": POLLS, "us": (t := time_us(poll_until_timeout, iters=3, warmup=1)),
+                                "polls per s": POLLS / t * 1e6}],
+           notes="dl.wait on a flag that never comes (calibrates the wait timeout)")
     td.finalize()
+
+
+POLLS = 200_000
+
+
+def poll_until_timeout():
+    flag = _never
+    td.shmem.context()[2] = POLLS
+    out = torch.zeros(1, dtype=torch.int32, device="cuda")
+    _wait_kernel[(1,)](flag, out, td.shmem.context())
+    td.shmem.clear_errors()
+    td.shmem.set_wait_timeout(60)
+
+
+@triton.jit
+def _wait_kernel(flag, out, ctx):
+    tl.store(out, dl.wait(flag, 1, ctx))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call: tests under torchrun on every GPU of the node, then every benchmark.
 # Writes $OUT/suite.log, $OUT/results.json (every benchmark) and $OUT/table.md (short tables).
-#   usage: OUT=/some/dir GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_suite.sh [pytest args...]
+#   usage: OUT=/some/dir GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_suite.sh [test paths / pytest args]
 # Set SUITE_SKIP_TESTS=1 or SUITE_SKIP_BENCH=1 to run half of it; SUITE_BENCH="allgather ..." to pick benchmarks.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +29,7 @@ run() {  # run "label" cmd...: log it, keep going, remember failures
 TR="torchrun --nproc-per-node=$NGPU --master-port=29517"
 if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
   for be in ${SUITE_BACKENDS:-cuda nvshmem}; do
-    TRITON_DIST_BACKEND=$be run "tests[$be] x$NGPU" $TR -m pytest tests -q -p no:cacheprovider -rs "$@"
+    TRITON_DIST_BACKEND=$be run "tests[$be] x$NGPU" $TR -m pytest -q -p no:cacheprovider -rs ${@:-tests}
   done
 fi
 if [ "${SUITE_SKIP_BENCH:-0}" != 1 ]; then
