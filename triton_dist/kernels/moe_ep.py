@@ -1,0 +1,618 @@
+"""MoE expert parallelism: dispatch tokens to the ranks that own their experts, combine the expert outputs back.
+
+Experts are spread over ranks: rank d owns the ``EL = E / W`` experts ``[d * EL, (d + 1) * EL)``. Every rank has
+tokens ``x[T, H]``, router choices ``topk_idx[T, K]`` (``-1`` = unused slot) and ``topk_weights[T, K]``.
+
+    recv = ep_dispatch(x, topk_idx, topk_weights, num_experts=E, max_tokens=M)
+    out = my_experts(recv.x, recv.expert_offsets)          # rows grouped by local expert
+    y = ep_combine(out, recv.handle)                       # y[t] = sum_j w[t, j] * expert_{idx[t, j]}(x[t])
+
+The receive layout (rank d)
+---------------------------
+``recv.x[rows, H]`` holds one row per (token, slot) whose expert lives on d, grouped by local expert: expert ``e``
+owns rows ``[expert_offsets[e], expert_offsets[e] + expert_counts[e])`` and its group starts on a multiple of
+``align`` (padding rows for grouped GEMMs: ``expert_ids == -1``, ``weights == 0``). Inside a group rows are ordered
+by source rank, then token, then slot, so positions are deterministic. Every per-row tensor and the counts are
+device tensors; buffers are sized for the worst case (``max_tokens`` per rank), so nothing syncs with the host and
+the whole path can be captured in a CUDA graph. ``ep_dispatch(..., exact=True)`` syncs once and trims to size.
+
+Data movement
+-------------
+    layout    (one launch, NP programs)  program p counts the experts and destination ranks of its token chunk
+              p; the last program to finish sums the chunks and pushes the totals row counts[me, :] to every rank.
+    dispatch  (one launch, NP programs)  program p: prefix of earlier chunks + cumsum inside its chunk = the
+              position of every (token, slot) inside its expert group and of every token inside each
+              destination's receive list; wait for every rank's counts -> group offsets everywhere.
+              For every token and destination rank d it owns experts on: ONE row crosses the link, to the
+              token's first slot row on d, plus a small record (all its slot rows on d and their weights) in
+              recv_slots[me, pos] on d; then the span of positions of chunk p and a flag arrived[me, p] = epoch.
+              Then it waits arrived[s, p] for every source s and copies each arrived row locally into the token's
+              other slot rows on this rank (duplicates never cross the link).
+    combine   (one launch, NP programs)  program p, for chunk p of every source s: partial = sum over the
+              token's slots on this rank, in slot order, of w * out[slot row] (fp32) -> one row pushed back to
+              s into partials[me, pos]; flag combined[me, p]. Then it waits combined[d, p] for every d and
+              writes y[t] = sum over d = 0..W-1 of partials[d, pos_d(t)] (fp32, rank order).
+Every sum runs in a FIXED order (slots in top-k order within a rank, then ranks in order), whoever's message lands
+first, so y is bitwise identical run to run. Dispatch moves each token at most once per destination rank, and
+combine returns one row per (token, destination rank).
+
+Flags carry per-call epochs (``dl.call_epoch``): no resets between calls. The exchange of counts is also the
+"ready" handshake of dispatch: a rank pushes rows into d only after d published this call's counts, i.e. after d
+finished everything it queued before (its experts and combine of the previous call). Combine has its own ``ready``
+flags. Outputs are views of a cached workspace, valid until the next ep_dispatch with the same shapes.
+
+Low-latency mode (``fused_layout``, default when max_tokens <= 256): the layout launch disappears; every program
+counts the tokens before its chunk itself and program 0 pushes the totals, so dispatch is one launch with one
+cross-rank round trip. Interpreter rule kept throughout: a program never waits on a later program of its own rank.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import language as dl
+from .. import shmem
+
+MAX_PROGRAMS = 256  # flags and chunk tables are sized for this many programs per launch
+_BIG = 2**30
+
+
+# ----------------------------------------------------------------------------------------------------- helpers
+@triton.jit
+def _route(topk_idx, t0, t_end, E, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
+           EL_PAD: tl.constexpr):
+    """Tokens [t0, t0 + BT) clipped to t_end: padded expert index d * EL_PAD + local (-1: no expert), owner rank
+    (-1: none), both [BT, K_PAD]."""
+    t = t0 + tl.arange(0, BT)
+    kk = tl.arange(0, K_PAD)
+    m = (t[:, None] < t_end) & (kk[None, :] < K)
+    e = tl.load(topk_idx + t[:, None] * K + kk[None, :], mask=m, other=-1)
+    ok = (e >= 0) & (e < E) & m
+    owner = tl.where(ok, e // EL, -1)
+    return tl.where(ok, owner * EL_PAD + e % EL, -1), owner
+
+
+@triton.jit
+def _count(topk_idx, t_start, t_end, E, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
+           EL_PAD: tl.constexpr, W_PAD: tl.constexpr):
+    """(slots per padded expert [W_PAD * EL_PAD], tokens per destination rank [W_PAD]) over tokens [start, end)."""
+    ev = tl.arange(0, W_PAD * EL_PAD)
+    dv = tl.arange(0, W_PAD)
+    per_expert = tl.zeros([W_PAD * EL_PAD], dtype=tl.int32)
+    per_rank = tl.zeros([W_PAD], dtype=tl.int32)
+    for t0 in range(t_start, t_end, BT):
+        ep, owner = _route(topk_idx, t0, t_end, E, K, EL, BT, K_PAD, EL_PAD)
+        hit = (ep[:, :, None] == ev[None, None, :]).to(tl.int32)
+        per_expert += tl.sum(tl.sum(hit, axis=1), axis=0)
+        goes = tl.max((owner[:, :, None] == dv[None, None, :]).to(tl.int32), axis=1)
+        per_rank += tl.sum(goes, axis=0)
+    return per_expert, per_rank
+
+
+@triton.jit
+def _publish_counts(per_expert, all_counts, counts_ready, parity, epoch, ctx, W_PAD: tl.constexpr,
+                    EL_PAD: tl.constexpr):
+    """Push this rank's slots-per-expert row to counts[parity, me, :] on every rank, then raise counts_ready[me]."""
+    me = dl.rank(ctx)
+    world = dl.num_ranks(ctx)
+    ev = tl.arange(0, W_PAD * EL_PAD)
+    row = all_counts + (parity * world + me) * (W_PAD * EL_PAD) + ev
+    for peer in range(world):
+        dl.put(row, per_expert, peer, ctx)
+        dl.signal(counts_ready + me, epoch, peer, ctx)
+
+
+# ----------------------------------------------------------------------------------------------------- kernels
+@triton.jit
+def ep_layout_kernel(topk_idx, chunk_counts, arrivals, all_counts, counts_ready, state, T, E, ctx,
+                     K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
+                     EL_PAD: tl.constexpr, W_PAD: tl.constexpr, QB: tl.constexpr):
+    """Program p counts token chunk p into chunk_counts[p]; the last program to finish pushes the totals."""
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    ROW: tl.constexpr = W_PAD * EL_PAD + W_PAD
+    epoch = dl.call_epoch(state)
+    chunk = tl.cdiv(T, n_prog)
+    c0 = tl.minimum(pid * chunk, T)
+    c1 = tl.minimum(c0 + chunk, T)
+    per_expert, per_rank = _count(topk_idx, c0, c1, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
+    ev = tl.arange(0, W_PAD * EL_PAD)
+    tl.store(chunk_counts + pid * ROW + ev, per_expert)
+    tl.store(chunk_counts + pid * ROW + W_PAD * EL_PAD + tl.arange(0, W_PAD), per_rank)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu")
+    tl.debug_barrier()
+    if arrived == n_prog - 1:  # every chunk is counted: sum them and tell every rank
+        tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")
+        total = tl.zeros([W_PAD * EL_PAD], dtype=tl.int32)
+        for q0 in range(0, n_prog, QB):
+            q = q0 + tl.arange(0, QB)
+            total += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + ev[None, :], mask=q[:, None] < n_prog,
+                                    other=0), axis=0)
+        _publish_counts(total, all_counts, counts_ready, epoch % 2, epoch, ctx, W_PAD, EL_PAD)
+
+
+@triton.jit
+def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows,
+                       recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready, arrived,
+                       recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_counts,
+                       state, ctx,
+                       K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
+                       K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, QB: tl.constexpr,
+                       RB: tl.constexpr, MAXP: tl.constexpr, FUSED_LAYOUT: tl.constexpr):
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    me = dl.rank(ctx)
+    world = dl.num_ranks(ctx)
+    EP: tl.constexpr = W_PAD * EL_PAD  # padded expert space: rank d's local expert e sits at d * EL_PAD + e
+    ROW: tl.constexpr = EP + W_PAD
+    epoch = dl.call_epoch(state)
+    parity = epoch % 2
+    ev = tl.arange(0, EP)
+    dv = tl.arange(0, W_PAD)
+    kk = tl.arange(0, K_PAD)
+    chunk = tl.cdiv(T, n_prog)
+    c0 = tl.minimum(pid * chunk, T)
+    c1 = tl.minimum(c0 + chunk, T)
+
+    # 1. where this chunk starts: per expert (slots) and per destination rank (tokens)
+    if FUSED_LAYOUT:
+        if pid == 0:
+            total, _ = _count(topk_idx, 0, T, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
+            _publish_counts(total, all_counts, counts_ready, parity, epoch, ctx, W_PAD, EL_PAD)
+        carry_e, carry_r = _count(topk_idx, 0, c0, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
+    else:
+        carry_e = tl.zeros([EP], dtype=tl.int32)
+        carry_r = tl.zeros([W_PAD], dtype=tl.int32)
+        for q0 in range(0, pid, QB):
+            q = q0 + tl.arange(0, QB)
+            qm = q[:, None] < pid
+            carry_e += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + ev[None, :], mask=qm, other=0), axis=0)
+            carry_r += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + EP + dv[None, :], mask=qm, other=0), axis=0)
+
+    # 2. every rank's counts -> group offsets on every rank, and where my rows start inside each group
+    dl.wait(counts_ready + dv, epoch, ctx, mask=dv < world)
+    sv = tl.arange(0, W_PAD)
+    counts = tl.load(all_counts + (parity * world + sv[:, None]) * EP + ev[None, :], mask=sv[:, None] < world,
+                     other=0)  # [source rank, padded expert]
+    total = tl.sum(counts, axis=0)
+    before_me = tl.sum(tl.where(sv[:, None] < me, counts, 0), axis=0)
+    padded = tl.reshape(tl.cdiv(total, align) * align, (W_PAD, EL_PAD))
+    group_start_2d = tl.cumsum(padded, axis=1) - padded  # within each owner rank
+    group_start = tl.reshape(group_start_2d, (EP,))
+    base = group_start + before_me
+
+    # 3. my experts: counts, offsets, expert id of every row (-1 = padding), zero weights on padding
+    mine = dv[:, None] == me
+    my_start = tl.sum(tl.where(mine, group_start_2d, 0), axis=0)  # [EL_PAD]
+    my_count = tl.sum(tl.where(mine, tl.reshape(total, (W_PAD, EL_PAD)), 0), axis=0)
+    my_padded = tl.sum(tl.where(mine, padded, 0), axis=0)
+    lv = tl.arange(0, EL_PAD)
+    if pid == 0:
+        tl.store(expert_counts + lv, my_count, mask=lv < EL)
+        tl.store(expert_offsets + lv, my_start, mask=lv < EL)
+        tl.store(expert_offsets + EL, tl.sum(tl.where(lv < EL, my_padded, 0), axis=0))
+    stripe = tl.cdiv(max_rows, n_prog)
+    r_end = tl.minimum(pid * stripe + stripe, max_rows)
+    for r0 in range(pid * stripe, r_end, RB):
+        r = r0 + tl.arange(0, RB)
+        inside = (r[:, None] >= my_start[None, :]) & (r[:, None] < my_start[None, :] + my_count[None, :]) & \
+            (lv[None, :] < EL)
+        eid = tl.max(tl.where(inside, lv[None, :], -1), axis=1)
+        tl.store(recv_expert_ids + r, eid, mask=r < r_end)
+        tl.store(recv_weights + r, tl.zeros([RB], dtype=tl.float32), mask=(r < r_end) & (eid < 0))
+
+    # 4. push: one row per (token, destination rank) to its first slot row there, plus the token's slot record
+    r_first = carry_r
+    for t0 in range(c0, c1, BT):
+        t = t0 + tl.arange(0, BT)
+        tm = t < c1
+        ep, owner = _route(topk_idx, t0, c1, E, K, EL, BT, K_PAD, EL_PAD)
+        hit = tl.reshape((ep[:, :, None] == ev[None, None, :]).to(tl.int32), (BT * K_PAD, EP))
+        before = tl.cumsum(hit, axis=0) - hit + (carry_e + base)[None, :]
+        slot = tl.reshape(tl.sum(before * hit, axis=1), (BT, K_PAD))
+        slot = tl.where(ep >= 0, slot, -1)  # row of (token, slot) on its owner rank
+        carry_e += tl.sum(hit, axis=0)
+        at = (owner[:, :, None] == dv[None, None, :])
+        goes = tl.max(at.to(tl.int32), axis=1)  # [BT, W_PAD]: token goes to rank d
+        rpos = tl.cumsum(goes, axis=0) - goes + carry_r[None, :]
+        carry_r += tl.sum(goes, axis=0)
+        first = tl.min(tl.where(at, slot[:, :, None], _BIG), axis=1)  # [BT, W_PAD]
+        tl.store(token_pos + t[:, None] * world + dv[None, :], tl.where(goes > 0, rpos, -1),
+                 mask=tm[:, None] & (dv[None, :] < world))
+        w = tl.load(topk_weights + t[:, None] * K + kk[None, :], mask=tm[:, None] & (kk[None, :] < K), other=0.0)
+        for i in range(world):
+            d = (me + 1 + i) % world  # peers first, this rank last
+            go_d = tl.sum(tl.where(dv[None, :] == d, goes, 0), axis=1) > 0
+            rec = (me * max_tokens + tl.sum(tl.where(dv[None, :] == d, rpos, 0), axis=1)) * K
+            m = go_d[:, None] & (kk[None, :] < K)
+            dl.put(recv_slots + rec[:, None] + kk[None, :], tl.where(owner == d, slot, -1), d, ctx, mask=m)
+            dl.put(recv_w + rec[:, None] + kk[None, :], w, d, ctx, mask=m)
+        src = x + t[:, None].to(tl.int64) * H
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            hm = hh[None, :] < H
+            tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm)
+            for i in range(world):
+                d = (me + 1 + i) % world
+                row = tl.sum(tl.where(dv[None, :] == d, first, 0), axis=1)
+                dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
+                dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
+    span = tl.arange(0, 2)
+    for i in range(world):
+        d = (me + 1 + i) % world
+        ends = tl.where(span == 0, tl.sum(tl.where(dv == d, r_first, 0)), tl.sum(tl.where(dv == d, carry_r, 0)))
+        dl.put(recv_span + (me * MAXP + pid) * 2 + span, ends, d, ctx)
+        dl.signal(arrived + me * MAXP + pid, epoch, d, ctx)
+
+    # 5. chunk p of every source has landed: copy each row into its other slot rows here, set the row weights
+    dl.wait(arrived + sv * MAXP + pid, epoch, ctx, mask=sv < world)
+    for s in range(world):
+        p0 = tl.load(recv_span + (s * MAXP + pid) * 2)
+        p1 = tl.load(recv_span + (s * MAXP + pid) * 2 + 1)
+        for q0 in range(p0, p1, BT):
+            pos = q0 + tl.arange(0, BT)
+            m = (pos[:, None] < p1) & (kk[None, :] < K)
+            rec = (s * max_tokens + pos[:, None]) * K + kk[None, :]
+            slots = tl.load(recv_slots + rec, mask=m, other=-1)
+            w = tl.load(recv_w + rec, mask=m, other=0.0)
+            tl.store(recv_weights + slots, w, mask=slots >= 0)
+            first = tl.min(tl.where(slots >= 0, slots, _BIG), axis=1)
+            has = first < _BIG
+            for h0 in range(0, H, BH):
+                hh = h0 + tl.arange(0, BH)
+                hm = hh[None, :] < H
+                tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :], mask=has[:, None] & hm)
+                for j in tl.static_range(K):
+                    row = tl.sum(tl.where(kk[None, :] == j, slots, 0), axis=1)
+                    dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
+                    tl.store(dst, tile, mask=((row >= 0) & (row != first))[:, None] & hm)
+    dl.finish_call(state, epoch, n_prog)
+
+
+@triton.jit
+def ep_combine_kernel(expert_out, y, T, H, max_tokens, recv_slots, recv_w, recv_span, token_pos, partials, ready,
+                      combined, state, ctx,
+                      K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
+                      W_PAD: tl.constexpr, MAXP: tl.constexpr):
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    me = dl.rank(ctx)
+    world = dl.num_ranks(ctx)
+    epoch = dl.call_epoch(state)
+    dv = tl.arange(0, W_PAD)
+    kk = tl.arange(0, K_PAD)
+    if pid == 0:  # our `partials` is free again (the previous combine finished reading it)
+        for peer in range(world):
+            dl.signal(ready + me, epoch, peer, ctx)
+    dl.wait(ready + dv, epoch, ctx, mask=dv < world)
+
+    # 1. expert side: one weighted partial row per received token, pushed back to its source
+    for i in range(world):
+        s = (me + 1 + i) % world
+        p0 = tl.load(recv_span + (s * MAXP + pid) * 2)
+        p1 = tl.load(recv_span + (s * MAXP + pid) * 2 + 1)
+        for q0 in range(p0, p1, BT):
+            pos = q0 + tl.arange(0, BT)
+            pm = pos < p1
+            m = pm[:, None] & (kk[None, :] < K)
+            rec = (s * max_tokens + pos[:, None]) * K + kk[None, :]
+            slots = tl.load(recv_slots + rec, mask=m, other=-1)
+            w = tl.load(recv_w + rec, mask=m, other=0.0)
+            dst = partials + (me * max_tokens + pos[:, None]).to(tl.int64) * H
+            for h0 in range(0, H, BH):
+                hh = h0 + tl.arange(0, BH)
+                hm = hh[None, :] < H
+                acc = tl.zeros([BT, BH], dtype=tl.float32)
+                for j in tl.static_range(K):  # FIXED order: top-k slot order
+                    row = tl.sum(tl.where(kk[None, :] == j, slots, 0), axis=1)
+                    wj = tl.sum(tl.where(kk[None, :] == j, w, 0), axis=1)
+                    v = tl.load(expert_out + row[:, None].to(tl.int64) * H + hh[None, :],
+                                mask=(row >= 0)[:, None] & hm, other=0.0)
+                    acc += wj[:, None] * v.to(tl.float32)
+                dl.put(dst + hh[None, :], acc.to(partials.dtype.element_ty), s, ctx, mask=pm[:, None] & hm)
+        dl.signal(combined + me * MAXP + pid, epoch, s, ctx)
+
+    # 2. source side: y[t] = sum over ranks in order of the partials of token t
+    dl.wait(combined + dv * MAXP + pid, epoch, ctx, mask=dv < world)
+    chunk = tl.cdiv(T, n_prog)
+    c0 = tl.minimum(pid * chunk, T)
+    c1 = tl.minimum(c0 + chunk, T)
+    for t0 in range(c0, c1, BT):
+        t = t0 + tl.arange(0, BT)
+        tm = t < c1
+        pos = tl.load(token_pos + t[:, None] * world + dv[None, :], mask=tm[:, None] & (dv[None, :] < world),
+                      other=-1)
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            hm = hh[None, :] < H
+            acc = tl.zeros([BT, BH], dtype=tl.float32)
+            for d in range(world):  # FIXED order: rank order
+                pd = tl.sum(tl.where(dv[None, :] == d, pos, 0), axis=1)
+                v = tl.load(partials + (d * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
+                            mask=(pd >= 0)[:, None] & hm, other=0.0)
+                acc += v.to(tl.float32)
+            tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
+                     mask=tm[:, None] & hm)
+    dl.finish_call(state, epoch, n_prog)
+
+
+# ----------------------------------------------------------------------------------------------------- launchers
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def max_recv_rows(world, num_experts, topk, max_tokens, align=1):
+    """Worst-case rows of a rank's receive buffer: every token of every rank sends min(K, EL) slots here."""
+    local = num_experts // world
+    return world * max_tokens * min(topk, local) + local * (align - 1)
+
+
+class _Workspace:
+    """Symmetric buffers and flags of one (E, K, max_tokens, H, dtype, align), created once (collectively)."""
+
+    _cache = {}
+
+    def __init__(self, num_experts, topk, max_tokens, hidden, dtype, align):
+        w = shmem.world_size()
+        dev = shmem.device()
+        self.key = (num_experts, topk, max_tokens, hidden, dtype, align)
+        self.num_experts, self.topk, self.max_tokens, self.hidden, self.dtype, self.align = self.key
+        self.local = num_experts // w
+        self.el_pad = triton.next_power_of_2(self.local)
+        self.w_pad = triton.next_power_of_2(w)
+        self.max_rows = max_recv_rows(w, num_experts, topk, max_tokens, align)
+        ep = self.w_pad * self.el_pad
+        name = "ep."
+        # symmetric: peers write here
+        self.recv_x = shmem.empty((self.max_rows, hidden), dtype, name=name + "recv_x")
+        self.recv_slots = shmem.empty((w, max_tokens, topk), torch.int32, name=name + "recv_slots")
+        self.recv_w = shmem.empty((w, max_tokens, topk), torch.float32, name=name + "recv_w")
+        self.recv_span = shmem.zeros((w, MAX_PROGRAMS, 2), torch.int32, name=name + "recv_span")
+        self.all_counts = shmem.zeros((2, w, ep), torch.int32, name=name + "counts")
+        self.partials = shmem.empty((w, max_tokens, hidden), dtype, name=name + "partials")
+        self.counts_ready = shmem.zeros((w,), torch.int32, name=name + "counts_ready")
+        self.arrived = shmem.zeros((w * MAX_PROGRAMS,), torch.int32, name=name + "arrived")
+        self.ready = shmem.zeros((w,), torch.int32, name=name + "combine_ready")
+        self.combined = shmem.zeros((w * MAX_PROGRAMS,), torch.int32, name=name + "combined")
+        # local
+        self.expert_ids = torch.full((self.max_rows,), -1, dtype=torch.int32, device=dev)
+        self.weights = torch.zeros((self.max_rows,), dtype=torch.float32, device=dev)
+        self.expert_counts = torch.zeros((self.local,), dtype=torch.int32, device=dev)
+        self.expert_offsets = torch.zeros((self.local + 1,), dtype=torch.int32, device=dev)
+        self.token_pos = torch.full((max_tokens, w), -1, dtype=torch.int32, device=dev)
+        self.chunk_counts = torch.zeros((MAX_PROGRAMS, ep + self.w_pad), dtype=torch.int32, device=dev)
+        self.arrivals = torch.zeros((1,), dtype=torch.int32, device=dev)
+        self.state = torch.zeros(2, dtype=torch.int32, device=dev)
+        self.combine_state = torch.zeros(2, dtype=torch.int32, device=dev)
+        self.calls = 0  # host count of dispatches: a handle from an older one is stale
+        self.last = None  # (T, num_programs, block_tokens) of the latest dispatch, for the torch op's combine
+        shmem.barrier()  # peers write into these only after every rank zeroed them
+
+    @classmethod
+    def get(cls, *key):
+        if key not in cls._cache:
+            cls._cache[key] = cls(*key)
+        return cls._cache[key]
+
+
+def clear_workspaces():
+    """Free every cached EP workspace. Collective: call it on every rank at the same point."""
+    _Workspace._cache.clear()
+
+
+def default_config(max_tokens, hidden, device_type):
+    """Knobs (identical on every rank, since they depend only on max_tokens/hidden): num_programs (NP, the same
+    chunking is used by the layout, dispatch and combine), block_h (columns per copy step), block_tokens (rows
+    per step; capped by the layout tile), num_warps, fused_layout (low-latency: no separate layout launch)."""
+    if device_type == "cpu":
+        return {"num_programs": 2, "block_h": 32, "block_tokens": 8, "num_warps": 4,
+                "fused_layout": max_tokens <= 256}
+    if max_tokens <= 256:
+        return {"num_programs": 64, "block_h": 1024, "block_tokens": 4, "num_warps": 8, "fused_layout": True}
+    return {"num_programs": 128, "block_h": 512, "block_tokens": 16, "num_warps": 8, "fused_layout": False}
+
+
+@dataclass
+class EpHandle:
+    """What ep_combine needs from a dispatch: the workspace, which call it was, and the token chunking."""
+
+    workspace: _Workspace
+    call: int
+    num_tokens: int
+    num_programs: int
+    block_tokens: int
+    token_pos: torch.Tensor  # [T, W] int32: position of token t in rank d's receive list (-1: not sent)
+
+
+@dataclass
+class EpDispatchResult:
+    x: torch.Tensor               # [rows, H] received rows, grouped by local expert (worst-case rows unless exact)
+    expert_ids: torch.Tensor      # [rows] int32 local expert of each row, -1 for padding / unused rows
+    weights: torch.Tensor         # [rows] float32 router weight of each row, 0 for padding
+    expert_counts: torch.Tensor   # [EL] int32 rows per local expert
+    expert_offsets: torch.Tensor  # [EL + 1] int32 first row of each expert's group (multiples of align); [EL]=end
+    handle: EpHandle
+
+
+def _check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align):
+    dev = shmem.device()
+    for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != dev.type:
+            raise ValueError(f"{name} is on {t.device}, triton_dist runs on {dev}")
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+    if topk_idx.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"topk_idx must be int32 or int64, got {topk_idx.dtype}")
+    if not topk_weights.dtype.is_floating_point:
+        raise TypeError(f"topk_weights must be a floating tensor, got {topk_weights.dtype}")
+    if x.dim() != 2 or topk_idx.dim() != 2 or tuple(topk_weights.shape) != tuple(topk_idx.shape) \
+            or topk_idx.shape[0] != x.shape[0]:
+        raise ValueError(f"expected x [T, H], topk_idx [T, K], topk_weights [T, K]; got {list(x.shape)}, "
+                         f"{list(topk_idx.shape)}, {list(topk_weights.shape)}")
+    world = shmem.world_size()
+    if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % world:
+        raise ValueError(f"num_experts must be a positive multiple of the {world} ranks, got {num_experts}")
+    if not isinstance(max_tokens, int) or max_tokens <= 0:
+        raise ValueError(f"max_tokens must be a positive int (the same on every rank), got {max_tokens!r}")
+    if x.shape[0] > max_tokens:
+        raise ValueError(f"{x.shape[0]} tokens exceed max_tokens={max_tokens}")
+    if not isinstance(align, int) or align < 1:
+        raise ValueError(f"align must be a positive int, got {align!r}")
+    k = topk_idx.shape[1]
+    if not 1 <= k <= num_experts:
+        raise ValueError(f"topk must be in [1, num_experts={num_experts}], got {k}")
+    if x.shape[1] == 0:
+        raise ValueError("x has no columns")
+
+
+def _capturing():
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, exact=False, check_ids=None,
+                config=None):
+    """Send every token to the ranks owning its top-k experts (once per rank), grouped by local expert there.
+
+    ``x`` [T, H] (bf16/fp16/fp32), ``topk_idx`` [T, K] int (global expert ids, -1 = unused slot),
+    ``topk_weights`` [T, K]. ``num_experts``, ``max_tokens`` (>= T on every rank), ``align``, K, H and the dtype
+    must be the same on every rank. ``exact``: sync once and trim the outputs to the rows in use.
+    ``check_ids``: verify ids on the host (a sync); default: yes unless a CUDA graph is being captured.
+    Returns an ``EpDispatchResult``; its tensors are views valid until the next dispatch of the same shapes."""
+    _check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align)
+    if check_ids is None:
+        check_ids = not _capturing()
+    if check_ids and topk_idx.numel() and bool(((topk_idx < -1) | (topk_idx >= num_experts)).any()):
+        bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][0].item()
+        raise ValueError(f"topk_idx holds expert id {bad}, outside [0, {num_experts}) (-1 marks an unused slot)")
+    T, H = x.shape
+    K = topk_idx.shape[1]
+    ws = _Workspace.get(num_experts, K, max_tokens, H, x.dtype, align)
+    cfg = {**default_config(max_tokens, H, x.device.type), **(config or {})}
+    n_prog = int(cfg["num_programs"])
+    if not 1 <= n_prog <= MAX_PROGRAMS:
+        raise ValueError(f"num_programs must be in [1, {MAX_PROGRAMS}], got {n_prog}")
+    k_pad = triton.next_power_of_2(K)
+    ep = ws.w_pad * ws.el_pad
+    bt = max(1, min(int(cfg["block_tokens"]), triton.next_power_of_2(max(1, 8192 // (k_pad * ep)))))
+    bt = triton.next_power_of_2(bt)
+    bh = min(triton.next_power_of_2(int(cfg["block_h"])), triton.next_power_of_2(H))
+    if T == 0:  # keep real pointers for the kernels; nothing is read
+        x = torch.zeros((1, H), dtype=x.dtype, device=x.device)
+        topk_idx = torch.full((1, K), -1, dtype=torch.int32, device=x.device)
+        topk_weights = torch.zeros((1, K), dtype=torch.float32, device=x.device)
+    x = x.contiguous()
+    idx = topk_idx.to(torch.int32).contiguous()
+    wts = topk_weights.to(torch.float32).contiguous()
+    ctx = shmem.context()
+    common = dict(K=K, EL=ws.local, BT=bt, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
+    qb = min(32, triton.next_power_of_2(n_prog))
+    shmem.raise_pending_errors()
+    fused = bool(cfg["fused_layout"])
+    if not fused:
+        ep_layout_kernel[(n_prog,)](idx, ws.chunk_counts, ws.arrivals, ws.all_counts, ws.counts_ready, ws.state,
+                                    T, num_experts, ctx, QB=qb, num_warps=4, **common)
+    ep_dispatch_kernel[(n_prog,)](
+        x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows,
+        ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
+        ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_counts,
+        ws.state, ctx, BH=bh, QB=qb, RB=128 if x.device.type == "cuda" else 16, MAXP=MAX_PROGRAMS,
+        FUSED_LAYOUT=fused, num_warps=int(cfg["num_warps"]), **common)
+    ws.calls += 1
+    ws.last = (T, n_prog, bt)
+    handle = EpHandle(ws, ws.calls, T, n_prog, bt, ws.token_pos[:T])
+    rows = ws.max_rows
+    if exact:
+        rows = int(ws.expert_offsets[ws.local].item())
+    return EpDispatchResult(ws.recv_x[:rows], ws.expert_ids[:rows], ws.weights[:rows], ws.expert_counts,
+                            ws.expert_offsets, handle)
+
+
+def ep_combine(expert_out, handle, out=None, config=None):
+    """``y[t] = sum_j topk_weights[t, j] * expert_out[row of (t, j)]`` back on every token's own rank, summed in
+    a fixed order (slot order within a rank, then rank order): bitwise reproducible.
+
+    ``expert_out`` [>= rows in use, H] in the receive layout of ``ep_dispatch`` (padding rows are never read),
+    same dtype as the dispatched x. ``handle``: ``EpDispatchResult.handle`` of the latest dispatch."""
+    if not isinstance(handle, EpHandle):
+        raise TypeError(f"handle must be the EpHandle of ep_dispatch, got {type(handle).__name__}")
+    ws = handle.workspace
+    if handle.call != ws.calls:
+        raise ValueError("stale handle: a later ep_dispatch with the same shapes reused its buffers")
+    if not isinstance(expert_out, torch.Tensor):
+        raise TypeError(f"expert_out must be a torch.Tensor, got {type(expert_out).__name__}")
+    if expert_out.dtype != ws.dtype:
+        raise TypeError(f"expert_out must be {ws.dtype} like the dispatched x, got {expert_out.dtype}")
+    if expert_out.dim() != 2 or expert_out.shape[1] != ws.hidden or expert_out.device.type != shmem.device().type:
+        raise ValueError(f"expert_out must be [rows, {ws.hidden}] on {shmem.device()}, got "
+                         f"{list(expert_out.shape)} on {expert_out.device}")
+    if expert_out.device.type == "cpu":  # free to check there (no device sync)
+        need = int(ws.expert_offsets[ws.local])
+        if expert_out.shape[0] < need:
+            raise ValueError(f"expert_out has {expert_out.shape[0]} rows, the dispatch filled {need}")
+    T, H = handle.num_tokens, ws.hidden
+    y = out if out is not None else torch.empty((T, H), dtype=ws.dtype, device=expert_out.device)
+    if tuple(y.shape) != (T, H) or y.dtype != ws.dtype or not y.is_contiguous():
+        raise ValueError(f"out must be a contiguous {ws.dtype} tensor [{T}, {H}]")
+    cfg = {**default_config(ws.max_tokens, H, expert_out.device.type), **(config or {})}
+    bh = min(triton.next_power_of_2(int(cfg["block_h"])), triton.next_power_of_2(H))
+    expert_out = expert_out.contiguous()
+    if expert_out.shape[0] == 0:
+        expert_out = torch.zeros((1, H), dtype=ws.dtype, device=expert_out.device)
+    y_arg = y if T else torch.empty((1, H), dtype=ws.dtype, device=expert_out.device)
+    tp = handle.token_pos if T else ws.token_pos
+    shmem.raise_pending_errors()
+    ep_combine_kernel[(handle.num_programs,)](
+        expert_out, y_arg, T, H, ws.max_tokens, ws.recv_slots, ws.recv_w, ws.recv_span, tp, ws.partials,
+        ws.ready, ws.combined, ws.combine_state, shmem.context(),
+        K=ws.topk, BT=handle.block_tokens, BH=bh, K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad,
+        MAXP=MAX_PROGRAMS, num_warps=int(cfg["num_warps"]))
+    return y
+
+
+# ----------------------------------------------------------------------------------------------------- torch ops
+def _fake_rows(num_experts, topk, max_tokens, align):
+    return max_recv_rows(shmem.world_size(), num_experts, topk, max_tokens, align)
+
+
+@torch.library.custom_op("triton_dist::ep_dispatch", mutates_args=())
+def _ep_dispatch_op(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+                    max_tokens: int, align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                          torch.Tensor, torch.Tensor]:
+    r = ep_dispatch(x, topk_idx, topk_weights, num_experts=num_experts, max_tokens=max_tokens, align=align,
+                    check_ids=False)
+    # custom ops may not return views of persistent buffers: hand out copies (use ep_dispatch for zero-copy)
+    return (r.x.clone(), r.expert_ids.clone(), r.weights.clone(), r.expert_counts.clone(),
+            r.expert_offsets.clone(), r.handle.token_pos.clone())
+
+
+@_ep_dispatch_op.register_fake
+def _(x, topk_idx, topk_weights, num_experts, max_tokens, align):
+    rows = _fake_rows(num_experts, topk_idx.shape[1], max_tokens, align)
+    local = num_experts // shmem.world_size()
+    i32 = dict(dtype=torch.int32, device=x.device)
+    return (x.new_empty((rows, x.shape[1])), torch.empty((rows,), **i32),
+            torch.empty((rows,), dtype=torch.float32, device=x.device), torch.empty((local,), **i32),
+            torch.empty((local + 1,), **i32), torch.empty((x.shape[0], shmem.world_size()), **i32))
+
+
+@torch.library.custom_op("triton_dist::ep_combine", mutates_args=())
+def _ep_combine_op(expert_out: torch.Tensor, token_pos: torch.Tensor, num_experts: int, topk: int,
+                   max_tokens: int, align: int) -> torch.Tensor:
+    key = (num_experts, topk, max_tokens, expert_out.shape[1], expert_out.dtype, align)
+    ws = _Workspace._cache.get(key)
+    if ws is None or ws.last is None:
+        raise ValueError("torch.ops.triton_dist.ep_combine needs an earlier ep_dispatch with the same shapes")
+    T, n_prog, bt = ws.last
+    if token_pos.shape[0] != T:
+        raise ValueError(f"token_pos has {token_pos.shape[0]} tokens, the latest dispatch had {T}")
+    handle = EpHandle(ws, ws.calls, T, n_prog, bt, ws.token_pos[:T])
+    return ep_combine(expert_out, handle)
+
+
+@_ep_combine_op.register_fake
+def _(expert_out, token_pos, num_experts, topk, max_tokens, align):
+    return expert_out.new_empty((token_pos.shape[0], expert_out.shape[1]))
