@@ -1,0 +1,177 @@
+"""Kernel configurations that every rank agrees on, tuned once and cached on disk.
+
+    cfg = autotune.choose("ag_gemm", {"m": m, "n": n, "k": k, "dtype": "bfloat16"},
+                          candidates,                # list of config dicts (same list on every rank)
+                          make_runner,               # () -> run(cfg): launches the op once with cfg
+                          default=candidates[0])
+
+What it guarantees:
+* **Ranks never disagree.** Collective ops (``collective=True``) are timed on every rank in the same order; the
+  per-candidate time is the MAX over ranks (an all-reduce), every rank picks the argmin of the same numbers, and
+  rank 0's pick is then broadcast anyway. A cached entry is read by rank 0 only and broadcast.
+* **Tuned once.** Results live in memory and in ``$TRITON_DIST_CACHE_DIR`` (default
+  ``~/.cache/triton_dist/autotune``), one JSON file per op, keyed by GPU name, world size, the op's key (shape,
+  dtype, ...), and the triton_dist / triton / torch versions.
+* **Never at the wrong time.** No tuning (and no collective) under the Triton interpreter, during CUDA-graph
+  capture or while torch.compile traces: those get the cached choice if there is one, else ``default``
+  (identical on every rank, as the memory caches are). ``TRITON_DIST_AUTOTUNE=0`` turns tuning off.
+* **Visible.** Rank 0 prints one line per candidate while tuning.
+A candidate that fails (e.g. too much shared memory) fails on every rank alike (same GPU, same software) and
+scores infinity.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+_CHOSEN = {}  # full key -> config (identical on every rank)
+
+
+def cache_dir():
+    return os.environ.get("TRITON_DIST_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "triton_dist", "autotune")
+
+
+def _versions():
+    import triton
+
+    from . import __version__
+
+    return {"triton_dist": __version__, "triton": triton.__version__, "torch": torch.__version__.split("+")[0]}
+
+
+def _group_info(collective):
+    if collective and dist.is_available() and dist.is_initialized():
+        from .shmem import heap
+
+        group = heap._runtime().group if heap.is_initialized() else None
+        return group, dist.get_world_size(group), dist.get_rank(group)
+    return None, 1, 0
+
+
+def full_key(op, key, collective=True):
+    _, world, _ = _group_info(collective)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return json.dumps({"op": op, "gpu": gpu, "world": world, **key, **_versions()}, sort_keys=True)
+
+
+def tuning_allowed():
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("TRITON_DIST_AUTOTUNE", "1") == "0":
+        return False
+    if not torch.cuda.is_available():
+        return False
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling():
+        return False
+    return True
+
+
+def _read_disk(op, fkey):
+    try:
+        with open(os.path.join(cache_dir(), f"{op}.json")) as f:
+            return json.load(f).get(fkey)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_disk(op, fkey, cfg, timings):
+    path = os.path.join(cache_dir(), f"{op}.json")
+    try:
+        os.makedirs(cache_dir(), exist_ok=True)
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            doc = {}
+        doc[fkey] = cfg
+        doc.setdefault("_timings_us", {})[fkey] = timings
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only home must not break the op
+        print(f"triton_dist autotune: could not write {path}: {exc}", file=sys.stderr)
+
+
+def _broadcast(obj, group, world, rank):
+    if world == 1:
+        return obj
+    box = [obj if rank == 0 else None]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return box[0]
+
+
+def time_candidate(run, cfg, iters=10, warmup=2, collective=True, group=None):
+    """Median µs of ``run(cfg)`` on this rank (max over ranks if collective); inf if it raises."""
+    failed = 0.0
+    times = []
+    try:
+        for _ in range(warmup):
+            run(cfg)
+        torch.cuda.synchronize()
+        if collective:
+            dist.barrier(group=group)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for start, end in events:
+            start.record()
+            run(cfg)
+            end.record()
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) * 1000.0 for s, e in events]
+    except Exception as exc:  # same failure on every rank; keep the collectives in step
+        print(f"triton_dist autotune: candidate {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}",
+              file=sys.stderr)
+        failed = 1.0
+        try:
+            torch.cuda.synchronize()
+        except Exception:
+            pass
+    t = torch.tensor([float("inf") if failed else statistics.median(times)], dtype=torch.float64,
+                     device="cuda")
+    if collective:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
+def choose(op, key, candidates, make_runner, default, collective=True, iters=10):
+    """The configuration to use for ``op`` at ``key`` (see the module docstring)."""
+    fkey = full_key(op, key, collective)
+    if fkey in _CHOSEN:
+        return _CHOSEN[fkey]
+    if not tuning_allowed() or len(candidates) <= 1:
+        return default if len(candidates) != 1 else candidates[0]
+    group, world, rank = _group_info(collective)
+    cached = _broadcast(_read_disk(op, fkey) if rank == 0 else None, group, world, rank)
+    if cached is not None:
+        _CHOSEN[fkey] = cached
+        return cached
+    run = make_runner()
+    t0 = time.time()
+    if rank == 0:
+        print(f"triton_dist autotune {op} {key}: {len(candidates)} candidates", file=sys.stderr, flush=True)
+    timings = []
+    for i, cfg in enumerate(candidates):
+        t = time_candidate(run, cfg, iters=iters, collective=collective, group=group)
+        timings.append(t)
+        if rank == 0:
+            print(f"  [{i + 1}/{len(candidates)}] {t:10.1f} us  {_short(cfg)}", file=sys.stderr, flush=True)
+    best = min(range(len(candidates)), key=lambda i: timings[i])
+    best = _broadcast(best, group, world, rank)  # belt and braces: rank 0's pick wins
+    cfg = candidates[best]
+    _CHOSEN[fkey] = cfg
+    if rank == 0:
+        print(f"triton_dist autotune {op}: chose [{best + 1}] {_short(cfg)} ({time.time() - t0:.1f} s)",
+              file=sys.stderr, flush=True)
+        _write_disk(op, fkey, cfg, timings)
+    return cfg
+
+
+def _short(cfg):
+    return " ".join(f"{k}={v}" for k, v in cfg.items() if v is not None)
