@@ -258,14 +258,15 @@ SPLIT_SIG = dict(q="*bf16", k_cache="*bf16", v_cache="*bf16", kv_lens="*i32", bl
                  stride_kn="i32", stride_kh="i32", stride_vb="i64", stride_vn="i32", stride_vh="i32",
                  stride_table_b="i32", B="i32", HQ="i32", HKV="i32", s_max="i32", scale_log2="fp32",
                  GROUP="constexpr", GROUP_PAD="constexpr", HEAD_DIM="constexpr", BLOCK_N="constexpr",
-                 SPLITS_PAD="constexpr", PAGE_SIZE="constexpr", PUSH="constexpr", FP32_DOT="constexpr")
+                 GROUP_P2="constexpr", SPLIT_CHUNK="constexpr", PAGE_SIZE="constexpr", PUSH="constexpr",
+                 FP32_DOT="constexpr")
 ALIGNED = ("q", "k_cache", "v_cache", "stride_qb", "stride_qh", "stride_kb", "stride_kn", "stride_kh",
            "stride_vb", "stride_vn", "stride_vh", "part_o", "dst_o")
 
 
 @pytest.mark.parametrize("page_size", [0, 16])
 def test_split_kernel_compiles_for_sm90(page_size):
-    consts = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_N=64, SPLITS_PAD=64, PAGE_SIZE=page_size, PUSH=True,
+    consts = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_N=64, GROUP_P2=4, SPLIT_CHUNK=8, PAGE_SIZE=page_size, PUSH=True,
                   FP32_DOT=False)
     ops = compile_sm90("triton_dist.kernels.flash_decode", "flash_decode_split_kernel", SPLIT_SIG, consts,
                        aligned=ALIGNED)["ops"]
@@ -279,8 +280,8 @@ def test_split_kernel_compiles_for_sm90(page_size):
 def test_merge_kernel_compiles_for_sm90():
     sig = dict(recv_o="*fp32", recv_lse="*fp32", flags="*i32", out="*bf16", state="*i32", ctx="*i64",
                stride_ob="i32", stride_oh="i32", B="i32", HQ="i32", HKV="i32", GROUP="constexpr",
-               GROUP_PAD="constexpr", HEAD_DIM="constexpr", WORLD_PAD="constexpr")
+               GROUP_P2="constexpr", HEAD_DIM="constexpr", WORLD_PAD="constexpr", RANK_CHUNK="constexpr")
     ops = compile_sm90("triton_dist.kernels.flash_decode", "flash_decode_merge_kernel", sig,
-                       dict(GROUP=4, GROUP_PAD=4, HEAD_DIM=128, WORLD_PAD=2),
+                       dict(GROUP=4, GROUP_P2=4, HEAD_DIM=128, WORLD_PAD=2, RANK_CHUNK=2),
                        aligned=("recv_o", "out", "stride_ob", "stride_oh"))["ops"]
     assert any("acquire" in k for k in ops), ops

@@ -53,6 +53,68 @@ LN2 = 0.6931471805599453
 
 # ----------------------------------------------------------------------------------------------- kernels
 @triton.jit
+def _merge_partials(o_ptr, lse_ptr, o_stride, lse_stride, n, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
+    """Merge ``n`` partials (o [GROUP, HEAD_DIM] fp32 normalised, lse [GROUP] log2 units) of one head group:
+    partial i's o row g at ``o_ptr + i * o_stride + g * HEAD_DIM``, its lse at ``lse_ptr + i * lse_stride + g``.
+    CHUNK partials per load round (one L2 round trip each), online rescaling across rounds. Partials with
+    lse = -inf weigh nothing; if all do, o = 0 and lse = -inf. Loads bypass L1 (``.cg``): the partials were
+    written by other programs (or other GPUs) and published by a release/acquire pair."""
+    i = tl.arange(0, CHUNK)
+    g = tl.arange(0, GROUP_P2)
+    d = tl.arange(0, HEAD_DIM)
+    top = tl.full([GROUP_P2], float("-inf"), tl.float32)
+    total = tl.zeros([GROUP_P2], tl.float32)
+    acc = tl.zeros([GROUP_P2, HEAD_DIM], tl.float32)
+    for first in range(0, n, CHUNK):
+        row = first + i
+        ok = (row[:, None] < n) & (g[None, :] < GROUP)  # [CHUNK, GROUP_P2]
+        lse = tl.load(lse_ptr + row[:, None].to(tl.int64) * lse_stride + g[None, :], mask=ok,
+                      other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(o_ptr + row[:, None, None].to(tl.int64) * o_stride + g[None, :, None] * HEAD_DIM
+                    + d[None, None, :], mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+        new_top = tl.maximum(top, tl.max(lse, 0))
+        safe_top = tl.where(new_top == float("-inf"), 0.0, new_top)
+        rescale = tl.exp2(top - safe_top)  # 0 while nothing was seen yet
+        weight = tl.exp2(lse - safe_top[None, :])  # [CHUNK, GROUP_P2]
+        total = total * rescale + tl.sum(weight, 0)
+        acc = acc * rescale[:, None] + tl.sum(weight[:, :, None] * o, 0)
+        top = new_top
+    has = total > 0
+    o = acc / tl.where(has, total, 1.0)[:, None]
+    lse = tl.where(has, top + tl.log2(tl.where(has, total, 1.0)), float("-inf"))
+    return o, lse
+
+
+@triton.jit
+def _publish(o, lse, b, kv_head, dst_o, dst_lse, flags, state, ctx, B, HQ, HKV, GROUP: tl.constexpr,
+             HEAD_DIM: tl.constexpr, PUSH: tl.constexpr):
+    """This rank's result for (b, kv head): o [G', HEAD_DIM] fp32 and lse [G'] (log2 units), G' >= GROUP.
+    PUSH: into slot [epoch parity, me, b] of every rank's receive buffer, then flag[me, b, kv head] = epoch there.
+    Else: o in dst_o's dtype and lse in natural-log units into this rank's [B, HQ, ...] outputs."""
+    g = tl.arange(0, o.shape[0])
+    d = tl.arange(0, HEAD_DIM)
+    head = kv_head * GROUP + g
+    g_ok = g < GROUP
+    if PUSH:
+        me = dl.rank(ctx)
+        world = dl.num_ranks(ctx)
+        epoch = dl.call_epoch(state)
+        slot = ((epoch % 2) * world + me).to(tl.int64) * B + b
+        o_at = dst_o + (slot * HQ + head[:, None]) * HEAD_DIM + d[None, :]
+        lse_at = dst_lse + slot * HQ + head
+        for i in range(world):
+            peer = (me + 1 + i) % world  # peers first, our own copy last
+            dl.put(o_at, o, peer, ctx, mask=g_ok[:, None])
+            dl.put(lse_at, lse, peer, ctx, mask=g_ok)
+            dl.signal(flags + me * (B * HKV) + b * HKV + kv_head, epoch, peer, ctx)
+    else:
+        row = b.to(tl.int64) * HQ + head
+        tl.store(dst_o + row[:, None] * HEAD_DIM + d[None, :], o.to(dst_o.dtype.element_ty), mask=g_ok[:, None])
+        tl.store(dst_lse + row, lse * 0.6931471805599453, mask=g_ok)
+
+
+@triton.jit
 def flash_decode_split_kernel(
         q, k_cache, v_cache, kv_lens, block_table,
         part_o, part_lse, split_arrivals,              # local scratch: per-split partials, arrival counters
@@ -64,7 +126,8 @@ def flash_decode_split_kernel(
         stride_table_b,
         B, HQ, HKV, s_max, scale_log2,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-        SPLITS_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, PUSH: tl.constexpr, FP32_DOT: tl.constexpr):
+        GROUP_P2: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PAGE_SIZE: tl.constexpr, PUSH: tl.constexpr,
+        FP32_DOT: tl.constexpr):
     split = tl.program_id(0)
     n_splits = tl.num_programs(0)
     bk = tl.program_id(1)  # (b, kv head)
@@ -117,9 +180,9 @@ def flash_decode_split_kernel(
     o = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty slice gives o = 0, lse = -inf (weight 0 below)
     lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
 
-    # Merge the splits: every split files its partial and counts in; the last to arrive merges them all.
-    arrived = n_splits - 1
-    if n_splits > 1:
+    if n_splits == 1:
+        _publish(o, lse, b, kv_head, dst_o, dst_lse, flags, state, ctx, B, HQ, HKV, GROUP, HEAD_DIM, PUSH)
+    else:  # every split files its partial and counts in; the last to arrive merges them all and publishes
         row = bk * n_splits + split
         tl.store(part_o + (row * GROUP + g[:, None]) * HEAD_DIM + d[None, :], o, mask=g_ok[:, None])
         tl.store(part_lse + row * GROUP + g, lse, mask=g_ok)
@@ -127,76 +190,34 @@ def flash_decode_split_kernel(
         arrived = tl.atomic_add(split_arrivals + bk, 1, sem="acq_rel", scope="gpu")
         if arrived == n_splits - 1:
             tl.atomic_xchg(split_arrivals + bk, 0, sem="relaxed", scope="gpu")  # ready for the next call
-            sp = tl.arange(0, SPLITS_PAD)
-            sp_ok = sp < n_splits
-            lse_all = tl.load(part_lse + (bk * n_splits + sp[:, None]) * GROUP + g[None, :],
-                              mask=sp_ok[:, None] & g_ok[None, :], other=float("-inf"), cache_modifier=".cg")
-            top = tl.max(lse_all, 0)
-            top = tl.where(top == float("-inf"), 0.0, top)
-            weight = tl.exp2(lse_all - top[None, :])  # [SPLITS_PAD, GROUP_PAD]; empty splits weigh 0
-            total = tl.sum(weight, 0)
-            acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-            for i in range(n_splits):
-                w_i = tl.sum(tl.where(sp[:, None] == i, weight, 0.0), 0)
-                o_i = tl.load(part_o + ((bk * n_splits + i) * GROUP + g[:, None]) * HEAD_DIM + d[None, :],
-                              mask=g_ok[:, None], other=0.0, cache_modifier=".cg")
-                acc += w_i[:, None] * o_i
-            o = acc / tl.where(total > 0, total, 1.0)[:, None]
-            lse = tl.where(total > 0, top + tl.log2(tl.where(total > 0, total, 1.0)), float("-inf"))
-
-    if arrived == n_splits - 1:
-        if PUSH:  # this rank's partial for (b, kv head) -> slot [me] of every rank's receive buffer, then flag
-            me = dl.rank(ctx)
-            world = dl.num_ranks(ctx)
-            epoch = dl.call_epoch(state)
-            slot = ((epoch % 2) * world + me).to(tl.int64) * B + b64
-            o_at = dst_o + (slot * HQ + head[:, None]) * HEAD_DIM + d[None, :]
-            lse_at = dst_lse + slot * HQ + head
-            for i in range(world):
-                peer = (me + 1 + i) % world  # peers first, our own copy last
-                dl.put(o_at, o, peer, ctx, mask=g_ok[:, None])
-                dl.put(lse_at, lse, peer, ctx, mask=g_ok)
-                dl.signal(flags + me * (B * HKV) + bk, epoch, peer, ctx)
-        else:  # local result: o in the output's dtype, lse in natural-log units
-            tl.store(dst_o + (b64 * HQ + head[:, None]) * HEAD_DIM + d[None, :], o.to(dst_o.dtype.element_ty),
-                     mask=g_ok[:, None])
-            tl.store(dst_lse + b64 * HQ + head, lse * 0.6931471805599453, mask=g_ok)
+            first = bk * n_splits
+            o_all, lse_all = _merge_partials(part_o + first * GROUP * HEAD_DIM, part_lse + first * GROUP,
+                                             GROUP * HEAD_DIM, GROUP, n_splits, GROUP, GROUP_P2, HEAD_DIM,
+                                             SPLIT_CHUNK)
+            _publish(o_all, lse_all, b, kv_head, dst_o, dst_lse, flags, state, ctx, B, HQ, HKV, GROUP, HEAD_DIM,
+                     PUSH)
 
 
 @triton.jit
 def flash_decode_merge_kernel(recv_o, recv_lse, flags, out, state, ctx, stride_ob, stride_oh, B, HQ, HKV,
-                              GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                              WORLD_PAD: tl.constexpr):
+                              GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+                              WORLD_PAD: tl.constexpr, RANK_CHUNK: tl.constexpr):
     bk = tl.program_id(0)
     b = bk // HKV
     kv_head = bk % HKV
     world = dl.num_ranks(ctx)
     epoch = dl.call_epoch(state)
     r = tl.arange(0, WORLD_PAD)
-    r_ok = r < world
-    dl.wait(flags + r * (B * HKV) + bk, epoch, ctx, mask=r_ok)  # every rank's partial has landed here
-
-    g = tl.arange(0, GROUP_PAD)
+    dl.wait(flags + r * (B * HKV) + bk, epoch, ctx, mask=r < world)  # every rank's partial has landed here
+    first = ((epoch % 2) * world).to(tl.int64) * B + b  # slot of rank 0's partial of sequence b
+    o, lse = _merge_partials(recv_o + (first * HQ + kv_head * GROUP) * HEAD_DIM, recv_lse + first * HQ
+                             + kv_head * GROUP, B * HQ * HEAD_DIM, B * HQ, world, GROUP, GROUP_P2, HEAD_DIM,
+                             RANK_CHUNK)
+    g = tl.arange(0, GROUP_P2)
     d = tl.arange(0, HEAD_DIM)
     head = kv_head * GROUP + g
-    g_ok = g < GROUP
-    slot = ((epoch % 2) * world + r).to(tl.int64) * B + b  # [WORLD_PAD]
-    lse = tl.load(recv_lse + slot[:, None] * HQ + head[None, :], mask=r_ok[:, None] & g_ok[None, :],
-                  other=float("-inf"), cache_modifier=".cg")
-    top = tl.max(lse, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    weight = tl.exp2(lse - top[None, :])  # a rank with no tokens of this sequence weighs 0
-    total = tl.sum(weight, 0)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for i in range(world):
-        w_i = tl.sum(tl.where(r[:, None] == i, weight, 0.0), 0)
-        slot_i = ((epoch % 2) * world + i).to(tl.int64) * B + b
-        o_i = tl.load(recv_o + (slot_i * HQ + head[:, None]) * HEAD_DIM + d[None, :], mask=g_ok[:, None],
-                      other=0.0, cache_modifier=".cg")
-        acc += w_i[:, None] * o_i
-    o = acc / tl.where(total > 0, total, 1.0)[:, None]  # a sequence with no tokens anywhere gives 0
     tl.store(out + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + d[None, :], o.to(out.dtype.element_ty),
-             mask=g_ok[:, None])
+             mask=(g < GROUP)[:, None])  # a sequence with no tokens anywhere gives 0
     dl.finish_call(state, epoch, tl.num_programs(0))
 
 
@@ -221,6 +242,15 @@ def choose_splits(batch_kv_heads, s_local_max, num_sms, programs_per_sm=2, block
         if fill > best_fill + 1e-9:
             best, best_fill = n, fill
     return best
+
+
+def merge_chunk(group, head_dim, n, max_elems=4096):
+    """Partials merged per load round: the largest power of two that keeps a [chunk, group, head_dim] fp32 tile
+    within ``max_elems`` (32 registers a thread at 4 warps), and no more than ``n`` needs."""
+    chunk = 1
+    while chunk < n and 2 * chunk * triton.next_power_of_2(group) * head_dim <= max_elems:
+        chunk *= 2
+    return chunk
 
 
 def default_config(batch, kv_heads, s_local_max, head_dim, device_type, num_sms=None):
@@ -353,7 +383,8 @@ def _launch_split_kernel(q, k_cache, v_cache, kv_lens, block_table, dims, softma
         table.stride(0),
         batch, q_heads, kv_heads, s_max, scale * LOG2E,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_N=cfg["block_n"],
-        SPLITS_PAD=max(2, triton.next_power_of_2(n_splits)), PAGE_SIZE=page_size, PUSH=push,
+        GROUP_P2=triton.next_power_of_2(group), SPLIT_CHUNK=merge_chunk(group, head_dim, n_splits),
+        PAGE_SIZE=page_size, PUSH=push,
         FP32_DOT=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
@@ -419,11 +450,12 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
     shmem.raise_pending_errors()
     _launch_split_kernel(q, k_cache, v_cache, kv_lens, block_table, dims, softmax_scale, cfg, ex.recv_o,
                          ex.recv_lse, True, ex.flags, ex.state, ctx)
-    group = q_heads // kv_heads
+    group, world = q_heads // kv_heads, shmem.world_size()
     flash_decode_merge_kernel[(batch * kv_heads,)](
         ex.recv_o, ex.recv_lse, ex.flags, out, ex.state, ctx, out.stride(0), out.stride(1), batch, q_heads,
-        kv_heads, GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=head_dim,
-        WORLD_PAD=max(2, triton.next_power_of_2(shmem.world_size())), num_warps=cfg["merge_num_warps"])
+        kv_heads, GROUP=group, GROUP_P2=triton.next_power_of_2(group), HEAD_DIM=head_dim,
+        WORLD_PAD=max(2, triton.next_power_of_2(world)), RANK_CHUNK=merge_chunk(group, head_dim, world),
+        num_warps=cfg["merge_num_warps"])
     return out
 
 
