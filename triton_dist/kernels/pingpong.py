@@ -18,9 +18,9 @@ def ping_pong_kernel(flag, count, iters, ctx):
         for i in range(1, iters + 1):
             if me % 2 == 0:
                 dl.signal(flag, base + i, peer, ctx)
-                dl.wait(flag, base + i, ctx, cmp="eq")
+                dl.wait(flag, base + i, ctx, cmp=dl.EQ)
             else:
-                dl.wait(flag, base + i, ctx, cmp="eq")
+                dl.wait(flag, base + i, ctx, cmp=dl.EQ)
                 dl.signal(flag, base + i, peer, ctx)
     tl.store(count, base + iters)
 

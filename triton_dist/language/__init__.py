@@ -20,6 +20,12 @@ Memory-ordering contract (the same on GPUs and under the interpreter):
 """
 
 from .primitives import (  # noqa: F401
+    ADD,
+    EQ,
+    GE,
+    GT,
+    NE,
+    SET,
     barrier_all,
     call_epoch,
     fence,

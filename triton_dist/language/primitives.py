@@ -24,6 +24,15 @@ BARRIER_COUNT = tl.constexpr(layout.BARRIER_COUNT)
 BARRIER_FLAGS = tl.constexpr(layout.BARRIER_FLAGS)
 FENCE_SCRATCH = tl.constexpr(layout.FENCE_SCRATCH)
 
+# Comparisons for `wait` and operations for `signal`. Pass these (e.g. `cmp=dl.EQ`) rather than bare strings:
+# Triton 3.6 cannot pass a Python str into a @triton.jit helper (a kernel's own constexpr parameter is fine).
+GE = tl.constexpr("ge")
+GT = tl.constexpr("gt")
+EQ = tl.constexpr("eq")
+NE = tl.constexpr("ne")
+SET = tl.constexpr("set")
+ADD = tl.constexpr("add")
+
 
 @triton.jit
 def rank(ctx):
@@ -65,8 +74,8 @@ def get(ptr, peer, ctx, mask=None, other=None):
 
 
 @triton.jit
-def signal(flag, value, peer, ctx, op: tl.constexpr = "set"):
-    """Publish every earlier store of this program, then set (``op="set"``) or add to (``op="add"``) the int32
+def signal(flag, value, peer, ctx, op: tl.constexpr = SET):
+    """Publish every earlier store of this program, then set (``op=dl.SET``) or add to (``op=dl.ADD``) the int32
     ``flag`` on rank ``peer`` with release semantics at system scope."""
     tl.debug_barrier()  # the stores of all threads of the program happen before the release below
     remote = symm_at(flag, peer, ctx)
@@ -131,9 +140,9 @@ def _all_satisfied(seen, value, mask, CMP: tl.constexpr):
 
 
 @triton.jit
-def wait(flag, value, ctx, cmp: tl.constexpr = "ge", mask=None):
-    """Poll this rank's int32 ``flag`` with acquire semantics until ``flag <cmp> value`` (``ge``, ``gt``,
-    ``eq``, ``ne``) and return the last value(s) seen. ``flag`` is a pointer or a 1-D block of pointers (then
+def wait(flag, value, ctx, cmp: tl.constexpr = GE, mask=None):
+    """Poll this rank's int32 ``flag`` with acquire semantics until ``flag <cmp> value`` (``dl.GE``, ``dl.GT``,
+    ``dl.EQ``, ``dl.NE``) and return the last value(s) seen. ``flag`` is a pointer or a 1-D block of pointers (then
     every element not masked off must satisfy the comparison; one poll round reads them all in parallel).
     Gives up after the context's wait budget and records the timeout (rank, signal, expected, seen) for the
     host to raise as ``WaitTimeoutError``."""
@@ -178,7 +187,7 @@ def barrier_all(ctx):
     generation = tl.load(count) + 1
     tl.store(count, generation)
     for peer in range(world):
-        signal(arrivals + me, 1, peer, ctx, op="add")
+        signal(arrivals + me, 1, peer, ctx, op=ADD)
     for peer in range(world):
         wait(arrivals + peer, generation, ctx)
 
