@@ -269,6 +269,8 @@ def _run_overlapped(a, w, cfg, return_gathered):
     shard_words = src_words.numel()
     chunk_words = chunk_rows * k * a.element_size() // src_words.element_size()
     tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
+    # loads the compiler hoists across tiles (flattened loop, warp specialisation) need the one-tile lookahead
+    lookahead = bool(cfg["LOOKAHEAD"] or cfg["FLATTEN"] or cfg["WARP_SPECIALIZE"])
     sm_producers = cfg["producer"] == "sm"
     num_producers = int(cfg["num_producers"]) if sm_producers else 0
     programs = cfg.get("num_programs") or default_num_programs(a.device)
@@ -285,7 +287,7 @@ def _run_overlapped(a, w, cfg, return_gathered):
         NUM_PRODUCERS=num_producers, PUSH_BLOCK=cfg["push_block"],
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],
-        WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], LOOKAHEAD=cfg["LOOKAHEAD"],
+        WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], LOOKAHEAD=lookahead,
         FENCE_ASYNC_PROXY=use_tma and not interpreting(), DOT_PRECISION=dot_precision(a.dtype),
         num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
     if a.is_cuda and not sm_producers:
@@ -342,7 +344,6 @@ def candidate_configs(m_shard, n, k, dtype, device, world):
     if m_total > 256 and world > 1:
         cands += [{**over, **big, "n_chunks": 4},
                   {**over, **big, "n_chunks": 8, "EPILOGUE_SUBTILE": True, "num_stages": 4},
-                  {**over, **big, "n_chunks": 4, "FLATTEN": True, "LOOKAHEAD": True},
                   {**over, **big, "n_chunks": 8, "producer": "sm", "num_producers": 16},
                   {**over, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 8,
                    "n_chunks": 4}]
@@ -378,9 +379,9 @@ def _config_for(a, w, world):
 # ----------------------------------------------------------------------------------------------- the op
 def _check_inputs(a, w):
     check_matmul_operands(a, w, "a", "w")
-    if shmem.is_initialized() and a.device.type != shmem.device().type or (
-            a.is_cuda and shmem.is_initialized() and a.device != shmem.device()):
-        raise ValueError(f"a is on {a.device}, but triton_dist runs on {shmem.device()}")
+    home = shmem.device()
+    if a.device.type != home.type or (home.type == "cuda" and a.device.index != home.index):
+        raise ValueError(f"a and w are on {a.device}, but triton_dist runs on {home}")
 
 
 def _ag_gemm_impl(a, w, return_gathered, config=None):
@@ -407,7 +408,7 @@ def _ag_gemm_op(a: torch.Tensor, w: torch.Tensor, return_gathered: bool = False)
 
 @_ag_gemm_op.register_fake
 def _(a, w, return_gathered=False):
-    check_matmul_operands(a, w, "a", "w")
+    _check_inputs(a, w)
     world = shmem.world_size()
     rows = world * a.shape[0]
     return a.new_empty((rows, w.shape[0])), a.new_empty((rows if return_gathered else 0, a.shape[1]))
@@ -425,6 +426,7 @@ def ag_gemm(a, w, return_gathered=False, config=None):
     """
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
+    _check_inputs(a, w)
     if config is not None:
         out, gathered = _ag_gemm_impl(a, w, return_gathered, config)
     else:

@@ -1,0 +1,308 @@
+"""AG+GEMM: ``ag_gemm(a, w) == all_gather(a) @ w.T``.
+
+CPU (interpreter, 2 and 4 ranks): both producers (copy engine, SM pushes), TMA and masked paths, ragged/odd
+M, N, K, fp16/fp32 against an fp64 reference with fresh inputs every repeat and the gather buffer poisoned before
+every call; the fallback path; back-to-back calls (epochs, no barrier); the torch op, its fake and
+torch.compile(fullgraph=True); bad input. GPU (torchrun): bf16 against fp32 with 100 fresh repeats, every tuning
+candidate, a straggler rank, CUDA-graph replay. sm_90 code generation for both kernel variants.
+"""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import triton_dist as td
+from triton_dist.kernels import allgather_gemm as agm
+from triton_dist.kernels.allgather_gemm import ag_gemm
+
+from ..conftest import gpu_only
+from ..sm90 import compile_sm90
+
+# Configs the CPU tests force (small tiles; 3 programs so that several tiles share a program).
+CPU_SM = {"path": "overlap", "producer": "sm", "num_producers": 2, "n_chunks": 3, "num_programs": 4}
+CPU_CE = {"path": "overlap", "producer": "copy_engine", "n_chunks": 2, "num_programs": 3}
+
+
+def _reference(a, w):
+    parts = [torch.empty_like(a) for _ in range(td.world_size())]
+    dist.all_gather(parts, a.contiguous())
+    gathered = torch.cat(parts)
+    return gathered, gathered.double() @ w.double().T
+
+
+def _poison_workspaces():
+    for ws in agm._Workspace._cache.values():
+        ws.a_full.fill_(float("nan"))
+    td.shmem.barrier()  # nobody pushes into our a_full before we poisoned it
+
+
+def _check(m, n, k, dtype_name, config, repeats, seed=0):
+    """Max error relative to the reference's magnitude, and whether the gathered output was exact, over repeats."""
+    dtype = getattr(torch, dtype_name)
+    dev, r = td.shmem.device(), td.rank()
+    agm._Workspace.get(m, k, dtype) if config.get("path") != "fallback" else None
+    worst, gathered_ok = 0.0, True
+    for i in range(repeats):
+        gen = torch.Generator().manual_seed(seed + 1000 * i + r)  # fresh inputs, different on every rank
+        a = torch.randn(m, k, generator=gen).to(dtype).to(dev)
+        w = torch.randn(n, k, generator=gen).to(dtype).to(dev)
+        _poison_workspaces()
+        out, gathered = ag_gemm(a, w, return_gathered=True, config=config)
+        ref_a, ref = _reference(a, w)
+        scale = ref.abs().max().item() + 1e-6
+        worst = max(worst, ((out.double() - ref).abs().max().item()) / scale)
+        gathered_ok &= torch.equal(gathered.cpu(), ref_a.cpu()) and tuple(out.shape) == (td.world_size() * m, n)
+    return worst, gathered_ok
+
+
+CPU_CASES = [  # (m per rank, n, k, dtype, config): odd sizes, TMA-compatible and not
+    (17, 24, 40, "float16", CPU_SM),       # TMA path (K, N multiples of 8), ragged M
+    (17, 24, 40, "float16", CPU_CE),
+    (13, 23, 37, "float32", CPU_SM),       # odd N and K: masked path
+    (9, 17, 19, "float16", {**CPU_CE, "use_tma": False}),
+    (34, 24, 40, "float32", {**CPU_SM, "BLOCK_M": 32}),
+]
+
+
+@pytest.mark.parametrize("m,n,k,dtype,config", CPU_CASES)
+def test_ag_gemm_two_ranks(ranks, m, n, k, dtype, config):
+    for worst, gathered_ok in ranks(2, _check, m, n, k, dtype, config, 2):
+        assert gathered_ok
+        assert worst < (2e-3 if dtype == "float16" else 1e-6), worst
+
+
+@pytest.mark.parametrize("m,n,k,dtype,config", [(7, 24, 40, "float16", CPU_CE), (5, 23, 37, "float32", CPU_SM)])
+def test_ag_gemm_four_ranks(ranks, m, n, k, dtype, config):
+    for worst, gathered_ok in ranks(4, _check, m, n, k, dtype, config, 1):
+        assert gathered_ok
+        assert worst < (2e-3 if dtype == "float16" else 1e-6), worst
+
+
+def test_ag_gemm_fallback_path(ranks):
+    for worst, gathered_ok in ranks(2, _check, 5, 16, 24, "float32", {"path": "fallback"}, 2):
+        assert gathered_ok and worst < 1e-6
+
+
+def _check_back_to_back(calls):
+    """Calls with no barrier in between: only the ready handshake + epochs keep them apart."""
+    dev, r = td.shmem.device(), td.rank()
+    ok = True
+    for i in range(calls):
+        config = CPU_SM if i % 2 else CPU_CE  # both producers share the workspace and its epochs
+        a = (torch.randn(11, 16) + 100 * r + i).to(dev)
+        w = torch.randn(8, 16).to(dev)
+        out = ag_gemm(a, w, config=config)
+        ref = _reference(a, w)[1]
+        ok &= bool(((out.double() - ref).abs().max() / ref.abs().max()) < 1e-6)
+    return ok
+
+
+def test_ag_gemm_back_to_back_calls(ranks):
+    assert ranks(2, _check_back_to_back, 6) == [True, True]
+
+
+def _check_torch_op_and_compile():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    dev, r = td.shmem.device(), td.rank()
+    a = torch.randn(6, 16, generator=torch.Generator().manual_seed(r)).to(dev)
+    w = torch.randn(8, 16, generator=torch.Generator().manual_seed(9 + r)).to(dev)
+    ref_a, ref = _reference(a, w)
+    out, gathered = torch.ops.triton_dist.ag_gemm(a, w, True)  # the registered op (default config)
+    op_ok = torch.allclose(out.double(), ref, atol=1e-5) and torch.equal(gathered, ref_a)
+    out2, empty = torch.ops.triton_dist.ag_gemm(a, w, False)
+    op_ok &= tuple(empty.shape) == (0, 16) and torch.allclose(out2.double(), ref, atol=1e-5)
+    with FakeTensorMode() as mode:  # the fake impl: shapes without running anything
+        fo, fg = torch.ops.triton_dist.ag_gemm(mode.from_tensor(a), mode.from_tensor(w), True)
+    fake_ok = tuple(fo.shape) == tuple(ref.shape) and tuple(fg.shape) == tuple(ref_a.shape)
+
+    def f(x, y):
+        return ag_gemm(x, y) * 2.0 + 1.0
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    compile_ok = torch.allclose(compiled(a, w).double(), ref * 2 + 1, atol=1e-5)
+    return op_ok, fake_ok, compile_ok
+
+
+def test_ag_gemm_torch_op_fake_and_compile(ranks):
+    for result in ranks(2, _check_torch_op_and_compile):
+        assert result == (True, True, True)
+
+
+def _check_bad_input():
+    dev = td.shmem.device()
+    a = torch.randn(4, 8, device=dev)
+    w = torch.randn(6, 8, device=dev)
+    cases = [
+        lambda: ag_gemm([1, 2], w),                                    # not a tensor
+        lambda: ag_gemm(a.to(torch.int32), w.to(torch.int32)),         # dtype
+        lambda: ag_gemm(a, w.half()),                                  # mixed dtypes
+        lambda: ag_gemm(a, torch.randn(6, 9, device=dev)),             # K mismatch
+        lambda: ag_gemm(a[:, ::2], torch.randn(6, 4, device=dev)),     # non-contiguous
+        lambda: ag_gemm(a.reshape(-1), w),                             # 1-D
+        lambda: ag_gemm(a.to("meta"), w.to("meta")),                   # wrong device
+        lambda: torch.ops.triton_dist.ag_gemm(a, w.half()),            # the op checks too
+    ]
+    names = []
+    for bad in cases:
+        try:
+            bad()
+            names.append(None)
+        except (TypeError, ValueError) as exc:
+            names.append(type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - report what else came out
+            names.append(f"other:{type(exc).__name__}:{exc}")
+    return names
+
+
+def test_ag_gemm_rejects_bad_input(ranks):
+    for names in ranks(2, _check_bad_input):
+        assert names == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
+                         "ValueError", "TypeError"], names
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+def _gpu_reference(a, w):
+    gathered = torch.empty((td.world_size() * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
+    dist.all_gather_into_tensor(gathered, a)
+    return gathered, gathered.float() @ w.float().T
+
+
+def _check_gpu(m, n, k, config, repeats, straggler_s=0.0):
+    worst, gathered_ok = 0.0, True
+    for i in range(repeats):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 8
+        if config is None or config.get("path") != "fallback":
+            agm._Workspace.get(m, k, torch.bfloat16)
+            _poison_workspaces()
+        if straggler_s and td.rank() == td.world_size() - 1:
+            torch.cuda.synchronize()
+            time.sleep(straggler_s)  # this rank enters late; the others must wait, not read stale rows
+        if config is None:
+            out, gathered = torch.ops.triton_dist.ag_gemm(a, w, True)
+        else:
+            out, gathered = ag_gemm(a, w, return_gathered=True, config=config)
+        ref_a, ref = _gpu_reference(a, w)
+        err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+        worst = max(worst, err if err == err else float("inf"))
+        gathered_ok &= torch.equal(gathered, ref_a)
+    return worst, gathered_ok
+
+
+GPU_SHAPES = [(1000, 1536, 1024), (2048, 4096, 2048), (517, 520, 4104), (256, 1024, 1000)]
+
+
+@gpu_only
+@pytest.mark.parametrize("m,n,k", GPU_SHAPES)
+def test_ag_gemm_gpu_bf16_100_repeats(ranks, m, n, k):
+    for worst, gathered_ok in ranks(td.world_size(), _check_gpu, m, n, k, None, 100):
+        assert gathered_ok and worst < 1e-2, worst
+
+
+def _gpu_candidates(m, n, k):
+    world = td.world_size()
+    return agm.candidate_configs(m, n, k, torch.bfloat16, torch.device("cuda"), world)
+
+
+@gpu_only
+@pytest.mark.parametrize("m,n,k", GPU_SHAPES[:3])
+def test_ag_gemm_gpu_every_candidate(ranks, m, n, k):
+    for cfg in _gpu_candidates(m, n, k) + [{"path": "overlap", "producer": "sm", "num_producers": 8},
+                                           {"path": "overlap", "use_tma": False}]:
+        for worst, gathered_ok in ranks(td.world_size(), _check_gpu, m, n, k, cfg, 10):
+            assert gathered_ok and worst < 1e-2, (cfg, worst)
+
+
+@gpu_only
+@pytest.mark.parametrize("producer", ["copy_engine", "sm"])
+def test_ag_gemm_gpu_straggler(ranks, producer):
+    cfg = {"path": "overlap", "producer": producer, "num_producers": 16}
+    for worst, gathered_ok in ranks(td.world_size(), _check_gpu, 2048, 2048, 4096, cfg, 3, 0.3):
+        assert gathered_ok and worst < 1e-2, worst
+
+
+def _check_graph(producer):
+    m, n, k = 1024, 2048, 1024
+    cfg = {"path": "overlap", "producer": producer, "num_producers": 16}
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 8
+    ag_gemm(a, w, config=cfg)  # compile + workspace outside the capture
+    torch.ops.triton_dist.ag_gemm(a, w, False)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ag_gemm(a, w, config=cfg)
+        out_op, _ = torch.ops.triton_dist.ag_gemm(a, w, False)
+    worst = 0.0
+    for _ in range(5):
+        a.copy_(torch.randn_like(a))
+        td.shmem.barrier()
+        graph.replay()
+        ref = _gpu_reference(a, w)[1]
+        for o in (out, out_op):
+            worst = max(worst, ((o.float() - ref).abs().max() / ref.abs().max()).item())
+    return worst
+
+
+@gpu_only
+@pytest.mark.parametrize("producer", ["copy_engine", "sm"])
+def test_ag_gemm_gpu_cuda_graph_replay(ranks, producer):
+    for worst in ranks(td.world_size(), _check_graph, producer):
+        assert worst < 1e-2, worst
+
+
+def _check_gpu_compile():
+    a = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(768, 512, device="cuda", dtype=torch.bfloat16)
+    f = torch.compile(lambda x, y: torch.relu(ag_gemm(x, y)), fullgraph=True)
+    ref = torch.relu(_gpu_reference(a, w)[1])
+    return ((f(a, w).float() - ref).abs().max() / ref.abs().max()).item()
+
+
+@gpu_only
+def test_ag_gemm_gpu_torch_compile(ranks):
+    for worst in ranks(td.world_size(), _check_gpu_compile):
+        assert worst < 1e-2
+
+
+# ----------------------------------------------------------------------------------------------- sm_90
+AG_SIGNATURE = dict(
+    a="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>", c="tensordesc<bf16[1,128,256]>",
+    src_words="*i64", dst_words="*i64", arrived="*i32", ready="*i32", state="*i32", ctx="*i64",
+    m_shard="i32", N="i32", K="i32", stride_am="i32", stride_bn="i32", stride_cs="i32", stride_cm="i32",
+    shard_words="i64", chunk_words="i64", chunk_rows="i32", n_chunks="i32",
+    **{name: "constexpr" for name in ("NUM_PRODUCERS", "PUSH_BLOCK", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M",
+                                      "USE_TMA", "EPILOGUE_SUBTILE", "FLATTEN", "WARP_SPECIALIZE", "LOOKAHEAD",
+                                      "FENCE_ASYNC_PROXY", "DOT_PRECISION")})
+
+
+def _ag_constexprs(producers):
+    return dict(NUM_PRODUCERS=producers, PUSH_BLOCK=4096, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8,
+                USE_TMA=True, EPILOGUE_SUBTILE=False, FLATTEN=False, WARP_SPECIALIZE=False, LOOKAHEAD=False,
+                FENCE_ASYNC_PROXY=True, DOT_PRECISION="tf32")
+
+
+@pytest.mark.parametrize("producers", [0, 16])
+def test_ag_gemm_compiles_for_sm90_with_tma_and_wgmma(producers):
+    res = compile_sm90("triton_dist.kernels.allgather_gemm", "ag_gemm_kernel", AG_SIGNATURE,
+                       _ag_constexprs(producers),
+                       aligned=("K", "N", "src_words", "dst_words", "shard_words", "chunk_words"))
+    ops = res["ops"]
+    assert any(k.startswith("wgmma.mma_async") for k in ops), ops
+    assert any(k.startswith("cp.async.bulk.tensor.2d") for k in ops), ops  # TMA loads of A and W
+    assert any(k.startswith("cp.async.bulk.tensor.3d") for k in ops), ops  # TMA store of the output tile
+    assert ops.get("ld.global.sys.acquire.b32", 0) > 0, ops  # the per-chunk flag wait
+    if producers:
+        assert ops.get("st.global.v2.b64", 0) > 0, ops  # 16-byte stores to the peers
+        assert any(k.startswith("atom.global.sys.release") for k in ops), ops
+
+
+def test_ready_handshake_compiles_for_sm90():
+    res = compile_sm90("triton_dist.kernels.allgather_gemm", "ready_handshake_kernel",
+                       dict(ready="*i32", state="*i32", epoch_out="*i32", ctx="*i64"))
+    ops = res["ops"]
+    assert any(k.startswith("atom.global.sys.release") for k in ops), ops
+    assert ops.get("ld.global.sys.acquire.b32", 0) > 0, ops
