@@ -56,7 +56,7 @@ from .. import language as dl
 from .. import shmem
 
 MAX_PROGRAMS = 256  # flags and chunk tables are sized for this many programs per launch
-_BIG = 2**30
+_BIG = tl.constexpr(2**30)  # "no row" in min-reductions
 
 
 # ----------------------------------------------------------------------------------------------------- helpers

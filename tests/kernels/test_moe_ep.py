@@ -1,0 +1,334 @@
+"""MoE expert-parallel dispatch / combine: the received layout (rows grouped by local expert in source-rank,
+token, slot order; counts; padding), the combined output against a single-process reference, bitwise
+reproducibility, back-to-back calls, bad input, torch ops, CUDA graphs (GPU) and sm_90 code generation."""
+
+import random
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import triton_dist as td
+from triton_dist.kernels.moe_ep import ep_combine, ep_dispatch
+
+from ..conftest import gpu_only
+from ..sm90 import compile_sm90
+
+
+def _routing(mode, T, E, K, seed):
+    """This rank's (x-independent) router output for a test scenario."""
+    r, w = td.rank(), td.world_size()
+    g = torch.Generator().manual_seed(1000 * seed + r)
+    if mode == "zero" and r == w - 1:
+        T = 0
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]) if T else \
+        torch.zeros((0, K), dtype=torch.int64)
+    if mode == "skew":  # every token sends slot 0 to expert 0
+        for t in range(T):
+            row = [0] + [e for e in torch.randperm(E, generator=g).tolist() if e != 0][:K - 1]
+            idx[t] = torch.tensor(row)
+    elif mode == "local":  # no token has a remote expert
+        el = E // w
+        for t in range(T):
+            idx[t] = r * el + torch.randperm(el, generator=g)[:K]
+    elif mode == "holes" and T:  # some unused slots (-1)
+        idx[torch.rand(T, K, generator=g) < 0.3] = -1
+    weights = torch.rand(T, K, generator=g)
+    return idx, weights
+
+
+def _expert_scale(E):
+    return (torch.arange(E, dtype=torch.float64) % 5 + 1) / 4  # expert e multiplies its rows by this
+
+
+def _run(mode, T, H, E, K, dtype_name, align, seed, config=None, repeats=1):
+    """Dispatch, fake experts (row * scale[e]), combine; check everything against a reference on this rank."""
+    dtype = getattr(torch, dtype_name)
+    dev = td.shmem.device()
+    r, w = td.rank(), td.world_size()
+    el = E // w
+    idx, weights = _routing(mode, T, E, K, seed)
+    g = torch.Generator().manual_seed(seed * 77 + r)
+    x = torch.randn(idx.shape[0], H, generator=g).to(dtype)
+    every = [None] * w
+    dist.all_gather_object(every, (x, idx, weights))
+    max_tokens = max(e[0].shape[0] for e in every) + 2
+    res = ep_dispatch(x.to(dev), idx.to(dev), weights.to(dev), num_experts=E, max_tokens=max_tokens,
+                      align=align, config=config)
+    # reference receive layout on this rank
+    counts, rows = [], []
+    for e in range(r * el, (r + 1) * el):
+        group = [(s, t, j) for s in range(w) for t in range(every[s][1].shape[0]) for j in range(K)
+                 if int(every[s][1][t, j]) == e]
+        counts.append(len(group))
+        rows.append(group)
+    problems = []
+    if res.expert_counts.cpu().tolist() != counts:
+        problems.append(f"counts {res.expert_counts.cpu().tolist()} != {counts}")
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + -(-c // align) * align)
+    if res.expert_offsets.cpu().tolist() != offsets:
+        problems.append(f"offsets {res.expert_offsets.cpu().tolist()} != {offsets}")
+    rx, rid, rw = res.x.cpu(), res.expert_ids.cpu(), res.weights.cpu()
+    for le, group in enumerate(rows):
+        for i, (s, t, j) in enumerate(group):
+            row = offsets[le] + i
+            if not torch.equal(rx[row], every[s][0][t]) or int(rid[row]) != le or \
+                    float(rw[row]) != float(every[s][2][t, j]):
+                problems.append(f"row {row} (expert {le}, from rank {s} token {t} slot {j}) wrong")
+                break
+        pad = slice(offsets[le] + len(group), offsets[le + 1])
+        if (rid[pad] != -1).any() or (rw[pad] != 0).any():
+            problems.append(f"padding of expert {le} not marked")
+    if (rid[offsets[-1]:] != -1).any():
+        problems.append("rows past the last group not marked -1")
+    # experts: row * scale; padding rows are NaN (combine must never read them)
+    scale = _expert_scale(E)[r * el:(r + 1) * el].to(torch.float32)
+    out = (res.x.float() * scale.to(dev)[res.expert_ids.clamp(min=0).long()][:, None]).to(dtype)
+    out[res.expert_ids < 0] = float("nan")
+    ys = [ep_combine(out, res.handle).cpu() for _ in range(repeats)]
+    ref = torch.zeros(x.shape, dtype=torch.float64)
+    gs = _expert_scale(E)
+    for t in range(x.shape[0]):
+        for j in range(K):
+            e = int(idx[t, j])
+            if e >= 0:
+                ref[t] += float(weights[t, j]) * gs[e] * x[t].double()
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    if x.shape[0] and not torch.allclose(ys[0].double(), ref, rtol=tol, atol=tol):
+        problems.append(f"combine off by {(ys[0].double() - ref).abs().max().item():.3g}")
+    if any(not torch.equal(y.view(torch.uint8) if y.dtype != torch.float32 else y.view(torch.int32),
+                           ys[0].view(torch.uint8) if y.dtype != torch.float32 else ys[0].view(torch.int32))
+           for y in ys[1:]):
+        problems.append("combine not bitwise reproducible")
+    return problems
+
+
+@pytest.mark.parametrize("mode,T,align,dtype", [("random", 7, 1, "float32"), ("skew", 5, 4, "bfloat16"),
+                                                ("local", 6, 1, "float32"), ("zero", 5, 2, "float16"),
+                                                ("holes", 9, 1, "float32"), ("random", 1, 1, "bfloat16")])
+def test_dispatch_combine_2_ranks(ranks, mode, T, align, dtype):
+    for problems in ranks(2, _run, mode, T, 16, 8, 3, dtype, align, 1):
+        assert problems == []
+
+
+@pytest.mark.parametrize("mode,T", [("random", 5), ("zero", 3)])
+def test_dispatch_combine_4_ranks(ranks, mode, T):
+    for problems in ranks(4, _run, mode, T, 8, 8, 3, "float32", 2, 2):
+        assert problems == []
+
+
+def test_two_launch_layout_and_uneven_chunks(ranks):
+    """The layout launch (default for max_tokens > 256) with 3 programs over 13 odd-sized chunks of tokens."""
+    cfg = {"fused_layout": False, "num_programs": 3, "block_tokens": 2}
+    for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, cfg):
+        assert problems == []
+
+
+def _reproducible(runs):
+    """20 combines of one dispatch plus 3 whole dispatch+combine rounds, with random delays per rank: bitwise."""
+    dev = td.shmem.device()
+    idx, weights = _routing("random", 11, 8, 3, 7)
+    x = torch.randn(11, 16, generator=torch.Generator().manual_seed(td.rank())).to(torch.bfloat16).to(dev)
+    idx, weights = idx.to(dev), weights.to(dev)
+    rnd = random.Random(td.rank())
+    outs = []
+    for rnd_i in range(3):
+        res = ep_dispatch(x, idx, weights, num_experts=8, max_tokens=11)
+        expert_out = (res.x.float() * (1 + res.expert_ids.float())[:, None] / 3).to(torch.bfloat16)
+        for _ in range(runs if rnd_i == 0 else 1):
+            time.sleep(rnd.random() * 0.01)
+            outs.append(ep_combine(expert_out, res.handle).view(torch.int16).cpu())
+    return all(torch.equal(o, outs[0]) for o in outs)
+
+
+def test_bitwise_reproducible_20_runs(ranks):
+    assert ranks(2, _reproducible, 20) == [True, True]
+
+
+def _back_to_back(calls):
+    """Fresh routing every call, no barriers, alternating fused / two-launch layout, exact-size outputs."""
+    dev = td.shmem.device()
+    ok = []
+    for i in range(calls):
+        idx, weights = _routing("random", 4 + i, 8, 2, 10 + i)
+        x = torch.randn(idx.shape[0], 8).to(dev) + td.rank()
+        cfg = {"fused_layout": bool(i % 2)}
+        res = ep_dispatch(x, idx.to(dev), weights.to(dev), num_experts=8, max_tokens=8, exact=True, config=cfg)
+        ok.append(res.x.shape[0] == int(res.expert_offsets[-1]) == int(res.expert_counts.sum()))
+        y = ep_combine(res.x, res.handle)  # identity experts: y = sum_j w_j * x
+        ok.append(torch.allclose(y, (weights.sum(1, keepdim=True) * x).to(dev), atol=1e-5))
+    return ok
+
+
+def test_back_to_back_calls(ranks):
+    for ok in ranks(2, _back_to_back, 3):
+        assert all(ok), ok
+
+
+def _bad_input():
+    dev = td.shmem.device()
+    x = torch.randn(3, 8, device=dev)
+    idx = torch.tensor([[0, 1], [2, 3], [4, 5]], device=dev)
+    w = torch.rand(3, 2, device=dev)
+    kw = dict(num_experts=8, max_tokens=4)
+    cases = [
+        lambda: ep_dispatch(x.numpy(), idx, w, **kw),                                  # not a tensor
+        lambda: ep_dispatch(x.to(torch.int32), idx, w, **kw),                          # dtype of x
+        lambda: ep_dispatch(x, idx.float(), w, **kw),                                  # dtype of ids
+        lambda: ep_dispatch(x, idx, w[:2], **kw),                                      # shapes
+        lambda: ep_dispatch(x, torch.tensor([[0, 1], [2, 8], [4, 5]], device=dev), w, **kw),  # id out of range
+        lambda: ep_dispatch(x, idx, w, num_experts=7, max_tokens=4),                   # E % world
+        lambda: ep_dispatch(x, idx, w, num_experts=8, max_tokens=2),                   # T > max_tokens
+        lambda: ep_combine(x, "handle"),                                               # not a handle
+    ]
+    res = ep_dispatch(x, idx, w, **kw)
+    cases += [lambda: ep_combine(res.x.half(), res.handle),                            # dtype of expert_out
+              lambda: ep_combine(res.x[:, :4], res.handle)]                            # shape of expert_out
+    errors = []
+    for case in cases:
+        try:
+            case()
+            errors.append(None)
+        except (TypeError, ValueError) as exc:
+            errors.append(type(exc).__name__)
+    old = res.handle
+    ep_dispatch(x, idx, w, **kw)
+    try:
+        ep_combine(res.x, old)
+        errors.append(None)
+    except ValueError:
+        errors.append("stale")
+    ep_combine(res.x, ep_dispatch(x, idx, w, **kw).handle)  # keep the ranks' calls matched
+    return errors
+
+
+def test_rejects_bad_input(ranks):
+    for errors in ranks(2, _bad_input):
+        assert errors == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
+                          "ValueError", "TypeError", "TypeError", "ValueError", "stale"]
+
+
+def _torch_ops():
+    dev = td.shmem.device()
+    idx, weights = _routing("random", 5, 8, 2, 4)
+    x = torch.randn(5, 8).to(dev)
+    recv_x, ids, rw, counts, offsets, token_pos = torch.ops.triton_dist.ep_dispatch(
+        x, idx.to(dev), weights.to(dev), 8, 6, 1)
+    y = torch.ops.triton_dist.ep_combine(recv_x, token_pos, 8, 2, 6, 1)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fx = mode.from_tensor(x)
+        fake = torch.ops.triton_dist.ep_dispatch(fx, mode.from_tensor(idx), mode.from_tensor(weights), 8, 6, 1)
+        fy = torch.ops.triton_dist.ep_combine(fake[0], fake[5], 8, 2, 6, 1)
+    return (torch.allclose(y, weights.sum(1, keepdim=True).to(dev) * x, atol=1e-5),
+            tuple(fake[0].shape) == tuple(recv_x.shape), tuple(fy.shape) == (5, 8), int(counts.sum()))
+
+
+def test_torch_ops_and_fake_impls(ranks):
+    results = ranks(2, _torch_ops)
+    for ok, same_shape, fake_y, _ in results:
+        assert ok and same_shape and fake_y
+    assert sum(r[3] for r in results) == 2 * 5 * 2  # every (token, slot) lands exactly once
+
+
+# ----------------------------------------------------------------------------------------------------- GPU
+def _gpu_bf16(T, H, E, K, align):
+    dev = td.shmem.device()
+    r, w = td.rank(), td.world_size()
+    g = torch.Generator(device=dev).manual_seed(r)
+    x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
+    idx = torch.rand(T, E, device=dev, generator=g).topk(K, dim=1).indices
+    weights = torch.rand(T, K, device=dev, generator=g)
+    res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, align=align)
+    el = E // w
+    scale = _expert_scale(E).float().to(dev)
+    out = (res.x.float() * scale[r * el + res.expert_ids.clamp(min=0).long()][:, None]).to(torch.bfloat16)
+    y = ep_combine(out, res.handle)
+    ref = (weights[:, :, None] * scale[idx][:, :, None] * x.float()[:, None, :]).sum(1)
+    ok_y = torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2)
+    counts = torch.zeros(E, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, idx.reshape(-1), torch.ones(idx.numel(), dtype=torch.int64, device=dev))
+    dist.all_reduce(counts)
+    ok_counts = torch.equal(res.expert_counts.long(), counts[r * el:(r + 1) * el])
+    y2 = ep_combine(out, res.handle)
+    return ok_y and ok_counts and torch.equal(y.view(torch.int16), y2.view(torch.int16))
+
+
+@gpu_only
+@pytest.mark.parametrize("T,align", [(128, 1), (1000, 64)])
+def test_gpu_bf16(ranks, T, align):
+    assert all(ranks(2, _gpu_bf16, T, 1024, 64, 8, align))
+
+
+def _gpu_graph():
+    dev = td.shmem.device()
+    T, H, E, K = 96, 512, 16, 4
+    x = torch.zeros(T, H, device=dev, dtype=torch.bfloat16)
+    idx = torch.zeros(T, K, device=dev, dtype=torch.int64)
+    weights = torch.zeros(T, K, device=dev)
+
+    def layer():
+        res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, check_ids=False)
+        return ep_combine(res.x, res.handle)  # identity experts
+
+    layer()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = layer()
+    ok = True
+    for i in range(5):
+        g = torch.Generator(device=dev).manual_seed(100 * i + td.rank())
+        x.copy_(torch.randn(T, H, device=dev, generator=g))
+        idx.copy_(torch.rand(T, E, device=dev, generator=g).topk(K, dim=1).indices)
+        weights.copy_(torch.rand(T, K, device=dev, generator=g))
+        graph.replay()
+        ref = (weights.sum(1, keepdim=True) * x.float())
+        ok &= torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2)
+    return ok
+
+
+@gpu_only
+def test_gpu_cuda_graph_replay(ranks):
+    assert all(ranks(2, _gpu_graph))
+
+
+# ----------------------------------------------------------------------------------------------------- sm_90
+_DISPATCH_SIG = dict(
+    x="*bf16", topk_idx="*i32", topk_weights="*fp32", T="i32", H="i32", E="i32", align="i32", max_tokens="i32",
+    max_rows="i32", recv_x="*bf16", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", all_counts="*i32",
+    counts_ready="*i32", arrived="*i32", recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32",
+    expert_offsets="*i32", token_pos="*i32", chunk_counts="*i32", state="*i32", ctx="*i64", K="constexpr",
+    EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
+    QB="constexpr", RB="constexpr", MAXP="constexpr", FUSED_LAYOUT="constexpr")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_dispatch_compiles_for_sm90(fused):
+    consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, QB=32, RB=128,
+                  MAXP=256, FUSED_LAYOUT=fused)
+    ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
+                       aligned=("x", "recv_x", "H"))["ops"]
+    assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers and local duplicates)
+    assert ops.get("atom.global.sys.release.exch.b32", 0) > 0, ops  # dl.signal
+    assert any("acquire" in k for k in ops), ops  # dl.wait
+
+
+def test_layout_and_combine_compile_for_sm90():
+    sig = dict(topk_idx="*i32", chunk_counts="*i32", arrivals="*i32", all_counts="*i32", counts_ready="*i32",
+               state="*i32", T="i32", E="i32", ctx="*i64", K="constexpr", EL="constexpr", BT="constexpr",
+               K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr", QB="constexpr")
+    compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
+                 dict(K=8, EL=32, BT=16, K_PAD=8, EL_PAD=32, W_PAD=2, QB=32))
+    sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", recv_slots="*i32",
+               recv_w="*fp32", recv_span="*i32", token_pos="*i32", partials="*bf16", ready="*i32",
+               combined="*i32", state="*i32", ctx="*i64", K="constexpr", BT="constexpr", BH="constexpr",
+               K_PAD="constexpr", W_PAD="constexpr", MAXP="constexpr")
+    ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_combine_kernel", sig,
+                       dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXP=256),
+                       aligned=("expert_out", "y", "partials", "H"))["ops"]
+    assert ops.get("ld.global.v4.b32", 0) > 0 and ops.get("st.global.v4.b32", 0) > 0, ops
