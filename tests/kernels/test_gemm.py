@@ -1,0 +1,119 @@
+"""The GEMM core (``triton_dist.kernels.gemm``) and the autotuner's bookkeeping.
+
+CPU: both data paths (TMA descriptors, masks) under the interpreter on odd shapes, segment order, bad input,
+the autotuner's keys / disk cache / no-tuning-under-interpreter rule. GPU: bf16/fp16 against fp32 for every
+tuning candidate. sm_90: the TMA + wgmma code the core must produce, with and without epilogue sub-tiling.
+"""
+
+import json
+
+import pytest
+import torch
+
+from triton_dist import autotune
+from triton_dist.kernels import gemm as core
+
+from ..conftest import gpu_only
+from ..sm90 import compile_sm90
+
+
+@pytest.mark.parametrize("m,n,k,dtype,use_tma", [
+    (33, 24, 40, torch.float16, None),   # TMA (aligned K, N), ragged M
+    (33, 23, 37, torch.float16, None),   # odd N, K -> masks
+    (20, 16, 8, torch.float32, True),
+    (5, 7, 3, torch.float32, False),
+])
+def test_gemm_matches_torch_in_interpreter(m, n, k, dtype, use_tma):
+    gen = torch.Generator().manual_seed(m * n + k)
+    for _ in range(2):  # fresh inputs, poisoned output
+        a = torch.randn(m, k, generator=gen).to(dtype)
+        w = torch.randn(n, k, generator=gen).to(dtype)
+        out = torch.full((m, n), float("nan"), dtype=dtype)
+        core.gemm(a, w, out=out, config={"use_tma": use_tma, "num_programs": 3})
+        ref = a.double() @ w.double().T
+        tol = 2e-3 if dtype == torch.float16 else 1e-6
+        assert ((out.double() - ref).abs().max() / ref.abs().max()) < tol
+
+
+def test_segments_are_clipped_and_visited_in_any_order():
+    """C[s] = A[s] @ B.T with ragged segments (seg_rows not a multiple of BLOCK_M), started from segment 2 and
+    walked backwards: every row is written exactly once with the right values."""
+    segments, seg_rows, n, k = 3, 11, 16, 24
+    a = torch.randn(segments * seg_rows, k, dtype=torch.float16)
+    w = torch.randn(n, k, dtype=torch.float16)
+    c = torch.full((segments, seg_rows, n), float("nan"), dtype=torch.float16)
+    cfg = core.gemm_config(segments * seg_rows, n, k, torch.float16, torch.device("cpu"), num_programs=2)
+    core.launch_gemm(a, w, c, cfg, first_segment=2, segment_step=-1)
+    ref = (a.double() @ w.double().T).view(segments, seg_rows, n)
+    assert ((c.double() - ref).abs().max() / ref.abs().max()) < 2e-3
+
+
+def test_gemm_rejects_bad_input():
+    a = torch.randn(4, 8)
+    for bad, exc in [((a.int(), a.int()), TypeError), ((a, a.half()), TypeError), ((a, torch.randn(3, 9)), ValueError),
+                     ((a.t(), torch.randn(3, 4)), ValueError), ((a.reshape(-1), a), ValueError), (([1], a), TypeError)]:
+        with pytest.raises(exc):
+            core.gemm(*bad)
+
+
+def test_autotune_keys_cache_and_interpreter_rule(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_DIST_CACHE_DIR", str(tmp_path))
+    key = autotune.full_key("demo", {"m": 1, "dtype": "bfloat16"}, collective=False)
+    fields = json.loads(key)
+    for field in ("gpu", "world", "m", "dtype", "triton_dist", "triton", "torch"):
+        assert field in fields
+    autotune._write_disk("demo", key, {"BLOCK_M": 64}, [1.0, 2.0])
+    assert autotune._read_disk("demo", key) == {"BLOCK_M": 64}
+    calls = []
+    cfg = autotune.choose("demo", {"m": 1}, [{"x": 1}, {"x": 2}], lambda: calls.append(1), default={"x": 0},
+                          collective=False)
+    assert cfg == {"x": 0} and not calls  # interpreter / no GPU: never tunes, same default everywhere
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+def _gpu_check(m, n, k, dtype, cfg):
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    w = torch.randn(n, k, device="cuda", dtype=dtype) / 8
+    out = core.gemm(a, w, config=cfg)
+    ref = a.float() @ w.float().T
+    return ((out.float() - ref).abs().max() / ref.abs().max()).item()
+
+
+@gpu_only
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (1000, 1536, 1032), (517, 520, 4104), (333, 250, 77)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemm_gpu_every_candidate(m, n, k, dtype):
+    for cfg in core.gemm_candidates(m, n, k, dtype, torch.device("cuda")) + [None]:
+        assert _gpu_check(m, n, k, dtype, cfg) < 1e-2, cfg
+
+
+# ----------------------------------------------------------------------------------------------- sm_90
+GEMM_SIGNATURE = dict(
+    a="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>", c="tensordesc<bf16[1,128,256]>",
+    num_segments="i32", seg_rows="i32", N="i32", K="i32", stride_am="i32", stride_bn="i32", stride_cs="i32",
+    stride_cm="i32", first_segment="i32", segment_step="i32",
+    **{name: "constexpr" for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "USE_TMA", "EPILOGUE_SUBTILE",
+                                      "FLATTEN", "WARP_SPECIALIZE", "DOT_PRECISION")})
+
+
+@pytest.mark.parametrize("subtile,flatten", [(False, False), (True, False), (False, True)])
+def test_gemm_compiles_for_sm90_with_tma_and_wgmma(subtile, flatten):
+    sig = dict(GEMM_SIGNATURE)
+    if subtile:
+        sig["c"] = "tensordesc<bf16[1,128,128]>"
+    res = compile_sm90("triton_dist.kernels.gemm", "gemm_kernel", sig,
+                       dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, USE_TMA=True, EPILOGUE_SUBTILE=subtile,
+                            FLATTEN=flatten, WARP_SPECIALIZE=False, DOT_PRECISION="tf32"), aligned=("K", "N"))
+    ops = res["ops"]
+    assert any(k.startswith("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16") for k in ops), ops
+    assert any(k.startswith("cp.async.bulk.tensor.2d.shared") for k in ops), ops  # TMA loads
+    assert any(k.startswith("cp.async.bulk.tensor.3d.global") for k in ops), ops  # TMA store
+    assert not any(k.startswith("ld.global.v") for k in ops), ops  # no operand goes through registers
+
+
+def test_gemm_masked_path_compiles_for_sm90():
+    sig = dict(GEMM_SIGNATURE, a="*bf16", b="*bf16", c="*bf16")
+    res = compile_sm90("triton_dist.kernels.gemm", "gemm_kernel", sig,
+                       dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, USE_TMA=False, EPILOGUE_SUBTILE=False,
+                            FLATTEN=False, WARP_SPECIALIZE=False, DOT_PRECISION="tf32"))
+    assert any(k.startswith("wgmma.mma_async") for k in res["ops"]), res["ops"]
