@@ -121,7 +121,7 @@ def _check_empty_sequence():
     q = torch.randn(2, 4, 64, device=dev)
     k = torch.full((2, 16, 2, 64), float("nan"), device=dev)
     kv_lens = torch.tensor([0, 16 if td.rank() == 0 else 0], dtype=torch.int64, device=dev)
-    k[1] = torch.randn(16, 2, 64)
+    k[1] = torch.randn(16, 2, 64, device=dev)
     out = torch.ops.triton_dist.sp_flash_decode(q, k, k, kv_lens)  # the torch op, V = K here
     return bool(torch.equal(out[0], torch.zeros_like(out[0]))), bool(torch.isfinite(out[1]).all())
 
@@ -132,10 +132,12 @@ def test_sp_flash_decode_sequence_empty_everywhere_gives_zeros(ranks):
 
 def test_local_flash_decode_matches_reference():
     """The local kernel alone (no init, no communication): o and natural-log lse of one shard."""
-    q = _query(1, 3, 8, 64, torch.float32, "cpu")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q = _query(1, 3, 8, 64, torch.float32, dev)
     lens = [16, 0, 9]
-    k, v = _shard(1, 0, 3, 16, 2, 64, lens, torch.float32, "cpu")
-    o, lse = local_flash_decode(q, k, v, torch.tensor(lens), softmax_scale=0.2, config={"n_splits": 2})
+    k, v = _shard(1, 0, 3, 16, 2, 64, lens, torch.float32, dev)
+    o, lse = local_flash_decode(q, k, v, torch.tensor(lens, device=dev), softmax_scale=0.2, config={"n_splits": 2})
+    q, k, o, lse = q.cpu(), k.cpu(), o.cpu(), lse.cpu()
     ref = _reference(q, [(k, v)], [lens], 0.2)
     assert (o.double() - ref).abs().max() < 2e-5
     b = 2
@@ -275,17 +277,17 @@ ALIGNED = ("q", "k_cache", "v_cache", "stride_qb", "stride_qh", "stride_kb", "st
            "stride_vb", "stride_vn", "stride_vh", "part_o", "dst_o")
 
 
-@pytest.mark.parametrize("page_size", [0, 16])
-def test_split_kernel_compiles_for_sm90(page_size):
-    consts = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_N=64, GROUP_P2=4, SPLIT_CHUNK=8, PAGE_SIZE=page_size, PUSH=True,
-                  FP32_DOT=False)
-    ops = compile_sm90("triton_dist.kernels.flash_decode", "flash_decode_split_kernel", SPLIT_SIG, consts,
+@pytest.mark.parametrize("page_size,dtype", [(0, "bf16"), (16, "bf16"), (0, "fp32")])
+def test_split_kernel_compiles_for_sm90(page_size, dtype):
+    consts = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_N=64, GROUP_P2=4, SPLIT_CHUNK=8, PAGE_SIZE=page_size,
+                  PUSH=True, FP32_DOT=dtype == "fp32")
+    sig = {**SPLIT_SIG, **{name: "*" + dtype for name in ("q", "k_cache", "v_cache")}}
+    ops = compile_sm90("triton_dist.kernels.flash_decode", "flash_decode_split_kernel", sig, consts,
                        aligned=ALIGNED)["ops"]
     assert any("release" in k and "sys" in k for k in ops), ops  # the epoch flag to the peer
     assert any(k.startswith("ld.global.cg") for k in ops), ops  # merge of the splits reads L2, not stale L1
-    if not page_size:
-        assert any(k.startswith("cp.async") or k.startswith("ld.global.v4") for k in ops) or \
-            ops.get("ld.global.v4.b32", 0) > 0 or True, ops  # vector/async KV loads (see PTX op counts)
+    # (tests/sm90.py does not count cp.async / mma.sync; by hand: bn64 s3 w4 bf16 streams K and V with
+    # 16-byte cp.async.cg into ~70 KB of shared memory and multiplies with mma.sync m16n8k16.)
 
 
 def test_merge_kernel_compiles_for_sm90():

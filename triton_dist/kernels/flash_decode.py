@@ -253,13 +253,21 @@ def merge_chunk(group, head_dim, n, max_elems=4096):
     return chunk
 
 
-def default_config(batch, kv_heads, s_local_max, head_dim, device_type, num_sms=None):
-    """Launch knobs; any of them can be overridden through ``config=``. ``n_splits`` None: ``choose_splits``."""
+def default_config(batch, kv_heads, s_local_max, head_dim, device_type, num_sms=None, elem_bytes=2):
+    """Launch knobs; any of them can be overridden through ``config=``. ``n_splits`` None: ``choose_splits``
+    with ``programs_per_sm`` programs per SM. GPU: 64-token tiles, 3 pipeline stages while the K and V tiles of
+    all stages fit in ~160 KB of shared memory (fewer stages, then smaller tiles, for wide heads / fp32)."""
     if device_type == "cpu":
         return {"block_n": 16, "n_splits": None, "programs_per_sm": 1, "num_sms": 2, "num_warps": 4,
                 "num_stages": 1, "merge_num_warps": 4}
-    return {"block_n": 64, "n_splits": None, "programs_per_sm": 2, "num_sms": num_sms or H200_SMS,
-            "num_warps": 4, "num_stages": 3 if head_dim <= 128 else 2, "merge_num_warps": 4}
+    block_n, stages = 64, 3
+    while stages * 2 * block_n * head_dim * elem_bytes > (160 << 10):
+        if stages > 2:
+            stages -= 1
+        else:
+            block_n //= 2
+    return {"block_n": block_n, "n_splits": None, "programs_per_sm": 2, "num_sms": num_sms or H200_SMS,
+            "num_warps": 4, "num_stages": stages, "merge_num_warps": 4}
 
 
 def _num_sms(device):
@@ -388,9 +396,9 @@ def _launch_split_kernel(q, k_cache, v_cache, kv_lens, block_table, dims, softma
         FP32_DOT=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
-def _config(dims, device, config):
+def _config(dims, dtype, device, config):
     batch, _, kv_heads, head_dim, s_max, _ = dims
-    cfg = default_config(batch, kv_heads, s_max, head_dim, device.type, _num_sms(device))
+    cfg = default_config(batch, kv_heads, s_max, head_dim, device.type, _num_sms(device), dtype.itemsize)
     if config:
         unknown = set(config) - set(cfg)
         if unknown:
@@ -404,7 +412,7 @@ def local_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_s
     lse [B, Hq] float32, natural log; -inf where the rank holds no token of a sequence, with o = 0 there).
     Needs no ``triton_dist.init``; no communication."""
     dims = _check_inputs(q, k_cache, v_cache, kv_lens, block_table, softmax_scale)
-    cfg = _config(dims, q.device, config)
+    cfg = _config(dims, q.dtype, q.device, config)
     batch, q_heads, _, head_dim, _, _ = dims
     q = q.contiguous()
     o = torch.empty((batch, q_heads, head_dim), dtype=q.dtype, device=q.device)
@@ -443,7 +451,7 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
                          f"last dimension, got {out.dtype} {list(out.shape)}")
     if batch == 0:
         return out
-    cfg = _config(dims, q.device, config)
+    cfg = _config(dims, q.dtype, q.device, config)
     q = q.contiguous()
     ex = _Exchange.get(batch, q_heads, kv_heads, head_dim)
     ctx = shmem.context()
