@@ -41,9 +41,13 @@ def ranks(_pools):
                 td.shmem.set_wait_timeout(20)
             if world != td.world_size():
                 pytest.skip(f"needs {world} ranks, this run has {td.world_size()}")
-            result = fn(*args, **kwargs)
-            td.shmem.barrier()
-            td.shmem.check_errors()
+            try:
+                result = fn(*args, **kwargs)
+                td.shmem.barrier()
+                td.shmem.check_errors()
+            except BaseException:
+                td.shmem.reset()  # peers time out too; resynchronise signals so later tests start clean
+                raise
             results = [None] * world
             torch.distributed.all_gather_object(results, result)
             return results

@@ -22,8 +22,9 @@ _SCRIPT = textwrap.dedent("""
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
     ptx = compiled.asm["ptx"]
-    ops = collections.Counter(re.findall(r"\\b(?:ld|st|atom|red|cp\\.async\\.bulk\\.tensor|wgmma\\.mma_async)[\\.\\w:]*", ptx))
-    print(json.dumps({"ops": ops, "ptx_bytes": len(ptx)}))
+    ops = collections.Counter(re.findall(
+        r"\\b(?:ld|st|atom|red|fence\\.proxy|setmaxnreg|cp\\.async\\.bulk\\.tensor|wgmma\\.mma_async)[\\.\\w:]*", ptx))
+    print(json.dumps({"ops": ops, "ptx_bytes": len(ptx), "shared": compiled.metadata.shared}))
 """)
 
 

@@ -49,7 +49,7 @@ def _group_info(collective):
     if collective and dist.is_available() and dist.is_initialized():
         from .shmem import heap
 
-        group = heap._runtime().group if heap.is_initialized() else None
+        group = heap.group() if heap.is_initialized() else None
         return group, dist.get_world_size(group), dist.get_rank(group)
     return None, 1, 0
 

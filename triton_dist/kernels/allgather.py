@@ -59,10 +59,9 @@ class _Workspace:
 
     def __init__(self, n_chunks):
         world = shmem.world_size()
-        self.arrived = shmem.zeros((world * n_chunks,), torch.int32, name="all_gather.arrived")
-        self.ready = shmem.zeros((world,), torch.int32, name="all_gather.ready")
-        self.state = torch.zeros(2, dtype=torch.int32, device=shmem.device())
-        shmem.barrier()  # peers signal into these flags only after everyone zeroed them
+        self.arrived = shmem.signals((world * n_chunks,), name="all_gather.arrived")
+        self.ready = shmem.signals((world,), name="all_gather.ready")
+        self.state = shmem.counters(2, name="all_gather.epoch")
 
     @classmethod
     def get(cls, n_chunks):

@@ -300,11 +300,9 @@ def _run_overlapped(a, w, cfg, return_gathered):
 
 def _run_gather_then_matmul(a, w, return_gathered):
     """The small-M path: NCCL (gloo on CPU) all_gather into a fresh tensor, then cuBLAS."""
-    from ..shmem import heap
-
     world = shmem.world_size()
     gathered = torch.empty((world * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
-    group = heap._runtime().group
+    group = shmem.group()
     if a.is_cuda:
         dist.all_gather_into_tensor(gathered, a, group=group)
     else:  # gloo

@@ -1,7 +1,6 @@
 """Signal latency: ranks 2i and 2i+1 bounce a counter ``iters`` times (``dl.signal`` -> ``dl.wait``).
 One-way latency = elapsed / (2 * iters). Also a correctness test of repeated signal/wait pairs."""
 
-import torch
 import triton
 import triton.language as tl
 
@@ -33,9 +32,8 @@ def ping_pong(iters=1000):
     if iters < 1:
         raise ValueError("iters must be >= 1")
     if "flag" not in _WS:
-        _WS["flag"] = shmem.zeros((1,), torch.int32, name="ping_pong.flag")
-        _WS["count"] = torch.zeros(1, dtype=torch.int32, device=shmem.device())
-        shmem.barrier()
+        _WS["flag"] = shmem.signals((1,), name="ping_pong.flag")
+        _WS["count"] = shmem.counters(1, name="ping_pong.count")
     shmem.raise_pending_errors()
     ping_pong_kernel[(1,)](_WS["flag"], _WS["count"], iters, shmem.context(), num_warps=1)
     return _WS["flag"]

@@ -119,11 +119,12 @@ def _record_timeout(flag, value, seen, ctx, CMP: tl.constexpr):
     base = _heap_base(ctx, me)
     # The first timeout on this rank wins the record; later ones leave it alone.
     if tl.atomic_cas((base + ERR_FLAG).to(tl.pointer_type(tl.int32)), 0, 1, sem="acq_rel", scope="sys") == 0:
-        tl.store((base + ERR_RANK).to(tl.pointer_type(tl.int64)), me.to(tl.int64))
+        # tl.cast, not .to: `value` may be a compile-time constant (Triton specialises integer arguments == 1)
+        tl.store((base + ERR_RANK).to(tl.pointer_type(tl.int64)), tl.cast(me, tl.int64))
         tl.store((base + ERR_SIGNAL).to(tl.pointer_type(tl.int64)), flag.to(tl.int64) - base)
-        tl.store((base + ERR_EXPECTED).to(tl.pointer_type(tl.int64)), value.to(tl.int64))
-        tl.store((base + ERR_SEEN).to(tl.pointer_type(tl.int64)), seen.to(tl.int64))
-        tl.store((base + ERR_CMP).to(tl.pointer_type(tl.int64)), _cmp_code(CMP).to(tl.int64))
+        tl.store((base + ERR_EXPECTED).to(tl.pointer_type(tl.int64)), tl.cast(value, tl.int64))
+        tl.store((base + ERR_SEEN).to(tl.pointer_type(tl.int64)), tl.cast(seen, tl.int64))
+        tl.store((base + ERR_CMP).to(tl.pointer_type(tl.int64)), tl.cast(_cmp_code(CMP), tl.int64))
 
 
 @triton.jit

@@ -55,10 +55,10 @@ class TorchSymmHeap:
         import torch.distributed._symmetric_memory as symm_mem
 
         self.name = backend
-        if hasattr(symm_mem, "set_backend"):
-            symm_mem.set_backend("NVSHMEM" if backend == "nvshmem" else "CUDA")
-        elif backend == "nvshmem":
-            raise RuntimeError("this torch has no NVSHMEM symmetric-memory backend; use backend='cuda'")
+        if backend == "nvshmem":  # CUDA is torch's default (and torch 2.11 cannot name it before first use)
+            if not hasattr(symm_mem, "set_backend"):
+                raise RuntimeError("this torch has no NVSHMEM symmetric-memory backend; use backend='cuda'")
+            symm_mem.set_backend("NVSHMEM")
         self.device = device
         self.local = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
         self.handle = symm_mem.rendezvous(self.local, group.group_name)

@@ -10,6 +10,7 @@ import atexit
 import gc
 import os
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,6 +59,7 @@ class _Runtime:
     ctx: torch.Tensor = None
     free: list = field(default_factory=list)  # [offset, nbytes, [events]] sorted by offset
     live: dict = field(default_factory=dict)  # offset -> _Allocation
+    signal_state: list = field(default_factory=list)  # weak references to tensors `reset()` zeroes
     err_host: torch.Tensor = None
 
 
@@ -160,6 +162,11 @@ def world_size():
     return _runtime().world
 
 
+def group():
+    """The torch.distributed group the heap spans."""
+    return _runtime().group
+
+
 def backend():
     """"cpu", "cuda" or "nvshmem"."""
     return _runtime().heap.name
@@ -225,6 +232,41 @@ def zeros(shape, dtype=torch.float32, name=None):
     t = empty(shape, dtype, name)
     t.zero_()
     return t
+
+
+def signals(shape, name):
+    """Zeroed symmetric int32 flags for an op's signalling (collective: returns after every rank zeroed its
+    copy, so no peer signals into stale memory). ``reset()`` zeroes them again."""
+    flags = zeros(shape, torch.int32, name)
+    _runtime().signal_state.append(weakref.ref(flags))
+    barrier()
+    return flags
+
+
+def counters(n, name="counters"):
+    """Zeroed local int32 device counters (e.g. the ``dl.call_epoch`` state of an op); ``reset()`` zeroes them."""
+    t = torch.zeros(n, dtype=torch.int32, device=device())
+    _runtime().signal_state.append(weakref.ref(t))
+    return t
+
+
+def reset():
+    """Collective recovery after a failed call (e.g. a WaitTimeoutError): waits for the device, then zeroes every
+    op's signals and counters and the runtime's barrier words on every rank, and clears the error record."""
+    rt = _runtime()
+    if rt.kind == "gpu":
+        torch.cuda.synchronize()
+    dist.barrier(group=rt.group)
+    rt.heap.local[layout.BARRIER_COUNT: layout.FENCE_SCRATCH].zero_()
+    for ref in rt.signal_state:
+        t = ref()
+        if t is not None:
+            t.zero_()
+    rt.signal_state[:] = [r for r in rt.signal_state if r() is not None]
+    clear_errors()
+    if rt.kind == "gpu":
+        torch.cuda.synchronize()
+    dist.barrier(group=rt.group)
 
 
 def _reserve(rt, nbytes):
