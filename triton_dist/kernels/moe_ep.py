@@ -55,7 +55,7 @@ import triton.language as tl
 from .. import language as dl
 from .. import shmem
 
-MAX_PROGRAMS = 256  # flags and chunk tables are sized for this many programs per launch
+MAX_CHUNKS = 1024  # flags and chunk tables are sized for this many token chunks per call
 _BIG = tl.constexpr(2**30)  # "no row" in min-reductions
 
 
@@ -109,39 +109,51 @@ def _publish_counts(per_expert, all_counts, counts_ready, parity, epoch, ctx, W_
 def ep_layout_kernel(topk_idx, chunk_counts, arrivals, all_counts, counts_ready, state, T, E, ctx,
                      K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
                      EL_PAD: tl.constexpr, W_PAD: tl.constexpr, QB: tl.constexpr):
-    """Program p counts token chunk p into chunk_counts[p]; the last program to finish pushes the totals."""
-    pid = tl.program_id(0)
-    n_prog = tl.num_programs(0)
-    ROW: tl.constexpr = W_PAD * EL_PAD + W_PAD
+    """Program c counts token chunk c into chunk_counts[c]; the last program to finish turns the table into
+    exclusive prefixes (where each chunk starts, per expert and per destination rank) and pushes the totals."""
+    c = tl.program_id(0)
+    n_chunks = tl.num_programs(0)
+    EP: tl.constexpr = W_PAD * EL_PAD
+    ROW: tl.constexpr = EP + W_PAD
     epoch = dl.call_epoch(state)
-    chunk = tl.cdiv(T, n_prog)
-    c0 = tl.minimum(pid * chunk, T)
-    c1 = tl.minimum(c0 + chunk, T)
-    per_expert, per_rank = _count(topk_idx, c0, c1, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
-    ev = tl.arange(0, W_PAD * EL_PAD)
-    tl.store(chunk_counts + pid * ROW + ev, per_expert)
-    tl.store(chunk_counts + pid * ROW + W_PAD * EL_PAD + tl.arange(0, W_PAD), per_rank)
+    chunk = tl.cdiv(T, n_chunks)
+    c0 = tl.minimum(c * chunk, T)
+    per_expert, per_rank = _count(topk_idx, c0, tl.minimum(c0 + chunk, T), E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
+    ev = tl.arange(0, EP)
+    dv = tl.arange(0, W_PAD)
+    tl.store(chunk_counts + c * ROW + ev, per_expert)
+    tl.store(chunk_counts + c * ROW + EP + dv, per_rank)
     tl.debug_barrier()
     arrived = tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu")
     tl.debug_barrier()
-    if arrived == n_prog - 1:  # every chunk is counted: sum them and tell every rank
+    if arrived == n_chunks - 1:  # every chunk is counted: prefix-sum the table, tell every rank the totals
         tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")
-        total = tl.zeros([W_PAD * EL_PAD], dtype=tl.int32)
-        for q0 in range(0, n_prog, QB):
+        carry_e = tl.zeros([EP], dtype=tl.int32)
+        carry_r = tl.zeros([W_PAD], dtype=tl.int32)
+        for q0 in range(0, n_chunks, QB):
             q = q0 + tl.arange(0, QB)
-            total += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + ev[None, :], mask=q[:, None] < n_prog,
-                                    other=0), axis=0)
-        _publish_counts(total, all_counts, counts_ready, epoch % 2, epoch, ctx, W_PAD, EL_PAD)
+            m = q[:, None] < n_chunks
+            at_e = chunk_counts + q[:, None] * ROW + ev[None, :]
+            rows = tl.load(at_e, mask=m, other=0)
+            tl.store(at_e, tl.cumsum(rows, axis=0) - rows + carry_e[None, :], mask=m)
+            carry_e += tl.sum(rows, axis=0)
+            at_r = chunk_counts + q[:, None] * ROW + EP + dv[None, :]
+            rows_r = tl.load(at_r, mask=m, other=0)
+            tl.store(at_r, tl.cumsum(rows_r, axis=0) - rows_r + carry_r[None, :], mask=m)
+            carry_r += tl.sum(rows_r, axis=0)
+        _publish_counts(carry_e, all_counts, counts_ready, epoch % 2, epoch, ctx, W_PAD, EL_PAD)
 
 
 @triton.jit
-def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows,
+def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, n_push,
                        recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready, arrived,
-                       recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_counts,
+                       recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_prefix,
                        state, ctx,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
-                       K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, QB: tl.constexpr,
-                       RB: tl.constexpr, MAXP: tl.constexpr, FUSED_LAYOUT: tl.constexpr):
+                       K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
+                       MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr):
+    """Programs [0, n_push) send chunks c = pid, pid + n_push, ... in order; the others receive: they mark the
+    rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks land."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     me = dl.rank(ctx)
@@ -153,130 +165,137 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     ev = tl.arange(0, EP)
     dv = tl.arange(0, W_PAD)
     kk = tl.arange(0, K_PAD)
-    chunk = tl.cdiv(T, n_prog)
-    c0 = tl.minimum(pid * chunk, T)
-    c1 = tl.minimum(c0 + chunk, T)
-
-    # 1. where this chunk starts: per expert (slots) and per destination rank (tokens)
+    chunk = tl.cdiv(T, n_chunks)
     if FUSED_LAYOUT:
         if pid == 0:
             total, _ = _count(topk_idx, 0, T, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
             _publish_counts(total, all_counts, counts_ready, parity, epoch, ctx, W_PAD, EL_PAD)
-        carry_e, carry_r = _count(topk_idx, 0, c0, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
-    else:
-        carry_e = tl.zeros([EP], dtype=tl.int32)
-        carry_r = tl.zeros([W_PAD], dtype=tl.int32)
-        for q0 in range(0, pid, QB):
-            q = q0 + tl.arange(0, QB)
-            qm = q[:, None] < pid
-            carry_e += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + ev[None, :], mask=qm, other=0), axis=0)
-            carry_r += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + EP + dv[None, :], mask=qm, other=0), axis=0)
 
-    # 2. every rank's counts -> group offsets on every rank, and where my rows start inside each group
+    # every rank's counts -> group offsets on every rank, and where my rows start inside each group
     dl.wait(counts_ready + dv, epoch, ctx, mask=dv < world)
-    sv = tl.arange(0, W_PAD)
-    counts = tl.load(all_counts + (parity * world + sv[:, None]) * EP + ev[None, :], mask=sv[:, None] < world,
+    counts = tl.load(all_counts + (parity * world + dv[:, None]) * EP + ev[None, :], mask=dv[:, None] < world,
                      other=0)  # [source rank, padded expert]
     total = tl.sum(counts, axis=0)
-    before_me = tl.sum(tl.where(sv[:, None] < me, counts, 0), axis=0)
     padded = tl.reshape(tl.cdiv(total, align) * align, (W_PAD, EL_PAD))
     group_start_2d = tl.cumsum(padded, axis=1) - padded  # within each owner rank
-    group_start = tl.reshape(group_start_2d, (EP,))
-    base = group_start + before_me
-
-    # 3. my experts: counts, offsets, expert id of every row (-1 = padding), zero weights on padding
+    base = tl.reshape(group_start_2d, (EP,)) + tl.sum(tl.where(dv[:, None] < me, counts, 0), axis=0)
     mine = dv[:, None] == me
     my_start = tl.sum(tl.where(mine, group_start_2d, 0), axis=0)  # [EL_PAD]
     my_count = tl.sum(tl.where(mine, tl.reshape(total, (W_PAD, EL_PAD)), 0), axis=0)
-    my_padded = tl.sum(tl.where(mine, padded, 0), axis=0)
     lv = tl.arange(0, EL_PAD)
     if pid == 0:
         tl.store(expert_counts + lv, my_count, mask=lv < EL)
         tl.store(expert_offsets + lv, my_start, mask=lv < EL)
-        tl.store(expert_offsets + EL, tl.sum(tl.where(lv < EL, my_padded, 0), axis=0))
-    stripe = tl.cdiv(max_rows, n_prog)
-    r_end = tl.minimum(pid * stripe + stripe, max_rows)
-    for r0 in range(pid * stripe, r_end, RB):
-        r = r0 + tl.arange(0, RB)
-        inside = (r[:, None] >= my_start[None, :]) & (r[:, None] < my_start[None, :] + my_count[None, :]) & \
-            (lv[None, :] < EL)
-        eid = tl.max(tl.where(inside, lv[None, :], -1), axis=1)
-        tl.store(recv_expert_ids + r, eid, mask=r < r_end)
-        tl.store(recv_weights + r, tl.zeros([RB], dtype=tl.float32), mask=(r < r_end) & (eid < 0))
+        tl.store(expert_offsets + EL, tl.sum(tl.where(lv < EL, tl.sum(tl.where(mine, padded, 0), axis=0), 0)))
 
-    # 4. push: one row per (token, destination rank) to its first slot row there, plus the token's slot record
-    r_first = carry_r
-    for t0 in range(c0, c1, BT):
-        t = t0 + tl.arange(0, BT)
-        tm = t < c1
-        ep, owner = _route(topk_idx, t0, c1, E, K, EL, BT, K_PAD, EL_PAD)
-        hit = tl.reshape((ep[:, :, None] == ev[None, None, :]).to(tl.int32), (BT * K_PAD, EP))
-        before = tl.cumsum(hit, axis=0) - hit + (carry_e + base)[None, :]
-        slot = tl.reshape(tl.sum(before * hit, axis=1), (BT, K_PAD))
-        slot = tl.where(ep >= 0, slot, -1)  # row of (token, slot) on its owner rank
-        carry_e += tl.sum(hit, axis=0)
-        at = (owner[:, :, None] == dv[None, None, :])
-        goes = tl.max(at.to(tl.int32), axis=1)  # [BT, W_PAD]: token goes to rank d
-        rpos = tl.cumsum(goes, axis=0) - goes + carry_r[None, :]
-        carry_r += tl.sum(goes, axis=0)
-        first = tl.min(tl.where(at, slot[:, :, None], _BIG), axis=1)  # [BT, W_PAD]
-        tl.store(token_pos + t[:, None] * world + dv[None, :], tl.where(goes > 0, rpos, -1),
-                 mask=tm[:, None] & (dv[None, :] < world))
-        w = tl.load(topk_weights + t[:, None] * K + kk[None, :], mask=tm[:, None] & (kk[None, :] < K), other=0.0)
-        for i in range(world):
-            d = (me + 1 + i) % world  # peers first, this rank last
-            go_d = tl.sum(tl.where(dv[None, :] == d, goes, 0), axis=1) > 0
-            rec = (me * max_tokens + tl.sum(tl.where(dv[None, :] == d, rpos, 0), axis=1)) * K
-            m = go_d[:, None] & (kk[None, :] < K)
-            dl.put(recv_slots + rec[:, None] + kk[None, :], tl.where(owner == d, slot, -1), d, ctx, mask=m)
-            dl.put(recv_w + rec[:, None] + kk[None, :], w, d, ctx, mask=m)
-        src = x + t[:, None].to(tl.int64) * H
-        for h0 in range(0, H, BH):
-            hh = h0 + tl.arange(0, BH)
-            hm = hh[None, :] < H
-            tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm)
+    if pid < n_push:
+        # SEND: one row per (token, remote rank) to the token's first slot row there, plus its slot record;
+        # rows for this rank go straight into all their slot rows
+        for c in range(pid, n_chunks, n_push):
+            c0 = tl.minimum(c * chunk, T)
+            c1 = tl.minimum(c0 + chunk, T)
+            if FUSED_LAYOUT:
+                carry_e, carry_r = _count(topk_idx, 0, c0, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
+            else:
+                carry_e = tl.load(chunk_prefix + c * ROW + ev)
+                carry_r = tl.load(chunk_prefix + c * ROW + EP + dv)
+            r_first = carry_r
+            for t0 in range(c0, c1, BT):
+                t = t0 + tl.arange(0, BT)
+                tm = t < c1
+                ep, owner = _route(topk_idx, t0, c1, E, K, EL, BT, K_PAD, EL_PAD)
+                hit = tl.reshape((ep[:, :, None] == ev[None, None, :]).to(tl.int32), (BT * K_PAD, EP))
+                before = tl.cumsum(hit, axis=0) - hit + (carry_e + base)[None, :]
+                slot = tl.reshape(tl.sum(before * hit, axis=1), (BT, K_PAD))
+                slot = tl.where(ep >= 0, slot, -1)  # row of (token, slot) on its owner rank
+                carry_e += tl.sum(hit, axis=0)
+                at = owner[:, :, None] == dv[None, None, :]
+                goes = tl.max(at.to(tl.int32), axis=1)  # [BT, W_PAD]: token goes to rank d
+                rpos = tl.cumsum(goes, axis=0) - goes + carry_r[None, :]
+                carry_r += tl.sum(goes, axis=0)
+                first = tl.min(tl.where(at, slot[:, :, None], _BIG), axis=1)  # [BT, W_PAD]
+                tl.store(token_pos + t[:, None] * world + dv[None, :], tl.where(goes > 0, rpos, -1),
+                         mask=tm[:, None] & (dv[None, :] < world))
+                kmask = tm[:, None] & (kk[None, :] < K)
+                w = tl.load(topk_weights + t[:, None] * K + kk[None, :], mask=kmask, other=0.0)
+                here = tl.where(owner == me, slot, -1)
+                tl.store(recv_weights + here, w, mask=here >= 0)
+                for i in range(world):
+                    d = (me + 1 + i) % world  # peers first, this rank last
+                    go_d = tl.sum(tl.where(dv[None, :] == d, goes, 0), axis=1) > 0
+                    rec = (me * max_tokens + tl.sum(tl.where(dv[None, :] == d, rpos, 0), axis=1)) * K
+                    m = go_d[:, None] & (kk[None, :] < K)
+                    dl.put(recv_slots + rec[:, None] + kk[None, :], tl.where(owner == d, slot, -1), d, ctx, mask=m)
+                    dl.put(recv_w + rec[:, None] + kk[None, :], w, d, ctx, mask=m)
+                src = x + t[:, None].to(tl.int64) * H
+                for h0 in range(0, H, BH):
+                    hh = h0 + tl.arange(0, BH)
+                    hm = hh[None, :] < H
+                    tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm)
+                    for i in range(world - 1):
+                        d = (me + 1 + i) % world
+                        row = tl.sum(tl.where(dv[None, :] == d, first, 0), axis=1)
+                        dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
+                        dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
+                    for j in tl.static_range(K):
+                        row = tl.sum(tl.where(kk[None, :] == j, here, 0), axis=1)
+                        tl.store(recv_x + row[:, None].to(tl.int64) * H + hh[None, :], tile,
+                                 mask=(row >= 0)[:, None] & hm)
+            span = tl.arange(0, 2)
             for i in range(world):
                 d = (me + 1 + i) % world
-                row = tl.sum(tl.where(dv[None, :] == d, first, 0), axis=1)
-                dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
-                dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
-    span = tl.arange(0, 2)
-    for i in range(world):
-        d = (me + 1 + i) % world
-        ends = tl.where(span == 0, tl.sum(tl.where(dv == d, r_first, 0)), tl.sum(tl.where(dv == d, carry_r, 0)))
-        dl.put(recv_span + (me * MAXP + pid) * 2 + span, ends, d, ctx)
-        dl.signal(arrived + me * MAXP + pid, epoch, d, ctx)
-
-    # 5. chunk p of every source has landed: copy each row into its other slot rows here, set the row weights
-    dl.wait(arrived + sv * MAXP + pid, epoch, ctx, mask=sv < world)
-    for s in range(world):
-        p0 = tl.load(recv_span + (s * MAXP + pid) * 2)
-        p1 = tl.load(recv_span + (s * MAXP + pid) * 2 + 1)
-        for q0 in range(p0, p1, BT):
-            pos = q0 + tl.arange(0, BT)
-            m = (pos[:, None] < p1) & (kk[None, :] < K)
-            rec = (s * max_tokens + pos[:, None]) * K + kk[None, :]
-            slots = tl.load(recv_slots + rec, mask=m, other=-1)
-            w = tl.load(recv_w + rec, mask=m, other=0.0)
-            tl.store(recv_weights + slots, w, mask=slots >= 0)
-            first = tl.min(tl.where(slots >= 0, slots, _BIG), axis=1)
-            has = first < _BIG
-            for h0 in range(0, H, BH):
-                hh = h0 + tl.arange(0, BH)
-                hm = hh[None, :] < H
-                tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :], mask=has[:, None] & hm)
-                for j in tl.static_range(K):
-                    row = tl.sum(tl.where(kk[None, :] == j, slots, 0), axis=1)
-                    dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
-                    tl.store(dst, tile, mask=((row >= 0) & (row != first))[:, None] & hm)
+                ends = tl.where(span == 0, tl.sum(tl.where(dv == d, r_first, 0)),
+                                tl.sum(tl.where(dv == d, carry_r, 0)))
+                dl.put(recv_span + (me * MAXC + c) * 2 + span, ends, d, ctx)
+                if d != me:
+                    dl.signal(arrived + me * MAXC + c, epoch, d, ctx)
+    else:
+        # RECEIVE: expert id of every row (-1 = padding), zero weights on padding ...
+        q = pid - n_push
+        n_recv = n_prog - n_push
+        stripe = tl.cdiv(max_rows, n_recv)
+        r_end = tl.minimum(q * stripe + stripe, max_rows)
+        for r0 in range(q * stripe, r_end, RB):
+            r = r0 + tl.arange(0, RB)
+            inside = (r[:, None] >= my_start[None, :]) & (r[:, None] < my_start[None, :] + my_count[None, :]) & \
+                (lv[None, :] < EL)
+            eid = tl.max(tl.where(inside, lv[None, :], -1), axis=1)
+            tl.store(recv_expert_ids + r, eid, mask=r < r_end)
+            tl.store(recv_weights + r, tl.zeros([RB], dtype=tl.float32), mask=(r < r_end) & (eid < 0))
+        # ... then, chunk by chunk as they land, copy each row from a peer into the token's other slot rows
+        for c in range(q, n_chunks, n_recv):
+            dl.wait(arrived + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
+            for i in range(world - 1):
+                s = (me + 1 + i) % world
+                p0 = tl.load(recv_span + (s * MAXC + c) * 2)
+                p1 = tl.load(recv_span + (s * MAXC + c) * 2 + 1)
+                for q0 in range(p0, p1, BT):
+                    pos = q0 + tl.arange(0, BT)
+                    m = (pos[:, None] < p1) & (kk[None, :] < K)
+                    rec = (s * max_tokens + pos[:, None]) * K + kk[None, :]
+                    slots = tl.load(recv_slots + rec, mask=m, other=-1)
+                    tl.store(recv_weights + slots, tl.load(recv_w + rec, mask=m, other=0.0), mask=slots >= 0)
+                    first = tl.min(tl.where(slots >= 0, slots, _BIG), axis=1)
+                    has = first < _BIG
+                    for h0 in range(0, H, BH):
+                        hh = h0 + tl.arange(0, BH)
+                        hm = hh[None, :] < H
+                        tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :],
+                                       mask=has[:, None] & hm)
+                        for j in tl.static_range(K):
+                            row = tl.sum(tl.where(kk[None, :] == j, slots, 0), axis=1)
+                            tl.store(recv_x + row[:, None].to(tl.int64) * H + hh[None, :], tile,
+                                     mask=((row >= 0) & (row != first))[:, None] & hm)
     dl.finish_call(state, epoch, n_prog)
 
 
 @triton.jit
-def ep_combine_kernel(expert_out, y, T, H, max_tokens, recv_slots, recv_w, recv_span, token_pos, partials, ready,
-                      combined, state, ctx,
+def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_slots, recv_w, recv_span,
+                      token_pos, partials, ready, combined, state, ctx,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
-                      W_PAD: tl.constexpr, MAXP: tl.constexpr):
+                      W_PAD: tl.constexpr, MAXC: tl.constexpr):
+    """Programs [0, n_push) reduce received tokens over their slots and push one partial row back per token;
+    the others wait for each of their token chunks and sum its partials in rank order."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     me = dl.rank(ctx)
@@ -287,55 +306,55 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, recv_slots, recv_w, recv_
     if pid == 0:  # our `partials` is free again (the previous combine finished reading it)
         for peer in range(world):
             dl.signal(ready + me, epoch, peer, ctx)
-    dl.wait(ready + dv, epoch, ctx, mask=dv < world)
-
-    # 1. expert side: one weighted partial row per received token, pushed back to its source
-    for i in range(world):
-        s = (me + 1 + i) % world
-        p0 = tl.load(recv_span + (s * MAXP + pid) * 2)
-        p1 = tl.load(recv_span + (s * MAXP + pid) * 2 + 1)
-        for q0 in range(p0, p1, BT):
-            pos = q0 + tl.arange(0, BT)
-            pm = pos < p1
-            m = pm[:, None] & (kk[None, :] < K)
-            rec = (s * max_tokens + pos[:, None]) * K + kk[None, :]
-            slots = tl.load(recv_slots + rec, mask=m, other=-1)
-            w = tl.load(recv_w + rec, mask=m, other=0.0)
-            dst = partials + (me * max_tokens + pos[:, None]).to(tl.int64) * H
-            for h0 in range(0, H, BH):
-                hh = h0 + tl.arange(0, BH)
-                hm = hh[None, :] < H
-                acc = tl.zeros([BT, BH], dtype=tl.float32)
-                for j in tl.static_range(K):  # FIXED order: top-k slot order
-                    row = tl.sum(tl.where(kk[None, :] == j, slots, 0), axis=1)
-                    wj = tl.sum(tl.where(kk[None, :] == j, w, 0), axis=1)
-                    v = tl.load(expert_out + row[:, None].to(tl.int64) * H + hh[None, :],
-                                mask=(row >= 0)[:, None] & hm, other=0.0)
-                    acc += wj[:, None] * v.to(tl.float32)
-                dl.put(dst + hh[None, :], acc.to(partials.dtype.element_ty), s, ctx, mask=pm[:, None] & hm)
-        dl.signal(combined + me * MAXP + pid, epoch, s, ctx)
-
-    # 2. source side: y[t] = sum over ranks in order of the partials of token t
-    dl.wait(combined + dv * MAXP + pid, epoch, ctx, mask=dv < world)
-    chunk = tl.cdiv(T, n_prog)
-    c0 = tl.minimum(pid * chunk, T)
-    c1 = tl.minimum(c0 + chunk, T)
-    for t0 in range(c0, c1, BT):
-        t = t0 + tl.arange(0, BT)
-        tm = t < c1
-        pos = tl.load(token_pos + t[:, None] * world + dv[None, :], mask=tm[:, None] & (dv[None, :] < world),
-                      other=-1)
-        for h0 in range(0, H, BH):
-            hh = h0 + tl.arange(0, BH)
-            hm = hh[None, :] < H
-            acc = tl.zeros([BT, BH], dtype=tl.float32)
-            for d in range(world):  # FIXED order: rank order
-                pd = tl.sum(tl.where(dv[None, :] == d, pos, 0), axis=1)
-                v = tl.load(partials + (d * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
-                            mask=(pd >= 0)[:, None] & hm, other=0.0)
-                acc += v.to(tl.float32)
-            tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
-                     mask=tm[:, None] & hm)
+    if pid < n_push:
+        dl.wait(ready + dv, epoch, ctx, mask=dv < world)
+        for c in range(pid, n_chunks, n_push):
+            for i in range(world):
+                s = (me + 1 + i) % world
+                p0 = tl.load(recv_span + (s * MAXC + c) * 2)
+                p1 = tl.load(recv_span + (s * MAXC + c) * 2 + 1)
+                for q0 in range(p0, p1, BT):
+                    pos = q0 + tl.arange(0, BT)
+                    pm = pos < p1
+                    m = pm[:, None] & (kk[None, :] < K)
+                    rec = (s * max_tokens + pos[:, None]) * K + kk[None, :]
+                    slots = tl.load(recv_slots + rec, mask=m, other=-1)
+                    w = tl.load(recv_w + rec, mask=m, other=0.0)
+                    dst = partials + (me * max_tokens + pos[:, None]).to(tl.int64) * H
+                    for h0 in range(0, H, BH):
+                        hh = h0 + tl.arange(0, BH)
+                        hm = hh[None, :] < H
+                        acc = tl.zeros([BT, BH], dtype=tl.float32)
+                        for j in tl.static_range(K):  # FIXED order: top-k slot order
+                            row = tl.sum(tl.where(kk[None, :] == j, slots, 0), axis=1)
+                            wj = tl.sum(tl.where(kk[None, :] == j, w, 0.0), axis=1)
+                            v = tl.load(expert_out + row[:, None].to(tl.int64) * H + hh[None, :],
+                                        mask=(row >= 0)[:, None] & hm, other=0.0)
+                            acc += wj[:, None] * v.to(tl.float32)
+                        dl.put(dst + hh[None, :], acc.to(partials.dtype.element_ty), s, ctx, mask=pm[:, None] & hm)
+                dl.signal(combined + me * MAXC + c, epoch, s, ctx)
+    else:
+        chunk = tl.cdiv(T, n_chunks)
+        for c in range(pid - n_push, n_chunks, n_prog - n_push):
+            dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=dv < world)
+            c0 = tl.minimum(c * chunk, T)
+            c1 = tl.minimum(c0 + chunk, T)
+            for t0 in range(c0, c1, BT):
+                t = t0 + tl.arange(0, BT)
+                tm = t < c1
+                pos = tl.load(token_pos + t[:, None] * world + dv[None, :], mask=tm[:, None] & (dv[None, :] < world),
+                              other=-1)
+                for h0 in range(0, H, BH):
+                    hh = h0 + tl.arange(0, BH)
+                    hm = hh[None, :] < H
+                    acc = tl.zeros([BT, BH], dtype=tl.float32)
+                    for d in range(world):  # FIXED order: rank order
+                        pd = tl.sum(tl.where(dv[None, :] == d, pos, 0), axis=1)
+                        v = tl.load(partials + (d * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
+                                    mask=(pd >= 0)[:, None] & hm, other=0.0)
+                        acc += v.to(tl.float32)
+                    tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
+                             mask=tm[:, None] & hm)
     dl.finish_call(state, epoch, n_prog)
 
 
@@ -369,25 +388,25 @@ class _Workspace:
         self.recv_x = shmem.empty((self.max_rows, hidden), dtype, name=name + "recv_x")
         self.recv_slots = shmem.empty((w, max_tokens, topk), torch.int32, name=name + "recv_slots")
         self.recv_w = shmem.empty((w, max_tokens, topk), torch.float32, name=name + "recv_w")
-        self.recv_span = shmem.zeros((w, MAX_PROGRAMS, 2), torch.int32, name=name + "recv_span")
+        self.recv_span = shmem.zeros((w, MAX_CHUNKS, 2), torch.int32, name=name + "recv_span")
         self.all_counts = shmem.zeros((2, w, ep), torch.int32, name=name + "counts")
         self.partials = shmem.empty((w, max_tokens, hidden), dtype, name=name + "partials")
         self.counts_ready = shmem.zeros((w,), torch.int32, name=name + "counts_ready")
-        self.arrived = shmem.zeros((w * MAX_PROGRAMS,), torch.int32, name=name + "arrived")
+        self.arrived = shmem.zeros((w * MAX_CHUNKS,), torch.int32, name=name + "arrived")
         self.ready = shmem.zeros((w,), torch.int32, name=name + "combine_ready")
-        self.combined = shmem.zeros((w * MAX_PROGRAMS,), torch.int32, name=name + "combined")
+        self.combined = shmem.zeros((w * MAX_CHUNKS,), torch.int32, name=name + "combined")
         # local
         self.expert_ids = torch.full((self.max_rows,), -1, dtype=torch.int32, device=dev)
         self.weights = torch.zeros((self.max_rows,), dtype=torch.float32, device=dev)
         self.expert_counts = torch.zeros((self.local,), dtype=torch.int32, device=dev)
         self.expert_offsets = torch.zeros((self.local + 1,), dtype=torch.int32, device=dev)
         self.token_pos = torch.full((max_tokens, w), -1, dtype=torch.int32, device=dev)
-        self.chunk_counts = torch.zeros((MAX_PROGRAMS, ep + self.w_pad), dtype=torch.int32, device=dev)
+        self.chunk_counts = torch.zeros((MAX_CHUNKS, ep + self.w_pad), dtype=torch.int32, device=dev)
         self.arrivals = torch.zeros((1,), dtype=torch.int32, device=dev)
         self.state = torch.zeros(2, dtype=torch.int32, device=dev)
         self.combine_state = torch.zeros(2, dtype=torch.int32, device=dev)
         self.calls = 0  # host count of dispatches: a handle from an older one is stale
-        self.last = None  # (T, num_programs, block_tokens) of the latest dispatch, for the torch op's combine
+        self.last = None  # the EpHandle of the latest dispatch, for the torch op's combine
         shmem.barrier()  # peers write into these only after every rank zeroed them
 
     @classmethod
@@ -403,15 +422,18 @@ def clear_workspaces():
 
 
 def default_config(max_tokens, hidden, device_type):
-    """Knobs (identical on every rank, since they depend only on max_tokens/hidden): num_programs (NP, the same
-    chunking is used by the layout, dispatch and combine), block_h (columns per copy step), block_tokens (rows
-    per step; capped by the layout tile), num_warps, fused_layout (low-latency: no separate layout launch)."""
+    """Knobs, identical on every rank (they depend only on max_tokens and hidden):
+    num_chunks (token chunks per rank: the unit of flags, pipelining and combine), num_programs (grid),
+    push_programs (of them, the senders; the rest receive), block_tokens / block_h (rows / columns per copy
+    step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens)."""
     if device_type == "cpu":
-        return {"num_programs": 2, "block_h": 32, "block_tokens": 8, "num_warps": 4,
-                "fused_layout": max_tokens <= 256}
+        return {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
+                "num_warps": 4, "fused_layout": max_tokens <= 256}
     if max_tokens <= 256:
-        return {"num_programs": 64, "block_h": 1024, "block_tokens": 4, "num_warps": 8, "fused_layout": True}
-    return {"num_programs": 128, "block_h": 512, "block_tokens": 16, "num_warps": 8, "fused_layout": False}
+        return {"num_chunks": 64, "num_programs": 96, "push_programs": 64, "block_h": 1024, "block_tokens": 4,
+                "num_warps": 8, "fused_layout": True}
+    return {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
+            "num_warps": 8, "fused_layout": False}
 
 
 @dataclass
@@ -421,7 +443,7 @@ class EpHandle:
     workspace: _Workspace
     call: int
     num_tokens: int
-    num_programs: int
+    num_chunks: int
     block_tokens: int
     token_pos: torch.Tensor  # [T, W] int32: position of token t in rank d's receive list (-1: not sent)
 
@@ -492,13 +514,15 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     K = topk_idx.shape[1]
     ws = _Workspace.get(num_experts, K, max_tokens, H, x.dtype, align)
     cfg = {**default_config(max_tokens, H, x.device.type), **(config or {})}
-    n_prog = int(cfg["num_programs"])
-    if not 1 <= n_prog <= MAX_PROGRAMS:
-        raise ValueError(f"num_programs must be in [1, {MAX_PROGRAMS}], got {n_prog}")
+    n_chunks, n_prog, n_push = int(cfg["num_chunks"]), int(cfg["num_programs"]), int(cfg["push_programs"])
+    if not 1 <= n_chunks <= MAX_CHUNKS:
+        raise ValueError(f"num_chunks must be in [1, {MAX_CHUNKS}], got {n_chunks}")
+    if not 1 <= n_push < n_prog:
+        raise ValueError(f"need 1 <= push_programs < num_programs, got {n_push}, {n_prog}")
     k_pad = triton.next_power_of_2(K)
     ep = ws.w_pad * ws.el_pad
-    bt = max(1, min(int(cfg["block_tokens"]), triton.next_power_of_2(max(1, 8192 // (k_pad * ep)))))
-    bt = triton.next_power_of_2(bt)
+    bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
+    bt = triton.next_power_of_2(max(1, bt))
     bh = min(triton.next_power_of_2(int(cfg["block_h"])), triton.next_power_of_2(H))
     if T == 0:  # keep real pointers for the kernels; nothing is read
         x = torch.zeros((1, H), dtype=x.dtype, device=x.device)
@@ -509,21 +533,20 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     wts = topk_weights.to(torch.float32).contiguous()
     ctx = shmem.context()
     common = dict(K=K, EL=ws.local, BT=bt, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
-    qb = min(32, triton.next_power_of_2(n_prog))
     shmem.raise_pending_errors()
     fused = bool(cfg["fused_layout"])
     if not fused:
-        ep_layout_kernel[(n_prog,)](idx, ws.chunk_counts, ws.arrivals, ws.all_counts, ws.counts_ready, ws.state,
-                                    T, num_experts, ctx, QB=qb, num_warps=4, **common)
+        ep_layout_kernel[(n_chunks,)](idx, ws.chunk_counts, ws.arrivals, ws.all_counts, ws.counts_ready,
+                                      ws.state, T, num_experts, ctx, QB=32, num_warps=4, **common)
     ep_dispatch_kernel[(n_prog,)](
-        x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows,
+        x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, n_push,
         ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
         ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_counts,
-        ws.state, ctx, BH=bh, QB=qb, RB=128 if x.device.type == "cuda" else 16, MAXP=MAX_PROGRAMS,
-        FUSED_LAYOUT=fused, num_warps=int(cfg["num_warps"]), **common)
+        ws.state, ctx, BH=bh, RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused,
+        num_warps=int(cfg["num_warps"]), **common)
     ws.calls += 1
-    ws.last = (T, n_prog, bt)
-    handle = EpHandle(ws, ws.calls, T, n_prog, bt, ws.token_pos[:T])
+    handle = EpHandle(ws, ws.calls, T, n_chunks, bt, ws.token_pos[:T])
+    ws.last = handle
     rows = ws.max_rows
     if exact:
         rows = int(ws.expert_offsets[ws.local].item())
@@ -565,11 +588,14 @@ def ep_combine(expert_out, handle, out=None, config=None):
     y_arg = y if T else torch.empty((1, H), dtype=ws.dtype, device=expert_out.device)
     tp = handle.token_pos if T else ws.token_pos
     shmem.raise_pending_errors()
-    ep_combine_kernel[(handle.num_programs,)](
-        expert_out, y_arg, T, H, ws.max_tokens, ws.recv_slots, ws.recv_w, ws.recv_span, tp, ws.partials,
-        ws.ready, ws.combined, ws.combine_state, shmem.context(),
+    n_prog, n_push = int(cfg["num_programs"]), int(cfg["push_programs"])
+    if not 1 <= n_push < n_prog:
+        raise ValueError(f"need 1 <= push_programs < num_programs, got {n_push}, {n_prog}")
+    ep_combine_kernel[(n_prog,)](
+        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, n_push, ws.recv_slots, ws.recv_w,
+        ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_state, shmem.context(),
         K=ws.topk, BT=handle.block_tokens, BH=bh, K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad,
-        MAXP=MAX_PROGRAMS, num_warps=int(cfg["num_warps"]))
+        MAXC=MAX_CHUNKS, num_warps=int(cfg["num_warps"]))
     return y
 
 
@@ -606,11 +632,10 @@ def _ep_combine_op(expert_out: torch.Tensor, token_pos: torch.Tensor, num_expert
     ws = _Workspace._cache.get(key)
     if ws is None or ws.last is None:
         raise ValueError("torch.ops.triton_dist.ep_combine needs an earlier ep_dispatch with the same shapes")
-    T, n_prog, bt = ws.last
-    if token_pos.shape[0] != T:
-        raise ValueError(f"token_pos has {token_pos.shape[0]} tokens, the latest dispatch had {T}")
-    handle = EpHandle(ws, ws.calls, T, n_prog, bt, ws.token_pos[:T])
-    return ep_combine(expert_out, handle)
+    if token_pos.shape[0] != ws.last.num_tokens:
+        raise ValueError(f"token_pos has {token_pos.shape[0]} tokens, the latest dispatch had "
+                         f"{ws.last.num_tokens}")
+    return ep_combine(expert_out, ws.last)
 
 
 @_ep_combine_op.register_fake
