@@ -18,20 +18,26 @@ the whole path can be captured in a CUDA graph. ``ep_dispatch(..., exact=True)``
 
 Data movement
 -------------
-    layout    (one launch, NP programs)  program p counts the experts and destination ranks of its token chunk
-              p; the last program to finish sums the chunks and pushes the totals row counts[me, :] to every rank.
-    dispatch  (one launch, NP programs)  program p: prefix of earlier chunks + cumsum inside its chunk = the
-              position of every (token, slot) inside its expert group and of every token inside each
-              destination's receive list; wait for every rank's counts -> group offsets everywhere.
-              For every token and destination rank d it owns experts on: ONE row crosses the link, to the
-              token's first slot row on d, plus a small record (all its slot rows on d and their weights) in
-              recv_slots[me, pos] on d; then the span of positions of chunk p and a flag arrived[me, p] = epoch.
-              Then it waits arrived[s, p] for every source s and copies each arrived row locally into the token's
-              other slot rows on this rank (duplicates never cross the link).
-    combine   (one launch, NP programs)  program p, for chunk p of every source s: partial = sum over the
-              token's slots on this rank, in slot order, of w * out[slot row] (fp32) -> one row pushed back to
-              s into partials[me, pos]; flag combined[me, p]. Then it waits combined[d, p] for every d and
-              writes y[t] = sum over d = 0..W-1 of partials[d, pos_d(t)] (fp32, rank order).
+Each rank cuts its tokens into NC chunks (the unit of flags); a launch's programs split into SENDERS (the first
+n_push, chunks c = pid, pid + n_push, ... in order) and RECEIVERS (the rest), so receivers work on early chunks
+while senders still push later ones.
+    layout    (one launch, NC programs)  program c counts the experts and destination ranks of chunk c; the
+              last program to finish turns the table into per-chunk prefixes and pushes the totals row
+              counts[me, :] to every rank.
+    dispatch  (one launch)  everyone waits for every rank's counts -> group offsets on every rank.
+              sender, chunk c: prefix + cumsum inside the chunk = position of every (token, slot) in its expert
+                  group and of every token in each destination's receive list. For each token and REMOTE rank d
+                  it has experts on: ONE row crosses the link, to the token's first slot row on d, plus a small
+                  record (its slot rows on d and their weights) at recv_slots[me, pos] on d; then the chunk's
+                  span of positions and a flag arrived[me, c] = epoch. Rows for this rank go straight into all
+                  their slot rows.
+              receiver: expert ids of all rows (-1 on padding); then for its chunks c, wait arrived[s, c] for
+                  every peer s and copy each arrived row into the token's other slot rows here (duplicates never
+                  cross the link).
+    combine   (one launch)  sender, chunk c of every source s: partial = sum over the token's slots on this rank,
+              in slot order, of w * out[slot row] (fp32) -> one row pushed back to s into partials[me, pos]; flag
+              combined[me, c]. receiver, chunk c of my tokens: wait combined[d, c] for every d, then
+              y[t] = sum over d = 0..W-1 of partials[d, pos_d(t)] (fp32, rank order).
 Every sum runs in a FIXED order (slots in top-k order within a rank, then ranks in order), whoever's message lands
 first, so y is bitwise identical run to run. Dispatch moves each token at most once per destination rank, and
 combine returns one row per (token, destination rank).
@@ -43,7 +49,8 @@ flags. Outputs are views of a cached workspace, valid until the next ep_dispatch
 
 Low-latency mode (``fused_layout``, default when max_tokens <= 256): the layout launch disappears; every program
 counts the tokens before its chunk itself and program 0 pushes the totals, so dispatch is one launch with one
-cross-rank round trip. Interpreter rule kept throughout: a program never waits on a later program of its own rank.
+cross-rank round trip. Interpreter rule kept throughout: a program never waits on a later program of its own rank
+(senders precede receivers; senders wait only for counts, which program 0 or the previous launch publishes).
 """
 
 from dataclasses import dataclass
