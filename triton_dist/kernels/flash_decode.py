@@ -27,8 +27,13 @@ reset from the host. The receive buffer is double-buffered by epoch parity, whic
 unnecessary: rank A can push call n+2 into the half that rank B reads in call n only after A's call n+1 merge saw
 B's call n+1 pushes, and B makes those only after its call n merge finished (stream order).
 
-Interpreter (CPU) note: programs of a launch run one after another there; nothing in launch 1 waits, and the
-cross-rank waits of launch 2 come after this rank's pushes, so the same source runs on CPU ranks.
+Why two launches and not one: launch 1 never waits, so it cannot hang whatever its grid size. A fused merge
+would spin inside a launch whose programs need not all be resident, while the peer's matching programs may be
+queued behind spinners of their own. The second launch costs a few µs and no risk. (The Triton interpreter runs
+the programs of a launch one after another; the same argument makes the same source run on CPU ranks.)
+
+Knobs (``config=``, identical on every rank; see ``default_config``): block_n (tokens per tile), num_stages
+(pipelined tile loads), num_warps, n_splits or programs_per_sm (splits chosen to fill whole waves of SMs).
 
 Paged KV: pass ``block_table`` [B, max_pages] (int32/int64) and a paged cache [num_pages, page_size, Hkv, D];
 token t of sequence b lives in page ``block_table[b, t // page_size]``, row ``t % page_size``.
@@ -47,8 +52,7 @@ import triton.language as tl
 from .. import language as dl
 from .. import shmem
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634  # kernels work in log2 units (exp2 is one instruction); lse leaves in natural log
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -111,7 +115,7 @@ def _publish(o, lse, b, kv_head, dst_o, dst_lse, flags, state, ctx, B, HQ, HKV, 
     else:
         row = b.to(tl.int64) * HQ + head
         tl.store(dst_o + row[:, None] * HEAD_DIM + d[None, :], o.to(dst_o.dtype.element_ty), mask=g_ok[:, None])
-        tl.store(dst_lse + row, lse * 0.6931471805599453, mask=g_ok)
+        tl.store(dst_lse + row, lse * 0.6931471805599453, mask=g_ok)  # log2 -> natural log
 
 
 @triton.jit
