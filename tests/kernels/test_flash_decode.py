@@ -176,6 +176,9 @@ def test_bad_input_raises():
         (lambda: local_flash_decode(torch.randn(2, 8, 48), torch.randn(2, 16, 2, 48), torch.randn(2, 16, 2, 48),
                                     lens), ValueError),  # head dim 48
         (lambda: local_flash_decode(q, k, k, lens[:1]), ValueError),
+        (lambda: local_flash_decode(torch.randn(65536, 1, 16), torch.randn(65536, 1, 1, 16),
+                                    torch.randn(65536, 1, 1, 16), torch.zeros(65536, dtype=torch.int32)),
+         ValueError),  # grid dimension limit
         (lambda: local_flash_decode(q, k[:1], k[:1], lens), ValueError),
         (lambda: local_flash_decode(q, k, k, lens, softmax_scale=-1.0), ValueError),
         (lambda: local_flash_decode(q, k, k, lens, block_table=torch.zeros(3, 2, dtype=torch.int32)), ValueError),

@@ -350,6 +350,8 @@ def _check_inputs(q, k_cache, v_cache, kv_lens, block_table, softmax_scale):
         raise ValueError(f"head dim must be one of {HEAD_DIMS}, got {head_dim}")
     if kv_heads < 1 or q_heads % kv_heads != 0:
         raise ValueError(f"Hq ({q_heads}) must be a multiple of Hkv ({kv_heads})")
+    if batch * kv_heads > 65535:
+        raise ValueError(f"B * Hkv = {batch * kv_heads} exceeds the 65535 programs of a grid dimension")
     if tuple(kv_lens.shape) != (batch,):
         raise ValueError(f"kv_lens must have shape [{batch}], got {list(kv_lens.shape)}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("kv_lens", kv_lens), ("block_table", block_table)):
