@@ -75,7 +75,7 @@ def _route(topk_idx, t0, t_end, E, K: tl.constexpr, EL: tl.constexpr, BT: tl.con
     t = t0 + tl.arange(0, BT)
     kk = tl.arange(0, K_PAD)
     m = (t[:, None] < t_end) & (kk[None, :] < K)
-    e = tl.load(topk_idx + t[:, None] * K + kk[None, :], mask=m, other=-1)
+    e = tl.load(topk_idx + t[:, None] * K + kk[None, :], mask=m, other=-1).to(tl.int32)  # int32 or int64
     ok = (e >= 0) & (e < E) & m
     owner = tl.where(ok, e // EL, -1)
     return tl.where(ok, owner * EL_PAD + e % EL, -1), owner
@@ -224,7 +224,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 tl.store(token_pos + t[:, None] * world + dv[None, :], tl.where(goes > 0, rpos, -1),
                          mask=tm[:, None] & (dv[None, :] < world))
                 kmask = tm[:, None] & (kk[None, :] < K)
-                w = tl.load(topk_weights + t[:, None] * K + kk[None, :], mask=kmask, other=0.0)
+                w = tl.load(topk_weights + t[:, None] * K + kk[None, :], mask=kmask, other=0.0).to(tl.float32)
                 here = tl.where(owner == me, slot, -1)
                 tl.store(recv_weights + here, w, mask=here >= 0)
                 for i in range(world):
@@ -536,8 +536,8 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         topk_idx = torch.full((1, K), -1, dtype=torch.int32, device=x.device)
         topk_weights = torch.zeros((1, K), dtype=torch.float32, device=x.device)
     x = x.contiguous()
-    idx = topk_idx.to(torch.int32).contiguous()
-    wts = topk_weights.to(torch.float32).contiguous()
+    idx = topk_idx.contiguous()  # int32/int64 and any float weights are read as they are: no conversion kernels
+    wts = topk_weights.contiguous()
     ctx = shmem.context()
     common = dict(K=K, EL=ws.local, BT=bt, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
     shmem.raise_pending_errors()
@@ -617,9 +617,8 @@ def _ep_dispatch_op(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch
                                                           torch.Tensor, torch.Tensor]:
     r = ep_dispatch(x, topk_idx, topk_weights, num_experts=num_experts, max_tokens=max_tokens, align=align,
                     check_ids=False)
-    # custom ops may not return views of persistent buffers: hand out copies (use ep_dispatch for zero-copy)
-    return (r.x.clone(), r.expert_ids.clone(), r.weights.clone(), r.expert_counts.clone(),
-            r.expert_offsets.clone(), r.handle.token_pos.clone())
+    # zero-copy: views of the workspace (distinct buffers, so no two outputs alias), valid until the next dispatch
+    return r.x, r.expert_ids, r.weights, r.expert_counts, r.expert_offsets, r.handle.token_pos
 
 
 @_ep_dispatch_op.register_fake
