@@ -11,6 +11,7 @@ _OPS = {
     "ep_dispatch": "moe_ep",
     "ep_combine": "moe_ep",
     "sp_flash_decode": "flash_decode",
+    "local_flash_decode": "flash_decode",
 }
 
 __all__ = sorted(_OPS)

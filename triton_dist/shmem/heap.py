@@ -387,7 +387,8 @@ def raise_pending_errors():
         return check_errors()
     if int(rt.err_host[0]) != 0:
         check_errors()
-    rt.err_host.copy_(rt.heap.local[: 4].view(torch.int32), non_blocking=True)
+    if not torch.cuda.is_current_stream_capturing():  # keep graphs free of this bookkeeping copy
+        rt.err_host.copy_(rt.heap.local[: 4].view(torch.int32), non_blocking=True)
 
 
 def barrier():
