@@ -27,10 +27,11 @@ from triton_dist.kernels.moe_ep import default_config, ep_combine, ep_dispatch
 
 H, E, K = 7168, 64, 8
 SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout)
+    # program counts and chunking are runtime arguments (no recompile); block sizes / warps / fused compile anew
     4096: [(128, 64, 256, 512, 16, 8, False), (128, 96, 256, 512, 16, 8, False), (128, 32, 256, 512, 16, 8, False),
-           (132, 66, 512, 512, 8, 8, False), (128, 64, 128, 1024, 16, 8, False), (128, 64, 256, 256, 16, 4, False),
-           (96, 48, 256, 512, 16, 8, False), (128, 64, 256, 1024, 8, 16, False)],
-    128: [(96, 64, 64, 1024, 4, 8, True), (64, 32, 64, 1024, 2, 8, True), (128, 64, 128, 512, 1, 4, True),
+           (96, 48, 256, 512, 16, 8, False), (132, 66, 512, 512, 8, 8, False), (128, 64, 128, 1024, 16, 8, False),
+           (128, 64, 256, 256, 16, 4, False)],
+    128: [(96, 64, 64, 1024, 4, 8, True), (64, 32, 64, 1024, 2, 8, True), (128, 96, 64, 1024, 2, 8, True),
           (32, 16, 32, 2048, 4, 8, True), (96, 64, 64, 1024, 4, 8, False)],
 }
 
