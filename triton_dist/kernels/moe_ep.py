@@ -370,9 +370,10 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def max_recv_rows(world, num_experts, topk, max_tokens, align=1):
-    """Worst-case rows of a rank's receive buffer: every token of every rank sends min(K, EL) slots here."""
+    """Worst-case rows of a rank's receive buffer: every slot of every token of every rank lands here (K, not
+    min(K, EL): a router may repeat an expert id within a token), plus alignment padding."""
     local = num_experts // world
-    return world * max_tokens * min(topk, local) + local * (align - 1)
+    return world * max_tokens * topk + local * (align - 1)
 
 
 class _Workspace:
