@@ -32,8 +32,9 @@ def _routing(mode, T, E, K, seed):
         el = E // w
         for t in range(T):
             idx[t] = r * el + torch.randperm(el, generator=g)[:K]
-    elif mode == "holes" and T:  # some unused slots (-1)
+    elif mode == "holes" and T:  # some unused slots (-1) and repeated experts within a token
         idx[torch.rand(T, K, generator=g) < 0.3] = -1
+        idx[::2, 1] = idx[::2, 0]
     weights = torch.rand(T, K, generator=g)
     return idx, weights
 
