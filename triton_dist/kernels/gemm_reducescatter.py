@@ -262,17 +262,23 @@ def gemm_rs_torch(a, w):
     return out[: rows_of_rank(m, world, me)[1]]
 
 
-def _gemm_rs(a, w, config=None):
+def _gemm_rs(a, w, config=None, out=None):
     _check_inputs(a, w)
     _check_device(a, w)
     world, me = shmem.world_size(), shmem.rank()
     (m, k), n = a.shape, w.shape[0]
+    own_rows = rows_of_rank(m, world, me)[1]
+    if out is None:
+        out = torch.empty((own_rows, n), dtype=a.dtype, device=a.device)
+    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (own_rows, n) or out.dtype != a.dtype
+          or out.device != a.device or not out.is_contiguous()):
+        what = f"{out.dtype} {list(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"out must be a contiguous {a.dtype} tensor of shape {[own_rows, n]} on {a.device}, "
+                         f"got {what}")
     cfg = {**default_config(m, n, k, world, a.device.type), **(config or {})}
     fallback = cfg["fallback_below_m"]
     if fallback == "always" or world == 1 or (fallback != "never" and m < fallback):
-        return gemm_rs_torch(a, w)
-    own_rows = rows_of_rank(m, world, me)[1]
-    out = torch.empty((own_rows, n), dtype=a.dtype, device=a.device)
+        return out.copy_(gemm_rs_torch(a, w))
     if m == 0 or n == 0:
         return out
     if k == 0:
@@ -314,7 +320,7 @@ def _(a, w):
     return a.new_empty(_output_shape(a, w))
 
 
-def gemm_rs(a, w, config=None):
+def gemm_rs(a, w, config=None, out=None):
     """This rank's rows of ``sum over ranks of a @ w.T`` (rows split like ``torch.tensor_split``, see the module
     docstring), summed in the fixed rank order 0..W-1 (bitwise reproducible).
 
@@ -322,8 +328,9 @@ def gemm_rs(a, w, config=None):
     triton_dist's device; every rank passes the same shapes. Returns a new [rows of this rank, N] tensor.
     ``config``: overrides of ``default_config`` (tiles, programs, partial dtype, fallback threshold); without it
     the call goes through ``torch.ops.triton_dist.gemm_rs`` (torch.compile and CUDA graphs welcome).
+    ``out``: optional preallocated [rows of this rank, N] result (contiguous, a's dtype and device).
     """
     _check_inputs(a, w)
-    if config is None:
+    if config is None and out is None:
         return torch.ops.triton_dist.gemm_rs(a, w)
-    return _gemm_rs(a, w, config)
+    return _gemm_rs(a, w, config, out)

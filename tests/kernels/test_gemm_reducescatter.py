@@ -1,0 +1,262 @@
+"""GEMM + reduce-scatter: fp64 references on 2 and 4 CPU ranks (fp16/fp32, ragged and tiny M, fresh inputs each
+repeat, poisoned outputs and receive buffers), bitwise reproducibility and schedule independence, the small-M
+fallback, the torch op under torch.compile, bad input; on GPUs: bf16 vs an fp32 reference 100 times, a straggler
+rank, CUDA-graph replay, bitwise reproducibility; code generation for sm_90."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import triton_dist as td
+from triton_dist.kernels import gemm_reducescatter as grs
+from triton_dist.kernels.gemm_reducescatter import gemm_rs, rows_of_rank
+
+from ..conftest import gpu_only
+from ..sm90 import compile_sm90
+
+CPU_TILES = {"block_m": 16, "block_n": 16, "block_k": 16, "num_programs": 0, "fallback_below_m": "never"}
+
+
+def _inputs(m, n, k, dtype, seed):
+    gen = torch.Generator().manual_seed(seed * 1000 + td.rank())  # fresh, different on every rank and repeat
+    a = torch.randn(m, k, generator=gen)
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    dev = td.shmem.device()
+    return a.to(dev, dtype), w.to(dev, dtype)
+
+
+def _reference_fp64(a, w):
+    """This rank's rows of sum_r a_r @ w_r.T, in fp64 on the CPU."""
+    parts = [None] * td.world_size()
+    dist.all_gather_object(parts, (a.cpu().double(), w.cpu().double()))
+    full = sum(x @ y.T for x, y in parts)
+    start, rows = rows_of_rank(a.shape[0], td.world_size(), td.rank())
+    return full[start: start + rows]
+
+
+def _poison_workspaces():
+    """NaN into every receive buffer: a partial the kernel did not write in this call would show."""
+    for ws in grs._Workspace._cache.values():
+        ws.recv.fill_(float("nan"))
+
+
+def _check_against_fp64(m, n, k, dtype_name, config, repeats):
+    dtype = getattr(torch, dtype_name)
+    tol = 1e-4 if dtype == torch.float32 else 4e-3
+    errors = []
+    for rep in range(repeats):
+        a, w = _inputs(m, n, k, dtype, rep)
+        out = torch.full((rows_of_rank(m, td.world_size(), td.rank())[1], n), float("nan"), dtype=dtype,
+                         device=a.device)
+        _poison_workspaces()
+        td.shmem.barrier()  # nobody pushes into our (now poisoned) buffers before we are done poisoning them
+        gemm_rs(a, w, config, out=out)
+        ref = _reference_fp64(a, w)
+        if out.numel():
+            errors.append((out.double() - ref).abs().max().item() / max(ref.abs().max().item(), 1.0))
+        again = gemm_rs(a, w, config)  # same inputs again: bitwise the same answer
+        if not torch.equal(again, out):
+            return f"not reproducible at repeat {rep}"
+    return "ok" if max(errors, default=0.0) < tol else f"relative error {max(errors):.3g} >= {tol}"
+
+
+CASES = {
+    2: [(37, 45, 40, "float16", {}),  # ragged rows (19 + 18), ragged N and K tiles
+        (32, 48, 32, "float32", {"num_programs": 1}),  # one persistent program: deferred signals, ready cache
+        (5, 17, 23, "float32", {"block_m": 32, "block_n": 32, "group_m": 1})],
+    4: [(37, 20, 24, "float16", {}),  # 10, 9, 9, 9 rows
+        (3, 16, 16, "float32", {})],  # M < W: rank 3 owns no rows
+}
+
+
+@pytest.mark.parametrize("world,case", [(w, c) for w, cases in CASES.items() for c in range(len(cases))])
+def test_gemm_rs_matches_fp64_reference(ranks, world, case):
+    m, n, k, dtype, config = CASES[world][case]
+    assert ranks(world, _check_against_fp64, m, n, k, dtype, {**CPU_TILES, **config}, 2) == ["ok"] * world
+
+
+def _check_schedule_independence():
+    """Any number of programs, any partial path: the same bits (the sum order is fixed per output tile)."""
+    a, w = _inputs(40, 33, 48, torch.float16, 7)
+    one_per_tile = gemm_rs(a, w, CPU_TILES)
+    persistent = gemm_rs(a, w, {**CPU_TILES, "num_programs": 1})
+    fp32_partials = gemm_rs(a, w, {**CPU_TILES, "partial": "fp32"})
+    ref = _reference_fp64(a, w)
+    closer = (fp32_partials.double() - ref).abs().max() <= (one_per_tile.double() - ref).abs().max()
+    return torch.equal(one_per_tile, persistent), bool(closer)
+
+
+def test_gemm_rs_bits_do_not_depend_on_the_schedule(ranks):
+    assert ranks(2, _check_schedule_independence) == [(True, True)] * 2
+
+
+def _check_fallback_and_op():
+    a, w = _inputs(9, 20, 16, torch.float32, 3)  # 9 rows on 2 ranks: the fallback pads to equal chunks
+    ref = _reference_fp64(a, w)
+    fallback = gemm_rs(a, w, {"fallback_below_m": "always"})
+    kernel = gemm_rs(a, w, CPU_TILES)
+    op = torch.ops.triton_dist.gemm_rs(a, w)  # default config (CPU: the kernel)
+    compiled = torch.compile(lambda x, y: gemm_rs(x, y) * 2.0, fullgraph=True, backend="aot_eager")(a, w)
+    close = lambda t: bool((t.double() - ref).abs().max() < 1e-4)  # noqa: E731
+    return close(fallback), close(kernel), torch.equal(op, kernel), torch.equal(compiled, 2.0 * kernel)
+
+
+def test_gemm_rs_fallback_op_and_compile(ranks):
+    assert ranks(2, _check_fallback_and_op) == [(True, True, True, True)] * 2
+
+
+def _check_bad_input():
+    a, w = _inputs(8, 8, 16, torch.float32, 0)
+    errors = []
+    for bad in (lambda: gemm_rs([1.0], w),
+                lambda: gemm_rs(a, w.half()),
+                lambda: gemm_rs(a.int(), w.int()),
+                lambda: gemm_rs(a[0], w),
+                lambda: gemm_rs(a, w[:, :8]),
+                lambda: gemm_rs(a, w, out=torch.empty(3, 3)),
+                lambda: torch.ops.triton_dist.gemm_rs(a, w[:, :8])):
+        try:
+            bad()
+            errors.append(None)
+        except (TypeError, ValueError) as exc:
+            errors.append(type(exc).__name__)
+    return errors
+
+
+def test_gemm_rs_rejects_bad_input(ranks):
+    expected = ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError", "ValueError"]
+    assert ranks(2, _check_bad_input) == [expected] * 2
+
+
+def test_rows_of_rank_is_tensor_split():
+    for m in (0, 1, 5, 10, 37):
+        for world in (1, 2, 3, 4, 8):
+            sizes = [t.numel() for t in torch.arange(m).tensor_split(world)]
+            firsts = [int(t[0]) if t.numel() else None for t in torch.arange(m).tensor_split(world)]
+            for r in range(world):
+                start, rows = rows_of_rank(m, world, r)
+                assert rows == sizes[r] and (rows == 0 or start == firsts[r])
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+def _reference_fp32(a, w):
+    full = a.float() @ w.float().T
+    dist.all_reduce(full)
+    start, rows = rows_of_rank(a.shape[0], td.world_size(), td.rank())
+    return full[start: start + rows]
+
+
+def _bf16_close(out, ref):
+    err = (out.float() - ref).abs()
+    return bool((err <= 2e-2 * ref.abs() + 2e-2 * ref.abs().mean()).all())
+
+
+def _check_bf16_fresh_repeats(m, n, k, config, repeats):
+    bad = []
+    for rep in range(repeats):
+        a, w = _inputs(m, n, k, torch.bfloat16, rep)  # generated on the CPU: the same on every run of the suite
+        out = torch.full((rows_of_rank(m, td.world_size(), td.rank())[1], n), float("nan"), dtype=torch.bfloat16,
+                         device=a.device)
+        _poison_workspaces()
+        td.shmem.barrier()
+        gemm_rs(a, w, config, out=out)
+        if not _bf16_close(out, _reference_fp32(a, w)):
+            bad.append(rep)
+    return bad
+
+
+@gpu_only
+@pytest.mark.parametrize("m,n,k,config", [
+    (4099, 3072, 1536, {"fallback_below_m": "never"}),  # ragged rows, default tiles
+    (1024, 2048, 4096, {"fallback_below_m": "never", "num_programs": 0}),  # one program per tile
+    (512, 4096, 1024, {}),  # small M: default decides (fallback or kernel)
+    (2048, 5000, 1000, {"fallback_below_m": "never", "partial": "fp32"}),  # ragged N, K; fp32 partials
+])
+def test_gemm_rs_bf16_100_fresh_repeats(ranks, m, n, k, config):
+    assert ranks(2, _check_bf16_fresh_repeats, m, n, k, config, 100) == [[]] * 2
+
+
+def _check_straggler():
+    ok = True
+    a, w = _inputs(4096, 4096, 2048, torch.bfloat16, 11)
+    ref = _reference_fp32(a, w)
+    for late in range(td.world_size()):
+        for _ in range(2):
+            if td.rank() == late:
+                torch.cuda._sleep(300_000_000)  # ~0.2 s of GPU time before this rank enters the call
+            out = gemm_rs(a, w, {"fallback_below_m": "never"})
+            ok &= _bf16_close(out, ref)
+    torch.cuda.synchronize()
+    return ok
+
+
+@gpu_only
+def test_gemm_rs_straggler_rank(ranks):
+    assert ranks(2, _check_straggler) == [True] * 2
+
+
+def _check_graph_replay():
+    m, n, k = 2050, 4096, 2048
+    a, w = _inputs(m, n, k, torch.bfloat16, 0)
+    out = torch.empty(rows_of_rank(m, td.world_size(), td.rank())[1], n, dtype=a.dtype, device=a.device)
+    cfg = {"fallback_below_m": "never"}
+    gemm_rs(a, w, cfg, out=out)  # compile + workspace outside the capture
+    op_out = torch.ops.triton_dist.gemm_rs(a, w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm_rs(a, w, cfg, out=out)
+        op_out = torch.ops.triton_dist.gemm_rs(a, w)
+    ok = True
+    for rep in range(5):
+        fresh_a, fresh_w = _inputs(m, n, k, torch.bfloat16, 100 + rep)
+        a.copy_(fresh_a)
+        w.copy_(fresh_w)
+        out.fill_(float("nan"))
+        td.shmem.barrier()
+        graph.replay()
+        eager = gemm_rs(a, w, cfg)
+        ok &= torch.equal(out, eager) and torch.equal(op_out, torch.ops.triton_dist.gemm_rs(a, w))
+        ok &= _bf16_close(out, _reference_fp32(a, w))
+    return ok
+
+
+@gpu_only
+def test_gemm_rs_cuda_graph_replay(ranks):
+    assert ranks(2, _check_graph_replay) == [True] * 2
+
+
+def _check_bitwise_reproducible():
+    a, w = _inputs(4096, 8192, 2048, torch.bfloat16, 5)
+    first = gemm_rs(a, w, {"fallback_below_m": "never"})
+    same = all(torch.equal(first, gemm_rs(a, w, {"fallback_below_m": "never"})) for _ in range(10))
+    schedules = all(torch.equal(first, gemm_rs(a, w, {"fallback_below_m": "never", "num_programs": p}))
+                    for p in (0, 7, 64))
+    compiled = torch.compile(lambda x, y: gemm_rs(x, y), fullgraph=True)(a, w)
+    return same, schedules, torch.equal(compiled, gemm_rs(a, w))
+
+
+@gpu_only
+def test_gemm_rs_bitwise_reproducible(ranks):
+    assert ranks(2, _check_bitwise_reproducible) == [(True, True, True)] * 2
+
+
+# ----------------------------------------------------------------------------------------------- sm_90
+SIGNATURE = dict(a="*bf16", w="*bf16", out="*bf16", recv="*bf16", arrived="*i32", ready="*i32", state="*i32",
+                 M="i32", N="i32", K="i32", stride_am="i32", stride_ak="constexpr", stride_wn="i32",
+                 stride_wk="constexpr", ctx="*i64", BLOCK_M="constexpr", BLOCK_N="constexpr", BLOCK_K="constexpr",
+                 GROUP_M="constexpr", SLOTS_BLOCK="constexpr")
+
+
+@pytest.mark.parametrize("dtype,partial,slots", [("bf16", "bf16", 1), ("fp16", "fp32", 4)])
+def test_gemm_rs_compiles_for_sm90(dtype, partial, slots):
+    sig = {**SIGNATURE, "a": f"*{dtype}", "w": f"*{dtype}", "out": f"*{dtype}", "recv": f"*{partial}"}
+    res = compile_sm90("triton_dist.kernels.gemm_reducescatter", "gemm_rs_kernel", sig,
+                       {"stride_ak": 1, "stride_wk": 1, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8,
+                        "SLOTS_BLOCK": slots},
+                       aligned=("a", "w", "out", "recv", "N", "K", "stride_am", "stride_wn"))
+    ops = res["ops"]
+    assert any(op.startswith("wgmma.mma_async") for op in ops), ops  # Hopper tensor cores
+    assert ops.get("atom.global.sys.release.exch.b32", 0) > 0, ops  # dl.signal: release at system scope
+    assert any("acquire" in op and "sys" in op for op in ops), ops  # dl.wait: acquire polls
+    assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte stores of partial tiles (to the peer)
