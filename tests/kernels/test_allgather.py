@@ -39,6 +39,10 @@ def test_all_gather_matches_torch(ranks, world, shape, dtype, chunks):
     assert ranks(world, _check, shape, dtype, 2, chunks) == [True] * world
 
 
+def test_all_gather_8_ranks(ranks):
+    assert ranks(8, _check, (3, 5), "float16", 2, 2) == [True] * 8
+
+
 def _check_repeated_no_barrier(calls):
     dev = td.shmem.device()
     out = td.shmem.empty((td.world_size() * 40,), torch.float32, name="ag_out")

@@ -72,6 +72,10 @@ def test_put_get_masked(ranks, world, n, dtype):
     assert ranks(world, _check_put_get, n, dtype) == [True] * world
 
 
+def test_put_get_8_ranks(ranks):
+    assert ranks(8, _check_put_get, 19, "float16") == [True] * 8
+
+
 @triton.jit
 def _signal_kernel(flags, value, ctx, OP: tl.constexpr):
     me = dl.rank(ctx)
@@ -118,7 +122,7 @@ def _check_signal_wait():
     return True
 
 
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", WORLDS + [8])
 def test_signal_wait(ranks, world):
     assert all(ranks(world, _check_signal_wait))
 
@@ -202,9 +206,9 @@ def _check_barrier(iters):
     return int(buf[w])
 
 
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", WORLDS + [8])
 def test_barrier_orders_puts_repeatedly(ranks, world):
-    assert ranks(world, _check_barrier, 20) == [0] * world
+    assert ranks(world, _check_barrier, 20 if world < 8 else 5) == [0] * world
 
 
 @triton.jit
@@ -268,7 +272,7 @@ def _check_rank():
     return out.tolist()
 
 
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", WORLDS + [8])
 def test_rank_and_num_ranks(ranks, world):
     assert ranks(world, _check_rank) == [[r, world] for r in range(world)]
 
