@@ -14,7 +14,7 @@ from triton_dist.kernels.gemm_reducescatter import gemm_rs, rows_of_rank
 from ..conftest import gpu_only
 from ..sm90 import compile_sm90
 
-CPU_TILES = {"block_m": 16, "block_n": 16, "block_k": 16, "num_programs": 0, "fallback_below_m": "never"}
+CPU_TILES = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_programs": 0, "path": "overlap", "use_tma": False}
 
 
 def _inputs(m, n, k, dtype, seed):
@@ -62,9 +62,9 @@ def _check_against_fp64(m, n, k, dtype_name, config, repeats):
 
 CASES = {
     2: [(37, 45, 40, "float16", {}),  # ragged rows (19 + 18), ragged N and K tiles
-        (32, 48, 32, "float32", {"num_programs": 1}),  # one persistent program: deferred signals, ready cache
-        (5, 17, 23, "float32", {"block_m": 32, "block_n": 32, "group_m": 1})],
-    4: [(37, 20, 24, "float16", {}),  # 10, 9, 9, 9 rows
+        (32, 48, 32, "float32", {"num_programs": 1, "use_tma": True}),  # one persistent program: deferred signals
+        (5, 17, 23, "float32", {"BLOCK_M": 32, "BLOCK_N": 32, "GROUP_M": 1, "use_tma": True})],
+    4: [(37, 20, 24, "float16", {"DEFER_SIGNAL": False}),  # 10, 9, 9, 9 rows
         (3, 16, 16, "float32", {})],  # M < W: rank 3 owns no rows
 }
 
@@ -93,7 +93,7 @@ def test_gemm_rs_bits_do_not_depend_on_the_schedule(ranks):
 def _check_fallback_and_op():
     a, w = _inputs(9, 20, 16, torch.float32, 3)  # 9 rows on 2 ranks: the fallback pads to equal chunks
     ref = _reference_fp64(a, w)
-    fallback = gemm_rs(a, w, {"fallback_below_m": "always"})
+    fallback = gemm_rs(a, w, {"path": "fallback"})
     kernel = gemm_rs(a, w, CPU_TILES)
     op = torch.ops.triton_dist.gemm_rs(a, w)  # default config (CPU: the kernel)
     compiled = torch.compile(lambda x, y: gemm_rs(x, y) * 2.0, fullgraph=True, backend="aot_eager")(a, w)
@@ -167,10 +167,10 @@ def _check_bf16_fresh_repeats(m, n, k, config, repeats):
 
 @gpu_only
 @pytest.mark.parametrize("m,n,k,config", [
-    (4099, 3072, 1536, {"fallback_below_m": "never"}),  # ragged rows, default tiles
-    (1024, 2048, 4096, {"fallback_below_m": "never", "num_programs": 0}),  # one program per tile
+    (4099, 3072, 1536, {"path": "overlap"}),  # ragged rows, default tiles
+    (1024, 2048, 4096, {"path": "overlap", "num_programs": 0}),  # one program per tile
     (512, 4096, 1024, {}),  # small M: default decides (fallback or kernel)
-    (2048, 5000, 1000, {"fallback_below_m": "never", "partial": "fp32"}),  # ragged N, K; fp32 partials
+    (2048, 5000, 1000, {"path": "overlap", "partial": "fp32"}),  # ragged N, K; fp32 partials
 ])
 def test_gemm_rs_bf16_100_fresh_repeats(ranks, m, n, k, config):
     assert ranks(2, _check_bf16_fresh_repeats, m, n, k, config, 100) == [[]] * 2
@@ -184,7 +184,7 @@ def _check_straggler():
         for _ in range(2):
             if td.rank() == late:
                 torch.cuda._sleep(300_000_000)  # ~0.2 s of GPU time before this rank enters the call
-            out = gemm_rs(a, w, {"fallback_below_m": "never"})
+            out = gemm_rs(a, w, {"path": "overlap"})
             ok &= _bf16_close(out, ref)
     torch.cuda.synchronize()
     return ok
@@ -199,7 +199,7 @@ def _check_graph_replay():
     m, n, k = 2050, 4096, 2048
     a, w = _inputs(m, n, k, torch.bfloat16, 0)
     out = torch.empty(rows_of_rank(m, td.world_size(), td.rank())[1], n, dtype=a.dtype, device=a.device)
-    cfg = {"fallback_below_m": "never"}
+    cfg = {"path": "overlap"}
     gemm_rs(a, w, cfg, out=out)  # compile + workspace outside the capture
     op_out = torch.ops.triton_dist.gemm_rs(a, w)
     torch.cuda.synchronize()
@@ -228,9 +228,9 @@ def test_gemm_rs_cuda_graph_replay(ranks):
 
 def _check_bitwise_reproducible():
     a, w = _inputs(4096, 8192, 2048, torch.bfloat16, 5)
-    first = gemm_rs(a, w, {"fallback_below_m": "never"})
-    same = all(torch.equal(first, gemm_rs(a, w, {"fallback_below_m": "never"})) for _ in range(10))
-    schedules = all(torch.equal(first, gemm_rs(a, w, {"fallback_below_m": "never", "num_programs": p}))
+    first = gemm_rs(a, w, {"path": "overlap"})
+    same = all(torch.equal(first, gemm_rs(a, w, {"path": "overlap"})) for _ in range(10))
+    schedules = all(torch.equal(first, gemm_rs(a, w, {"path": "overlap", "num_programs": p}))
                     for p in (0, 7, 64))
     compiled = torch.compile(lambda x, y: gemm_rs(x, y), fullgraph=True)(a, w)
     return same, schedules, torch.equal(compiled, gemm_rs(a, w))
@@ -243,20 +243,28 @@ def test_gemm_rs_bitwise_reproducible(ranks):
 
 # ----------------------------------------------------------------------------------------------- sm_90
 SIGNATURE = dict(a="*bf16", w="*bf16", out="*bf16", recv="*bf16", arrived="*i32", ready="*i32", state="*i32",
-                 M="i32", N="i32", K="i32", stride_am="i32", stride_ak="constexpr", stride_wn="i32",
-                 stride_wk="constexpr", ctx="*i64", BLOCK_M="constexpr", BLOCK_N="constexpr", BLOCK_K="constexpr",
-                 GROUP_M="constexpr", SLOTS_BLOCK="constexpr")
+                 M="i32", N="i32", K="i32", stride_am="i32", stride_wn="i32", own_rows="i32", ctx="*i64",
+                 BLOCK_M="constexpr", BLOCK_N="constexpr", BLOCK_K="constexpr", GROUP_M="constexpr",
+                 USE_TMA="constexpr", EPILOGUE_SUBTILE="constexpr", DEFER_SIGNAL="constexpr",
+                 DOT_PRECISION="constexpr", SLOTS_BLOCK="constexpr")
 
 
-@pytest.mark.parametrize("dtype,partial,slots", [("bf16", "bf16", 1), ("fp16", "fp32", 4)])
-def test_gemm_rs_compiles_for_sm90(dtype, partial, slots):
+@pytest.mark.parametrize("dtype,partial,slots,tma", [("bf16", "bf16", 1, True), ("fp16", "fp32", 4, False)])
+def test_gemm_rs_compiles_for_sm90(dtype, partial, slots, tma):
+    bm, bn, bk = 128, 256, 64
     sig = {**SIGNATURE, "a": f"*{dtype}", "w": f"*{dtype}", "out": f"*{dtype}", "recv": f"*{partial}"}
+    if tma:
+        sig.update(a=f"tensordesc<{dtype}[{bm},{bk}]>", w=f"tensordesc<{dtype}[{bn},{bk}]>",
+                   out=f"tensordesc<{dtype}[1,{bm},{bn // 2}]>")
     res = compile_sm90("triton_dist.kernels.gemm_reducescatter", "gemm_rs_kernel", sig,
-                       {"stride_ak": 1, "stride_wk": 1, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8,
+                       {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": tma,
+                        "EPILOGUE_SUBTILE": tma, "DEFER_SIGNAL": True, "DOT_PRECISION": "tf32",
                         "SLOTS_BLOCK": slots},
-                       aligned=("a", "w", "out", "recv", "N", "K", "stride_am", "stride_wn"))
+                       aligned=("recv", "N", "K", "stride_am", "stride_wn") + (() if tma else ("a", "w", "out")))
     ops = res["ops"]
     assert any(op.startswith("wgmma.mma_async") for op in ops), ops  # Hopper tensor cores
     assert ops.get("atom.global.sys.release.exch.b32", 0) > 0, ops  # dl.signal: release at system scope
     assert any("acquire" in op and "sys" in op for op in ops), ops  # dl.wait: acquire polls
     assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte stores of partial tiles (to the peer)
+    if tma:
+        assert any(op.startswith("cp.async.bulk.tensor") for op in ops), ops  # TMA loads / output stores

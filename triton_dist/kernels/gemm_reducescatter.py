@@ -37,8 +37,10 @@ Interpreter rule: the programs of a launch run one after another there, so on CP
 program per tile (in tile order, every push of a rank precedes its first wait); on GPUs the kernel is persistent
 (``num_programs`` = SM count) and the tile order is the same wave by wave.
 
-Small problems go to ``torch.matmul`` + ``reduce_scatter_tensor`` (``config["fallback_below_m"]``), so no shape is
-slower than that baseline.
+The GEMM pieces (tile order, TMA or masked K loop, epilogue store) come from ``triton_dist.kernels.gemm``, the
+one home of the GEMM machinery. Small problems go to ``torch.matmul`` + ``reduce_scatter_tensor`` (``path``);
+on GPU the autotuner (``triton_dist.autotune``, identical on every rank, cached on disk) times both paths per
+shape, so no shape is slower than that baseline.
 """
 
 import torch
@@ -46,50 +48,26 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from .. import autotune, shmem
 from .. import language as dl
-from .. import shmem
+from .gemm import (TensorDescriptor, dot_precision, gemm_config, num_sms, tile_accumulate, tile_coords, tile_store,
+                   tma_compatible)
+
+# The crossover: below this many rows (M, all ranks together) the default path is torch.matmul + NCCL
+# reduce_scatter_tensor. On GPU the autotuner times both paths for every shape and keeps the faster.
+SMALL_M_ROWS = 64
 
 
 # ----------------------------------------------------------------------------------------------- device side
 @triton.jit
-def _tile_position(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
-    """Grouped ("swizzled") order inside one destination's rows: GROUP_M row-tiles share every column tile of w
-    while they are hot in L2."""
-    per_group = GROUP_M * tiles_n
-    group = tile // per_group
-    first_m = group * GROUP_M
-    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    tm = first_m + (tile % per_group) % group_rows
-    tn = (tile % per_group) // group_rows
-    return tm, tn
-
-
-@triton.jit
-def _tile_matmul(a, w, rows, row_ok, cols, col_ok, K, stride_am, stride_ak, stride_wn, stride_wk,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc[BLOCK_M, BLOCK_N] = a[rows, :] @ w[cols, :].T in fp32 (masked rows/cols/K read as zeros)."""
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = a + rows.to(tl.int64)[:, None] * stride_am + ks[None, :] * stride_ak
-    w_ptrs = w + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wk
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        k_ok = ks < K - k
-        a_tile = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w_tile = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = tl.dot(a_tile, w_tile, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        w_ptrs += BLOCK_K * stride_wk
-    return acc
-
-
-@triton.jit
-def gemm_rs_kernel(a, w, out, recv, arrived, ready, state, M, N, K,
-                   stride_am, stride_ak, stride_wn, stride_wk, ctx,
+def gemm_rs_kernel(a, w, out, recv, arrived, ready, state, M, N, K, stride_am, stride_wn, own_rows, ctx,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   SLOTS_BLOCK: tl.constexpr):
-    """One launch = one gemm_rs call on this rank. ``recv``: symmetric [W-1, rows_max, N] partial sums from the
-    peers (slot of source q on rank d: (q - d - 1) mod W); ``arrived``: symmetric int32 [W-1, tiles_per_dest];
-    ``ready``: symmetric int32 [W]; ``state``: this rank's int32[2] epoch counter; ``out``: [own rows, N]."""
+                   USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DEFER_SIGNAL: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, SLOTS_BLOCK: tl.constexpr):
+    """One launch = one gemm_rs call on this rank. ``a`` [M, K], ``w`` [N, K] and ``out`` [1, own_rows, N]:
+    tensor descriptors (USE_TMA) or pointers to contiguous tensors. ``recv``: symmetric [W-1, rows_max, N]
+    partial sums from the peers (slot of source q on rank d: (q - d - 1) mod W); ``arrived``: symmetric int32
+    [W-1, tiles_per_dest]; ``ready``: symmetric int32 [W]; ``state``: this rank's int32[2] epoch counter."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     me = dl.rank(ctx)
@@ -113,22 +91,21 @@ def gemm_rs_kernel(a, w, out, recv, arrived, ready, state, M, N, K,
     pending_flag = 0
     ready_peer = -1  # the peer whose `ready` this program has already seen
     for item in range(pid, world * tiles_per_dest, n_programs):
-        dest = (me + 1 + item // tiles_per_dest) % world  # next rank in the ring first, own rows last
-        tile = item % tiles_per_dest
-        tm, tn = _tile_position(tile, tiles_m, tiles_n, GROUP_M)
+        # destinations in the order me+1, me+2, ..., me (own rows last); grouped-M order inside one
+        dest, pid_m, pid_n = tile_coords(item, tiles_m, tiles_n, world, me + 1, 1, GROUP_M)
+        tile = item % tiles_per_dest  # the flag of this tile (the same tile order on every rank)
         dest_rows = rows_base + (dest < rows_extra).to(tl.int32)
         dest_start = dest * rows_base + tl.minimum(dest, rows_extra)
-        rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)  # rows inside the destination's block of rows
-        cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < dest_rows
-        col_ok = cols < N
-        tile_ok = row_ok[:, None] & col_ok[None, :]
-        acc = _tile_matmul(a + dest_start.to(tl.int64) * stride_am, w, rows, row_ok, cols, col_ok, K,
-                           stride_am, stride_ak, stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K)
+        # rows past the destination's block belong to the next one: computed, never stored
+        acc = tile_accumulate(a, w, dest_start + pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_wn,
+                              BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
 
         if pending_peer >= 0:  # the previous push had a whole tile of compute to drain: publish it now
             dl.signal(arrived + pending_flag, epoch, pending_peer, ctx)
             pending_peer = -1
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # rows inside the destination's block of rows
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        tile_ok = (rows < dest_rows)[:, None] & (cols < N)[None, :]
         tile_offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
         if dest != me:
             if ready_peer != dest:
@@ -136,8 +113,11 @@ def gemm_rs_kernel(a, w, out, recv, arrived, ready, state, M, N, K,
                 ready_peer = dest
             slot = (me - dest - 1 + world) % world
             dl.put(recv + slot * slot_elems + tile_offsets, acc.to(recv.dtype.element_ty), dest, ctx, mask=tile_ok)
-            pending_flag = slot * tiles_per_dest + tile
-            pending_peer = dest
+            if DEFER_SIGNAL:
+                pending_flag = slot * tiles_per_dest + tile
+                pending_peer = dest
+            else:
+                dl.signal(arrived + slot * tiles_per_dest + tile, epoch, dest, ctx)
         else:
             slots = tl.arange(0, SLOTS_BLOCK)
             dl.wait(arrived + slots * tiles_per_dest + tile, epoch, ctx, mask=slots < world - 1)
@@ -148,7 +128,9 @@ def gemm_rs_kernel(a, w, out, recv, arrived, ready, state, M, N, K,
                 else:
                     slot = (src - me - 1 + world) % world
                     total += tl.load(recv + slot * slot_elems + tile_offsets, mask=tile_ok).to(tl.float32)
-            tl.store(out + tile_offsets, total.to(out.dtype.element_ty), mask=tile_ok)
+            own_segment = dest - me  # == 0: out is [1, own_rows, N], one segment
+            tile_store(out, total, own_segment, pid_m * BLOCK_M, pid_n * BLOCK_N, own_rows, N, own_rows * N, N,
+                       BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
     if pending_peer >= 0:
         dl.signal(arrived + pending_flag, epoch, pending_peer, ctx)
     dl.finish_call(state, epoch, n_programs)
@@ -163,7 +145,8 @@ def rows_of_rank(m, world, rank):
 
 class _Workspace:
     """The symmetric buffers of one partial dtype, created collectively on first use and grown (collectively:
-    every rank sees the same shapes) when a larger problem comes; reused by every later call."""
+    every rank sees the same shapes) when a larger problem comes; reused by every later call, CUDA-graph replays
+    included."""
 
     _cache = {}
 
@@ -180,6 +163,9 @@ class _Workspace:
     def get(cls, dtype, recv_elems, n_flags):
         ws = cls._cache.get(dtype)
         if ws is None or ws.recv_elems < recv_elems or ws.n_flags < n_flags:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("gemm_rs: the first call for this shape happens during CUDA-graph capture; call "
+                                   "it once before capturing (workspaces are allocated and zeroed collectively)")
             if ws is not None:
                 recv_elems, n_flags = max(recv_elems, ws.recv_elems), max(n_flags, ws.n_flags)
                 del cls._cache[dtype], ws
@@ -192,32 +178,126 @@ def release_workspaces():
     _Workspace._cache.clear()
 
 
-_SM_COUNT = {}
-
-
-def _sm_count(device):
-    if device.index not in _SM_COUNT:
-        _SM_COUNT[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SM_COUNT[device.index]
-
-
-def default_config(m, n, k, world, device_type):
-    """Launch parameters. Keys: block_m, block_n, block_k, group_m, num_warps, num_stages, num_programs (0: one
-    program per tile, needed under the interpreter), partial ("out": partials travel in the output dtype, "fp32":
-    exact fp32 partials at twice the traffic), fallback_below_m (use torch.matmul + reduce_scatter_tensor when
-    M is below this; "always"/"never" force a path)."""
-    if device_type == "cpu":
-        return {"block_m": 16, "block_n": 16, "block_k": 16, "group_m": 4, "num_warps": 4, "num_stages": 1,
-                "num_programs": 0, "partial": "out", "fallback_below_m": 0}
-    rows = -(-m // world)
-    if rows >= 2048:
-        tiles = {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3}
+def _run_overlapped(a, w, out, cfg):
+    world, me = shmem.world_size(), shmem.rank()
+    (m, k), n = a.shape, w.shape[0]
+    own_rows = out.shape[0]
+    partial_dtype = torch.float32 if cfg["partial"] == "fp32" else a.dtype
+    rows_max = triton.cdiv(m, world)
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    tiles_per_dest = triton.cdiv(rows_max, bm) * triton.cdiv(n, bn)
+    ws = _Workspace.get(partial_dtype, (world - 1) * rows_max * n, (world - 1) * tiles_per_dest)
+    out3 = out.view(1, own_rows, n)
+    # TMA whenever allowed (use_tma None or True) and the operands are aligned; a rank with no rows of its own
+    # has no output to describe
+    use_tma = cfg.get("use_tma") is not False and tma_compatible(a, w, out3) and own_rows > 0
+    subtile = bool(cfg["EPILOGUE_SUBTILE"]) and use_tma
+    if use_tma:
+        a_arg = TensorDescriptor(a, list(a.shape), list(a.stride()), [bm, bk])
+        w_arg = TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, bk])
+        out_arg = TensorDescriptor(out3, list(out3.shape), list(out3.stride()), [1, bm, bn // 2 if subtile else bn])
     else:
-        tiles = {"block_m": 128 if rows > 64 else 64, "block_n": 128, "block_k": 64, "num_warps": 4 if rows <= 64 else 8,
-                 "num_stages": 4}
-    return {**tiles, "group_m": 8, "num_programs": -1, "partial": "out", "fallback_below_m": 256 * world}
+        a_arg, w_arg, out_arg = a, w, out3
+    n_items = world * tiles_per_dest
+    programs = cfg.get("num_programs")
+    if programs is None:
+        programs = num_sms(a.device.index) if a.is_cuda else 0
+    programs = n_items if programs == 0 else max(1, min(int(programs), n_items))
+    shmem.raise_pending_errors()
+    gemm_rs_kernel[(programs,)](
+        a_arg, w_arg, out_arg, ws.recv, ws.arrived, ws.ready, ws.state, m, n, k, a.stride(0), w.stride(0),
+        own_rows, shmem.context(),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], USE_TMA=use_tma, EPILOGUE_SUBTILE=subtile,
+        DEFER_SIGNAL=bool(cfg["DEFER_SIGNAL"]), DOT_PRECISION=dot_precision(a.dtype),
+        SLOTS_BLOCK=triton.next_power_of_2(max(world - 1, 1)),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out
 
 
+def gemm_rs_torch(a, w):
+    """The baseline, also the small-problem path: ``torch.matmul`` then ``reduce_scatter_tensor`` (NCCL; gloo on
+    CPU), rows padded to equal chunks when M % W != 0. Same row split as ``gemm_rs``."""
+    world, me = shmem.world_size(), shmem.rank()
+    m, n = a.shape[0], w.shape[0]
+    partial = torch.matmul(a, w.t())
+    if world == 1:
+        return partial
+    rows_max = triton.cdiv(m, world)
+    if m % world:
+        padded = partial.new_zeros((world * rows_max, n))
+        for d in range(world):
+            start, rows = rows_of_rank(m, world, d)
+            padded[d * rows_max: d * rows_max + rows] = partial[start: start + rows]
+        partial = padded
+    out = partial.new_empty((rows_max, n))
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # torch >= 2.13 name
+    reduce_scatter(out, partial, group=shmem.group())
+    return out[: rows_of_rank(m, world, me)[1]]
+
+
+# ----------------------------------------------------------------------------------------------- configs
+def choose_path(m, world, device_type="cuda"):
+    """The default path: "fallback" (torch.matmul + reduce_scatter_tensor) for one rank or, on GPU, tiny M (on
+    CPU, where nothing is about speed, the kernel always runs so that tests exercise it)."""
+    if world == 1 or (device_type == "cuda" and m < SMALL_M_ROWS):
+        return "fallback"
+    return "overlap"
+
+
+def default_config(m, n, k, dtype, device, world):
+    """Launch parameters, ``triton_dist.kernels.gemm.gemm_config`` for the per-destination GEMM plus:
+    path ("overlap" | "fallback"), partial ("out": peers' partial sums travel in the output dtype, like
+    matmul + reduce_scatter; "fp32": exact partials at twice the traffic), DEFER_SIGNAL (publish a pushed tile
+    after the program's next tile is computed, so the release never waits for NVLink), num_programs (None: one
+    per SM on GPU, one per tile under the interpreter; 0: one per tile)."""
+    rows_max = triton.cdiv(m, world)
+    cfg = gemm_config(rows_max, n, k, dtype, device)
+    cfg.update(path=choose_path(m, world, device.type), partial="out", DEFER_SIGNAL=True, FLATTEN=False, WARP_SPECIALIZE=False)
+    if device.type == "cuda" and rows_max <= 64:  # 128-row tiles would be mostly padding
+        cfg.update(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4)
+    return cfg
+
+
+def candidate_configs(m, n, k, dtype, device, world):
+    """The small sweep the autotuner runs once per shape on GPU (both paths; the partial dtype never changes)."""
+    base = default_config(m, n, k, dtype, device, world)
+    cands = [{**base, "path": "fallback"}]
+    if world > 1 and m >= world:
+        over = {**base, "path": "overlap"}
+        big = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8)
+        cands += [over,
+                  {**over, **big},
+                  {**over, **big, "EPILOGUE_SUBTILE": True, "num_stages": 4},
+                  {**over, **big, "DEFER_SIGNAL": False},
+                  {**over, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 8},
+                  {**over, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 4}]
+    unique = []
+    for c in cands:
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+def _config_for(a, w, world):
+    (m, k), n = a.shape, w.shape[0]
+    base = default_config(m, n, k, a.dtype, a.device, world)
+    if a.device.type != "cuda":
+        return base
+
+    def make_runner():
+        x, y = torch.randn_like(a), torch.randn_like(w)
+        out = torch.empty((rows_of_rank(m, world, shmem.rank())[1], n), dtype=a.dtype, device=a.device)
+
+        def run(cfg):
+            return gemm_rs_torch(x, y) if cfg["path"] == "fallback" else _run_overlapped(x, y, out, cfg)
+        return run
+
+    key = dict(m=m, n=n, k=k, dtype=str(a.dtype).replace("torch.", ""))
+    return autotune.choose("gemm_rs", key, candidate_configs(m, n, k, a.dtype, a.device, world), make_runner,
+                           default=base)
+
+
+# ----------------------------------------------------------------------------------------------- the op
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -233,33 +313,10 @@ def _check_inputs(a, w):
 
 
 def _check_device(a, w):
-    dev = shmem.device()
-    if a.device.type != dev.type or w.device.type != dev.type or (dev.type == "cuda" and (a.device != w.device)):
-        raise ValueError(f"a ({a.device}) and w ({w.device}) must be on triton_dist's device {dev}")
-
-
-def _group():
-    return shmem.heap._runtime().group  # the process group triton_dist was initialised with
-
-
-def gemm_rs_torch(a, w):
-    """The baseline, also the small-problem path: ``torch.matmul`` then NCCL ``reduce_scatter_tensor`` (rows
-    padded to equal chunks when M % W != 0). Same row split as ``gemm_rs``."""
-    world, me = shmem.world_size(), shmem.rank()
-    m, n = a.shape[0], w.shape[0]
-    partial = torch.matmul(a, w.t())
-    if world == 1:
-        return partial
-    rows_max = -(-m // world)
-    if m % world:
-        padded = partial.new_zeros((world * rows_max, n))
-        for d in range(world):
-            start, rows = rows_of_rank(m, world, d)
-            padded[d * rows_max: d * rows_max + rows] = partial[start: start + rows]
-        partial = padded
-    out = partial.new_empty((rows_max, n))
-    dist.reduce_scatter_tensor(out, partial, group=_group())
-    return out[: rows_of_rank(m, world, me)[1]]
+    home = shmem.device()
+    for t, name in ((a, "a"), (w, "w")):
+        if t.device.type != home.type or (home.type == "cuda" and t.device.index != home.index):
+            raise ValueError(f"{name} is on {t.device}, but triton_dist runs on {home}")
 
 
 def _gemm_rs(a, w, config=None, out=None):
@@ -275,34 +332,15 @@ def _gemm_rs(a, w, config=None, out=None):
         what = f"{out.dtype} {list(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"out must be a contiguous {a.dtype} tensor of shape {[own_rows, n]} on {a.device}, "
                          f"got {what}")
-    cfg = {**default_config(m, n, k, world, a.device.type), **(config or {})}
-    fallback = cfg["fallback_below_m"]
-    if fallback == "always" or world == 1 or (fallback != "never" and m < fallback):
-        return out.copy_(gemm_rs_torch(a, w))
     if m == 0 or n == 0:
         return out
     if k == 0:
         return out.zero_()
-    partial_dtype = torch.float32 if cfg["partial"] == "fp32" else a.dtype
-    rows_max = -(-m // world)
-    bm, bn = cfg["block_m"], cfg["block_n"]
-    tiles_per_dest = triton.cdiv(rows_max, bm) * triton.cdiv(n, bn)
-    ws = _Workspace.get(partial_dtype, (world - 1) * rows_max * n, (world - 1) * tiles_per_dest)
-    n_items = world * tiles_per_dest
-    programs = cfg["num_programs"]
-    if programs == 0:
-        programs = n_items
-    elif programs < 0:
-        programs = _sm_count(a.device)
-    programs = max(1, min(programs, n_items))
-    shmem.raise_pending_errors()
-    gemm_rs_kernel[(programs,)](
-        a, w, out, ws.recv, ws.arrived, ws.ready, ws.state, m, n, k,
-        a.stride(0), a.stride(1), w.stride(0), w.stride(1), shmem.context(),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=cfg["block_k"], GROUP_M=cfg["group_m"],
-        SLOTS_BLOCK=triton.next_power_of_2(max(world - 1, 1)),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return out
+    a, w = a.contiguous(), w.contiguous()
+    cfg = {**default_config(m, n, k, a.dtype, a.device, world), **(config or _config_for(a, w, world))}
+    if cfg["path"] == "fallback" or world == 1:
+        return out.copy_(gemm_rs_torch(a, w))
+    return _run_overlapped(a, w, out, cfg)
 
 
 def _output_shape(a, w):
