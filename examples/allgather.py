@@ -7,7 +7,6 @@ The kernel (triton_dist/kernels/allgather.py) is ~30 lines: each rank stores its
 with dl.put, then raises a per-chunk flag with dl.signal; the last program dl.wait-s for every chunk to land.
 """
 
-import os
 import time
 
 import torch
@@ -15,6 +14,7 @@ import torch.distributed as dist
 
 import triton_dist as td
 from triton_dist.kernels import all_gather, ping_pong
+from triton_dist.launch import run_main
 
 
 def main():
@@ -52,18 +52,5 @@ def main():
               f"{ag_us:.1f} us ({gbps:.1f} GB/s bus); signal one-way latency {one_way_us:.2f} us")
 
 
-def rank_main():
-    td.init()
-    try:
-        main()
-    finally:
-        td.finalize()
-
-
 if __name__ == "__main__":
-    if "LOCAL_RANK" in os.environ or torch.cuda.is_available():
-        rank_main()  # torchrun (or one GPU: a world of one)
-    else:
-        from triton_dist.launch import spawn
-
-        spawn(main, 2)  # no GPU: two CPU ranks
+    run_main(main)  # torchrun: this process is a rank; no GPU: two CPU ranks

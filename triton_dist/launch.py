@@ -137,3 +137,20 @@ def spawn(fn, world, *args, backend="cpu", **kwargs):
     """Start ``world`` ranks, run ``fn(*args, **kwargs)`` on each, stop them; the per-rank results."""
     with RankPool(world, backend=backend) as pool:
         return pool.run(fn, *args, **kwargs)
+
+
+def run_main(main, world=2, **init_kwargs):
+    """Entry point for examples: under torchrun (or on a GPU machine) this process is a rank — init, ``main()``,
+    finalize; with no GPU, start ``world`` CPU ranks and run ``main()`` on each."""
+    import torch
+
+    if "LOCAL_RANK" in os.environ or torch.cuda.is_available():
+        import triton_dist as td
+
+        td.init(**init_kwargs)
+        try:
+            main()
+        finally:
+            td.finalize()
+    else:
+        spawn(main, world)
