@@ -1,8 +1,12 @@
 """AG+GEMM on the node (torchrun --nproc-per-node=N benchmarks/bench_ag_gemm.py), bf16, in one run:
 
-  ours           torch.ops.triton_dist.ag_gemm (autotuned once per shape: copy-engine vs SM producers, tiles,
-                 and the NCCL+cuBLAS fallback itself; rank 0 prints the sweep)
-  ours CE / SM   the overlapped kernel forced to copy-engine or SM producers (the issue's measurement)
+  ours           triton_dist.kernels.ag_gemm (autotuned once per shape: tiles, FLATTEN, sub-tiling and the
+                 NCCL+cuBLAS fallback itself; rank 0 prints the sweep); "op" = torch.ops.triton_dist.ag_gemm
+  ours fallback  our op forced onto its NCCL+cuBLAS path (must equal the NCCL+cuBLAS column: plan cache)
+  ours overlap   our op forced onto the overlapped kernel with the default config
+  host us/call   Python + launch cost of one eager call (GPU kept busy, so the host never waits)
+  sweep          (8192^3 and 2048 only) the overlapped kernel per knob: n_chunks, FLATTEN, EPILOGUE_SUBTILE,
+                 GROUP_M, tile shape, one program fewer than SMs
   NCCL+cuBLAS    dist.all_gather_into_tensor then torch.matmul
   async-TP       torch.ops.symm_mem.fused_all_gather_matmul (torch symmetric memory, CUDA backend)
 Shapes (M, N, K) are full sizes; each rank has a [M/W, K] and w [N/W, K]. TFLOP/s per GPU = 2*M*(N/W)*K / time.
@@ -17,6 +21,26 @@ import triton_dist as td
 from harness import record, time_us
 from triton_dist.kernels import ag_gemm
 from triton_dist.kernels.allgather_gemm import default_config
+
+SWEEP = [("n_chunks=1", {}), ("n_chunks=2", {"n_chunks": 2}), ("n_chunks=4", {"n_chunks": 4}),
+         ("flatten", {"FLATTEN": True}), ("subtile s4", {"EPILOGUE_SUBTILE": True, "num_stages": 4}),
+         ("GROUP_M=16", {"GROUP_M": 16}), ("GROUP_M=4", {"GROUP_M": 4}),
+         ("128x128 s4", {"BLOCK_N": 128, "num_stages": 4}), ("programs-1", {"num_programs": -1})]
+
+
+def host_us(fn, iters=20):
+    """Host-side µs per call while the GPU is busy (a long sleep kernel first): what a call costs in Python."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9 / 1e3 * 50))  # ~50 ms of GPU work ahead of the calls
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t = (time.perf_counter() - t0) / iters * 1e6
+    torch.cuda.synchronize()
+    return t
 
 SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8192, 8192), (512, 8192, 8192),
           (128, 8192, 8192)]
@@ -38,7 +62,7 @@ def main():
     td.init(backend="cuda", heap_size=4 << 30)
     world, rank = td.world_size(), td.rank()
     group_name = dist.group.WORLD.group_name
-    rows = []
+    rows, sweep_rows = [], []
     for m_total, n_total, k in SHAPES:
         m, n = m_total // world, n_total // world
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -50,15 +74,31 @@ def main():
             return torch.matmul(full, w.T)
 
         ref = nccl_cublas().float()
-        out = torch.ops.triton_dist.ag_gemm(a, w, False)[0]  # tunes on first call (same choice on every rank)
+        out = ag_gemm(a, w)  # tunes on first call (same choice on every rank)
         err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-        t_ours = time_us(lambda: torch.ops.triton_dist.ag_gemm(a, w, False))
-        variants = {}
-        if m_total >= 2048:
-            for producer in ("copy_engine", "sm"):
-                cfg = {**default_config(m, n, k, a.dtype, a.device, world), "path": "overlap",
-                       "producer": producer, "num_producers": 16}
-                variants[producer] = time_us(lambda: ag_gemm(a, w, config=cfg))
+        t_ours = time_us(lambda: ag_gemm(a, w))
+        t_op = time_us(lambda: torch.ops.triton_dist.ag_gemm(a, w, False))
+        base = default_config(m, n, k, a.dtype, a.device, world)
+        t_fb = time_us(lambda: ag_gemm(a, w, config={"path": "fallback"}))
+        over = {**base, "path": "overlap"}
+        t_over = time_us(lambda: ag_gemm(a, w, config=over))
+        h_ours = host_us(lambda: ag_gemm(a, w))
+        if (m_total, n_total, k) in ((8192, 8192, 8192), (2048, 8192, 8192)):
+            from triton_dist.kernels.gemm import default_num_programs
+
+            sweep = {}
+            for label, knobs in SWEEP:
+                cfg = {**over, **knobs}
+                if cfg.get("num_programs") == -1:
+                    cfg["num_programs"] = default_num_programs(a.device) - 1
+                try:
+                    sweep[label] = time_us(lambda: ag_gemm(a, w, config=cfg), iters=10, warmup=2)
+                except Exception as exc:  # keep the rest of the sweep
+                    if rank == 0:
+                        print(f"sweep {label} failed: {type(exc).__name__}: {exc}", flush=True)
+                    sweep[label] = float("nan")
+
+            sweep_rows.append({"M": m_total, "N": n_total, "K": k, **{kk: round(v, 1) for kk, v in sweep.items()}})
         t_nccl = time_us(nccl_cublas)
         try:
             t_tp = time_us(_async_tp(a, w.T, group_name))
@@ -68,12 +108,12 @@ def main():
             t_tp = float("nan")
         tflops = lambda t: 2 * m_total * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m_total, "N": n_total, "K": k, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
-                     "ours CE us": variants.get("copy_engine", float("nan")),
-                     "ours SM us": variants.get("sm", float("nan")),
+                     "op us": t_op, "ours fallback us": t_fb, "ours overlap us": t_over, "host us/call": h_ours,
                      "NCCL+cuBLAS us": t_nccl, "async-TP us": t_tp,
                      "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours, "max rel err": err})
         del a, w, full, out, ref
-    record("ag_gemm", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned op")
+    record("ag_gemm", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call")
+    record("ag_gemm_sweep", sweep_rows, notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
     td.finalize()
 
 

@@ -1,6 +1,6 @@
 """AG+GEMM: ``ag_gemm(a, w) == all_gather(a) @ w.T``.
 
-CPU (interpreter, 2 and 4 ranks): both producers (copy engine, SM pushes), TMA and masked paths, ragged/odd
+CPU (interpreter, 2 and 4 ranks): 1-3 chunks per shard, TMA and masked paths, ragged/odd
 M, N, K, fp16/fp32 against an fp64 reference with fresh inputs every repeat and the gather buffer poisoned before
 every call; the fallback path; back-to-back calls (epochs, no barrier); the torch op, its fake and
 torch.compile(fullgraph=True); bad input. GPU (torchrun): bf16 against fp32 with 100 fresh repeats, every tuning
@@ -21,8 +21,9 @@ from ..conftest import gpu_only
 from ..sm90 import compile_sm90
 
 # Configs the CPU tests force (small tiles; 3 programs so that several tiles share a program).
-CPU_SM = {"path": "overlap", "producer": "sm", "num_producers": 2, "n_chunks": 3, "num_programs": 4}
-CPU_CE = {"path": "overlap", "producer": "copy_engine", "n_chunks": 2, "num_programs": 3}
+CPU_C3 = {"path": "overlap", "n_chunks": 3, "num_programs": 4}
+CPU_CE = {"path": "overlap", "n_chunks": 2, "num_programs": 3}
+CPU_C1 = {"path": "overlap", "n_chunks": 1, "num_programs": 2}
 
 
 def _reference(a, w):
@@ -58,11 +59,11 @@ def _check(m, n, k, dtype_name, config, repeats, seed=0):
 
 
 CPU_CASES = [  # (m per rank, n, k, dtype, config): odd sizes, TMA-compatible and not
-    (17, 24, 40, "float16", CPU_SM),       # TMA path (K, N multiples of 8), ragged M
+    (17, 24, 40, "float16", CPU_C3),       # TMA path (K, N multiples of 8), ragged M
     (17, 24, 40, "float16", CPU_CE),
-    (13, 23, 37, "float32", CPU_SM),       # odd N and K: masked path
+    (13, 23, 37, "float32", CPU_C3),       # odd N and K: masked path
     (9, 17, 19, "float16", {**CPU_CE, "use_tma": False}),
-    (34, 24, 40, "float32", {**CPU_SM, "BLOCK_M": 32}),
+    (34, 24, 40, "float32", {**CPU_C3, "BLOCK_M": 32}),
 ]
 
 
@@ -73,7 +74,7 @@ def test_ag_gemm_two_ranks(ranks, m, n, k, dtype, config):
         assert worst < (2e-3 if dtype == "float16" else 1e-6), worst
 
 
-@pytest.mark.parametrize("m,n,k,dtype,config", [(7, 24, 40, "float16", CPU_CE), (5, 23, 37, "float32", CPU_SM)])
+@pytest.mark.parametrize("m,n,k,dtype,config", [(7, 24, 40, "float16", CPU_CE), (5, 23, 37, "float32", CPU_C3)])
 def test_ag_gemm_four_ranks(ranks, m, n, k, dtype, config):
     for worst, gathered_ok in ranks(4, _check, m, n, k, dtype, config, 1):
         assert gathered_ok
@@ -90,7 +91,7 @@ def _check_back_to_back(calls):
     dev, r = td.shmem.device(), td.rank()
     ok = True
     for i in range(calls):
-        config = CPU_SM if i % 2 else CPU_CE  # both producers share the workspace and its epochs
+        config = (CPU_C3, CPU_CE, CPU_C1)[i % 3]  # chunkings share the workspace and its epochs
         a = (torch.randn(11, 16) + 100 * r + i).to(dev)
         w = torch.randn(8, 16).to(dev)
         out = ag_gemm(a, w, config=config)
@@ -157,6 +158,30 @@ def _check_bad_input():
     return names
 
 
+def _check_cpu_tensors_without_interpreter():
+    import os
+
+    a = torch.randn(4, 8)
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        ag_gemm(a, torch.randn(6, 8))
+        return None
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def test_ag_gemm_rejects_cpu_tensors_without_interpreter(ranks):
+    """GPU ranks: CPU tensors are on the wrong device; CPU ranks: they need the interpreter. Never a launch."""
+    for msg in ranks(2, _check_cpu_tensors_without_interpreter):
+        assert msg is not None
+
+
 def test_ag_gemm_rejects_bad_input(ranks):
     for names in ranks(2, _check_bad_input):
         assert names == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
@@ -210,23 +235,23 @@ def _gpu_candidates(m, n, k):
 @gpu_only
 @pytest.mark.parametrize("m,n,k", GPU_SHAPES[:3])
 def test_ag_gemm_gpu_every_candidate(ranks, m, n, k):
-    for cfg in _gpu_candidates(m, n, k) + [{"path": "overlap", "producer": "sm", "num_producers": 8},
+    for cfg in _gpu_candidates(m, n, k) + [{"path": "overlap", "n_chunks": 4},
                                            {"path": "overlap", "use_tma": False}]:
         for worst, gathered_ok in ranks(td.world_size(), _check_gpu, m, n, k, cfg, 10):
             assert gathered_ok and worst < 1e-2, (cfg, worst)
 
 
 @gpu_only
-@pytest.mark.parametrize("producer", ["copy_engine", "sm"])
-def test_ag_gemm_gpu_straggler(ranks, producer):
-    cfg = {"path": "overlap", "producer": producer, "num_producers": 16}
+@pytest.mark.parametrize("n_chunks", [1, 4])
+def test_ag_gemm_gpu_straggler(ranks, n_chunks):
+    cfg = {"path": "overlap", "n_chunks": n_chunks}
     for worst, gathered_ok in ranks(td.world_size(), _check_gpu, 2048, 2048, 4096, cfg, 3, 0.3):
         assert gathered_ok and worst < 1e-2, worst
 
 
-def _check_graph(producer):
+def _check_graph(n_chunks):
     m, n, k = 1024, 2048, 1024
-    cfg = {"path": "overlap", "producer": producer, "num_producers": 16}
+    cfg = {"path": "overlap", "n_chunks": n_chunks}
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 8
     ag_gemm(a, w, config=cfg)  # compile + workspace outside the capture
@@ -248,9 +273,9 @@ def _check_graph(producer):
 
 
 @gpu_only
-@pytest.mark.parametrize("producer", ["copy_engine", "sm"])
-def test_ag_gemm_gpu_cuda_graph_replay(ranks, producer):
-    for worst in ranks(td.world_size(), _check_graph, producer):
+@pytest.mark.parametrize("n_chunks", [1, 4])
+def test_ag_gemm_gpu_cuda_graph_replay(ranks, n_chunks):
+    for worst in ranks(td.world_size(), _check_graph, n_chunks):
         assert worst < 1e-2, worst
 
 
@@ -270,34 +295,27 @@ def test_ag_gemm_gpu_torch_compile(ranks):
 
 # ----------------------------------------------------------------------------------------------- sm_90
 AG_SIGNATURE = dict(
-    a="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>", c="tensordesc<bf16[1,128,256]>",
-    src_words="*i64", dst_words="*i64", arrived="*i32", ready="*i32", state="*i32", ctx="*i64",
-    m_shard="i32", N="i32", K="i32", stride_am="i32", stride_bn="i32", stride_cs="i32", stride_cm="i32",
-    shard_words="i64", chunk_words="i64", chunk_rows="i32", n_chunks="i32",
-    **{name: "constexpr" for name in ("NUM_PRODUCERS", "PUSH_BLOCK", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M",
-                                      "USE_TMA", "EPILOGUE_SUBTILE", "FLATTEN", "WARP_SPECIALIZE", "LOOKAHEAD",
-                                      "FENCE_ASYNC_PROXY", "DOT_PRECISION")})
+    a_local="tensordesc<bf16[128,64]>", a_full="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>",
+    c="tensordesc<bf16[1,128,256]>", arrived="*i32", state="*i32", ctx="*i64",
+    m_shard="i32", N="i32", K="i32", stride_al="i32", stride_af="i32", stride_bn="i32", stride_cs="i32",
+    stride_cm="i32", chunk_rows="i32",
+    **{name: "constexpr" for name in ("N_CHUNKS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "USE_TMA",
+                                      "EPILOGUE_SUBTILE", "FLATTEN", "WARP_SPECIALIZE", "FENCE_ASYNC_PROXY",
+                                      "DOT_PRECISION")})
 
 
-def _ag_constexprs(producers):
-    return dict(NUM_PRODUCERS=producers, PUSH_BLOCK=4096, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8,
-                USE_TMA=True, EPILOGUE_SUBTILE=False, FLATTEN=False, WARP_SPECIALIZE=False, LOOKAHEAD=False,
-                FENCE_ASYNC_PROXY=True, DOT_PRECISION="tf32")
-
-
-@pytest.mark.parametrize("producers", [0, 16])
-def test_ag_gemm_compiles_for_sm90_with_tma_and_wgmma(producers):
+@pytest.mark.parametrize("n_chunks,flatten", [(1, False), (2, True)])
+def test_ag_gemm_compiles_for_sm90_with_tma_and_wgmma(n_chunks, flatten):
     res = compile_sm90("triton_dist.kernels.allgather_gemm", "ag_gemm_kernel", AG_SIGNATURE,
-                       _ag_constexprs(producers),
-                       aligned=("K", "N", "src_words", "dst_words", "shard_words", "chunk_words"))
+                       dict(N_CHUNKS=n_chunks, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, USE_TMA=True,
+                            EPILOGUE_SUBTILE=False, FLATTEN=flatten, WARP_SPECIALIZE=False, FENCE_ASYNC_PROXY=True,
+                            DOT_PRECISION="tf32"), aligned=("K", "N"))
     ops = res["ops"]
     assert any(k.startswith("wgmma.mma_async") for k in ops), ops
     assert any(k.startswith("cp.async.bulk.tensor.2d") for k in ops), ops  # TMA loads of A and W
     assert any(k.startswith("cp.async.bulk.tensor.3d") for k in ops), ops  # TMA store of the output tile
-    assert ops.get("ld.global.sys.acquire.b32", 0) > 0, ops  # the per-chunk flag wait
-    if producers:
-        assert ops.get("st.global.v2.b64", 0) > 0, ops  # 16-byte stores to the peers
-        assert any(k.startswith("atom.global.sys.release") for k in ops), ops
+    assert any(k.startswith("atom.global.sys.acquire") or k.startswith("ld.global.sys.acquire") for k in ops), ops
+    assert ops.get("fence.proxy.async.global", 0) == n_chunks, ops  # one fence per chunk wait, none per tile
 
 
 def test_ready_handshake_compiles_for_sm90():

@@ -13,10 +13,11 @@ import torch
 from triton_dist import autotune
 from triton_dist.kernels import gemm as core
 
-from ..conftest import gpu_only
+from ..conftest import cpu_only, gpu_only
 from ..sm90 import compile_sm90
 
 
+@cpu_only  # CPU tensors: interpreter only (GPU ranks run test_gemm_gpu_every_candidate)
 @pytest.mark.parametrize("m,n,k,dtype,use_tma", [
     (33, 24, 40, torch.float16, None),   # TMA (aligned K, N), ragged M
     (33, 23, 37, torch.float16, None),   # odd N, K -> masks
@@ -35,6 +36,7 @@ def test_gemm_matches_torch_in_interpreter(m, n, k, dtype, use_tma):
         assert ((out.double() - ref).abs().max() / ref.abs().max()) < tol
 
 
+@cpu_only
 def test_segments_are_clipped_and_visited_in_any_order():
     """C[s] = A[s] @ B.T with ragged segments (seg_rows not a multiple of BLOCK_M), started from segment 2 and
     walked backwards: every row is written exactly once with the right values."""
@@ -56,6 +58,7 @@ def test_gemm_rejects_bad_input():
             core.gemm(*bad)
 
 
+@cpu_only  # on GPU ranks tuning is allowed, so the no-tuning rule does not apply
 def test_autotune_keys_cache_and_interpreter_rule(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_DIST_CACHE_DIR", str(tmp_path))
     key = autotune.full_key("demo", {"m": 1, "dtype": "bfloat16"}, collective=False)
@@ -68,6 +71,16 @@ def test_autotune_keys_cache_and_interpreter_rule(tmp_path, monkeypatch):
     cfg = autotune.choose("demo", {"m": 1}, [{"x": 1}, {"x": 2}], lambda: calls.append(1), default={"x": 0},
                           collective=False)
     assert cfg == {"x": 0} and not calls  # interpreter / no GPU: never tunes, same default everywhere
+
+
+def test_gemm_rejects_cpu_tensors_without_interpreter(monkeypatch):
+    """A compiled kernel must never get host pointers (the first GPU run: NaN, then an illegal address that
+    poisoned the CUDA context): CPU tensors outside the interpreter are a ValueError, on any machine."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="interpreter"):
+        core.gemm(torch.randn(4, 8), torch.randn(3, 8))
+    with pytest.raises(ValueError):
+        core.gemm(torch.randn(4, 8, device="meta"), torch.randn(3, 8, device="meta"))
 
 
 # ----------------------------------------------------------------------------------------------- GPU

@@ -7,33 +7,35 @@ rows as soon as its flag says it has landed.
 
 Data movement (W ranks, shard rows cut into ``n_chunks`` chunks of ``chunk_rows``, a multiple of BLOCK_M):
 
-    a_full  [W*m, K]  symmetric; rows [r*m, (r+1)*m) hold rank r's shard once it has arrived
+    a_full  [W*m, K]  symmetric; rows [r*m, (r+1)*m) hold rank r's shard once it has arrived (own rows unused)
     arrived [W * MAX_CHUNKS] int32 symmetric; arrived[r*n_chunks + c] = epoch once chunk c of rank r is here
 
-    producer of rank r, for its own copy first and then every peer p = r+1, r+2, ... (ring order):
-        wait until p entered this call            (ready handshake: p no longer reads the previous a_full)
-        a_full[r*m + chunk c] on p  <-  a[chunk c]                       copy engine, or SM stores (dl.put)
-        arrived[r*n_chunks + c] on p  <-  epoch                          after the data, release ordered
-    consumer (persistent GEMM, one program per SM) on rank r:
-        tiles in the order: own segment r first, then r-1, r-2, ... (the order in which the rings deliver),
-        grouped-M inside a segment; before a tile's K loop:
-            dl.wait(arrived[seg*n_chunks + chunk of the tile's rows] >= epoch); fence.proxy.async (TMA reads)
-        acc = A_tile @ W_tile.T  (triton_dist.kernels.gemm: TMA descriptors, pipelined)  ->  out[seg, rows, cols]
+    main stream:   ready handshake (1 program)  ->  the persistent GEMM kernel (one program per SM)
+    side streams:  one per peer p (after the handshake): for each chunk c:
+                       a_full[r*m + chunk c] on p  <-  a[chunk c]        copy engine over NVLink, no SM taken
+                       arrived[r*n_chunks + c] on p  <-  epoch           4-byte copy; stream order puts it last
 
-Two producers, one switch (``config["producer"]``), so both can be measured in one GPU run:
-    "copy_engine"  a one-program handshake kernel (signal ``ready``, wait for the peers' ``ready``, publish this
-                   call's epoch in a device word), then per peer a side stream of ``peer_view(a_full).copy_``
-                   chunk copies, each followed by a 4-byte copy of the epoch word into the peer's flag (stream
-                   order puts it after the data). No SM is taken from the GEMM.
-    "sm"           the first ``num_producers`` programs of the GEMM launch push with ``dl.put`` + ``dl.signal``
-                   (the ``all_gather`` recipe); the rest run the GEMM.
+    the GEMM kernel, phase by phase (tiles numbered across phases, program p takes every num_programs-th one):
+        phase 0:       the OWN rows, read straight from ``a``            no wait, no local copy
+        phase 1 + c:   wait until chunk c of EVERY peer has arrived      (one vector wait, then fence.proxy.async)
+                       the tiles of chunk c of every peer segment        read from a_full
+
+Why this shape (the first 2xH200 run): the own rows need no copy (the old local a -> a_full copy cost HBM traffic
+and delayed the first tile); the waits sit *between* the tile loops, never inside one, so software pipelining,
+``FLATTEN`` (and automatic warp specialisation, once triton's pass accepts this kernel: triton 3.6 does not)
+are safe by construction (no load can be hoisted above a wait); one chunk per peer (``n_chunks=1``) is enough on 2 GPUs, where the remote
+shard lands long before the own half is done, and costs two copies per call. SM producers (``dl.put`` from a few
+programs of the GEMM launch) were measured 1.1-1.6x slower than copy engines at every shape and are gone.
 
 Epochs (``dl.call_epoch``/``dl.finish_call``, device side) make repeated calls and CUDA-graph replays safe with no
-flag resets. The kernels are ordered so that, on every rank, all pushes of a launch come before the waits that
-depend on them: the same source runs under the Triton interpreter, where a launch's programs run one by one.
+flag resets; the ``ready`` handshake keeps a rank from overwriting a peer's a_full before that peer entered the
+call (and so stopped reading the previous call's rows). The same source runs under the Triton interpreter (CPU):
+there the host copies are synchronous and done before the GEMM launch.
 
-Small M: when the GEMM is too short to hide anything, ``choose_path`` sends the call to NCCL all_gather +
-cuBLAS (``SMALL_M_ROWS`` is the one crossover constant; on GPU the autotuner also times both and keeps the faster).
+Small M: when the GEMM is too short to hide anything, the call goes to NCCL all_gather + cuBLAS
+(``SMALL_M_ROWS`` is the default crossover; on GPU the autotuner also times both and keeps the faster). The
+choice is made once per (shape, dtype) and cached in a *plan*, so a call costs one dict lookup on the host on
+top of the launches.
 """
 
 import torch
@@ -43,14 +45,15 @@ import triton.language as tl
 
 from .. import autotune, shmem
 from .. import language as dl
-from .gemm import (check_matmul_operands, default_num_programs, describe_operands, dot_precision, gemm_config,
-                   interpreting, tile_accumulate, tile_coords, tile_store)
+from .gemm import (check_launchable, check_matmul_operands, default_num_programs, describe_operands, dot_precision,
+                   gemm_candidates, gemm_config, interpreting, tile_accumulate, tile_coords, tile_store)
 
 MAX_CHUNKS = 64  # per rank; sizes the `arrived` flags
 # The crossover: at or below this many gathered rows (W * m) the overlapped kernel cannot beat NCCL all_gather +
 # cuBLAS (the GEMM is too short to hide the transfer and too small to fill the GPU with 128-row tiles), so the
-# default path is the fallback. On GPU the autotuner measures both paths around the crossover and keeps the faster.
+# default path is the fallback. On GPU the autotuner measures both paths above 256 rows and keeps the faster.
 SMALL_M_ROWS = 1024
+FLAGS_BLOCK = tl.constexpr(64)  # peers waited for in one vector wait (>= MAX_RANKS)
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -62,113 +65,79 @@ def _fence_async_proxy():
 
 
 @triton.jit
-def _wait_chunk(flag, epoch, ctx, FENCE_ASYNC_PROXY: tl.constexpr):
-    dl.wait(flag, epoch, ctx)
+def _wait_chunk_of_peers(arrived, chunk, n_chunks, epoch, ctx, me, world, FENCE_ASYNC_PROXY: tl.constexpr):
+    """Wait until chunk ``chunk`` of every peer's shard has landed here (one poll round reads all flags)."""
+    peers = tl.arange(0, FLAGS_BLOCK)
+    dl.wait(arrived + peers * n_chunks + chunk, epoch, ctx, mask=(peers < world) & (peers != me))
     if FENCE_ASYNC_PROXY:
         _fence_async_proxy()
 
 
 @triton.jit
-def _tile_flag(tile, tiles_m, tiles_n, me, world, n_chunks, chunk_rows,
-               BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
-    seg, pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, world, me, -1, GROUP_M)
-    return seg * n_chunks + (pid_m * BLOCK_M) // chunk_rows
-
-
-@triton.jit
-def _push_shard(src, dst, arrived, ready, epoch, ctx, me, world, shard_words, chunk_words, n_chunks,
-                producer, num_producers, PUSH_BLOCK: tl.constexpr):
-    """SM producers: rank `me`'s shard into rows [me*m, (me+1)*m) of every rank's a_full, chunk by chunk."""
-    if producer == 0:  # tell every peer it may overwrite our a_full now
-        for peer in range(world):
-            dl.signal(ready + me, epoch, peer, ctx)
-    for item in range(producer, world * n_chunks, num_producers):
-        peer = (me + item // n_chunks) % world  # own copy first, then the peers in ring order
-        chunk = item % n_chunks
-        dl.wait(ready + peer, epoch, ctx)
-        start = chunk * chunk_words
-        end = tl.minimum(start + chunk_words, shard_words)
-        out = dst + me.to(tl.int64) * shard_words
-        for off in range(start, end, PUSH_BLOCK):
-            offs = off + tl.arange(0, PUSH_BLOCK)
-            m = offs < end
-            dl.put(out + offs, tl.load(src + offs, mask=m), peer, ctx, mask=m)
-        dl.signal(arrived + me * n_chunks + chunk, epoch, peer, ctx)
-
-
-@triton.jit
-def _consume(a, b, c, arrived, epoch, ctx, me, world, m_shard, N, K, stride_am, stride_bn, stride_cs, stride_cm,
-             chunk_rows, n_chunks, program, num_programs,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-             USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
-             WARP_SPECIALIZE: tl.constexpr, LOOKAHEAD: tl.constexpr, FENCE_ASYNC_PROXY: tl.constexpr,
-             DOT_PRECISION: tl.constexpr):
-    """The persistent GEMM over all W segments, own segment first, waiting for each chunk before reading it.
-
-    LOOKAHEAD also waits for the chunk of this program's *next* tile before starting the current one, so that
-    loads the compiler issues early across the tile boundary (FLATTEN, warp specialisation) never run ahead of
-    the flag; without it the wait sits right before the tile's K loop, which the pipeliner does not cross."""
-    tiles_m = tl.cdiv(m_shard, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = world * tiles_m * tiles_n
-    a_rows = world * m_shard
-    waited = -1
-    for tile in tl.range(program, num_tiles, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        seg, pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, world, me, -1, GROUP_M)
-        flag = seg * n_chunks + (pid_m * BLOCK_M) // chunk_rows
-        if flag != waited:
-            _wait_chunk(arrived + flag, epoch, ctx, FENCE_ASYNC_PROXY)
-            waited = flag
-        if LOOKAHEAD:
-            if tile + num_programs < num_tiles:
-                next_flag = _tile_flag(tile + num_programs, tiles_m, tiles_n, me, world, n_chunks, chunk_rows,
-                                       BLOCK_M, GROUP_M)
-                if next_flag != waited:
-                    _wait_chunk(arrived + next_flag, epoch, ctx, FENCE_ASYNC_PROXY)
-                    waited = next_flag
-        acc = tile_accumulate(a, b, seg * m_shard + pid_m * BLOCK_M, pid_n * BLOCK_N, a_rows, N, K,
-                              stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
+def _gemm_tiles(a, b, c, a_rows, first_row_tile, tiles_m, num_segments, tiles_n, first_tile,
+                program, num_programs, me, world, m_shard, N, K, stride_am, stride_bn, stride_cs, stride_cm,
+                REMOTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+                FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One phase: tile-rows [first_row_tile, first_row_tile + tiles_m) of ``num_segments`` segments, grouped-M
+    inside a segment. The phase's tiles are numbers first_tile, first_tile + 1, ... of the whole launch; this
+    program takes those congruent to ``program`` modulo ``num_programs`` (persistent, balanced across phases).
+    Local segment k is rank ``me`` (phase 0, REMOTE=False, A = ``a`` itself) or rank ``(me - 1 - k) mod world``
+    (REMOTE, A = a_full)."""
+    phase_tiles = num_segments * tiles_m * tiles_n
+    start = ((program - first_tile) % num_programs + num_programs) % num_programs
+    for t in tl.range(start, phase_tiles, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        k, pid_m, pid_n = tile_coords(t, tiles_m, tiles_n, num_segments, 0, 1, GROUP_M)
+        pid_m += first_row_tile
+        if REMOTE:
+            seg = (me - 1 - k + 2 * world) % world
+            a_row = seg * m_shard + pid_m * BLOCK_M
+        else:
+            seg = me
+            a_row = pid_m * BLOCK_M
+        acc = tile_accumulate(a, b, a_row, pid_n * BLOCK_N, a_rows, N, K, stride_am, stride_bn,
+                              BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
         tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, m_shard, N, stride_cs, stride_cm,
                    BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
 
 
 @triton.jit
-def ag_gemm_kernel(a, b, c, src_words, dst_words, arrived, ready, state, ctx,
-                   m_shard, N, K, stride_am, stride_bn, stride_cs, stride_cm,
-                   shard_words, chunk_words, chunk_rows, n_chunks,
-                   NUM_PRODUCERS: tl.constexpr, PUSH_BLOCK: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
+                   m_shard, N, K, stride_al, stride_af, stride_bn, stride_cs, stride_cm, chunk_rows,
+                   N_CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
-                   WARP_SPECIALIZE: tl.constexpr, LOOKAHEAD: tl.constexpr, FENCE_ASYNC_PROXY: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
-    """Programs [0, NUM_PRODUCERS) push this rank's shard (SM producers); the others run the GEMM. With
-    NUM_PRODUCERS = 0 the shards are moved by copy engines before/alongside this launch."""
+                   WARP_SPECIALIZE: tl.constexpr, FENCE_ASYNC_PROXY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The consumer: own rows first (phase 0), then chunk by chunk the peers' rows as their flags arrive."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     me = dl.rank(ctx)
     world = dl.num_ranks(ctx)
     epoch = dl.call_epoch(state)
-    if NUM_PRODUCERS > 0:
-        if pid < NUM_PRODUCERS:
-            _push_shard(src_words, dst_words, arrived, ready, epoch, ctx, me, world, shard_words, chunk_words,
-                        n_chunks, pid, NUM_PRODUCERS, PUSH_BLOCK)
-        else:
-            _consume(a, b, c, arrived, epoch, ctx, me, world, m_shard, N, K, stride_am, stride_bn, stride_cs,
-                     stride_cm, chunk_rows, n_chunks, pid - NUM_PRODUCERS, n_programs - NUM_PRODUCERS,
-                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE,
-                     LOOKAHEAD, FENCE_ASYNC_PROXY, DOT_PRECISION)
-    else:
-        _consume(a, b, c, arrived, epoch, ctx, me, world, m_shard, N, K, stride_am, stride_bn, stride_cs,
-                 stride_cm, chunk_rows, n_chunks, pid, n_programs,
-                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE,
-                 LOOKAHEAD, FENCE_ASYNC_PROXY, DOT_PRECISION)
+    tiles_m = tl.cdiv(m_shard, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    _gemm_tiles(a_local, b, c, m_shard, 0, tiles_m, 1, tiles_n, 0, pid, n_programs, me, world,
+                m_shard, N, K, stride_al, stride_bn, stride_cs, stride_cm,
+                False, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE,
+                DOT_PRECISION)
+    chunk_tiles = chunk_rows // BLOCK_M
+    done = tiles_m * tiles_n
+    # unrolled (N_CHUNKS is a compile-time constant): sibling tile loops, which warp specialisation needs
+    for chunk in tl.static_range(N_CHUNKS):
+        first_row_tile = chunk * chunk_tiles
+        rows_tiles = tl.minimum(tiles_m - first_row_tile, chunk_tiles)
+        _wait_chunk_of_peers(arrived, chunk, N_CHUNKS, epoch, ctx, me, world, FENCE_ASYNC_PROXY)
+        _gemm_tiles(a_full, b, c, world * m_shard, first_row_tile, rows_tiles, world - 1, tiles_n, done,
+                    pid, n_programs, me, world, m_shard, N, K, stride_af, stride_bn, stride_cs, stride_cm,
+                    True, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, EPILOGUE_SUBTILE, FLATTEN,
+                    WARP_SPECIALIZE, DOT_PRECISION)
+        done += (world - 1) * rows_tiles * tiles_n
     dl.finish_call(state, epoch, n_programs)
 
 
 @triton.jit
 def ready_handshake_kernel(ready, state, epoch_out, ctx):
-    """Copy-engine producer, step 1 (one program): this call's epoch -> ``epoch_out`` (the word the copy engines
-    write into the peers' flags); tell every peer we entered the call; wait until every peer did."""
+    """Step 1 of a call (one program): this call's epoch -> ``epoch_out`` (the word the copy engines write into
+    the peers' flags); tell every peer we entered the call; wait until every peer did."""
     me = dl.rank(ctx)
     world = dl.num_ranks(ctx)
     epoch = dl.call_epoch(state)
@@ -196,9 +165,9 @@ class _Workspace:
         self.epoch = torch.zeros(1, dtype=torch.int32, device=dev)
         self.a_full_peers = shmem.peer_views(self.a_full)
         self.arrived_peers = shmem.peer_views(self.arrived)
-        # one side stream per destination (own copy first), so that every link is busy at once
-        self.streams = [torch.cuda.Stream(dev) for _ in range(world)] if dev.type == "cuda" else []
-        self.me = me
+        # one side stream per peer, so that every link is busy at once
+        self.streams = {p: torch.cuda.Stream(dev) for p in range(world) if p != me} if dev.type == "cuda" else {}
+        self.me, self.world, self.m_shard = me, world, m_shard
         shmem.barrier()  # peers signal into these flags only after everyone zeroed them
 
     @classmethod
@@ -212,17 +181,6 @@ class _Workspace:
         return cls._cache[key]
 
 
-def _word_views(a, a_full, chunk_rows):
-    """``a`` and ``a_full`` as the widest integer words that keep shard and chunk boundaries whole."""
-    shard_bytes = a.numel() * a.element_size()
-    chunk_bytes = chunk_rows * a.shape[1] * a.element_size()
-    for dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        size = dtype.itemsize
-        if shard_bytes % size == 0 and chunk_bytes % size == 0 and a.data_ptr() % size == 0:
-            return a.reshape(-1).view(torch.uint8).view(dtype), a_full.reshape(-1).view(torch.uint8).view(dtype)
-    raise AssertionError("unreachable")
-
-
 def _chunking(m_shard, cfg):
     """Rows per chunk (a multiple of BLOCK_M, so a tile never straddles two chunks) and the chunk count."""
     bm = cfg["BLOCK_M"]
@@ -231,82 +189,92 @@ def _chunking(m_shard, cfg):
     return chunk_rows, triton.cdiv(m_shard, chunk_rows)
 
 
-def _copy_engine_push(a, ws, chunk_rows, n_chunks):
-    """Copy-engine producer, step 2: side streams copy our shard into every rank's a_full, a flag per chunk."""
-    world, me = len(ws.a_full_peers), ws.me
-    m_shard = a.shape[0]
+class _Plan:
+    """Everything about a call that depends only on (shape, dtype, config): built once, reused every call."""
+
+    def __init__(self, m_shard, n, k, dtype, device, cfg):
+        self.cfg, self.path = cfg, cfg["path"]
+        self.m_shard, self.n, self.k = m_shard, n, k
+        self.world, self.me = shmem.world_size(), shmem.rank()
+        self.group = shmem.group()
+        if self.path == "fallback":
+            return
+        ws = self.ws = _Workspace.get(m_shard, k, dtype)
+        self.chunk_rows, self.n_chunks = _chunking(m_shard, cfg)
+        me, world = self.me, self.world
+        # (stream, [(source rows, destination view, flag view)]) per peer: no slicing on the hot path
+        self.pushes = []
+        for step in range(1, world):
+            peer = (me + step) % world
+            items = []
+            for chunk in range(self.n_chunks):
+                lo, hi = chunk * self.chunk_rows, min((chunk + 1) * self.chunk_rows, m_shard)
+                flag = me * self.n_chunks + chunk
+                items.append((lo, hi, ws.a_full_peers[peer][me * m_shard + lo: me * m_shard + hi],
+                              ws.arrived_peers[peer][flag: flag + 1]))
+            self.pushes.append((ws.streams.get(peer), items))
+        tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
+        self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device), tiles)),)
+        self.ctx = shmem.context()
+        self.fence = not interpreting()
+        self.precision = dot_precision(dtype)
+
+
+def _copy_engine_push(a, plan):
+    """Side streams copy our shard into every peer's a_full, a flag per chunk (copy engines, not SMs)."""
+    ws = plan.ws
     main = torch.cuda.current_stream() if a.is_cuda else None
-    for step in range(world):
-        peer = (me + step) % world
-        stream = ws.streams[step] if a.is_cuda else None
-        if stream is not None:
-            stream.wait_stream(main)
-        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
-            for chunk in range(n_chunks):
-                lo, hi = chunk * chunk_rows, min((chunk + 1) * chunk_rows, m_shard)
-                ws.a_full_peers[peer][me * m_shard + lo: me * m_shard + hi].copy_(a[lo:hi])
-                flag = me * n_chunks + chunk
-                ws.arrived_peers[peer][flag: flag + 1].copy_(ws.epoch)
+    for stream, items in plan.pushes:
+        if stream is None:  # CPU: synchronous copies
+            for lo, hi, dst, flag in items:
+                dst.copy_(a[lo:hi])
+                flag.copy_(ws.epoch)
+            continue
+        stream.wait_stream(main)
+        with torch.cuda.stream(stream):
+            for lo, hi, dst, flag in items:
+                dst.copy_(a[lo:hi])
+                flag.copy_(ws.epoch)
 
 
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _run_overlapped(a, w, cfg, return_gathered):
-    world, me = shmem.world_size(), shmem.rank()
-    m_shard, k = a.shape
-    n = w.shape[0]
+def _run_overlapped(a, w, plan, return_gathered):
+    cfg, ws = plan.cfg, plan.ws
+    world, me, m_shard, n, k = plan.world, plan.me, plan.m_shard, plan.n, plan.k
     out = torch.empty((world * m_shard, n), dtype=a.dtype, device=a.device)
-    ws = _Workspace.get(m_shard, k, a.dtype)
-    chunk_rows, n_chunks = _chunking(m_shard, cfg)
-    a_arg, b_arg, c_arg, use_tma = describe_operands(ws.a_full, w, out.view(world, m_shard, n), cfg)
-    src_words, dst_words = _word_views(a, ws.a_full, chunk_rows)
-    shard_words = src_words.numel()
-    chunk_words = chunk_rows * k * a.element_size() // src_words.element_size()
-    tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
-    # loads the compiler hoists across tiles (flattened loop, warp specialisation) need the one-tile lookahead
-    lookahead = bool(cfg["LOOKAHEAD"] or cfg["FLATTEN"] or cfg["WARP_SPECIALIZE"])
-    sm_producers = cfg["producer"] == "sm"
-    num_producers = int(cfg["num_producers"]) if sm_producers else 0
-    programs = cfg.get("num_programs") or default_num_programs(a.device)
-    consumers = max(1, min(programs - num_producers, tiles))
-    ctx = shmem.context()
+    c3 = out.view(world, m_shard, n)
+    a_arg, b_arg, c_arg, use_tma = describe_operands(a, w, c3, cfg)
+    a_full_arg = describe_operands(ws.a_full, w, c3, {**cfg, "use_tma": use_tma})[0]
     shmem.raise_pending_errors()
-    if not sm_producers:
-        ready_handshake_kernel[(1,)](ws.ready, ws.state, ws.epoch, ctx)
-        _copy_engine_push(a, ws, chunk_rows, n_chunks)
-    ag_gemm_kernel[(num_producers + consumers,)](
-        a_arg, b_arg, c_arg, src_words, dst_words, ws.arrived, ws.ready, ws.state, ctx,
-        m_shard, n, k, ws.a_full.stride(0), w.stride(0), m_shard * n, n,
-        shard_words, chunk_words, chunk_rows, n_chunks,
-        NUM_PRODUCERS=num_producers, PUSH_BLOCK=cfg["push_block"],
+    ready_handshake_kernel[(1,)](ws.ready, ws.state, ws.epoch, plan.ctx)
+    _copy_engine_push(a, plan)
+    ag_gemm_kernel[plan.grid](
+        a_arg, a_full_arg, b_arg, c_arg, ws.arrived, ws.state, plan.ctx,
+        m_shard, n, k, a.stride(0), ws.a_full.stride(0), w.stride(0), m_shard * n, n,
+        plan.chunk_rows, N_CHUNKS=plan.n_chunks,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],
-        WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], LOOKAHEAD=lookahead,
-        FENCE_ASYNC_PROXY=use_tma and not interpreting(), DOT_PRECISION=dot_precision(a.dtype),
-        num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
-    if a.is_cuda and not sm_producers:
+        WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], FENCE_ASYNC_PROXY=use_tma and plan.fence,
+        DOT_PRECISION=plan.precision, num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
+    if a.is_cuda:
         main = torch.cuda.current_stream()
-        for stream in ws.streams:
+        for stream, _ in plan.pushes:
             main.wait_stream(stream)
-    gathered = ws.a_full.clone() if return_gathered else a.new_empty((0, k))
+    if not return_gathered:
+        return out, a.new_empty((0, k))
+    gathered = torch.empty((world * m_shard, k), dtype=a.dtype, device=a.device)
+    for r in range(world):  # peers' rows from a_full (they arrived during the GEMM), our own rows from a
+        rows = slice(r * m_shard, (r + 1) * m_shard)
+        gathered[rows].copy_(a if r == me else ws.a_full[rows])
     return out, gathered
 
 
-def _run_gather_then_matmul(a, w, return_gathered):
-    """The small-M path: NCCL (gloo on CPU) all_gather into a fresh tensor, then cuBLAS."""
-    world = shmem.world_size()
-    gathered = torch.empty((world * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
-    group = shmem.group()
+def _run_gather_then_matmul(a, w, plan, return_gathered):
+    """The small-M path: NCCL (gloo on CPU) all_gather into a fresh tensor, then cuBLAS: exactly the baseline."""
+    gathered = torch.empty((plan.world * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
     if a.is_cuda:
-        dist.all_gather_into_tensor(gathered, a, group=group)
+        dist.all_gather_into_tensor(gathered, a, group=plan.group)
     else:  # gloo
-        dist.all_gather(list(gathered.chunk(world)), a, group=group)
+        dist.all_gather(list(gathered.chunk(plan.world)), a, group=plan.group)
     out = torch.matmul(gathered, w.T)
     return out, (gathered if return_gathered else a.new_empty((0, a.shape[1])))
 
@@ -323,28 +291,28 @@ def choose_path(m_total, n, k, world, device_type="cuda"):
 
 
 def default_config(m_shard, n, k, dtype, device, world):
+    """Keys: path ("overlap" / "fallback"), n_chunks (chunks per shard, flags per peer), and the GEMM core's
+    (BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, use_tma,
+    num_programs; see ``gemm.gemm_config``)."""
     m_total = world * m_shard
     cfg = gemm_config(m_total, n, k, dtype, device)
-    cfg.update(path=choose_path(m_total, n, k, world, device.type), producer="copy_engine", num_producers=16, n_chunks=4,
-               push_block=4096, LOOKAHEAD=False)
+    cfg.update(path=choose_path(m_total, n, k, world, device.type), n_chunks=1)
     if device.type != "cuda":
-        cfg.update(producer="sm", num_producers=2, n_chunks=2, push_block=256, num_programs=4)
+        cfg.update(n_chunks=2, num_programs=4)
     return cfg
 
 
 def candidate_configs(m_shard, n, k, dtype, device, world):
-    """The small sweep run once per shape on GPU (the benchmark's time budget keeps it short)."""
+    """The sweep run once per shape on GPU: the fallback, and the overlapped kernel with the GEMM core's own
+    candidates (its best configuration is the best one here too: the waits sit outside the tile loops)."""
     base = default_config(m_shard, n, k, dtype, device, world)
     m_total = world * m_shard
-    over = {**base, "path": "overlap"}
-    big = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8)
     cands = [{**base, "path": "fallback"}]
     if m_total > 256 and world > 1:
-        cands += [{**over, **big, "n_chunks": 4},
-                  {**over, **big, "n_chunks": 8, "EPILOGUE_SUBTILE": True, "num_stages": 4},
-                  {**over, **big, "n_chunks": 8, "producer": "sm", "num_producers": 16},
-                  {**over, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 8,
-                   "n_chunks": 4}]
+        for g in gemm_candidates(m_total, n, k, dtype, device):
+            if g.get("WARP_SPECIALIZE"):  # triton 3.6's warp-specialisation pass rejects this kernel (TODO)
+                continue
+            cands.append({**base, **g, "path": "overlap", "n_chunks": base["n_chunks"]})
     unique = []
     for c in cands:
         if c not in unique:
@@ -352,26 +320,53 @@ def candidate_configs(m_shard, n, k, dtype, device, world):
     return unique
 
 
-def _config_for(a, w, world):
-    m_shard, k = a.shape
-    n = w.shape[0]
-    base = default_config(m_shard, n, k, a.dtype, a.device, world)
-    if a.device.type != "cuda":
+def _tuned_config(m_shard, n, k, dtype, device, world):
+    base = default_config(m_shard, n, k, dtype, device, world)
+    if device.type != "cuda":
         return base
 
     def make_runner():
-        x = torch.randn_like(a)
-        y = torch.randn_like(w)
+        x = torch.randn((m_shard, k), device=device).to(dtype)
+        y = torch.randn((n, k), device=device).to(dtype)
+
+        plans = {}  # one plan per candidate, so that the timing sees the per-call cost of the real thing
 
         def run(cfg):
-            if cfg["path"] == "fallback":
-                return _run_gather_then_matmul(x, y, False)
-            return _run_overlapped(x, y, cfg, False)
+            key = repr(sorted(cfg.items()))
+            if key not in plans:
+                plans[key] = _Plan(m_shard, n, k, dtype, device, {**base, **cfg})
+            return _run(x, y, plans[key], False)
         return run
 
-    key = dict(m_shard=m_shard, n=n, k=k, dtype=str(a.dtype).replace("torch.", ""))
-    return autotune.choose("ag_gemm", key, candidate_configs(m_shard, n, k, a.dtype, a.device, world),
+    key = dict(m_shard=m_shard, n=n, k=k, dtype=str(dtype).replace("torch.", ""))
+    return autotune.choose("ag_gemm", key, candidate_configs(m_shard, n, k, dtype, device, world),
                            make_runner, default=base)
+
+
+_PLANS = {}  # (m_shard, n, k, dtype, explicit config or None) -> _Plan
+
+
+def _plan_for(a, w, world, config):
+    m_shard, k = a.shape
+    n = w.shape[0]
+    key = (m_shard, n, k, a.dtype, None if config is None else repr(sorted(config.items())))
+    plan = _PLANS.get(key)
+    if plan is None:
+        if config is not None:  # explicit configuration (tests, benchmark sweeps)
+            cfg = {**default_config(m_shard, n, k, a.dtype, a.device, world), **config}
+        else:
+            cfg = _tuned_config(m_shard, n, k, a.dtype, a.device, world)
+        plan = _Plan(m_shard, n, k, a.dtype, a.device, cfg)
+        capturing = a.is_cuda and torch.cuda.is_current_stream_capturing()
+        if not capturing:  # a choice made during capture (no tuning allowed) is not kept
+            _PLANS[key] = plan
+    return plan
+
+
+def _run(a, w, plan, return_gathered):
+    if plan.path == "fallback":
+        return _run_gather_then_matmul(a, w, plan, return_gathered)
+    return _run_overlapped(a, w, plan, return_gathered)
 
 
 # ----------------------------------------------------------------------------------------------- the op
@@ -383,7 +378,6 @@ def _check_inputs(a, w):
 
 
 def _ag_gemm_impl(a, w, return_gathered, config=None):
-    _check_inputs(a, w)
     world = shmem.world_size()
     m_shard, k = a.shape
     n = w.shape[0]
@@ -391,17 +385,15 @@ def _ag_gemm_impl(a, w, return_gathered, config=None):
         out = a.new_zeros((world * m_shard, n))
         return out, a.new_empty((world * m_shard if return_gathered else 0, k))
     if n == 0 or world == 1:
-        return _run_gather_then_matmul(a, w, return_gathered)
-    cfg = {**default_config(m_shard, n, k, a.dtype, a.device, world), **(config or _config_for(a, w, world))}
-    if cfg["path"] == "fallback":
-        return _run_gather_then_matmul(a, w, return_gathered)
-    return _run_overlapped(a, w, cfg, return_gathered)
+        config = {"path": "fallback"}
+    return _run(a, w, _plan_for(a, w, world, config), return_gathered)
 
 
 @torch.library.custom_op("triton_dist::ag_gemm", mutates_args=())
 def _ag_gemm_op(a: torch.Tensor, w: torch.Tensor, return_gathered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    out, gathered = _ag_gemm_impl(a, w, return_gathered)
-    return out, gathered
+    _check_inputs(a, w)
+    check_launchable(a)
+    return _ag_gemm_impl(a, w, return_gathered)
 
 
 @_ag_gemm_op.register_fake
@@ -412,23 +404,30 @@ def _(a, w, return_gathered=False):
     return a.new_empty((rows, w.shape[0])), a.new_empty((rows if return_gathered else 0, a.shape[1]))
 
 
+def _compiling():
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
 def ag_gemm(a, w, return_gathered=False, config=None):
     """``all_gather(a) @ w.T`` on every rank, the gather overlapped with the GEMM.
 
     a: this rank's row shard [m, K]; w: this rank's weight slice [N_local, K] (``linear`` convention); both
-    contiguous, same dtype (bfloat16 or float16; float32 for tests) and on triton_dist's device. Collective: every
-    rank calls it with the same shapes. Returns ``out`` [W*m, N_local], and with ``return_gathered=True`` the
-    tuple ``(out, all_gather(a))``. Also available as ``torch.ops.triton_dist.ag_gemm(a, w, return_gathered)``
-    (always returns the pair; the second is empty unless asked for), which works under torch.compile and CUDA
-    graphs (call once before capturing). ``config``: override the tuned configuration (see ``default_config``).
+    contiguous, same dtype (bfloat16 or float16; float32 for tests) and on triton_dist's device (CPU tensors only
+    under the Triton interpreter). Collective: every rank calls it with the same shapes. Returns ``out``
+    [W*m, N_local], and with ``return_gathered=True`` the tuple ``(out, all_gather(a))``. Also available as
+    ``torch.ops.triton_dist.ag_gemm(a, w, return_gathered)`` (always returns the pair; the second is empty unless
+    asked for), which works under torch.compile and CUDA graphs (call once before capturing); eager calls skip
+    the op dispatcher. ``config``: override the tuned configuration (see ``default_config``).
     """
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
-    _check_inputs(a, w)
-    if config is not None:
-        out, gathered = _ag_gemm_impl(a, w, return_gathered, config)
-    else:
+    if config is None and _compiling():
         out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered)
+    else:
+        _check_inputs(a, w)
+        check_launchable(a)
+        out, gathered = _ag_gemm_impl(a, w, return_gathered, config)
     return (out, gathered) if return_gathered else out
 
 

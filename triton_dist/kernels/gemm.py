@@ -253,19 +253,52 @@ def check_matmul_operands(a, b, what_a="a", what_b="w"):
                          f"(expected {what_b} of shape [N, {a.shape[1]}])")
 
 
+def check_launchable(t, what="a and w"):
+    """ValueError unless a compiled (or interpreted) Triton kernel can read ``t``: CUDA tensors on the current
+    device, or CPU tensors under the Triton interpreter (``TRITON_INTERPRET=1``). Without this check a compiled
+    kernel handed host pointers writes garbage and then faults, poisoning the CUDA context of the process."""
+    if t.device.type == "cpu":
+        if not interpreting():
+            raise ValueError(f"{what} are CPU tensors, but Triton is not in interpreter mode: move them to the GPU "
+                             f"(or set TRITON_INTERPRET=1 before importing triton to run on CPU)")
+    elif t.device.type == "cuda":
+        current = torch.cuda.current_device()
+        if t.device.index is not None and t.device.index != current:
+            raise ValueError(f"{what} are on {t.device} but the current CUDA device is cuda:{current}: call "
+                             f"torch.cuda.set_device({t.device.index}) first")
+    else:
+        raise ValueError(f"{what} are on {t.device}; triton_dist kernels take CUDA tensors (CPU under the "
+                         f"Triton interpreter)")
+
+
+_GEMM_CONFIGS = {}  # (m, n, k, dtype, device) -> tuned config, so that a call does one dict lookup
+
+
 def gemm(a, w, out=None, config=None):
-    """``a @ w.T`` with the persistent core (``a`` [M, K], ``w`` [N, K]); fp16/bf16 (fp32 for tests)."""
+    """``a @ w.T`` with the persistent core (``a`` [M, K], ``w`` [N, K]); fp16/bf16 (fp32 for tests).
+    CUDA tensors on the current device, or CPU tensors under the Triton interpreter (else ValueError)."""
     check_matmul_operands(a, w)
+    check_launchable(a)
     m, k = a.shape
     n = w.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if out.shape != (m, n) or out.dtype != a.dtype or out.device != a.device or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {a.dtype} tensor of shape [{m}, {n}] on {a.device}, got "
+                         f"{out.dtype} {list(out.shape)} on {out.device}")
     if m == 0 or n == 0:
         return out
     if k == 0:
         return out.zero_()
-    cfg = config if config is not None else _tuned_gemm_config(m, n, k, a.dtype, a.device)
-    cfg = {**gemm_config(m, n, k, a.dtype, a.device), **cfg}
+    if config is None:
+        key = (m, n, k, a.dtype, a.device)
+        cfg = _GEMM_CONFIGS.get(key)
+        if cfg is None:
+            cfg = {**gemm_config(m, n, k, a.dtype, a.device), **_tuned_gemm_config(m, n, k, a.dtype, a.device)}
+            if not (a.is_cuda and torch.cuda.is_current_stream_capturing()):
+                _GEMM_CONFIGS[key] = cfg
+    else:
+        cfg = {**gemm_config(m, n, k, a.dtype, a.device), **config}
     launch_gemm(a, w, out.view(1, m, n), cfg)
     return out
 
