@@ -1,0 +1,129 @@
+"""GEMM+RS on the node (torchrun --nproc-per-node=N benchmarks/bench_gemm_rs.py), bf16, in one run:
+
+  ours           triton_dist.kernels.gemm_rs (autotuned once per shape: tiles, sub-tiling, deferred signals and the
+                 torch.matmul + NCCL fallback itself; rank 0 prints the sweep); "op" = torch.ops.triton_dist.gemm_rs
+  ours fallback  our op forced onto its torch.matmul + reduce_scatter_tensor path
+  ours overlap   our op forced onto the overlapped kernel with the default config
+  graph us       the op replayed from a CUDA graph (no Python, no launch gaps)
+  GEMM only      torch.matmul of the local shapes alone: the floor for any overlap
+  sweep          (8192^3 and 2048 only) the overlapped kernel, default config + one knob
+  NCCL+cuBLAS    torch.matmul then dist.reduce_scatter_tensor
+  async-TP       torch.ops.symm_mem.fused_matmul_reduce_scatter (torch symmetric memory, CUDA backend)
+Shapes (M, N, K) are full sizes; each rank has a [M, K/W] and w [N, K/W]; the result is [M/W, N] per rank.
+TFLOP/s per GPU = 2*M*N*(K/W) / time.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+
+import triton_dist as td
+from harness import record, time_us
+from triton_dist.kernels import gemm_rs
+from triton_dist.kernels.gemm import default_num_programs
+from triton_dist.kernels.gemm_reducescatter import default_config
+
+SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8192, 8192), (512, 8192, 8192),
+          (128, 8192, 8192)]
+SWEEP = [("no defer", {"DEFER_SIGNAL": False}), ("fp32 partials", {"partial": "fp32"}),
+         ("128x256 s3", {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 3, "num_warps": 8}),
+         ("128x256 s4 subtile", {"BLOCK_M": 128, "BLOCK_N": 256, "num_stages": 4, "EPILOGUE_SUBTILE": True}),
+         ("128x128 s4", {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 4, "num_warps": 8}),
+         ("GROUP_M=4", {"GROUP_M": 4}), ("GROUP_M=16", {"GROUP_M": 16}), ("no TMA", {"use_tma": False}),
+         ("programs-4", {"num_programs": -4})]
+
+
+def _async_tp(a, w_t, group_name):
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        symm_mem.enable_symm_mem_for_group(group_name)
+
+    def run():
+        return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w_t, "sum", 0, group_name)
+    return run
+
+
+def _graph_us(a, w):
+    out = torch.ops.triton_dist.gemm_rs(a, w)  # tuned + workspace before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.triton_dist.gemm_rs(a, w)
+    t = time_us(graph.replay)
+    del out, graph
+    return t
+
+
+def main():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    td.init(backend="cuda", heap_size=6 << 30)
+    world, rank = td.world_size(), td.rank()
+    group_name = dist.group.WORLD.group_name
+    rows, sweep_rows = [], []
+    for m, n, k_total in SHAPES:
+        k = k_total // world
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16
+        rs_out = torch.empty((m // world, n), device="cuda", dtype=torch.bfloat16)
+
+        def nccl_cublas():
+            dist.reduce_scatter_tensor(rs_out, torch.matmul(a, w.T))
+            return rs_out
+
+        exact = a.float() @ w.float().T
+        dist.all_reduce(exact)
+        exact = exact[rank * (m // world): (rank + 1) * (m // world)]
+        out = gemm_rs(a, w)  # tunes on first call (same choice on every rank)
+        err = ((out.float() - exact).abs().max() / exact.abs().max()).item()
+        bitwise = torch.equal(out, gemm_rs(a, w))
+        del exact
+        t_ours = time_us(lambda: gemm_rs(a, w))
+        t_op = time_us(lambda: torch.ops.triton_dist.gemm_rs(a, w))
+        base = default_config(m, n, k, a.dtype, a.device, world)
+        t_fb = time_us(lambda: gemm_rs(a, w, config={"path": "fallback"}))
+        over = {**base, "path": "overlap"}
+        t_over = time_us(lambda: gemm_rs(a, w, config=over))
+        try:
+            t_graph = _graph_us(a, w)
+        except Exception as exc:  # keep the rest of the table
+            if rank == 0:
+                print(f"graph replay failed: {type(exc).__name__}: {exc}", flush=True)
+            t_graph = float("nan")
+        t_gemm = time_us(lambda: torch.matmul(a, w.T))
+        if (m, n, k_total) in ((8192, 8192, 8192), (2048, 8192, 8192)):
+            sweep = {"default": t_over}
+            for label, knobs in SWEEP:
+                cfg = {**over, **knobs}
+                if cfg.get("num_programs") is not None and cfg["num_programs"] < 0:
+                    cfg["num_programs"] = default_num_programs(a.device) + cfg["num_programs"]
+                try:
+                    sweep[label] = time_us(lambda: gemm_rs(a, w, config=cfg), iters=10, warmup=2)
+                except Exception as exc:  # keep the rest of the sweep
+                    if rank == 0:
+                        print(f"sweep {label} failed: {type(exc).__name__}: {exc}", flush=True)
+                    sweep[label] = float("nan")
+            sweep_rows.append({"M": m, "N": n, "K": k_total, **{kk: round(v, 1) for kk, v in sweep.items()}})
+        t_nccl = time_us(nccl_cublas)
+        try:
+            t_tp = time_us(_async_tp(a, w.T, group_name))
+        except Exception as exc:  # keep the rest of the table
+            if rank == 0:
+                print(f"async-TP failed: {type(exc).__name__}: {exc}", flush=True)
+            t_tp = float("nan")
+        tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731
+        rows.append({"M": m, "N": n, "K": k_total, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
+                     "op us": t_op, "graph us": t_graph, "ours fallback us": t_fb, "ours overlap us": t_over,
+                     "GEMM only us": t_gemm, "NCCL+cuBLAS us": t_nccl, "async-TP us": t_tp,
+                     "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours, "max rel err": err,
+                     "bitwise repeat": bitwise})
+        del a, w, out, rs_out
+        torch.cuda.empty_cache()
+    record("gemm_rs", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call")
+    record("gemm_rs_sweep", sweep_rows, notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
+    td.finalize()
+
+
+if __name__ == "__main__":
+    main()
