@@ -121,7 +121,8 @@ def main():
         del a, w, out, rs_out
         torch.cuda.empty_cache()
     record("gemm_rs", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call")
-    record("gemm_rs_sweep", sweep_rows, notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
+    record("gemm_rs_sweep", sweep_rows,
+           notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
     td.finalize()
 
 

@@ -6,9 +6,9 @@
 Each rank holds ``a`` [M, K_local] (its slice of the hidden dimension) and ``w`` [N, K_local]; ``gemm_rs`` returns
 this rank's rows of ``sum over ranks of a @ w.T`` (rows split like ``torch.tensor_split``). The kernel computes the
 tiles of the next rank's rows first and its own rows last; finished tiles are stored straight into the owner's
-receive buffer while later tiles compute, and the owner adds them in the fixed rank order 0..W-1 as it finishes its
-own tiles (triton_dist/kernels/gemm_reducescatter.py). Same inputs, same bits, every run. The same call is the
-torch op ``torch.ops.triton_dist.gemm_rs`` (torch.compile / CUDA graphs).
+receive buffer while later tiles compute, and the owner adds them into its own tiles in a fixed ring order (own,
+next rank, ...) (triton_dist/kernels/gemm_reducescatter.py). Same inputs, same bits, every run. The same call is
+the torch op ``torch.ops.triton_dist.gemm_rs`` (torch.compile / CUDA graphs).
 """
 
 import time

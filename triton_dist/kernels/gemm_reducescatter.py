@@ -17,17 +17,19 @@ The idea (one persistent kernel per rank, no extra reduction pass)::
                                  tile is computed: by then the stores have drained and the release costs nothing
       an OWN tile:           acc = a_r[r's rows] @ w_r.T
                              dl.wait(arrived[every slot, tile] >= epoch)      (peers did these tiles long ago)
-                             out = sum over ranks q = 0, 1, ..., W-1 of (acc if q == r else recv[slot of q])
+                             out = ((acc + recv[from r+1]) + recv[from r+2]) + ... + recv[from r-1]
                                    -> this is the fused reduction: no separate reduce kernel, no re-read of out
 
 Data movement per rank: (W-1)/W of the partial sums leave over NVLink, spread over the first (W-1)/W of the
 compute (the tiles of the next rank in the ring go first, so they have the longest time to land); the own rows
 come last and only read partials that are already in local memory.
 
-Deterministic sum: the W partial tiles of an output tile are added in fp32 in the FIXED rank order 0, 1, ..., W-1
-(``((p_0 + p_1) + p_2) + ...``), where a peer's partial arrives rounded to the partial dtype (the output dtype by
-default, like torch.matmul + reduce_scatter; fp32 with ``partial="fp32"``) and the own partial is the fp32
-accumulator. No atomics touch data, so the same inputs give bitwise-identical outputs on every run.
+Deterministic sum: on rank d the W partial tiles of an output tile are added in fp32 in the FIXED ring order
+d, d+1, ..., d-1 (mod W): ``((p_d + p_{d+1}) + p_{d+2}) + ...``, whatever the timing, the number of programs or the
+tile schedule. A peer's partial arrives rounded to the partial dtype (the output dtype by default, like
+torch.matmul + reduce_scatter; fp32 with ``partial="fp32"``); the own partial is the fp32 accumulator itself,
+which the peers' partials are added into (no second accumulator: the epilogue needs one extra tile of registers).
+No atomics touch data, so the same inputs give bitwise-identical outputs on every run.
 
 Flags carry the call's epoch (``dl.call_epoch``/``dl.finish_call``): no resets, no host syncs, CUDA-graph safe.
 ``recv`` on rank d is written by rank r only after d has entered the call (the ``ready`` handshake of
@@ -121,15 +123,12 @@ def gemm_rs_kernel(a, w, out, recv, arrived, ready, state, M, N, K, stride_am, s
         else:
             slots = tl.arange(0, SLOTS_BLOCK)
             dl.wait(arrived + slots * tiles_per_dest + tile, epoch, ctx, mask=slots < world - 1)
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for src in range(world):  # the fixed summation order: rank 0, 1, ..., W-1
-                if src == me:
-                    total += acc
-                else:
-                    slot = (src - me - 1 + world) % world
-                    total += tl.load(recv + slot * slot_elems + tile_offsets, mask=tile_ok).to(tl.float32)
+            # the fixed summation order: own partial, then ranks me+1, me+2, ... (slot 0, 1, ...), added into the
+            # accumulator in place (one extra tile of registers, whatever W is)
+            for slot in range(world - 1):
+                acc += tl.load(recv + slot * slot_elems + tile_offsets, mask=tile_ok).to(tl.float32)
             own_segment = dest - me  # == 0: out is [1, own_rows, N], one segment
-            tile_store(out, total, own_segment, pid_m * BLOCK_M, pid_n * BLOCK_N, own_rows, N, own_rows * N, N,
+            tile_store(out, acc, own_segment, pid_m * BLOCK_M, pid_n * BLOCK_N, own_rows, N, own_rows * N, N,
                        BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
     if pending_peer >= 0:
         dl.signal(arrived + pending_flag, epoch, pending_peer, ctx)
@@ -252,7 +251,9 @@ def default_config(m, n, k, dtype, device, world):
     per SM on GPU, one per tile under the interpreter; 0: one per tile)."""
     rows_max = triton.cdiv(m, world)
     cfg = gemm_config(rows_max, n, k, dtype, device)
-    cfg.update(path=choose_path(m, world, device.type), partial="out", DEFER_SIGNAL=True, FLATTEN=False, WARP_SPECIALIZE=False)
+    # FLATTEN / WARP_SPECIALIZE stay off: the tile loop's body waits and signals between tiles
+    cfg.update(path=choose_path(m, world, device.type), partial="out", DEFER_SIGNAL=True, FLATTEN=False,
+               WARP_SPECIALIZE=False)
     if device.type == "cuda" and rows_max <= 64:  # 128-row tiles would be mostly padding
         cfg.update(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4)
     return cfg
@@ -360,12 +361,13 @@ def _(a, w):
 
 def gemm_rs(a, w, config=None, out=None):
     """This rank's rows of ``sum over ranks of a @ w.T`` (rows split like ``torch.tensor_split``, see the module
-    docstring), summed in the fixed rank order 0..W-1 (bitwise reproducible).
+    docstring), summed in a fixed order (own partial, then ranks r+1, r+2, ...: bitwise reproducible).
 
     ``a``: [M, K_local], ``w``: [N, K_local] (torch linear convention), float16/bfloat16 (float32 works too), on
     triton_dist's device; every rank passes the same shapes. Returns a new [rows of this rank, N] tensor.
-    ``config``: overrides of ``default_config`` (tiles, programs, partial dtype, fallback threshold); without it
-    the call goes through ``torch.ops.triton_dist.gemm_rs`` (torch.compile and CUDA graphs welcome).
+    ``config``: overrides of ``default_config`` (path, tiles, programs, partial dtype, ...); without it the call
+    goes through ``torch.ops.triton_dist.gemm_rs`` with the autotuned configuration (torch.compile and CUDA graphs
+    welcome: call it once before capturing, so that tuning and workspaces happen outside the capture).
     ``out``: optional preallocated [rows of this rank, N] result (contiguous, a's dtype and device).
     """
     _check_inputs(a, w)
