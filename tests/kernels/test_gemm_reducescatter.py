@@ -90,6 +90,26 @@ def test_gemm_rs_bits_do_not_depend_on_the_schedule(ranks):
     assert ranks(2, _check_schedule_independence) == [(True, True)] * 2
 
 
+def _check_cpu_straggler():
+    """One rank enters each call late, the others run back to back: the ready handshake keeps every push after
+    its destination entered the call."""
+    import time
+
+    a, w = _inputs(20, 16, 16, torch.float16, 9)
+    ref = _reference_fp64(a, w)
+    results = []
+    for late in range(td.world_size()):
+        if td.rank() == late:
+            time.sleep(0.5)
+        out = gemm_rs(a, w, CPU_TILES)
+        results.append(bool((out.double() - ref).abs().max() < 4e-3 * max(ref.abs().max().item(), 1.0)))
+    return all(results)
+
+
+def test_gemm_rs_straggler_rank_cpu(ranks):
+    assert ranks(2, _check_cpu_straggler) == [True] * 2
+
+
 def _check_fallback_and_op():
     a, w = _inputs(9, 20, 16, torch.float32, 3)  # 9 rows on 2 ranks: the fallback pads to equal chunks
     ref = _reference_fp64(a, w)
