@@ -36,8 +36,9 @@ Flags carry the call's epoch (``dl.call_epoch``/``dl.finish_call``): no resets, 
 ``allgather.py``), so d has finished reading the previous call's partials.
 
 Interpreter rule: the programs of a launch run one after another there, so on CPU the launcher starts one
-program per tile (in tile order, every push of a rank precedes its first wait); on GPUs the kernel is persistent
-(``num_programs`` = SM count) and the tile order is the same wave by wave.
+program per tile (``num_programs=0``; a single program works too): in tile order every push of a rank precedes
+its first wait. On GPUs the kernel is persistent (``num_programs`` = SM count, all programs resident) and the tile
+order is the same wave by wave; a wait that is never satisfied is bounded and raises WaitTimeoutError.
 
 The GEMM pieces (tile order, TMA or masked K loop, epilogue store) come from ``triton_dist.kernels.gemm``, the
 one home of the GEMM machinery. Small problems go to ``torch.matmul`` + ``reduce_scatter_tensor`` (``path``);
