@@ -52,7 +52,9 @@ def main():
     torch.manual_seed(1234)  # the query is the same on every rank
     q = torch.randn(batch, q_heads, head_dim, device=dev).to(dtype)
 
-    out = sp_flash_decode(q, k_cache, v_cache, kv_lens)  # == torch.ops.triton_dist.sp_flash_decode(...)
+    # == torch.ops.triton_dist.sp_flash_decode(...). Knobs go in config=, e.g. {"combine": "kernel", "pdl": True}
+    # (see default_config); the first call for a shape plans and allocates, later calls just launch.
+    out = sp_flash_decode(q, k_cache, v_cache, kv_lens)
     err = (out.float() - reference(q, k_cache, v_cache, kv_lens, 1.0 / math.sqrt(head_dim))).abs().max().item()
     print(f"rank {rank}: max |error| vs torch = {err:.2e}", flush=True)
     assert err < (3e-2 if on_gpu else 5e-3)

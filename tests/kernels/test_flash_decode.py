@@ -1,7 +1,8 @@
 """Sequence-parallel flash-decode: every rank's shard of the KV cache generated from a seed (so each rank can build
 the fp64 reference over the whole sequence alone), garbage (NaN) past each shard's length, ragged and empty shards,
-GQA group sizes 1/4/8, D = 64 and 128, split counts 1..3, paged KV, repeated calls, the torch op and its fake,
-bad input; GPU: bf16 vs fp32 reference and CUDA-graph replay; code generation for sm_90."""
+GQA group sizes 1/4/8, D = 64 and 128, split counts 1..3, both combine modes (fused into the split launch, and the
+separate merge kernel) and switching between them call by call, paged KV, repeated calls, the torch op and its fake,
+the plan cache, bad input; GPU: bf16 vs fp32 reference, CUDA-graph replay (PDL too); code generation for sm_90."""
 
 import math
 
@@ -9,7 +10,9 @@ import pytest
 import torch
 
 import triton_dist as td
-from triton_dist.kernels.flash_decode import choose_splits, local_flash_decode, sp_flash_decode
+from triton_dist.kernels.flash_decode import (SMEM_PER_BLOCK, _Plan, choose_splits, default_config,
+                                              local_flash_decode, resolved_config, sp_flash_decode,
+                                              split_smem_bytes)
 
 from ..conftest import gpu_only
 from ..sm90 import compile_sm90
@@ -50,8 +53,9 @@ def _reference(q, shards, lens, scale):
 
 
 def _check(seed, batch, q_heads, kv_heads, head_dim, s_max, lens, dtype_name, n_splits, calls=1, scale=None,
-           page_size=0, tol=None):
-    """lens[r][b]: tokens of sequence b on rank r. Returns the max abs error over ``calls`` back-to-back calls."""
+           page_size=0, combine="auto"):
+    """lens[r][b]: tokens of sequence b on rank r. Returns the max abs error over ``calls`` back-to-back calls;
+    ``combine``: a mode, or a list of one mode per call."""
     dtype = getattr(torch, dtype_name)
     dev = td.shmem.device()
     w, me = td.world_size(), td.rank()
@@ -73,8 +77,9 @@ def _check(seed, batch, q_heads, kv_heads, head_dim, s_max, lens, dtype_name, n_
     worst = 0.0
     for call in range(calls):
         q = _query(seed + call, batch, q_heads, head_dim, dtype, dev)
+        mode = combine[call] if isinstance(combine, list) else combine
         out = sp_flash_decode(q, k, v, kv_lens, block_table=block_table, softmax_scale=scale,
-                              config={"n_splits": n_splits})
+                              config={"n_splits": n_splits, "combine": mode})
         ref = _reference(q, shards, lens, scale_used)
         worst = max(worst, (out.double().cpu() - ref).abs().max().item())
     return worst
@@ -84,35 +89,39 @@ def _tol(dtype):
     return {"float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}[dtype]
 
 
-CASES = [  # batch, Hq, Hkv, D, s_max, lens per rank (world 2), dtype, n_splits
-    (2, 8, 8, 64, 16, [[16, 5], [9, 16]], "float32", 1),        # MHA (group 1), one split
-    (3, 8, 2, 128, 32, [[32, 0, 7], [17, 20, 0]], "float16", 3),  # group 4, D 128, empty shards, 3 splits
-    (1, 8, 1, 64, 32, [[30], [0]], "float32", 2),               # group 8 (MQA), rank 1 holds nothing
+CASES = [  # batch, Hq, Hkv, D, s_max, lens per rank (world 2), dtype, n_splits, combine
+    (2, 8, 8, 64, 16, [[16, 5], [9, 16]], "float32", 1, "kernel"),         # MHA (group 1), one split
+    (2, 8, 8, 64, 16, [[16, 5], [9, 16]], "float32", 1, "fused"),
+    (3, 8, 2, 128, 32, [[32, 0, 7], [17, 20, 0]], "float16", 3, "fused"),  # group 4, D 128, empty shards, 3 splits
+    (1, 8, 1, 64, 32, [[30], [0]], "float32", 2, "kernel"),                # group 8 (MQA), rank 1 holds nothing
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=["mha-f32", "gqa4-d128-f16", "mqa-f32-empty"])
+@pytest.mark.parametrize("case", CASES, ids=["mha-f32-kernel", "mha-f32-fused", "gqa4-d128-f16-fused",
+                                              "mqa-f32-empty-kernel"])
 def test_sp_flash_decode_2_ranks(ranks, case):
-    batch, hq, hkv, d, s_max, lens, dtype, splits = case
-    errs = ranks(2, _check, 7, batch, hq, hkv, d, s_max, lens, dtype, splits)
+    batch, hq, hkv, d, s_max, lens, dtype, splits, combine = case
+    errs = ranks(2, _check, 7, batch, hq, hkv, d, s_max, lens, dtype, splits, combine=combine)
     assert max(errs) < _tol(dtype), errs
 
 
 def test_sp_flash_decode_4_ranks(ranks):
+    """Fused, then the merge kernel: every rank waits for three peers."""
     lens = [[16, 3], [0, 16], [5, 0], [16, 1]]
-    errs = ranks(4, _check, 11, 2, 8, 2, 64, 16, lens, "float16", 2)
+    errs = ranks(4, _check, 11, 2, 8, 2, 64, 16, lens, "float16", 2, calls=2, combine=["fused", "kernel"])
     assert max(errs) < _tol("float16"), errs
 
 
 def test_sp_flash_decode_repeated_calls_and_scale(ranks):
-    """Back-to-back calls with fresh queries and no barrier: the epoch flags and the double-buffered receive
-    buffer alone keep calls apart."""
-    errs = ranks(2, _check, 3, 2, 4, 4, 64, 16, [[16, 2], [7, 0]], "float32", 2, calls=4, scale=0.3)
+    """Back-to-back calls with fresh queries and no barrier, switching combine modes call by call: the epoch flags
+    and the double-buffered receive buffer alone keep calls apart, whichever launch advances the epoch."""
+    errs = ranks(2, _check, 3, 2, 4, 4, 64, 16, [[16, 2], [7, 0]], "float32", 2, calls=5, scale=0.3,
+                 combine=["fused", "fused", "kernel", "kernel", "fused"])
     assert max(errs) < _tol("float32"), errs
 
 
 def test_sp_flash_decode_paged(ranks):
-    errs = ranks(2, _check, 5, 2, 4, 1, 64, 32, [[29, 8], [3, 32]], "float16", 2, page_size=8)
+    errs = ranks(2, _check, 5, 2, 4, 1, 64, 32, [[29, 8], [3, 32]], "float16", 2, page_size=8, combine="fused")
     assert max(errs) < _tol("float16"), errs
 
 
@@ -183,6 +192,13 @@ def test_bad_input_raises():
         (lambda: local_flash_decode(q, k, k, lens, softmax_scale=-1.0), ValueError),
         (lambda: local_flash_decode(q, k, k, lens, block_table=torch.zeros(3, 2, dtype=torch.int32)), ValueError),
         (lambda: local_flash_decode(q, k, k, lens, config={"blockn": 32}), ValueError),
+        (lambda: local_flash_decode(q, k, k, lens, config={"block_n": 48}), ValueError),
+        (lambda: local_flash_decode(q, k, k, lens, config={"num_stages": 0}), ValueError),
+        (lambda: local_flash_decode(q, k, k, lens, config={"combine": "nccl"}), ValueError),
+        (lambda: local_flash_decode(q, k, k, lens, config={"pdl": "yes"}), ValueError),
+        (lambda: local_flash_decode(q, k, k, lens, config=[("block_n", 32)]), TypeError),
+        (lambda: local_flash_decode(q, k, k, lens, out=torch.empty(2, 8, 32)), ValueError),
+        (lambda: local_flash_decode(q, k, k, lens, lse=torch.empty(2, 8, dtype=torch.float64)), ValueError),
         (lambda: local_flash_decode(q, k.transpose(2, 3).contiguous().transpose(2, 3),
                                     k.transpose(2, 3).contiguous().transpose(2, 3), lens), ValueError),
     ]
@@ -190,6 +206,37 @@ def test_bad_input_raises():
         with pytest.raises(exc):
             fn()
             pytest.fail(f"case {i} did not raise")
+
+
+def test_plan_cache_and_given_outputs():
+    """The second call with the same metadata reuses the plan (no validation, config or allocation on the host);
+    other metadata or knobs build another. Given out/lse are written in place."""
+    q = _query(2, 2, 8, 64, torch.float32, "cpu")
+    k, v = _shard(2, 0, 2, 16, 2, 64, [16, 5], torch.float32, "cpu")
+    lens = torch.tensor([16, 5], dtype=torch.int32)
+    o1, lse1 = local_flash_decode(q, k, v, lens)
+    size = len(_Plan._cache)
+    out, lse = torch.empty_like(o1), torch.empty_like(lse1)
+    o2, lse2 = local_flash_decode(q, k, v, lens, out=out, lse=lse)
+    assert len(_Plan._cache) == size and o2 is out and lse2 is lse
+    assert torch.equal(o1, o2) and torch.equal(lse1, lse2)
+    local_flash_decode(q, k, v, lens, softmax_scale=0.5)
+    local_flash_decode(q, k, v, lens, config={"n_splits": 2})
+    assert len(_Plan._cache) == size + 2
+
+
+def test_default_config_fits_hopper():
+    """What ran on H200 (bn128 w8 s3 bf16 D=128) is the default; every default fits 227 KB of shared memory."""
+    cfg = default_config(1, 8, 65536, 128, "cuda", 132, 2)
+    assert (cfg["block_n"], cfg["num_warps"], cfg["num_stages"]) == (128, 8, 3)
+    for head_dim in (64, 128, 256):
+        for elem in (2, 4):
+            c = default_config(1, 8, 65536, head_dim, "cuda", 132, elem)
+            assert split_smem_bytes(c["block_n"], c["num_stages"], head_dim, elem) <= SMEM_PER_BLOCK
+    q = torch.empty(1, 32, 128)
+    k = torch.empty(1, 64, 8, 128)
+    cfg = resolved_config(q, k, k, torch.zeros(1, dtype=torch.int32), config={"n_splits": 3, "combine": "kernel"})
+    assert cfg["n_splits"] == 3 and cfg["combine"] == "kernel" and cfg["pdl"] is False
 
 
 def test_choose_splits_fills_waves():
@@ -237,7 +284,7 @@ def test_gpu_bf16_nan_past_lengths_and_paged(ranks, page_size):
     assert max(errs) < 3e-2, errs
 
 
-def _check_graph_replay():
+def _check_graph_replay(config):
     dev = td.shmem.device()
     me = td.rank()
     batch, q_heads, kv_heads, head_dim, s_local = 4, 32, 8, 128, 8192
@@ -246,58 +293,87 @@ def _check_graph_replay():
     kv_lens = torch.tensor([s_local, 100 * (me + 1), 0, 4097], dtype=torch.int32, device=dev)
     q = torch.randn(batch, q_heads, head_dim, device=dev, dtype=torch.bfloat16)
     out = torch.empty_like(q)
-    sp_flash_decode(q, k, v, kv_lens, out=out)  # compile + workspaces outside the capture
+    sp_flash_decode(q, k, v, kv_lens, out=out, config=config)  # compile + workspaces outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        sp_flash_decode(q, k, v, kv_lens, out=out)
+        sp_flash_decode(q, k, v, kv_lens, out=out, config=config)
     ok = True
     for i in range(5):
         q.copy_(torch.randn_like(q))
         kv_lens[3] = 50 * i + me  # ragged lengths change between replays, no recapture
         graph.replay()
         torch.cuda.synchronize()
-        eager = sp_flash_decode(q, k, v, kv_lens)
+        eager = sp_flash_decode(q, k, v, kv_lens, config=config)
         ok &= bool(torch.equal(out, eager))
+        other = sp_flash_decode(q, k, v, kv_lens, config={"combine": "kernel", "pdl": False})  # another launch
+        ok &= bool((other.float() - eager.float()).abs().max() < 2e-2)  # path, the same epochs and buffers
     return ok
 
 
 @gpu_only
-def test_gpu_cuda_graph_replay(ranks):
-    assert all(ranks(td.world_size(), _check_graph_replay))
+@pytest.mark.parametrize("config", [{"combine": "fused"}, {"combine": "kernel"}, {"combine": "kernel", "pdl": True}],
+                         ids=["fused", "kernel", "kernel-pdl"])
+def test_gpu_cuda_graph_replay(ranks, config):
+    assert all(ranks(td.world_size(), _check_graph_replay, config))
+
+
+def _check_fused_guard():
+    """combine='fused' is refused where waiting programs could fill the GPU (B * Hkv >= SMs); 'auto' falls back."""
+    dev = td.shmem.device()
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    q = torch.randn(sms, 8, 64, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(sms, 16, 1, 64, device=dev, dtype=torch.bfloat16)
+    lens = torch.full((sms,), 16, dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match="fused"):
+        sp_flash_decode(q, k, k, lens, config={"combine": "fused"})
+    return resolved_config(q, k, k, lens)["combine"]
+
+
+@gpu_only
+def test_gpu_fused_guard(ranks):
+    assert ranks(td.world_size(), _check_fused_guard) == ["kernel"] * td.world_size()
 
 
 # ----------------------------------------------------------------------------------------------- sm_90
 SPLIT_SIG = dict(q="*bf16", k_cache="*bf16", v_cache="*bf16", kv_lens="*i32", block_table="*i32",
                  part_o="*fp32", part_lse="*fp32", split_arrivals="*i32", dst_o="*fp32", dst_lse="*fp32",
-                 flags="*i32", state="*i32", ctx="*i64", stride_qb="i32", stride_qh="i32", stride_kb="i64",
-                 stride_kn="i32", stride_kh="i32", stride_vb="i64", stride_vn="i32", stride_vh="i32",
-                 stride_table_b="i32", B="i32", HQ="i32", HKV="i32", s_max="i32", scale_log2="fp32",
-                 GROUP="constexpr", GROUP_PAD="constexpr", HEAD_DIM="constexpr", BLOCK_N="constexpr",
-                 GROUP_P2="constexpr", SPLIT_CHUNK="constexpr", PAGE_SIZE="constexpr", PUSH="constexpr",
-                 FP32_DOT="constexpr")
+                 out="*bf16", flags="*i32", state="*i32", ctx="*i64", stride_qb="i32", stride_qh="i32",
+                 stride_kb="i64", stride_kn="i32", stride_kh="i32", stride_vb="i64", stride_vn="i32",
+                 stride_vh="i32", stride_table_b="i32", stride_ob="i32", stride_oh="i32", B="i32", HQ="i32",
+                 HKV="i32", s_max="i32", scale_log2="fp32")
 ALIGNED = ("q", "k_cache", "v_cache", "stride_qb", "stride_qh", "stride_kb", "stride_kn", "stride_kh",
-           "stride_vb", "stride_vn", "stride_vh", "part_o", "dst_o")
+           "stride_vb", "stride_vn", "stride_vh", "part_o", "dst_o", "out")
 
 
-@pytest.mark.parametrize("page_size,dtype", [(0, "bf16"), (16, "bf16"), (0, "fp32")])
-def test_split_kernel_compiles_for_sm90(page_size, dtype):
-    consts = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_N=64, GROUP_P2=4, SPLIT_CHUNK=8, PAGE_SIZE=page_size,
-                  PUSH=True, FP32_DOT=dtype == "fp32")
-    sig = {**SPLIT_SIG, **{name: "*" + dtype for name in ("q", "k_cache", "v_cache")}}
-    ops = compile_sm90("triton_dist.kernels.flash_decode", "flash_decode_split_kernel", sig, consts,
-                       aligned=ALIGNED)["ops"]
+@pytest.mark.parametrize("page_size,dtype,mode,n_splits,pdl", [(0, "bf16", 2, 16, False), (16, "bf16", 1, 32, True),
+                                                               (0, "fp32", 2, 1, False)],
+                         ids=["fused-bn128", "push-pdl-paged", "fused-fp32-1split"])
+def test_split_kernel_compiles_for_sm90(page_size, dtype, mode, n_splits, pdl):
+    consts = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_N=128 if dtype == "bf16" else 64, GROUP_P2=4,
+                  N_SPLITS=n_splits, SPLIT_CHUNK=16, PAGE_SIZE=page_size, MODE=mode, WORLD=2, WORLD_PAD=2,
+                  RANK_CHUNK=2, FP32_DOT=dtype == "fp32", PDL=pdl)
+    sig = {**SPLIT_SIG, **{name: "*" + dtype for name in ("q", "k_cache", "v_cache", "out")},
+           **{name: "constexpr" for name in consts}}
+    res = compile_sm90("triton_dist.kernels.flash_decode", "flash_decode_split_kernel", sig, consts,
+                       aligned=ALIGNED)
+    ops = res["ops"]
     assert any("release" in k and "sys" in k for k in ops), ops  # the epoch flag to the peer
-    assert any(k.startswith("ld.global.cg") for k in ops), ops  # merge of the splits reads L2, not stale L1
-    # (tests/sm90.py does not count cp.async / mma.sync; by hand: bn64 s3 w4 bf16 streams K and V with
-    # 16-byte cp.async.cg into ~70 KB of shared memory and multiplies with mma.sync m16n8k16.)
+    assert any(k.startswith("ld.global.cg") for k in ops), ops  # merges read L2, not stale L1
+    if mode == 2:  # fused: waits for the peers (acquire poll) and advances the epoch itself (gpu-scope release)
+        assert any("acquire" in k and "sys" in k for k in ops), ops
+        assert any("gpu" in k and "release" in k for k in ops), ops
+    # (sm_90, 4 warps: bn128 s3 bf16 uses 136 KB of shared memory, bn64 s3 70 KB; K and V stream through 16-byte
+    # cp.async.cg; griddepcontrol assembles: ptxas runs as part of the compile.)
+    assert res["shared"] <= 227 * 1024, res["shared"]
 
 
 def test_merge_kernel_compiles_for_sm90():
     sig = dict(recv_o="*fp32", recv_lse="*fp32", flags="*i32", out="*bf16", state="*i32", ctx="*i64",
                stride_ob="i32", stride_oh="i32", B="i32", HQ="i32", HKV="i32", GROUP="constexpr",
-               GROUP_P2="constexpr", HEAD_DIM="constexpr", WORLD_PAD="constexpr", RANK_CHUNK="constexpr")
+               GROUP_P2="constexpr", HEAD_DIM="constexpr", WORLD="constexpr", WORLD_PAD="constexpr",
+               RANK_CHUNK="constexpr", PDL="constexpr")
     ops = compile_sm90("triton_dist.kernels.flash_decode", "flash_decode_merge_kernel", sig,
-                       dict(GROUP=4, GROUP_P2=4, HEAD_DIM=128, WORLD_PAD=2, RANK_CHUNK=2),
+                       dict(GROUP=4, GROUP_P2=4, HEAD_DIM=128, WORLD=2, WORLD_PAD=2, RANK_CHUNK=2, PDL=True),
                        aligned=("recv_o", "out", "stride_ob", "stride_oh"))["ops"]
     assert any("acquire" in k for k in ops), ops
