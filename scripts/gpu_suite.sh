@@ -2,7 +2,8 @@
 # The whole GPU suite in one call: tests under torchrun on every GPU of the node, then every benchmark.
 # Writes $OUT/suite.log, $OUT/results.json (every benchmark) and $OUT/table.md (short tables).
 #   usage: OUT=/some/dir GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_suite.sh [test paths / pytest args]
-# Set SUITE_SKIP_TESTS=1 or SUITE_SKIP_BENCH=1 to run half of it; SUITE_BENCH="allgather ..." to pick benchmarks.
+# Set SUITE_SKIP_TESTS=1 or SUITE_SKIP_BENCH=1 to run half of it; SUITE_BENCH="allgather gemm_rs:120 ..." to pick
+# benchmarks (with an optional time limit each; SUITE_STEP_TIMEOUT is the default limit of every step).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
@@ -34,7 +35,12 @@ if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
 fi
 if [ "${SUITE_SKIP_BENCH:-0}" != 1 ]; then
   for b in ${SUITE_BENCH:-$(ls benchmarks/bench_*.py | sed 's#benchmarks/bench_##; s#\.py##')}; do
-    run "bench $b x$NGPU" $TR "benchmarks/bench_$b.py"
+    name=${b%%:*}  # "name" or "name:seconds" (a per-benchmark time limit)
+    if [ "$name" != "$b" ]; then
+      SUITE_STEP_TIMEOUT=${b#*:} run "bench $name x$NGPU" $TR "benchmarks/bench_$name.py"
+    else
+      run "bench $name x$NGPU" $TR "benchmarks/bench_$name.py"
+    fi
   done
 fi
 python3 - "$BENCH_DIR" "$OUT" <<'PY'
