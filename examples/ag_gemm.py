@@ -9,7 +9,6 @@ chunk as soon as its flag lands (triton_dist/kernels/allgather_gemm.py). The sam
 ``torch.ops.triton_dist.ag_gemm`` (torch.compile / CUDA graphs).
 """
 
-import os
 import time
 
 import torch
@@ -17,6 +16,7 @@ import torch.distributed as dist
 
 import triton_dist as td
 from triton_dist.kernels import ag_gemm
+from triton_dist.launch import run_main
 
 
 def main():
@@ -61,18 +61,5 @@ def main():
               f"{ours:.0f} us ({tflops:.0f} TFLOP/s) vs NCCL+cuBLAS {base:.0f} us ({base / ours:.2f}x)")
 
 
-def rank_main():
-    td.init()
-    try:
-        main()
-    finally:
-        td.finalize()
-
-
 if __name__ == "__main__":
-    if "LOCAL_RANK" in os.environ or torch.cuda.is_available():
-        rank_main()  # torchrun (or one GPU: a world of one)
-    else:
-        from triton_dist.launch import spawn
-
-        spawn(main, 2)  # no GPU: two CPU ranks
+    run_main(main)  # torchrun: this process is a rank; no GPU: two CPU ranks

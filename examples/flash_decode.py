@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import triton_dist as td
 from triton_dist.kernels import sp_flash_decode
+from triton_dist.launch import run_main
 
 
 def reference(q, k, v, kv_lens, scale):
@@ -40,7 +41,6 @@ def main():
     on_gpu = torch.cuda.is_available()
     if on_gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    td.init()  # from torchrun's environment (a no-op when the rank was started by triton_dist.launch)
     rank, dev = td.rank(), td.shmem.device()
     # Small enough for the interpreter on CPU; a real decode shape on GPUs.
     batch, q_heads, kv_heads, head_dim, s_local = (4, 32, 8, 128, 8192) if on_gpu else (2, 8, 2, 64, 32)
@@ -79,10 +79,4 @@ def main():
 
 
 if __name__ == "__main__":
-    if torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
-        main()
-        td.finalize()
-    else:
-        from triton_dist.launch import spawn
-
-        print(spawn(main, 2))
+    run_main(main)  # torchrun: this process is a rank; no GPU: two CPU ranks

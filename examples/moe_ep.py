@@ -9,7 +9,6 @@ top-k experts and lays the rows out grouped by local expert; each rank runs its 
 ep_combine sends the weighted sums back and adds them up in a fixed order (bitwise reproducible).
 """
 
-import os
 import time
 
 import torch
@@ -17,6 +16,7 @@ import torch.nn.functional as F
 
 import triton_dist as td
 from triton_dist.kernels import ep_combine, ep_dispatch
+from triton_dist.launch import run_main
 
 
 def make_experts(E, H, F_, dtype, device):
@@ -101,18 +101,5 @@ def main():
               f"bitwise reproducible")
 
 
-def rank_main():
-    td.init(heap_size=4 << 30 if torch.cuda.is_available() else None)
-    try:
-        main()
-    finally:
-        td.finalize()
-
-
 if __name__ == "__main__":
-    if "LOCAL_RANK" in os.environ or torch.cuda.is_available():
-        rank_main()  # torchrun (or one GPU: a world of one)
-    else:
-        from triton_dist.launch import spawn
-
-        spawn(main, 2)  # no GPU: two CPU ranks
+    run_main(main, heap_size=4 << 30)  # torchrun: this process is a rank; no GPU: two CPU ranks

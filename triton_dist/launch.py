@@ -141,7 +141,7 @@ def spawn(fn, world, *args, backend="cpu", **kwargs):
 
 def run_main(main, world=2, **init_kwargs):
     """Entry point for examples: under torchrun (or on a GPU machine) this process is a rank — init, ``main()``,
-    finalize; with no GPU, start ``world`` CPU ranks and run ``main()`` on each."""
+    finalize; with no GPU, start ``world`` CPU ranks (the Triton interpreter) and run ``main()`` on each."""
     import torch
 
     if "LOCAL_RANK" in os.environ or torch.cuda.is_available():
@@ -153,4 +153,4 @@ def run_main(main, world=2, **init_kwargs):
         finally:
             td.finalize()
     else:
-        spawn(main, world)
+        spawn(main, world)  # CPU ranks keep the default (sparse) heap

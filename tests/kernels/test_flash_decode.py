@@ -211,9 +211,10 @@ def test_bad_input_raises():
 def test_plan_cache_and_given_outputs():
     """The second call with the same metadata reuses the plan (no validation, config or allocation on the host);
     other metadata or knobs build another. Given out/lse are written in place."""
-    q = _query(2, 2, 8, 64, torch.float32, "cpu")
-    k, v = _shard(2, 0, 2, 16, 2, 64, [16, 5], torch.float32, "cpu")
-    lens = torch.tensor([16, 5], dtype=torch.int32)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # under torchrun this process drives a GPU
+    q = _query(2, 2, 8, 64, torch.float32, dev)
+    k, v = _shard(2, 0, 2, 16, 2, 64, [16, 5], torch.float32, dev)
+    lens = torch.tensor([16, 5], dtype=torch.int32, device=dev)
     o1, lse1 = local_flash_decode(q, k, v, lens)
     size = len(_Plan._cache)
     out, lse = torch.empty_like(o1), torch.empty_like(lse1)

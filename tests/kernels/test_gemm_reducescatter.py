@@ -26,12 +26,12 @@ def _inputs(m, n, k, dtype, seed):
 
 
 def _reference_fp64(a, w):
-    """This rank's rows of sum_r a_r @ w_r.T, in fp64 on the CPU."""
+    """This rank's rows of sum_r a_r @ w_r.T, computed in fp64 on the CPU, returned on a's device."""
     parts = [None] * td.world_size()
     dist.all_gather_object(parts, (a.cpu().double(), w.cpu().double()))
     full = sum(x @ y.T for x, y in parts)
     start, rows = rows_of_rank(a.shape[0], td.world_size(), td.rank())
-    return full[start: start + rows]
+    return full[start: start + rows].to(a.device)
 
 
 def _poison_workspaces():

@@ -160,7 +160,7 @@ def _back_to_back(calls):
         res = ep_dispatch(x, idx.to(dev), weights.to(dev), num_experts=8, max_tokens=8, exact=True, config=cfg)
         ok.append(res.x.shape[0] == int(res.expert_offsets[-1]) == int(res.expert_counts.sum()))
         y = ep_combine(res.x, res.handle)  # identity experts: y = sum_j w_j * x
-        ok.append(torch.allclose(y, (weights.sum(1, keepdim=True) * x).to(dev), atol=1e-5))
+        ok.append(torch.allclose(y, weights.to(dev).sum(1, keepdim=True) * x, atol=1e-5))
     return ok
 
 
