@@ -9,8 +9,12 @@ from ..sm90 import compile_sm90
 
 
 def _bounce(calls, iters):
-    values = [int(ping_pong(it)[0]) for it in iters[:calls]]
-    td.shmem.barrier()
+    values = []
+    for it in iters[:calls]:
+        flag = ping_pong(it)
+        td.shmem.barrier()  # the partner may already be bouncing the next call's first value into our flag
+        values.append(int(flag[0]))
+        td.shmem.barrier()
     return values
 
 

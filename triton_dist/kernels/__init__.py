@@ -1,23 +1,12 @@
-"""The kernel zoo: each op lives in its own file (kernels -> launcher -> torch op). Imported lazily so that
-``import triton_dist.kernels`` stays cheap and one op's dependencies never block another."""
+"""The kernel zoo: each op lives in its own file (kernels -> launcher -> torch op). Importing this package
+registers every ``torch.ops.triton_dist.*`` op."""
 
-import importlib
+from .allgather import all_gather  # noqa: F401
+from .allgather_gemm import ag_gemm  # noqa: F401
+from .flash_decode import local_flash_decode, sp_flash_decode  # noqa: F401
+from .gemm_reducescatter import gemm_rs  # noqa: F401
+from .moe_ep import ep_combine, ep_dispatch  # noqa: F401
+from .pingpong import ping_pong  # noqa: F401
 
-_OPS = {
-    "all_gather": "allgather",
-    "ping_pong": "pingpong",
-    "ag_gemm": "allgather_gemm",
-    "gemm_rs": "gemm_reducescatter",
-    "ep_dispatch": "moe_ep",
-    "ep_combine": "moe_ep",
-    "sp_flash_decode": "flash_decode",
-    "local_flash_decode": "flash_decode",
-}
-
-__all__ = sorted(_OPS)
-
-
-def __getattr__(name):
-    if name in _OPS:
-        return getattr(importlib.import_module(f"{__name__}.{_OPS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["ag_gemm", "all_gather", "ep_combine", "ep_dispatch", "gemm_rs", "local_flash_decode", "ping_pong",
+           "sp_flash_decode"]

@@ -64,6 +64,7 @@ class _Workspace:
         self.arrived = shmem.signals((world * n_chunks,), name="all_gather.arrived")
         self.ready = shmem.signals((world,), name="all_gather.ready")
         self.state = shmem.counters(2, name="all_gather.epoch")
+        shmem.barrier()  # peers signal into these flags only after everyone zeroed them
 
     @classmethod
     def get(cls, n_chunks):

@@ -158,11 +158,11 @@ class _Workspace:
     def __init__(self, m_shard, k, dtype):
         world, me = shmem.world_size(), shmem.rank()
         self.a_full = shmem.empty((world * m_shard, k), dtype, name="ag_gemm.a_full")
-        self.arrived = shmem.zeros((world * MAX_CHUNKS,), torch.int32, name="ag_gemm.arrived")
-        self.ready = shmem.zeros((world,), torch.int32, name="ag_gemm.ready")
+        self.arrived = shmem.signals((world * MAX_CHUNKS,), name="ag_gemm.arrived")
+        self.ready = shmem.signals((world,), name="ag_gemm.ready")
         dev = shmem.device()
-        self.state = torch.zeros(2, dtype=torch.int32, device=dev)
-        self.epoch = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.state = shmem.counters(2, name="ag_gemm.epoch")
+        self.epoch = shmem.counters(1, name="ag_gemm.epoch_word")
         self.a_full_peers = shmem.peer_views(self.a_full)
         self.arrived_peers = shmem.peer_views(self.arrived)
         # one side stream per peer, so that every link is busy at once

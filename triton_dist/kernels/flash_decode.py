@@ -486,10 +486,10 @@ class _Exchange:
         world = shmem.world_size()
         self.recv_o = shmem.zeros((2, world, batch, q_heads, head_dim), torch.float32, name="flash_decode.recv_o")
         self.recv_lse = shmem.zeros((2, world, batch, q_heads), torch.float32, name="flash_decode.recv_lse")
-        # signals()/counters(): zeroed again by shmem.reset() (recovery after a WaitTimeoutError); signals() returns
-        # after every rank zeroed its flags, so peers push into these only after that
+        # signals()/counters(): zeroed again by shmem.reset() (recovery after a WaitTimeoutError)
         self.state = shmem.counters(2, name="flash_decode.state")
         self.flags = shmem.signals((world, batch * kv_heads), name="flash_decode.flags")
+        shmem.barrier()  # peers push into these only after every rank zeroed them
 
     @classmethod
     def get(cls, batch, q_heads, kv_heads, head_dim):

@@ -154,9 +154,9 @@ class _Workspace:
         world = shmem.world_size()
         self.recv_elems, self.n_flags = recv_elems, n_flags
         self.recv = shmem.empty((max(recv_elems, 1),), dtype, name="gemm_rs.recv")
-        self.arrived = shmem.zeros((max(n_flags, 1),), torch.int32, name="gemm_rs.arrived")
-        self.ready = shmem.zeros((world,), torch.int32, name="gemm_rs.ready")
-        self.state = torch.zeros(2, dtype=torch.int32, device=shmem.device())
+        self.arrived = shmem.signals((max(n_flags, 1),), name="gemm_rs.arrived")
+        self.ready = shmem.signals((world,), name="gemm_rs.ready")
+        self.state = shmem.counters(2, name="gemm_rs.epoch")
         shmem.barrier()  # peers signal into these flags only after everyone zeroed them
 
     @classmethod

@@ -399,10 +399,10 @@ class _Workspace:
         self.recv_span = shmem.zeros((w, MAX_CHUNKS, 2), torch.int32, name=name + "recv_span")
         self.all_counts = shmem.zeros((2, w, ep), torch.int32, name=name + "counts")
         self.partials = shmem.empty((w, max_tokens, hidden), dtype, name=name + "partials")
-        self.counts_ready = shmem.zeros((w,), torch.int32, name=name + "counts_ready")
-        self.arrived = shmem.zeros((w * MAX_CHUNKS,), torch.int32, name=name + "arrived")
-        self.ready = shmem.zeros((w,), torch.int32, name=name + "combine_ready")
-        self.combined = shmem.zeros((w * MAX_CHUNKS,), torch.int32, name=name + "combined")
+        self.counts_ready = shmem.signals((w,), name=name + "counts_ready")
+        self.arrived = shmem.signals((w * MAX_CHUNKS,), name=name + "arrived")
+        self.ready = shmem.signals((w,), name=name + "combine_ready")
+        self.combined = shmem.signals((w * MAX_CHUNKS,), name=name + "combined")
         # local
         self.expert_ids = torch.full((self.max_rows,), -1, dtype=torch.int32, device=dev)
         self.weights = torch.zeros((self.max_rows,), dtype=torch.float32, device=dev)
@@ -410,9 +410,9 @@ class _Workspace:
         self.expert_offsets = torch.zeros((self.local + 1,), dtype=torch.int32, device=dev)
         self.token_pos = torch.full((max_tokens, w), -1, dtype=torch.int32, device=dev)
         self.chunk_counts = torch.zeros((MAX_CHUNKS, ep + self.w_pad), dtype=torch.int32, device=dev)
-        self.arrivals = torch.zeros((1,), dtype=torch.int32, device=dev)
-        self.state = torch.zeros(2, dtype=torch.int32, device=dev)
-        self.combine_state = torch.zeros(2, dtype=torch.int32, device=dev)
+        self.arrivals = shmem.counters(1, name=name + "arrivals")
+        self.state = shmem.counters(2, name=name + "epoch")
+        self.combine_state = shmem.counters(2, name=name + "combine_epoch")
         self.calls = 0  # host count of dispatches: a handle from an older one is stale
         self.last = None  # the EpHandle of the latest dispatch, for the torch op's combine
         shmem.barrier()  # peers write into these only after every rank zeroed them

@@ -28,12 +28,14 @@ _WS = {}
 
 
 def ping_pong(iters=1000):
-    """Run ``iters`` round trips between rank pairs (2i, 2i+1); returns the flag (== total iters so far)."""
+    """Run ``iters`` round trips between rank pairs (2i, 2i+1). Returns the flag: it holds the running total of
+    iters once both partners finished the call (the partner may start the next call's bounces right after)."""
     if iters < 1:
         raise ValueError("iters must be >= 1")
     if "flag" not in _WS:
         _WS["flag"] = shmem.signals((1,), name="ping_pong.flag")
         _WS["count"] = shmem.counters(1, name="ping_pong.count")
+        shmem.barrier()
     shmem.raise_pending_errors()
     ping_pong_kernel[(1,)](_WS["flag"], _WS["count"], iters, shmem.context(), num_warps=1)
     return _WS["flag"]

@@ -60,7 +60,9 @@ class _Runtime:
     free: list = field(default_factory=list)  # [offset, nbytes, [events]] sorted by offset
     live: dict = field(default_factory=dict)  # offset -> _Allocation
     signal_state: list = field(default_factory=list)  # weak references to tensors `reset()` zeroes
-    err_host: torch.Tensor = None
+    err_host: torch.Tensor = None  # GPU: pinned copy of the error flag, refreshed after each op launch
+    err_host_view: np.ndarray = None  # the same memory, read without creating tensors (hot path)
+    err_device_word: torch.Tensor = None  # the error flag in this rank's heap
 
 
 _RT = None
@@ -113,6 +115,8 @@ def init(group=None, backend="auto", heap_size=None, wait_timeout_s=None):
     rt.ctx = torch.tensor(ctx, dtype=torch.int64, device=heap.device)
     if kind == "gpu":
         rt.err_host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        rt.err_host_view = rt.err_host.numpy()
+        rt.err_device_word = heap.local[layout.ERR_FLAG: layout.ERR_FLAG + 4].view(torch.int32)
     _RT = rt
     set_wait_timeout(DEFAULT_WAIT_TIMEOUT_S if wait_timeout_s is None else wait_timeout_s)
     atexit.register(finalize)
@@ -235,11 +239,10 @@ def zeros(shape, dtype=torch.float32, name=None):
 
 
 def signals(shape, name):
-    """Zeroed symmetric int32 flags for an op's signalling (collective: returns after every rank zeroed its
-    copy, so no peer signals into stale memory). ``reset()`` zeroes them again."""
+    """Zeroed symmetric int32 flags for an op's signalling; ``reset()`` zeroes them again. Like ``zeros``: call
+    ``barrier()`` once the op's workspace is made, before any peer may signal into them."""
     flags = zeros(shape, torch.int32, name)
     _runtime().signal_state.append(weakref.ref(flags))
-    barrier()
     return flags
 
 
@@ -385,10 +388,10 @@ def raise_pending_errors():
     rt = _runtime()
     if rt.kind == "cpu":
         return check_errors()
-    if int(rt.err_host[0]) != 0:
+    if rt.err_host_view[0] != 0:
         check_errors()
     if not torch.cuda.is_current_stream_capturing():  # keep graphs free of this bookkeeping copy
-        rt.err_host.copy_(rt.heap.local[: 4].view(torch.int32), non_blocking=True)
+        rt.err_host.copy_(rt.err_device_word, non_blocking=True)
 
 
 def barrier():
