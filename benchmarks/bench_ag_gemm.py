@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import record, time_us
+from harness import record, time_us, time_us_or_nan
 from triton_dist.kernels import ag_gemm
 from triton_dist.kernels.allgather_gemm import default_config
 
@@ -91,21 +91,12 @@ def main():
                 cfg = {**over, **knobs}
                 if cfg.get("num_programs") == -1:
                     cfg["num_programs"] = default_num_programs(a.device) - 1
-                try:
-                    sweep[label] = time_us(lambda: ag_gemm(a, w, config=cfg), iters=10, warmup=2)
-                except Exception as exc:  # keep the rest of the sweep
-                    if rank == 0:
-                        print(f"sweep {label} failed: {type(exc).__name__}: {exc}", flush=True)
-                    sweep[label] = float("nan")
+                sweep[label] = time_us_or_nan(lambda: ag_gemm(a, w, config=cfg), f"sweep {label}", iters=10,
+                                              warmup=2)
 
             sweep_rows.append({"M": m_total, "N": n_total, "K": k, **{kk: round(v, 1) for kk, v in sweep.items()}})
         t_nccl = time_us(nccl_cublas)
-        try:
-            t_tp = time_us(_async_tp(a, w.T, group_name))
-        except Exception as exc:  # keep the rest of the table
-            if rank == 0:
-                print(f"async-TP failed: {type(exc).__name__}: {exc}", flush=True)
-            t_tp = float("nan")
+        t_tp = time_us_or_nan(_async_tp(a, w.T, group_name), "async-TP")
         tflops = lambda t: 2 * m_total * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m_total, "N": n_total, "K": k, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
                      "op us": t_op, "ours fallback us": t_fb, "ours overlap us": t_over, "host us/call": h_ours,

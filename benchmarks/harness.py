@@ -1,36 +1,17 @@
-"""Timing and recording for the multi-GPU benchmarks (run under torchrun).
-
-Rules: every rank runs the same fixed number of iterations (never do_bench: it picks counts per rank and the
-collectives deadlock); each iteration is timed with CUDA events; a rank reports its median; the figure is the
-max over ranks. Ours and the baselines run in the same process, one after another, on the same inputs.
+"""Recording for the multi-GPU benchmarks (run under torchrun); timing lives in ``triton_dist.timing``
+(fixed iterations on every rank, CUDA events, median per rank, max over ranks). Ours and the baselines run in the
+same process, one after another, on the same inputs.
 """
 
 import datetime
 import json
 import os
-import statistics
 import subprocess
 
 import torch
 import torch.distributed as dist
 
-
-def time_us(fn, iters=20, warmup=5):
-    """Median µs of ``fn()`` over ``iters`` timed calls on this rank, max over ranks."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    med = statistics.median(s.elapsed_time(e) * 1000.0 for s, e in events)
-    t = torch.tensor([med], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+from triton_dist.timing import time_us, time_us_or_nan  # noqa: F401  (re-exported for the benchmarks)
 
 
 def environment():

@@ -9,7 +9,6 @@ chunk as soon as its flag lands (triton_dist/kernels/allgather_gemm.py). The sam
 ``torch.ops.triton_dist.ag_gemm`` (torch.compile / CUDA graphs).
 """
 
-import time
 
 import torch
 import torch.distributed as dist
@@ -17,6 +16,7 @@ import torch.distributed as dist
 import triton_dist as td
 from triton_dist.kernels import ag_gemm
 from triton_dist.launch import run_main
+from triton_dist.timing import time_us
 
 
 def main():
@@ -44,17 +44,7 @@ def main():
         dist.all_gather_into_tensor(full, a)
         return full @ w.T
 
-    def timed(fn, iters=20):
-        fn()
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / iters * 1e6
-
-    ours, base = timed(lambda: ag_gemm(a, w)), timed(nccl_then_cublas)
+    ours, base = time_us(lambda: ag_gemm(a, w)), time_us(nccl_then_cublas)
     if rank == 0:
         tflops = 2 * world * m * n * k / ours / 1e6
         print(f"[{td.shmem.backend()} x{world}] ag_gemm M={world * m} N_local={n} K={k} bf16: correct; "

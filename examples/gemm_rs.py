@@ -11,7 +11,6 @@ next rank, ...) (triton_dist/kernels/gemm_reducescatter.py). Same inputs, same b
 the torch op ``torch.ops.triton_dist.gemm_rs`` (torch.compile / CUDA graphs).
 """
 
-import time
 
 import torch
 import torch.distributed as dist
@@ -20,6 +19,7 @@ import triton_dist as td
 from triton_dist.kernels import gemm_rs
 from triton_dist.kernels.gemm_reducescatter import gemm_rs_torch, rows_of_rank
 from triton_dist.launch import run_main
+from triton_dist.timing import time_us
 
 
 def main():
@@ -44,17 +44,7 @@ def main():
             print(f"[cpu x{world}] gemm_rs [{m}x{k}] @ [{n}x{k}].T, reduce-scattered: correct, reproducible")
         return
 
-    def timed(fn, iters=20):
-        fn()
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / iters * 1e6
-
-    ours, base = timed(lambda: gemm_rs(a, w)), timed(lambda: gemm_rs_torch(a, w))
+    ours, base = time_us(lambda: gemm_rs(a, w)), time_us(lambda: gemm_rs_torch(a, w))
     if rank == 0:
         tflops = 2 * m * n * k / ours / 1e6
         print(f"[{td.shmem.backend()} x{world}] gemm_rs M={m} N={n} K_local={k} bf16: correct; "

@@ -14,7 +14,6 @@ Layout (W ranks, rank r; the classic Megatron split with sequence parallelism be
     y_r = reduce_scatter(g @ w_down.T)  [M/W, hidden]  gemm_rs: the reduce-scatter overlaps the GEMM
 """
 
-import time
 
 import torch
 import torch.distributed as dist
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 import triton_dist as td
 from triton_dist.kernels import ag_gemm, gemm_rs
 from triton_dist.launch import run_main
+from triton_dist.timing import time_us
 
 
 class TPMLP(torch.nn.Module):
@@ -92,17 +92,7 @@ def main():
                   f"(error {err:.2g}, NCCL+torch block {err_ref:.2g})")
         return
 
-    def timed(fn, iters=20):
-        fn()
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / iters * 1e6
-
-    t_ours, t_ref = timed(lambda: ours(x)), timed(lambda: ref(x))
+    t_ours, t_ref = time_us(lambda: ours(x)), time_us(lambda: ref(x))
     if rank == 0:
         tflops = 6 * m * hidden * (inter // world) / t_ours / 1e6
         print(f"[{td.shmem.backend()} x{world}] TP-MLP M={m} hidden={hidden} intermediate={inter} bf16: correct "

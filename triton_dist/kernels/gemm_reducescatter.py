@@ -179,7 +179,7 @@ def release_workspaces():
 
 
 def _run_overlapped(a, w, out, cfg):
-    world, me = shmem.world_size(), shmem.rank()
+    world = shmem.world_size()
     (m, k), n = a.shape, w.shape[0]
     own_rows = out.shape[0]
     partial_dtype = torch.float32 if cfg["partial"] == "fp32" else a.dtype

@@ -1,0 +1,39 @@
+"""Timing an op that talks to other ranks, the one safe way.
+
+Every rank runs the same fixed number of iterations (never ``triton.testing.do_bench``: it picks counts per rank
+and the collectives deadlock); each call is timed with CUDA events; a rank reports its median and the figure is
+the max over ranks. Used by the examples and the benchmarks.
+"""
+
+import statistics
+
+import torch
+import torch.distributed as dist
+
+
+def time_us(fn, iters=20, warmup=5):
+    """Median µs of ``fn()`` over ``iters`` timed calls on this rank, max over ranks (GPU ranks)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    med = statistics.median(s.elapsed_time(e) * 1000.0 for s, e in events)
+    t = torch.tensor([med], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def time_us_or_nan(fn, what, **kwargs):
+    """``time_us``, or NaN (reported by rank 0) when ``fn`` fails, so one failing variant keeps a sweep going."""
+    try:
+        return time_us(fn, **kwargs)
+    except Exception as exc:
+        if dist.get_rank() == 0:
+            print(f"{what} failed: {type(exc).__name__}: {exc}", flush=True)
+        return float("nan")
