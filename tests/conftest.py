@@ -58,3 +58,18 @@ def ranks(_pools):
         return _pools[world].run(fn, *args, timeout=timeout, **kwargs)
 
     return run
+
+
+def error_names(calls):
+    """Call each of ``calls``; what each raised: "TypeError" / "ValueError" (the clear errors every public op owes
+    bad input), None when nothing was raised, "other:<type>:<message>" for anything else."""
+    names = []
+    for call in calls:
+        try:
+            call()
+            names.append(None)
+        except (TypeError, ValueError) as exc:
+            names.append(type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - report what else came out
+            names.append(f"other:{type(exc).__name__}:{exc}")
+    return names

@@ -17,7 +17,7 @@ import triton_dist as td
 from triton_dist.kernels import allgather_gemm as agm
 from triton_dist.kernels.allgather_gemm import ag_gemm
 
-from ..conftest import gpu_only
+from ..conftest import error_names, gpu_only
 from ..sm90 import compile_sm90
 
 # Configs the CPU tests force (small tiles; 3 programs so that several tiles share a program).
@@ -146,16 +146,7 @@ def _check_bad_input():
         lambda: ag_gemm(a.to("meta"), w.to("meta")),                   # wrong device
         lambda: torch.ops.triton_dist.ag_gemm(a, w.half()),            # the op checks too
     ]
-    names = []
-    for bad in cases:
-        try:
-            bad()
-            names.append(None)
-        except (TypeError, ValueError) as exc:
-            names.append(type(exc).__name__)
-        except Exception as exc:  # noqa: BLE001 - report what else came out
-            names.append(f"other:{type(exc).__name__}:{exc}")
-    return names
+    return error_names(cases)
 
 
 def _check_cpu_tensors_without_interpreter():

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import triton_dist as td
 from triton_dist.kernels.moe_ep import ep_combine, ep_dispatch
 
-from ..conftest import gpu_only
+from ..conftest import error_names, gpu_only
 from ..sm90 import compile_sm90
 
 
@@ -188,13 +188,7 @@ def _bad_input():
     res = ep_dispatch(x, idx, w, **kw)
     cases += [lambda: ep_combine(res.x.half(), res.handle),                            # dtype of expert_out
               lambda: ep_combine(res.x[:, :4], res.handle)]                            # shape of expert_out
-    errors = []
-    for case in cases:
-        try:
-            case()
-            errors.append(None)
-        except (TypeError, ValueError) as exc:
-            errors.append(type(exc).__name__)
+    errors = error_names(cases)
     old = res.handle
     ep_dispatch(x, idx, w, **kw)
     try:

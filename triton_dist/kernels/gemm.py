@@ -274,6 +274,17 @@ def check_launchable(t, what="a and w"):
 _GEMM_CONFIGS = {}  # (m, n, k, dtype, device) -> tuned config, so that a call does one dict lookup
 
 
+def output_like(out, shape, a):
+    """``out`` checked to be a contiguous tensor of ``shape`` with a's dtype and device, or a new one if None."""
+    if out is None:
+        return torch.empty(shape, dtype=a.dtype, device=a.device)
+    if (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape) or out.dtype != a.dtype
+            or out.device != a.device or not out.is_contiguous()):
+        got = f"{out.dtype} {list(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"out must be a contiguous {a.dtype} tensor of shape {list(shape)} on {a.device}, got {got}")
+    return out
+
+
 def gemm(a, w, out=None, config=None):
     """``a @ w.T`` with the persistent core (``a`` [M, K], ``w`` [N, K]); fp16/bf16 (fp32 for tests).
     CUDA tensors on the current device, or CPU tensors under the Triton interpreter (else ValueError)."""
@@ -281,11 +292,7 @@ def gemm(a, w, out=None, config=None):
     check_launchable(a)
     m, k = a.shape
     n = w.shape[0]
-    if out is None:
-        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    if out.shape != (m, n) or out.dtype != a.dtype or out.device != a.device or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {a.dtype} tensor of shape [{m}, {n}] on {a.device}, got "
-                         f"{out.dtype} {list(out.shape)} on {out.device}")
+    out = output_like(out, (m, n), a)
     if m == 0 or n == 0:
         return out
     if k == 0:

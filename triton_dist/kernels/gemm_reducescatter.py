@@ -53,8 +53,8 @@ import triton.language as tl
 
 from .. import autotune, shmem
 from .. import language as dl
-from .gemm import (TensorDescriptor, dot_precision, gemm_config, num_sms, tile_accumulate, tile_coords, tile_store,
-                   tma_compatible)
+from .gemm import (TensorDescriptor, dot_precision, gemm_config, num_sms, output_like, tile_accumulate, tile_coords,
+                   tile_store, tma_compatible)
 
 # The crossover: below this many rows (M, all ranks together) the default path is torch.matmul + NCCL
 # reduce_scatter_tensor. On GPU the autotuner times both paths for every shape and keeps the faster.
@@ -327,13 +327,7 @@ def _gemm_rs(a, w, config=None, out=None):
     world, me = shmem.world_size(), shmem.rank()
     (m, k), n = a.shape, w.shape[0]
     own_rows = rows_of_rank(m, world, me)[1]
-    if out is None:
-        out = torch.empty((own_rows, n), dtype=a.dtype, device=a.device)
-    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (own_rows, n) or out.dtype != a.dtype
-          or out.device != a.device or not out.is_contiguous()):
-        what = f"{out.dtype} {list(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"out must be a contiguous {a.dtype} tensor of shape {[own_rows, n]} on {a.device}, "
-                         f"got {what}")
+    out = output_like(out, (own_rows, n), a)
     if m == 0 or n == 0:
         return out
     if k == 0:
