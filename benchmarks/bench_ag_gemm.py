@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import record, time_us, time_us_or_nan
+from harness import record
+from triton_dist.timing import time_us, time_us_or_nan
 from triton_dist.kernels import ag_gemm
 from triton_dist.kernels.allgather_gemm import default_config
 
@@ -60,7 +61,7 @@ def _async_tp(a, w_t, group_name):
 def main():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     td.init(backend="cuda", heap_size=4 << 30)
-    world, rank = td.world_size(), td.rank()
+    world = td.world_size()
     group_name = dist.group.WORLD.group_name
     rows, sweep_rows = [], []
     for m_total, n_total, k in SHAPES:

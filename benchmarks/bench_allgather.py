@@ -16,7 +16,8 @@ import triton.language as tl
 import triton_dist.language as dl
 
 import triton_dist as td
-from harness import record, time_us
+from harness import record
+from triton_dist.timing import graph_of, time_us
 from triton_dist.kernels.allgather import all_gather, default_config
 from triton_dist.kernels.pingpong import ping_pong
 
@@ -55,9 +56,7 @@ def main():
             if best is None or t < best:
                 best, best_cfg = t, cfg
         t_default = time_us(lambda: all_gather(x, out))
-        graph = torch.cuda.CUDAGraph()  # the same call replayed from a graph: device time, no Python launch cost
-        with torch.cuda.graph(graph):
-            all_gather(x, out, best_cfg)
+        graph = graph_of(lambda: all_gather(x, out, best_cfg))  # device time, no Python launch cost
         t_graph = time_us(graph.replay)
         t_ce = time_us(copy_engine)
         t_nccl = time_us(lambda: dist.all_gather_into_tensor(nccl_out, x))

@@ -22,7 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import triton_dist as td
-from harness import record, time_us
+from harness import record
+from triton_dist.timing import graph_of, time_us
 from triton_dist.kernels.flash_decode import local_flash_decode, resolved_config, sp_flash_decode
 
 HQ, HKV, D = 32, 8, 128
@@ -68,16 +69,6 @@ def baseline_combine(o, lse, gathered):
     lse_all = parts[..., -1]
     weight = torch.exp(lse_all - lse_all.amax(0, keepdim=True))
     return ((weight.unsqueeze(-1) * parts[..., :-1]).sum(0) / weight.sum(0).unsqueeze(-1)).to(o.dtype)
-
-
-def graph_of(fn):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    return graph
 
 
 def graph_us(fn):

@@ -12,7 +12,8 @@ import os
 import torch
 
 import triton_dist as td
-from harness import record, time_us
+from harness import record
+from triton_dist.timing import time_us
 from triton_dist.kernels import gemm as core
 
 SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8192, 8192), (512, 8192, 8192),

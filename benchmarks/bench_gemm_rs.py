@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import record, time_us, time_us_or_nan
+from harness import record
+from triton_dist.timing import graph_of, time_us, time_us_or_nan
 from triton_dist.kernels import gemm_rs
 from triton_dist.kernels.gemm import default_num_programs
 from triton_dist.kernels.gemm_reducescatter import default_config
@@ -46,13 +47,9 @@ def _async_tp(a, w_t, group_name):
 
 
 def _graph_us(a, w):
-    out = torch.ops.triton_dist.gemm_rs(a, w)  # tuned + workspace before the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = torch.ops.triton_dist.gemm_rs(a, w)
+    graph = graph_of(lambda: torch.ops.triton_dist.gemm_rs(a, w))
     t = time_us(graph.replay)
-    del out, graph
+    del graph
     return t
 
 

@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import record, time_us
+from harness import record
+from triton_dist.timing import graph_of, time_us
 from triton_dist.kernels.moe_ep import default_config, ep_combine, ep_dispatch
 
 H, E, K = 7168, 64, 8
@@ -73,15 +74,6 @@ def nccl_combine(recv_x, recv_meta, tok, sc, rc, T):
     y = torch.zeros((T, recv_x.shape[1]), dtype=torch.float32, device=recv_x.device)
     y.index_add_(0, tok, back.float())
     return y.to(recv_x.dtype)
-
-
-def graph_of(fn):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
 
 
 def main():

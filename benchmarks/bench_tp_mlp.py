@@ -15,7 +15,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import triton_dist as td
-from harness import record, time_us
+from harness import record
+from triton_dist.timing import graph_of, time_us
 from triton_dist.kernels import ag_gemm, gemm_rs
 
 SIZES = [(8192, 8192, 28672)]
@@ -60,9 +61,7 @@ def main():
         t_ag, t_ag_ref = time_us(lambda: ag_gemm(x, w_gate_up)), time_us(nccl_ag_gemm)
         t_rs, t_rs_ref = time_us(lambda: gemm_rs(g, w_down)), time_us(lambda: nccl_gemm_rs(g))
         try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                ours()
+            graph = graph_of(ours)
             t_graph = time_us(graph.replay)
             del graph
         except Exception as exc:  # keep the rest of the table

@@ -11,8 +11,6 @@ import subprocess
 import torch
 import torch.distributed as dist
 
-from triton_dist.timing import time_us, time_us_or_nan  # noqa: F401  (re-exported for the benchmarks)
-
 
 def environment():
     try:

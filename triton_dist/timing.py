@@ -29,6 +29,18 @@ def time_us(fn, iters=20, warmup=5):
     return float(t.item())
 
 
+def graph_of(fn):
+    """A CUDA graph of ``fn()``, captured after one eager call (which compiles, tunes and builds workspaces
+    outside the capture). Replaying it times device work without host launch cost."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
 def time_us_or_nan(fn, what, **kwargs):
     """``time_us``, or NaN (reported by rank 0) when ``fn`` fails, so one failing variant keeps a sweep going."""
     try:
