@@ -67,10 +67,9 @@ def tuning_allowed():
         return False
     if torch.cuda.is_current_stream_capturing():
         return False
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling():
-        return False
-    return True
+    from .kernels.library import compiling
+
+    return not compiling()
 
 
 def _read_disk(op, fkey):

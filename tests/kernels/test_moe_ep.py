@@ -32,9 +32,11 @@ def _routing(mode, T, E, K, seed):
         el = E // w
         for t in range(T):
             idx[t] = r * el + torch.randperm(el, generator=g)[:K]
-    elif mode == "holes" and T:  # some unused slots (-1) and repeated experts within a token
+    elif mode == "holes" and T:  # unused slots (-1), ids out of range (dropped), repeated experts in a token
         idx[torch.rand(T, K, generator=g) < 0.3] = -1
         idx[::2, 1] = idx[::2, 0]
+        idx[1::3, K - 1] = E + 3
+        idx[2::4, 0] = -7
     weights = torch.rand(T, K, generator=g)
     return idx, weights
 
@@ -56,7 +58,7 @@ def _run(mode, T, H, E, K, dtype_name, align, seed, config=None, repeats=1):
     dist.all_gather_object(every, (x, idx, weights))
     max_tokens = max(e[0].shape[0] for e in every) + 2
     res = ep_dispatch(x.to(dev), idx.to(dev), weights.to(dev), num_experts=E, max_tokens=max_tokens,
-                      align=align, config=config)
+                      align=align, config=config, check_ids=mode != "holes")
     # reference receive layout on this rank
     counts, rows = [], []
     for e in range(r * el, (r + 1) * el):
@@ -95,7 +97,7 @@ def _run(mode, T, H, E, K, dtype_name, align, seed, config=None, repeats=1):
     for t in range(x.shape[0]):
         for j in range(K):
             e = int(idx[t, j])
-            if e >= 0:
+            if 0 <= e < E:
                 ref[t] += float(weights[t, j]) * gs[e] * x[t].double()
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     if x.shape[0] and not torch.allclose(ys[0].double(), ref, rtol=tol, atol=tol):
@@ -175,12 +177,13 @@ def _bad_input():
     idx = torch.tensor([[0, 1], [2, 3], [4, 5]], device=dev)
     w = torch.rand(3, 2, device=dev)
     kw = dict(num_experts=8, max_tokens=4)
+    bad_ids = torch.tensor([[0, 1], [2, 8], [4, 5]], device=dev)
     cases = [
         lambda: ep_dispatch(x.numpy(), idx, w, **kw),                                  # not a tensor
         lambda: ep_dispatch(x.to(torch.int32), idx, w, **kw),                          # dtype of x
         lambda: ep_dispatch(x, idx.float(), w, **kw),                                  # dtype of ids
         lambda: ep_dispatch(x, idx, w[:2], **kw),                                      # shapes
-        lambda: ep_dispatch(x, torch.tensor([[0, 1], [2, 8], [4, 5]], device=dev), w, **kw),  # id out of range
+        lambda: ep_dispatch(x, bad_ids, w, check_ids=True, **kw),                      # id out of range
         lambda: ep_dispatch(x, idx, w, num_experts=7, max_tokens=4),                   # E % world
         lambda: ep_dispatch(x, idx, w, num_experts=8, max_tokens=2),                   # T > max_tokens
         lambda: ep_combine(x, "handle"),                                               # not a handle

@@ -45,6 +45,7 @@ import triton.language as tl
 
 from .. import autotune, shmem
 from .. import language as dl
+from . import library
 from .gemm import (check_launchable, check_matmul_operands, default_num_programs, describe_operands, dot_precision,
                    gemm_candidates, gemm_config, interpreting, tile_accumulate, tile_coords, tile_store)
 
@@ -389,24 +390,21 @@ def _ag_gemm_impl(a, w, return_gathered, config=None):
     return _run(a, w, _plan_for(a, w, world, config), return_gathered)
 
 
-@torch.library.custom_op("triton_dist::ag_gemm", mutates_args=())
-def _ag_gemm_op(a: torch.Tensor, w: torch.Tensor, return_gathered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _ag_gemm_op(a, w, return_gathered=False):
     _check_inputs(a, w)
     check_launchable(a)
     return _ag_gemm_impl(a, w, return_gathered)
 
 
-@_ag_gemm_op.register_fake
-def _(a, w, return_gathered=False):
+def _ag_gemm_fake(a, w, return_gathered=False):
     _check_inputs(a, w)
     world = shmem.world_size()
     rows = world * a.shape[0]
     return a.new_empty((rows, w.shape[0])), a.new_empty((rows if return_gathered else 0, a.shape[1]))
 
 
-def _compiling():
-    compiler = getattr(torch, "compiler", None)
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+library.define("ag_gemm(Tensor a, Tensor w, bool return_gathered=False) -> (Tensor, Tensor)", _ag_gemm_op,
+               _ag_gemm_fake)
 
 
 def ag_gemm(a, w, return_gathered=False, config=None):
@@ -422,7 +420,7 @@ def ag_gemm(a, w, return_gathered=False, config=None):
     """
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
-    if config is None and _compiling():
+    if config is None and library.compiling():
         out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered)
     else:
         _check_inputs(a, w)

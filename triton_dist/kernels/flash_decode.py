@@ -55,7 +55,6 @@ the "local part" the benchmark measures.
 """
 
 import math
-from typing import Optional
 
 import torch
 import triton
@@ -64,6 +63,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import language as dl
 from .. import shmem
+from . import library
 
 LOG2E = 1.4426950408889634  # kernels work in log2 units (exp2 is one instruction); lse leaves in natural log
 
@@ -646,13 +646,13 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
 
 
 # ----------------------------------------------------------------------------------------------- torch op
-@torch.library.custom_op("triton_dist::sp_flash_decode", mutates_args=())
-def _sp_flash_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lens: torch.Tensor,
-                        block_table: Optional[torch.Tensor] = None,
-                        softmax_scale: Optional[float] = None) -> torch.Tensor:
+def _sp_flash_decode_op(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scale=None):
     return sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=block_table, softmax_scale=softmax_scale)
 
 
-@_sp_flash_decode_op.register_fake
 def _sp_flash_decode_fake(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scale=None):
     return q.new_empty(q.shape)
+
+
+library.define("sp_flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, Tensor? block_table=None, "
+               "float? softmax_scale=None) -> Tensor", _sp_flash_decode_op, _sp_flash_decode_fake)

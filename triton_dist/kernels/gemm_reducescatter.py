@@ -53,6 +53,7 @@ import triton.language as tl
 
 from .. import autotune, shmem
 from .. import language as dl
+from . import library
 from .gemm import (TensorDescriptor, dot_precision, gemm_config, num_sms, output_like, tile_accumulate, tile_coords,
                    tile_store, tma_compatible)
 
@@ -301,6 +302,7 @@ def _config_for(a, w, world):
 
 # ----------------------------------------------------------------------------------------------- the op
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_CONFIGS = {}  # (m, n, k, dtype, world) -> the tuned configuration
 
 
 def _check_inputs(a, w):
@@ -333,7 +335,15 @@ def _gemm_rs(a, w, config=None, out=None):
     if k == 0:
         return out.zero_()
     a, w = a.contiguous(), w.contiguous()
-    cfg = {**default_config(m, n, k, a.dtype, a.device, world), **(config or _config_for(a, w, world))}
+    if config is None:  # one dict lookup per call once the shape is tuned
+        key = (m, n, k, a.dtype, world)
+        cfg = _CONFIGS.get(key)
+        if cfg is None:
+            cfg = {**default_config(m, n, k, a.dtype, a.device, world), **_config_for(a, w, world)}
+            if not (a.is_cuda and torch.cuda.is_current_stream_capturing()):  # no tuning happens in a capture
+                _CONFIGS[key] = cfg
+    else:
+        cfg = {**default_config(m, n, k, a.dtype, a.device, world), **config}
     if cfg["path"] == "fallback" or world == 1:
         return out.copy_(gemm_rs_torch(a, w))
     return _run_overlapped(a, w, out, cfg)
@@ -344,14 +354,11 @@ def _output_shape(a, w):
     return rows_of_rank(a.shape[0], shmem.world_size(), shmem.rank())[1], w.shape[0]
 
 
-@torch.library.custom_op("triton_dist::gemm_rs", mutates_args=())
-def _gemm_rs_op(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return _gemm_rs(a, w)
-
-
-@_gemm_rs_op.register_fake
-def _(a, w):
+def _gemm_rs_fake(a, w):
     return a.new_empty(_output_shape(a, w))
+
+
+library.define("gemm_rs(Tensor a, Tensor w) -> Tensor", lambda a, w: _gemm_rs(a, w), _gemm_rs_fake)
 
 
 def gemm_rs(a, w, config=None, out=None):
@@ -361,11 +368,12 @@ def gemm_rs(a, w, config=None, out=None):
     ``a``: [M, K_local], ``w``: [N, K_local] (torch linear convention), float16/bfloat16 (float32 works too), on
     triton_dist's device; every rank passes the same shapes. Returns a new [rows of this rank, N] tensor.
     ``config``: overrides of ``default_config`` (path, tiles, programs, partial dtype, ...); without it the call
-    goes through ``torch.ops.triton_dist.gemm_rs`` with the autotuned configuration (torch.compile and CUDA graphs
-    welcome: call it once before capturing, so that tuning and workspaces happen outside the capture).
+    uses the autotuned configuration. Also available as ``torch.ops.triton_dist.gemm_rs(a, w)`` (torch.compile
+    traces through it; eager calls of this function skip the op dispatcher). CUDA graphs: call it once before
+    capturing, so that tuning and workspaces happen outside the capture.
     ``out``: optional preallocated [rows of this rank, N] result (contiguous, a's dtype and device).
     """
     _check_inputs(a, w)
-    if config is None and out is None:
+    if config is None and out is None and library.compiling():
         return torch.ops.triton_dist.gemm_rs(a, w)
     return _gemm_rs(a, w, config, out)

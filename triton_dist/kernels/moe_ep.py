@@ -61,6 +61,7 @@ import triton.language as tl
 
 from .. import language as dl
 from .. import shmem
+from . import library
 
 MAX_CHUNKS = 1024  # flags and chunk tables are sized for this many token chunks per call
 _BIG = tl.constexpr(2**30)  # "no row" in min-reductions
@@ -500,10 +501,6 @@ def _check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align):
         raise ValueError("x has no columns")
 
 
-def _capturing():
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, exact=False, check_ids=None,
                 config=None):
     """Send every token to the ranks owning its top-k experts (once per rank), grouped by local expert there.
@@ -511,11 +508,12 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     ``x`` [T, H] (bf16/fp16/fp32), ``topk_idx`` [T, K] int (global expert ids, -1 = unused slot),
     ``topk_weights`` [T, K]. ``num_experts``, ``max_tokens`` (>= T on every rank), ``align``, K, H and the dtype
     must be the same on every rank. ``exact``: sync once and trim the outputs to the rows in use.
-    ``check_ids``: verify ids on the host (a sync); default: yes unless a CUDA graph is being captured.
+    ``check_ids``: verify ids on the host (ValueError; on GPU that is a device sync). Default: on CPU only, so
+    that a GPU call never syncs; the kernels treat an id outside [0, E) like -1 (the slot is dropped).
     Returns an ``EpDispatchResult``; its tensors are views valid until the next dispatch of the same shapes."""
     _check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align)
     if check_ids is None:
-        check_ids = not _capturing()
+        check_ids = x.device.type == "cpu"
     if check_ids and topk_idx.numel() and bool(((topk_idx < -1) | (topk_idx >= num_experts)).any()):
         bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][0].item()
         raise ValueError(f"topk_idx holds expert id {bad}, outside [0, {num_experts}) (-1 marks an unused slot)")
@@ -613,18 +611,14 @@ def _fake_rows(num_experts, topk, max_tokens, align):
     return max_recv_rows(shmem.world_size(), num_experts, topk, max_tokens, align)
 
 
-@torch.library.custom_op("triton_dist::ep_dispatch", mutates_args=())
-def _ep_dispatch_op(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
-                    max_tokens: int, align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                          torch.Tensor, torch.Tensor]:
+def _ep_dispatch_op(x, topk_idx, topk_weights, num_experts, max_tokens, align):
     r = ep_dispatch(x, topk_idx, topk_weights, num_experts=num_experts, max_tokens=max_tokens, align=align,
                     check_ids=False)
     # zero-copy: views of the workspace (distinct buffers, so no two outputs alias), valid until the next dispatch
     return r.x, r.expert_ids, r.weights, r.expert_counts, r.expert_offsets, r.handle.token_pos
 
 
-@_ep_dispatch_op.register_fake
-def _(x, topk_idx, topk_weights, num_experts, max_tokens, align):
+def _ep_dispatch_fake(x, topk_idx, topk_weights, num_experts, max_tokens, align):
     rows = _fake_rows(num_experts, topk_idx.shape[1], max_tokens, align)
     local = num_experts // shmem.world_size()
     i32 = dict(dtype=torch.int32, device=x.device)
@@ -633,9 +627,7 @@ def _(x, topk_idx, topk_weights, num_experts, max_tokens, align):
             torch.empty((local + 1,), **i32), torch.empty((x.shape[0], shmem.world_size()), **i32))
 
 
-@torch.library.custom_op("triton_dist::ep_combine", mutates_args=())
-def _ep_combine_op(expert_out: torch.Tensor, token_pos: torch.Tensor, num_experts: int, topk: int,
-                   max_tokens: int, align: int) -> torch.Tensor:
+def _ep_combine_op(expert_out, token_pos, num_experts, topk, max_tokens, align):
     key = (num_experts, topk, max_tokens, expert_out.shape[1], expert_out.dtype, align)
     ws = _Workspace._cache.get(key)
     if ws is None or ws.last is None:
@@ -646,6 +638,11 @@ def _ep_combine_op(expert_out: torch.Tensor, token_pos: torch.Tensor, num_expert
     return ep_combine(expert_out, ws.last)
 
 
-@_ep_combine_op.register_fake
-def _(expert_out, token_pos, num_experts, topk, max_tokens, align):
+def _ep_combine_fake(expert_out, token_pos, num_experts, topk, max_tokens, align):
     return expert_out.new_empty((token_pos.shape[0], expert_out.shape[1]))
+
+
+library.define("ep_dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, int num_experts, int max_tokens, "
+               "int align) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)", _ep_dispatch_op, _ep_dispatch_fake)
+library.define("ep_combine(Tensor expert_out, Tensor token_pos, int num_experts, int topk, int max_tokens, "
+               "int align) -> Tensor", _ep_combine_op, _ep_combine_fake)

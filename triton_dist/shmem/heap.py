@@ -25,6 +25,7 @@ DEFAULT_HEAP_BYTES = {"cpu": 256 << 20, "gpu": 2 << 30}
 # Rough poll rates of dl.wait, to turn a timeout in seconds into a poll budget (the interpreter manages ~1000/s).
 POLLS_PER_SECOND = {"cpu": 1_000, "gpu": 2_000_000}
 DEFAULT_WAIT_TIMEOUT_S = 60.0
+ERROR_POLL_EVERY = 8  # GPU: op calls between two host copies of the device error flag
 
 
 class WaitTimeoutError(RuntimeError):
@@ -57,12 +58,14 @@ class _Runtime:
     nbytes: int
     kind: str  # "cpu" or "gpu"
     ctx: torch.Tensor = None
-    free: list = field(default_factory=list)  # [offset, nbytes, [events]] sorted by offset
+    free: list = field(default_factory=list)  # [offset, nbytes, [(event, stream, seq)]] sorted by offset
     live: dict = field(default_factory=dict)  # offset -> _Allocation
     signal_state: list = field(default_factory=list)  # weak references to tensors `reset()` zeroes
-    err_host: torch.Tensor = None  # GPU: pinned copy of the error flag, refreshed after each op launch
+    err_host: torch.Tensor = None  # GPU: pinned copy of the error flag, refreshed every ERROR_POLL_EVERY op calls
     err_host_view: np.ndarray = None  # the same memory, read without creating tensors (hot path)
     err_device_word: torch.Tensor = None  # the error flag in this rank's heap
+    calls: int = 0  # op calls seen by raise_pending_errors
+    releases: int = 0  # GPU blocks freed so far (orders their events)
 
 
 _RT = None
@@ -276,12 +279,17 @@ def _reserve(rt, nbytes):
     size = -(-nbytes // ALIGN) * ALIGN
     for i, (offset, free_bytes, events) in enumerate(rt.free):
         if free_bytes >= size:
-            for ev in events:  # GPU: work that used the freed block must be done before we reuse it
-                ev.synchronize()
+            # GPU: work queued on the block before it was freed must come first. Stream order, no host sync (as
+            # in torch's caching allocator): the current stream waits for it. A graph capture needs no wait (its
+            # replays are queued after all of that work).
+            if events and not torch.cuda.is_current_stream_capturing():
+                stream = torch.cuda.current_stream()
+                for ev, _, _ in events:
+                    stream.wait_event(ev)
             if free_bytes == size:
                 rt.free.pop(i)
-            else:
-                rt.free[i] = [offset + size, free_bytes - size, []]
+            else:  # the rest keeps its events: it may hold freed memory too
+                rt.free[i] = [offset + size, free_bytes - size, events]
             return offset
     largest = max((f[1] for f in rt.free), default=0)
     raise HeapExhaustedError(
@@ -295,7 +303,8 @@ def _release(rt, alloc):
     if rt.kind == "gpu":
         ev = torch.cuda.Event()
         ev.record()
-        events.append(ev)
+        rt.releases += 1
+        events.append((ev, torch.cuda.current_stream(), rt.releases))
     size = -(-alloc.nbytes // ALIGN) * ALIGN
     free = rt.free
     free.append([alloc.offset, size, events])
@@ -305,10 +314,20 @@ def _release(rt, alloc):
         last = merged[-1]
         if last[0] + last[1] == f[0]:
             last[1] += f[1]
-            last[2] += f[2]
+            last[2] = _newest_per_stream(last[2] + f[2])
         else:
             merged.append(f)
     rt.free[:] = merged
+
+
+def _newest_per_stream(events):
+    """Free-block events, the newest per stream (an event covers everything queued before it on its stream), so
+    that a block freed and merged many times does not collect events."""
+    newest = {}
+    for ev, stream, seq in events:
+        if stream not in newest or newest[stream][2] < seq:
+            newest[stream] = (ev, stream, seq)
+    return list(newest.values())
 
 
 # ----------------------------------------------------------------------------------------------- peers
@@ -384,13 +403,15 @@ def clear_errors():
 
 def raise_pending_errors():
     """Cheap check used by ops before each launch: raises a WaitTimeoutError that an earlier call recorded.
-    CPU: exact (kernels are synchronous). GPU: no host sync; it sees the error flag as of the previous call."""
+    CPU: exact (kernels are synchronous). GPU: no host sync; it sees the error flag as of a few calls ago."""
     rt = _runtime()
     if rt.kind == "cpu":
         return check_errors()
     if rt.err_host_view[0] != 0:
         check_errors()
-    if not torch.cuda.is_current_stream_capturing():  # keep graphs free of this bookkeeping copy
+    rt.calls += 1
+    # refresh the host copy every few calls (a copy costs ~10 µs of host time); never inside a graph capture
+    if rt.calls % ERROR_POLL_EVERY == 0 and not torch.cuda.is_current_stream_capturing():
         rt.err_host.copy_(rt.err_device_word, non_blocking=True)
 
 
