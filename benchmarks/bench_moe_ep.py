@@ -29,11 +29,14 @@ from triton_dist.kernels.moe_ep import default_config, ep_combine, ep_dispatch
 H, E, K = 7168, 64, 8
 SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout)
     # program counts and chunking are runtime arguments (no recompile); block sizes / warps / fused compile anew
-    4096: [(128, 64, 256, 512, 16, 8, False), (128, 96, 256, 512, 16, 8, False), (128, 32, 256, 512, 16, 8, False),
-           (96, 48, 256, 512, 16, 8, False), (132, 66, 512, 512, 8, 8, False), (128, 64, 128, 1024, 16, 8, False),
-           (128, 64, 256, 256, 16, 4, False)],
-    128: [(96, 64, 64, 1024, 4, 8, True), (64, 32, 64, 1024, 2, 8, True), (128, 96, 64, 1024, 2, 8, True),
-          (32, 16, 32, 2048, 4, 8, True), (96, 64, 64, 1024, 4, 8, False)],
+    4096: [(128, 64, 256, 512, 16, 8, False), (128, 96, 256, 512, 16, 8, False), (132, 100, 256, 512, 16, 8, False),
+           (132, 116, 256, 512, 16, 8, False), (198, 150, 256, 512, 16, 8, False),
+           (264, 200, 256, 512, 16, 8, False), (264, 232, 256, 512, 16, 4, False),
+           (132, 100, 256, 1024, 8, 8, False), (132, 100, 512, 512, 8, 8, False), (132, 100, 256, 256, 16, 4, False),
+           (132, 100, 128, 512, 16, 8, False), (264, 200, 512, 1024, 8, 8, False)],
+    128: [(96, 64, 64, 1024, 4, 8, True), (96, 64, 64, 1024, 4, 8, False), (132, 100, 128, 1024, 1, 8, False),
+          (132, 66, 64, 1024, 2, 8, False), (64, 48, 32, 2048, 4, 8, False), (128, 96, 128, 512, 1, 4, False),
+          (132, 100, 128, 2048, 1, 8, False), (32, 16, 32, 2048, 4, 8, True)],
 }
 
 
