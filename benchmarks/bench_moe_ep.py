@@ -28,26 +28,30 @@ from triton_dist.kernels.moe_ep import default_config, ep_combine, ep_dispatch
 
 H, E, K = 7168, 64, 8
 SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout)
-    # program counts and chunking are runtime arguments (no recompile); block sizes / warps / fused compile anew
-    4096: [(128, 64, 256, 512, 16, 8, False), (128, 96, 256, 512, 16, 8, False), (132, 100, 256, 512, 16, 8, False),
-           (132, 116, 256, 512, 16, 8, False), (198, 150, 256, 512, 16, 8, False),
-           (264, 200, 256, 512, 16, 8, False), (264, 232, 256, 512, 16, 4, False),
-           (132, 100, 256, 1024, 8, 8, False), (132, 100, 512, 512, 8, 8, False), (132, 100, 256, 256, 16, 4, False),
-           (132, 100, 128, 512, 16, 8, False), (264, 200, 512, 1024, 8, 8, False)],
-    128: [(96, 64, 64, 1024, 4, 8, True), (96, 64, 64, 1024, 4, 8, False), (132, 100, 128, 1024, 1, 8, False),
-          (132, 66, 64, 1024, 2, 8, False), (64, 48, 32, 2048, 4, 8, False), (128, 96, 128, 512, 1, 4, False),
-          (132, 100, 128, 2048, 1, 8, False), (32, 16, 32, 2048, 4, 8, True)],
+    # program counts and chunking are runtime arguments (no recompile); block sizes / warps / fused compile anew.
+    # Measured earlier on 2xH200 (run6 in benchmarks/results): more senders (up to 2 programs per SM) and
+    # 8x1024 tiles help combine; dispatch is best with 64 of 128 programs sending 16x512 tiles.
+    4096: [(128, 64, 256, 512, 16, 8, False), (128, 96, 256, 512, 16, 8, False), (132, 100, 256, 1024, 8, 8, False),
+           (264, 200, 256, 1024, 8, 8, False), (264, 200, 512, 1024, 8, 8, False), (264, 200, 256, 512, 16, 8, False)],
+    128: [(96, 64, 64, 1024, 4, 8, False), (132, 66, 64, 1024, 2, 8, False), (132, 100, 128, 2048, 1, 8, False),
+          (96, 64, 64, 1024, 4, 8, True)],
 }
 
 
 def _cfg(t):
+    """A sweep entry as a config: combine runs with the same knobs as dispatch."""
     keys = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps", "fused_layout")
-    return dict(zip(keys, t))
+    c = dict(zip(keys, t))
+    return {**c, "combine_programs": c["num_programs"], "combine_push": c["push_programs"],
+            "combine_block_h": c["block_h"], "combine_block_tokens": c["block_tokens"],
+            "combine_warps": c["num_warps"]}
 
 
 def _name(c):
-    return "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}".format(
+    name = "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}".format(
         f=" fused" if c["fused_layout"] else "", **c)
+    comb = "p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}".format(**c)
+    return name if comb in name else f"{name}; combine {comb}"
 
 
 def nccl_dispatch(x, idx, weights):

@@ -91,7 +91,7 @@ def _run(mode, T, H, E, K, dtype_name, align, seed, config=None, repeats=1):
     scale = _expert_scale(E)[r * el:(r + 1) * el].to(torch.float32)
     out = (res.x.float() * scale.to(dev)[res.expert_ids.clamp(min=0).long()][:, None]).to(dtype)
     out[res.expert_ids < 0] = float("nan")
-    ys = [ep_combine(out, res.handle).cpu() for _ in range(repeats)]
+    ys = [ep_combine(out, res.handle, config=config).cpu() for _ in range(repeats)]
     ref = torch.zeros(x.shape, dtype=torch.float64)
     gs = _expert_scale(E)
     for t in range(x.shape[0]):
@@ -124,8 +124,10 @@ def test_dispatch_combine_4_ranks(ranks, mode, T):
 
 
 def test_two_launch_layout_and_uneven_chunks(ranks):
-    """The layout launch (default for max_tokens > 256); 2 senders + 1 receiver over 5 odd-sized chunks."""
-    cfg = {"fused_layout": False, "num_chunks": 5, "num_programs": 3, "push_programs": 2, "block_tokens": 2}
+    """The layout launch (default for max_tokens > 256); 2 senders + 1 receiver over 5 odd-sized chunks; combine
+    with its own knobs (3 senders + 1 receiver, 4-token blocks)."""
+    cfg = {"fused_layout": False, "num_chunks": 5, "num_programs": 3, "push_programs": 2, "block_tokens": 2,
+           "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4}
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, cfg):
         assert problems == []
 

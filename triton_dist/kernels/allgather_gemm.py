@@ -261,7 +261,7 @@ def _run_overlapped(a, w, plan, return_gathered):
         for stream, _ in plan.pushes:
             main.wait_stream(stream)
     if not return_gathered:
-        return out, a.new_empty((0, k))
+        return out, None
     gathered = torch.empty((world * m_shard, k), dtype=a.dtype, device=a.device)
     for r in range(world):  # peers' rows from a_full (they arrived during the GEMM), our own rows from a
         rows = slice(r * m_shard, (r + 1) * m_shard)
@@ -277,7 +277,7 @@ def _run_gather_then_matmul(a, w, plan, return_gathered):
     else:  # gloo
         dist.all_gather(list(gathered.chunk(plan.world)), a, group=plan.group)
     out = torch.matmul(gathered, w.T)
-    return out, (gathered if return_gathered else a.new_empty((0, a.shape[1])))
+    return out, (gathered if return_gathered else None)
 
 
 # ----------------------------------------------------------------------------------------------- configs
@@ -384,7 +384,7 @@ def _ag_gemm_impl(a, w, return_gathered, config=None):
     n = w.shape[0]
     if m_shard == 0 or k == 0:  # nothing to move or nothing to multiply
         out = a.new_zeros((world * m_shard, n))
-        return out, a.new_empty((world * m_shard if return_gathered else 0, k))
+        return out, (a.new_empty((world * m_shard, k)) if return_gathered else None)
     if n == 0 or world == 1:
         config = {"path": "fallback"}
     return _run(a, w, _plan_for(a, w, world, config), return_gathered)
@@ -393,7 +393,8 @@ def _ag_gemm_impl(a, w, return_gathered, config=None):
 def _ag_gemm_op(a, w, return_gathered=False):
     _check_inputs(a, w)
     check_launchable(a)
-    return _ag_gemm_impl(a, w, return_gathered)
+    out, gathered = _ag_gemm_impl(a, w, return_gathered)
+    return out, (a.new_empty((0, a.shape[1])) if gathered is None else gathered)
 
 
 def _ag_gemm_fake(a, w, return_gathered=False):

@@ -434,16 +434,23 @@ def default_config(max_tokens, hidden, device_type):
     """Knobs, identical on every rank (they depend only on max_tokens and hidden):
     num_chunks (token chunks per rank: the unit of flags, pipelining and combine), num_programs (grid),
     push_programs (of them, the senders; the rest receive), block_tokens / block_h (rows / columns per copy
-    step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens)."""
+    step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens).
+    ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
-        return {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
-                "num_warps": 4, "fused_layout": max_tokens <= 256}
-    if max_tokens <= 256:  # decode-sized batches: small chunks, wide copies (measured on 2xH200, T=128:
-        # the separate layout launch gave dispatch 32.5 us from a graph, the fused layout 121.6 us)
-        return {"num_chunks": 64, "num_programs": 96, "push_programs": 64, "block_h": 1024, "block_tokens": 4,
-                "num_warps": 8, "fused_layout": False}
-    return {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
-            "num_warps": 8, "fused_layout": False}
+        cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
+               "num_warps": 4, "fused_layout": max_tokens <= 256}
+    elif max_tokens <= 256:  # decode-sized batches: small chunks, wide copies, every SM (2xH200, T=128, from
+        # a graph: dispatch 29.8 us, combine 26.8 us; the fused layout launch was slower: 121 us)
+        cfg = {"num_chunks": 64, "num_programs": 132, "push_programs": 66, "block_h": 1024, "block_tokens": 2,
+               "num_warps": 8, "fused_layout": False}
+    else:  # 2xH200, T=4096: dispatch 234.6 us with these; combine is bound by reading every received row once,
+        # so it gets more senders (two programs per SM) and wider tiles: 401 -> ~315 us
+        cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
+               "num_warps": 8, "fused_layout": False,
+               "combine_programs": 264, "combine_push": 200, "combine_block_h": 1024, "combine_block_tokens": 8}
+    return {"combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
+            "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
+            "combine_warps": cfg["num_warps"], **cfg}
 
 
 @dataclass
@@ -454,7 +461,6 @@ class EpHandle:
     call: int
     num_tokens: int
     num_chunks: int
-    block_tokens: int
     token_pos: torch.Tensor  # [T, W] int32: position of token t in rank d's receive list (-1: not sent)
 
 
@@ -552,7 +558,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         ws.state, ctx, BH=bh, RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused,
         num_warps=int(cfg["num_warps"]), **common)
     ws.calls += 1
-    handle = EpHandle(ws, ws.calls, T, n_chunks, bt, ws.token_pos[:T])
+    handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
     ws.last = handle
     rows = ws.max_rows
     if exact:
@@ -588,21 +594,23 @@ def ep_combine(expert_out, handle, out=None, config=None):
     if tuple(y.shape) != (T, H) or y.dtype != ws.dtype or not y.is_contiguous():
         raise ValueError(f"out must be a contiguous {ws.dtype} tensor [{T}, {H}]")
     cfg = {**default_config(ws.max_tokens, H, expert_out.device.type), **(config or {})}
-    bh = min(triton.next_power_of_2(int(cfg["block_h"])), triton.next_power_of_2(H))
+    bh = min(triton.next_power_of_2(int(cfg["combine_block_h"])), triton.next_power_of_2(H))
+    bt = triton.next_power_of_2(max(1, min(int(cfg["combine_block_tokens"]),
+                                           triton.cdiv(ws.max_tokens, handle.num_chunks))))
     expert_out = expert_out.contiguous()
     if expert_out.shape[0] == 0:
         expert_out = torch.zeros((1, H), dtype=ws.dtype, device=expert_out.device)
     y_arg = y if T else torch.empty((1, H), dtype=ws.dtype, device=expert_out.device)
     tp = handle.token_pos if T else ws.token_pos
     shmem.raise_pending_errors()
-    n_prog, n_push = int(cfg["num_programs"]), int(cfg["push_programs"])
+    n_prog, n_push = int(cfg["combine_programs"]), int(cfg["combine_push"])
     if not 1 <= n_push < n_prog:
-        raise ValueError(f"need 1 <= push_programs < num_programs, got {n_push}, {n_prog}")
+        raise ValueError(f"need 1 <= combine_push < combine_programs, got {n_push}, {n_prog}")
     ep_combine_kernel[(n_prog,)](
         expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, n_push, ws.recv_slots, ws.recv_w,
         ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_state, shmem.context(),
-        K=ws.topk, BT=handle.block_tokens, BH=bh, K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad,
-        MAXC=MAX_CHUNKS, num_warps=int(cfg["num_warps"]))
+        K=ws.topk, BT=bt, BH=bh, K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad,
+        MAXC=MAX_CHUNKS, num_warps=int(cfg["combine_warps"]))
     return y
 
 
