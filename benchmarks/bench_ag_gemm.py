@@ -4,6 +4,8 @@
                  NCCL+cuBLAS fallback itself; rank 0 prints the sweep); "op" = torch.ops.triton_dist.ag_gemm
   ours fallback  our op forced onto its NCCL+cuBLAS path (must equal the NCCL+cuBLAS column: plan cache)
   ours overlap   our op forced onto the overlapped kernel with the default config
+  graph-path     (M <= 2048) our op forced onto path "graph": the overlapped kernels replayed from a cached
+                 CUDA graph by an eager call (copy in, replay, copy out)
   host us/call   Python + launch cost of one eager call (GPU kept busy, so the host never waits)
   sweep          (8192^3 and 2048 only) the overlapped kernel per knob: n_chunks, FLATTEN, EPILOGUE_SUBTILE,
                  GROUP_M, tile shape, one program fewer than SMs
@@ -83,6 +85,8 @@ def main():
         t_fb = time_us(lambda: ag_gemm(a, w, config={"path": "fallback"}))
         over = {**base, "path": "overlap"}
         t_over = time_us(lambda: ag_gemm(a, w, config=over))
+        t_replay = time_us(lambda: ag_gemm(a, w, config={**over, "path": "graph"})) if m_total <= 2048 else \
+            float("nan")
         h_ours = host_us(lambda: ag_gemm(a, w))
         if (m_total, n_total, k) in ((8192, 8192, 8192), (2048, 8192, 8192)):
             from triton_dist.kernels.gemm import default_num_programs
@@ -100,7 +104,7 @@ def main():
         t_tp = time_us_or_nan(_async_tp(a, w.T, group_name), "async-TP")
         tflops = lambda t: 2 * m_total * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m_total, "N": n_total, "K": k, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
-                     "op us": t_op, "ours fallback us": t_fb, "ours overlap us": t_over, "host us/call": h_ours,
+                     "op us": t_op, "ours fallback us": t_fb, "ours overlap us": t_over, "ours graph-path us": t_replay, "host us/call": h_ours,
                      "NCCL+cuBLAS us": t_nccl, "async-TP us": t_tp,
                      "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours, "max rel err": err})
         del a, w, full, out, ref

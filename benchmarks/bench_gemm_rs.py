@@ -4,6 +4,8 @@
                  torch.matmul + NCCL fallback itself; rank 0 prints the sweep); "op" = torch.ops.triton_dist.gemm_rs
   ours fallback  our op forced onto its torch.matmul + reduce_scatter_tensor path
   ours overlap   our op forced onto the overlapped kernel with the default config
+  graph-path     (M <= 2048) our op forced onto path "graph": the same kernel replayed from a cached CUDA
+                 graph by an eager call (copy in, replay, copy out)
   graph us       the op replayed from a CUDA graph (no Python, no launch gaps)
   GEMM only      torch.matmul of the local shapes alone: the floor for any overlap
   sweep          (8192^3 and 2048 only) the overlapped kernel, default config + one knob
@@ -82,6 +84,7 @@ def main():
         t_fb = time_us(lambda: gemm_rs(a, w, config={"path": "fallback"}))
         over = {**base, "path": "overlap"}
         t_over = time_us(lambda: gemm_rs(a, w, config=over))
+        t_replay = time_us(lambda: gemm_rs(a, w, config={**over, "path": "graph"})) if m <= 2048 else float("nan")
         try:
             t_graph = _graph_us(a, w)
         except Exception as exc:  # keep the rest of the table
@@ -103,6 +106,7 @@ def main():
         tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m, "N": n, "K": k_total, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
                      "op us": t_op, "graph us": t_graph, "ours fallback us": t_fb, "ours overlap us": t_over,
+                     "ours graph-path us": t_replay,
                      "GEMM only us": t_gemm, "NCCL+cuBLAS us": t_nccl, "async-TP us": t_tp,
                      "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours, "max rel err": err,
                      "bitwise repeat": bitwise})

@@ -94,6 +94,7 @@ def main():
         dist.all_gather_into_tensor(full, a128)
         return torch.matmul(full, w4k.T)
     cases["ag_gemm M=128 NCCL+cuBLAS"] = (ag_base, None)
+    cases["ag_gemm M=128 graph-path"] = (lambda: ag_gemm(a128, w4k, config={"path": "graph"}), None)
     a2k = torch.randn(2048 // world, 8192, **bf)
     cases["ag_gemm M=2048 (ours)"] = (lambda: ag_gemm(a2k, w4k), "ag_gemm2048")
     cases["ag_gemm M=2048 overlap"] = (lambda: ag_gemm(a2k, w4k, config={"path": "overlap"}), "ag_gemm_overlap")
@@ -103,6 +104,7 @@ def main():
     rs_out = torch.empty(128 // world, 8192, **bf)
     cases["gemm_rs M=128 (ours)"] = (lambda: gemm_rs(ars, wrs), "gemm_rs")
     cases["gemm_rs M=128 overlap"] = (lambda: gemm_rs(ars, wrs, config={"path": "overlap"}), "gemm_rs_overlap")
+    cases["gemm_rs M=128 graph-path"] = (lambda: gemm_rs(ars, wrs, config={"path": "graph"}), None)
 
     def rs_base():
         p = torch.matmul(ars, wrs.T)

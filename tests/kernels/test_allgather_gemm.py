@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import triton_dist as td
 from triton_dist.kernels import allgather_gemm as agm
+from triton_dist.kernels import replay
 from triton_dist.kernels.allgather_gemm import ag_gemm
 
 from ..conftest import error_names, gpu_only
@@ -64,6 +65,7 @@ CPU_CASES = [  # (m per rank, n, k, dtype, config): odd sizes, TMA-compatible an
     (13, 23, 37, "float32", CPU_C3),       # odd N and K: masked path
     (9, 17, 19, "float16", {**CPU_CE, "use_tma": False}),
     (34, 24, 40, "float32", {**CPU_C3, "BLOCK_M": 32}),
+    (17, 24, 40, "float16", {**CPU_C3, "path": "graph"}),  # no CUDA graphs on CPU: launched directly
 ]
 
 
@@ -230,6 +232,33 @@ def test_ag_gemm_gpu_every_candidate(ranks, m, n, k):
                                            {"path": "overlap", "use_tma": False}]:
         for worst, gathered_ok in ranks(td.world_size(), _check_gpu, m, n, k, cfg, 10):
             assert gathered_ok and worst < 1e-2, (cfg, worst)
+
+
+def _check_graph_path(m, n, k):
+    """Path "graph": fresh activations every call, a weight updated in place, then more distinct weights than
+    the cache captures (those launch directly). Every result against the fp32 reference."""
+    cfg = {"path": "graph"}
+    worst = 0.0
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 8
+    weights = [w] * 6 + [None] * 2 + [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 8
+                                      for _ in range(replay.MAX_WEIGHTS + 2)]
+    for i, wi in enumerate(weights):
+        if wi is None:  # in place, same address: the captured graph must see the new values
+            w.copy_(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 8)
+            wi = w
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        out = ag_gemm(a, wi, config=cfg)
+        ref = _gpu_reference(a, wi)[1]
+        err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+        worst = max(worst, err if err == err else float("inf"))
+    return worst, len(agm._GRAPHS.graphs)
+
+
+@gpu_only
+@pytest.mark.parametrize("m,n,k", [(256, 1024, 1000), (1000, 1536, 1024)])
+def test_ag_gemm_gpu_graph_path(ranks, m, n, k):
+    for worst, graphs in ranks(td.world_size(), _check_graph_path, m, n, k):
+        assert worst < 1e-2 and graphs >= 1, (worst, graphs)
 
 
 @gpu_only

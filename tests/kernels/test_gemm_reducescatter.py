@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 import triton_dist as td
 from triton_dist.kernels import gemm_reducescatter as grs
+from triton_dist.kernels import replay
 from triton_dist.kernels.gemm_reducescatter import gemm_rs, rows_of_rank
 
 from ..conftest import error_names, gpu_only
@@ -115,6 +116,7 @@ def _check_fallback_and_op():
     ref = _reference_fp64(a, w)
     fallback = gemm_rs(a, w, {"path": "fallback"})
     kernel = gemm_rs(a, w, CPU_TILES)
+    assert torch.equal(gemm_rs(a, w, {**CPU_TILES, "path": "graph"}), kernel)  # CPU: no graphs, same launch
     op = torch.ops.triton_dist.gemm_rs(a, w)  # default config (CPU: the kernel)
     compiled = torch.compile(lambda x, y: gemm_rs(x, y) * 2.0, fullgraph=True, backend="aot_eager")(a, w)
     close = lambda t: bool((t.double() - ref).abs().max() < 1e-4)  # noqa: E731
@@ -201,6 +203,33 @@ def _check_straggler():
             ok &= _bf16_close(out, ref)
     torch.cuda.synchronize()
     return ok
+
+
+def _check_graph_path(m, n, k):
+    """Path "graph": fresh activations every call, a weight updated in place, then more distinct weights than
+    the cache captures (those launch directly); every result against the fp32 reference; bitwise equal to the
+    direct launch of the same configuration."""
+    cfg = {"path": "graph"}
+    a, w = _inputs(m, n, k, torch.bfloat16, 0)
+    weights = [w] * 6 + [None] * 2 + [_inputs(m, n, k, torch.bfloat16, 50 + i)[1]
+                                      for i in range(replay.MAX_WEIGHTS + 2)]
+    bad, same = [], True
+    for i, wi in enumerate(weights):
+        if wi is None:  # in place, same address: the captured graph must see the new values
+            w.copy_(_inputs(m, n, k, torch.bfloat16, 30 + i)[1])
+            wi = w
+        a = _inputs(m, n, k, torch.bfloat16, 100 + i)[0]
+        out = gemm_rs(a, wi, cfg)
+        if not _bf16_close(out, _reference_fp32(a, wi)):
+            bad.append(i)
+        same &= torch.equal(out, gemm_rs(a, wi, {**cfg, "path": "overlap"}))
+    return bad, same, len(grs._GRAPHS.graphs) >= 1
+
+
+@gpu_only
+@pytest.mark.parametrize("m,n,k", [(128, 2048, 1024), (1000, 1536, 1032)])
+def test_gemm_rs_graph_path(ranks, m, n, k):
+    assert ranks(2, _check_graph_path, m, n, k) == [([], True, True)] * 2
 
 
 @gpu_only

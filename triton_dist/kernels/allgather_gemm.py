@@ -33,7 +33,9 @@ call (and so stopped reading the previous call's rows). The same source runs und
 there the host copies are synchronous and done before the GEMM launch.
 
 Small M: when the GEMM is too short to hide anything, the call goes to NCCL all_gather + cuBLAS
-(``SMALL_M_ROWS`` is the default crossover; on GPU the autotuner also times both and keeps the faster). The
+(``SMALL_M_ROWS`` is the default crossover), or, when the kernels win on the device but an eager call's host cost
+would eat the gain, to the same kernels replayed from a cached CUDA graph (path "graph", ``replay.py``); on GPU
+the autotuner times all of them per shape (eager calls, host cost included) and keeps the fastest. The
 choice is made once per (shape, dtype) and cached in a *plan*, so a call costs one dict lookup on the host on
 top of the launches.
 """
@@ -48,6 +50,7 @@ from .. import language as dl
 from . import library
 from .gemm import (check_launchable, check_matmul_operands, default_num_programs, describe_operands, dot_precision,
                    gemm_candidates, gemm_config, interpreting, tile_accumulate, tile_coords, tile_store)
+from .replay import GraphCache
 
 MAX_CHUNKS = 64  # per rank; sizes the `arrived` flags
 # The crossover: at or below this many gathered rows (W * m) the overlapped kernel cannot beat NCCL all_gather +
@@ -196,6 +199,7 @@ class _Plan:
     def __init__(self, m_shard, n, k, dtype, device, cfg):
         self.cfg, self.path = cfg, cfg["path"]
         self.m_shard, self.n, self.k = m_shard, n, k
+        self.key = (m_shard, n, k, dtype, repr(sorted(cfg.items())))  # names its CUDA graphs (path "graph")
         self.world, self.me = shmem.world_size(), shmem.rank()
         self.group = shmem.group()
         if self.path == "fallback":
@@ -292,7 +296,8 @@ def choose_path(m_total, n, k, world, device_type="cuda"):
 
 
 def default_config(m_shard, n, k, dtype, device, world):
-    """Keys: path ("overlap" / "fallback"), n_chunks (chunks per shard, flags per peer), and the GEMM core's
+    """Keys: path ("overlap" / "graph": the overlapped kernels replayed from a cached CUDA graph, for host-bound
+    small M, see ``replay.py`` / "fallback"), n_chunks (chunks per shard, flags per peer), and the GEMM core's
     (BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, use_tma,
     num_programs; see ``gemm.gemm_config``)."""
     m_total = world * m_shard
@@ -309,6 +314,10 @@ def candidate_configs(m_shard, n, k, dtype, device, world):
     base = default_config(m_shard, n, k, dtype, device, world)
     m_total = world * m_shard
     cands = [{**base, "path": "fallback"}]
+    if m_total <= 2048 and world > 1 and device.type == "cuda":  # host-bound: the kernel from a CUDA graph
+        small = gemm_config(m_total, n, k, dtype, device)
+        cands += [{**base, **small, "path": "graph"}, {**base, **small, "path": "graph", "BLOCK_M": 64,
+                                                           "num_warps": 4}]
     if m_total > 256 and world > 1:
         for g in gemm_candidates(m_total, n, k, dtype, device):
             if g.get("WARP_SPECIALIZE"):  # triton 3.6's warp-specialisation pass rejects this kernel (TODO)
@@ -345,6 +354,7 @@ def _tuned_config(m_shard, n, k, dtype, device, world):
 
 
 _PLANS = {}  # (m_shard, n, k, dtype, explicit config or None) -> _Plan
+_GRAPHS = GraphCache()  # path "graph": small problems replayed from CUDA graphs
 
 
 def _plan_for(a, w, world, config):
@@ -367,6 +377,10 @@ def _plan_for(a, w, world, config):
 def _run(a, w, plan, return_gathered):
     if plan.path == "fallback":
         return _run_gather_then_matmul(a, w, plan, return_gathered)
+    if plan.path == "graph" and not return_gathered:
+        out = _GRAPHS.run(plan.key, lambda x, y: _run_overlapped(x, y, plan, False)[0], a, w)
+        if out is not None:
+            return out, None
     return _run_overlapped(a, w, plan, return_gathered)
 
 

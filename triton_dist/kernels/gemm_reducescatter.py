@@ -56,6 +56,7 @@ from .. import language as dl
 from . import library
 from .gemm import (TensorDescriptor, dot_precision, gemm_config, num_sms, output_like, tile_accumulate, tile_coords,
                    tile_store, tma_compatible)
+from .replay import GraphCache
 
 # The crossover: below this many rows (M, all ranks together) the default path is torch.matmul + NCCL
 # reduce_scatter_tensor. On GPU the autotuner times both paths for every shape and keeps the faster.
@@ -167,15 +168,17 @@ class _Workspace:
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("gemm_rs: the first call for this shape happens during CUDA-graph capture; call "
                                    "it once before capturing (workspaces are allocated and zeroed collectively)")
-            if ws is not None:
+            if ws is not None:  # graphs hold the old buffers: drop them (every rank grows at the same call)
                 recv_elems, n_flags = max(recv_elems, ws.recv_elems), max(n_flags, ws.n_flags)
+                _GRAPHS.clear()
                 del cls._cache[dtype], ws
             cls._cache[dtype] = cls(dtype, recv_elems, n_flags)
         return cls._cache[dtype]
 
 
 def release_workspaces():
-    """Free the cached symmetric buffers (collective: call it on every rank)."""
+    """Free the cached symmetric buffers and CUDA graphs (collective: call it on every rank)."""
+    _GRAPHS.clear()
     _Workspace._cache.clear()
 
 
@@ -247,7 +250,8 @@ def choose_path(m, world, device_type="cuda"):
 
 def default_config(m, n, k, dtype, device, world):
     """Launch parameters, ``triton_dist.kernels.gemm.gemm_config`` for the per-destination GEMM plus:
-    path ("overlap" | "fallback"), partial ("out": peers' partial sums travel in the output dtype, like
+    path ("overlap" | "graph": the overlapped kernel replayed from a cached CUDA graph, see ``replay.py`` |
+    "fallback"), partial ("out": peers' partial sums travel in the output dtype, like
     matmul + reduce_scatter; "fp32": exact partials at twice the traffic), DEFER_SIGNAL (publish a pushed tile
     after the program's next tile is computed, so the release never waits for NVLink), num_programs (None: one
     per SM on GPU, one per tile under the interpreter; 0: one per tile)."""
@@ -274,10 +278,11 @@ def candidate_configs(m, n, k, dtype, device, world):
                   {**over, **big, "DEFER_SIGNAL": False},
                   {**over, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 8},
                   {**over, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 4}]
-        if m <= 2048:  # host-bound sizes: plain pointers launch in half the host time of 3 TMA descriptors
-            cands += [{**over, "use_tma": False},
-                      {**over, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 4,
-                       "use_tma": False}]
+        if m <= 2048 and device.type == "cuda":  # host-bound sizes: replay from a CUDA graph, or launch with
+            # plain pointers (half the host time of three TMA descriptors)
+            small = [over, {**over, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 8},
+                     {**over, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 4}]
+            cands += [{**c, "path": "graph"} for c in small] + [{**c, "use_tma": False} for c in small[::2]]
         if device.type == "cuda":  # a few SMs left to the NVLink stores (measured: 833 vs 867 us at 8192^3)
             sms = num_sms(device.index if device.index is not None else torch.cuda.current_device())
             cands += [{**over, **big, "num_programs": sms - 4}, {**over, **big, "num_programs": sms - 8},
@@ -295,13 +300,9 @@ def _config_for(a, w, world):
     if a.device.type != "cuda":
         return base
 
-    def make_runner():
+    def make_runner():  # times what an eager call costs with each candidate, host work included
         x, y = torch.randn_like(a), torch.randn_like(w)
-        out = torch.empty((rows_of_rank(m, world, shmem.rank())[1], n), dtype=a.dtype, device=a.device)
-
-        def run(cfg):
-            return gemm_rs_torch(x, y) if cfg["path"] == "fallback" else _run_overlapped(x, y, out, cfg)
-        return run
+        return lambda cfg: _gemm_rs(x, y, cfg)
 
     key = dict(m=m, n=n, k=k, dtype=str(a.dtype).replace("torch.", ""))
     return autotune.choose("gemm_rs", key, candidate_configs(m, n, k, a.dtype, a.device, world), make_runner,
@@ -311,6 +312,7 @@ def _config_for(a, w, world):
 # ----------------------------------------------------------------------------------------------- the op
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _CONFIGS = {}  # (m, n, k, dtype, world) -> the tuned configuration
+_GRAPHS = GraphCache()  # path "graph": small problems replayed from CUDA graphs
 
 
 def _check_inputs(a, w):
@@ -337,11 +339,12 @@ def _gemm_rs(a, w, config=None, out=None):
     world, me = shmem.world_size(), shmem.rank()
     (m, k), n = a.shape, w.shape[0]
     own_rows = rows_of_rank(m, world, me)[1]
-    out = output_like(out, (own_rows, n), a)
     if m == 0 or n == 0:
-        return out
+        return output_like(out, (own_rows, n), a)
     if k == 0:
-        return out.zero_()
+        return output_like(out, (own_rows, n), a).zero_()
+    if out is not None:
+        output_like(out, (own_rows, n), a)  # validates it
     a, w = a.contiguous(), w.contiguous()
     if config is None:  # one dict lookup per call once the shape is tuned
         key = (m, n, k, a.dtype, world)
@@ -353,8 +356,22 @@ def _gemm_rs(a, w, config=None, out=None):
     else:
         cfg = {**default_config(m, n, k, a.dtype, a.device, world), **config}
     if cfg["path"] == "fallback" or world == 1:
-        return out.copy_(gemm_rs_torch(a, w))
-    return _run_overlapped(a, w, out, cfg)
+        res = gemm_rs_torch(a, w)
+        return res if out is None else out.copy_(res)
+    if cfg["path"] == "graph":
+        res = _graphed(a, w, cfg, own_rows)
+        if res is not None:
+            return res if out is None else out.copy_(res)
+    return _run_overlapped(a, w, output_like(out, (own_rows, n), a), cfg)
+
+
+def _graphed(a, w, cfg, own_rows):
+    """The overlapped kernel replayed from a cached CUDA graph (``replay.py``), or None: launch it directly."""
+    key = (tuple(a.shape), tuple(w.shape), a.dtype, repr(sorted(cfg.items())))
+
+    def run(x, y):
+        return _run_overlapped(x, y, torch.empty((own_rows, y.shape[0]), dtype=x.dtype, device=x.device), cfg)
+    return _GRAPHS.run(key, run, a, w)
 
 
 def _output_shape(a, w):

@@ -1,0 +1,79 @@
+"""Eager calls replayed from a cached CUDA graph: the small-problem path of the overlapped GEMM ops.
+
+At small M an overlapped op is host-bound: its GPU work takes ~40-90 µs, while one eager call costs more than
+that in Python and Triton launches (a launch with three TMA descriptors alone took ~40 µs on the 2xH200 node's
+host). The path ``"graph"`` captures the op's overlapped launches once per (shape, config, weight) into a CUDA
+graph on static buffers; a call then costs one copy of the activation in, one graph launch and one copy of the
+result out, and the GPU time is the graph's.
+
+Everything the captured kernels touch stays valid across replays by construction: workspaces are cached per
+shape, flags carry device-side epochs (``dl.call_epoch``), and the weight tensor is the one captured (the key
+holds its address; in-place updates such as optimizer steps are seen, since the graph reads the same memory).
+A weight that changes address on every call would recapture every call: after ``MAX_WEIGHTS`` different weights
+for one shape, a new weight is launched directly (``GraphCache.run`` returns None; graphs already captured for
+that shape stay in use). Inside someone else's capture, under torch.compile tracing, or on CPU the caller
+launches directly.
+
+A capture synchronises the device once (``torch.cuda.graph`` does); replays never do.
+"""
+
+import torch
+
+MAX_WEIGHTS = 4  # distinct weight tensors captured per (shape, config) before giving up on graphs there
+
+
+class GraphedCall:
+    """One captured call: ``run(static_input, weight) -> output`` recorded once, replayed per call."""
+
+    def __init__(self, run, a, w):
+        self.a = a.clone()
+        self.w = w  # the captured address: keep the tensor alive as long as the graph
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):  # records only: no kernel runs here
+            self.out = run(self.a, w)  # lives in the graph's memory pool: the same address every replay
+
+    def __call__(self, a):
+        self.a.copy_(a)
+        self.graph.replay()
+        return self.out.clone()  # the static output is overwritten by the next replay
+
+
+class GraphCache:
+    """The graphs of one op, keyed by the caller's (shape, config) key and the weight's address.
+
+    Every call executes the op exactly once, whichever way it goes (the first call of a key launches directly;
+    a capture records without running, then replays), so ranks that decide differently (a weight at a new address
+    on one rank only) still run the same kernels on the same workspaces, in step."""
+
+    def __init__(self):
+        self.graphs = {}   # (key, weight address) -> GraphedCall
+        self.weights = {}  # key -> number of weights captured for it
+        self.seen = set()  # keys launched directly once (kernels compiled, workspaces built)
+
+    def run(self, key, run, a, w):
+        """``run(a, w)`` replayed from a graph, or None when the caller must launch directly."""
+        if not usable(a):
+            return None
+        if key not in self.seen:  # first call: compile and build workspaces outside any capture
+            self.seen.add(key)
+            return None
+        gkey = (key, w.data_ptr())
+        call = self.graphs.get(gkey)
+        if call is None:
+            if self.weights.get(key, 0) >= MAX_WEIGHTS:  # weights that keep moving: graphs would not pay
+                return None
+            self.weights[key] = self.weights.get(key, 0) + 1
+            call = self.graphs[gkey] = GraphedCall(run, a, w)
+        return call(a)
+
+    def clear(self):
+        self.graphs.clear()
+        self.weights.clear()
+        self.seen.clear()
+
+
+def usable(a):
+    """Graphs are for eager CUDA calls: not on CPU, not inside another capture, not while torch.compile traces."""
+    from .library import compiling
+
+    return a.is_cuda and not torch.cuda.is_current_stream_capturing() and not compiling()
