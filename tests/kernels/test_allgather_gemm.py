@@ -83,6 +83,12 @@ def test_ag_gemm_four_ranks(ranks, m, n, k, dtype, config):
         assert worst < (2e-3 if dtype == "float16" else 1e-6), worst
 
 
+def test_ag_gemm_eight_ranks(ranks):
+    """Seven peer segments, copy pushes to every peer, one wait per chunk over all of them."""
+    for worst, gathered_ok in ranks(8, _check, 3, 16, 24, "float16", CPU_CE, 1):
+        assert gathered_ok and worst < 2e-3, worst
+
+
 def test_ag_gemm_fallback_path(ranks):
     for worst, gathered_ok in ranks(2, _check, 5, 16, 24, "float32", {"path": "fallback"}, 2):
         assert gathered_ok and worst < 1e-6

@@ -67,6 +67,7 @@ CASES = {
         (5, 17, 23, "float32", {"BLOCK_M": 32, "BLOCK_N": 32, "GROUP_M": 1, "use_tma": True})],
     4: [(37, 20, 24, "float16", {"DEFER_SIGNAL": False}),  # 10, 9, 9, 9 rows
         (3, 16, 16, "float32", {})],  # M < W: rank 3 owns no rows
+    8: [(19, 16, 16, "float16", {})],  # 3, 3, 3, 2, ... rows: the 8-rank ring, 7 partial slots per tile
 }
 
 

@@ -123,6 +123,12 @@ def test_dispatch_combine_4_ranks(ranks, mode, T):
         assert problems == []
 
 
+def test_dispatch_combine_8_ranks(ranks):
+    """The all-to-all at 8 ranks (2 experts each; the last rank has no tokens): counts, layout, combine."""
+    for problems in ranks(8, _run, "zero", 3, 8, 16, 3, "float16", 1, 3):
+        assert problems == []
+
+
 def test_two_launch_layout_and_uneven_chunks(ranks):
     """The layout launch (default for max_tokens > 256); 2 senders + 1 receiver over 5 odd-sized chunks; combine
     with its own knobs (3 senders + 1 receiver, 4-token blocks)."""
