@@ -444,7 +444,7 @@ def default_config(max_tokens, hidden, device_type):
         cfg = {"num_chunks": 64, "num_programs": 132, "push_programs": 66, "block_h": 1024, "block_tokens": 2,
                "num_warps": 8, "fused_layout": False}
     else:  # 2xH200, T=4096: dispatch 234.6 us with these; combine is bound by reading every received row once,
-        # so it gets more senders (two programs per SM) and wider tiles: 401 -> ~315 us
+        # so it gets more senders (two programs per SM) and wider tiles: 401 -> 336 us (run7)
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False,
                "combine_programs": 264, "combine_push": 200, "combine_block_h": 1024, "combine_block_tokens": 8}
