@@ -6,7 +6,8 @@
   ours overlap   our op forced onto the overlapped kernel with the default config
   graph-path     (M <= 2048) our op forced onto path "graph": the overlapped kernels replayed from a cached
                  CUDA graph by an eager call (copy in, replay, copy out)
-  host us/call   Python + launch cost of one eager call (GPU kept busy, so the host never waits)
+  host us/call   Python + launch cost of one eager call (GPU kept busy, so the host never waits; median of
+                 5 batches of 20 calls, max over ranks: harness.host_us)
   sweep          (8192^3 and 2048 only) the overlapped kernel per knob: n_chunks, FLATTEN, EPILOGUE_SUBTILE,
                  GROUP_M, tile shape, one program fewer than SMs
   NCCL+cuBLAS    dist.all_gather_into_tensor then torch.matmul
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import record
+from harness import host_us, knob_sweep, record
 from triton_dist.timing import time_us, time_us_or_nan
 from triton_dist.kernels import ag_gemm
 from triton_dist.kernels.allgather_gemm import default_config
@@ -30,20 +31,6 @@ SWEEP = [("n_chunks=1", {}), ("n_chunks=2", {"n_chunks": 2}), ("n_chunks=4", {"n
          ("GROUP_M=16", {"GROUP_M": 16}), ("GROUP_M=4", {"GROUP_M": 4}),
          ("128x128 s4", {"BLOCK_N": 128, "num_stages": 4}), ("programs-1", {"num_programs": -1})]
 
-
-def host_us(fn, iters=20):
-    """Host-side µs per call while the GPU is busy (a long sleep kernel first): what a call costs in Python."""
-    import time
-
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e9 / 1e3 * 50))  # ~50 ms of GPU work ahead of the calls
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    t = (time.perf_counter() - t0) / iters * 1e6
-    torch.cuda.synchronize()
-    return t
 
 SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8192, 8192), (512, 8192, 8192),
           (128, 8192, 8192)]
@@ -87,24 +74,16 @@ def main():
         t_over = time_us(lambda: ag_gemm(a, w, config=over))
         t_replay = time_us(lambda: ag_gemm(a, w, config={**over, "path": "graph"})) if m_total <= 2048 else \
             float("nan")
-        h_ours = host_us(lambda: ag_gemm(a, w))
+        h_ours = host_us(lambda: ag_gemm(a, w), calls=20)
         if (m_total, n_total, k) in ((8192, 8192, 8192), (2048, 8192, 8192)):
-            from triton_dist.kernels.gemm import default_num_programs
-
-            sweep = {}
-            for label, knobs in SWEEP:
-                cfg = {**over, **knobs}
-                if cfg.get("num_programs") == -1:
-                    cfg["num_programs"] = default_num_programs(a.device) - 1
-                sweep[label] = time_us_or_nan(lambda: ag_gemm(a, w, config=cfg), f"sweep {label}", iters=10,
-                                              warmup=2)
-
+            sweep = knob_sweep(lambda cfg: ag_gemm(a, w, config=cfg), over, SWEEP, a.device)
             sweep_rows.append({"M": m_total, "N": n_total, "K": k, **{kk: round(v, 1) for kk, v in sweep.items()}})
         t_nccl = time_us(nccl_cublas)
         t_tp = time_us_or_nan(_async_tp(a, w.T, group_name), "async-TP")
         tflops = lambda t: 2 * m_total * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m_total, "N": n_total, "K": k, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
-                     "op us": t_op, "ours fallback us": t_fb, "ours overlap us": t_over, "ours graph-path us": t_replay, "host us/call": h_ours,
+                     "op us": t_op, "ours fallback us": t_fb, "ours overlap us": t_over,
+                     "ours graph-path us": t_replay, "host us/call": h_ours,
                      "NCCL+cuBLAS us": t_nccl, "async-TP us": t_tp,
                      "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours, "max rel err": err})
         del a, w, full, out, ref

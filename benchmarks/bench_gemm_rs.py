@@ -21,10 +21,9 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import record
+from harness import knob_sweep, record
 from triton_dist.timing import graph_of, time_us, time_us_or_nan
 from triton_dist.kernels import gemm_rs
-from triton_dist.kernels.gemm import default_num_programs
 from triton_dist.kernels.gemm_reducescatter import default_config
 
 SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8192, 8192), (512, 8192, 8192),
@@ -93,13 +92,7 @@ def main():
             t_graph = float("nan")
         t_gemm = time_us(lambda: torch.matmul(a, w.T))
         if (m, n, k_total) in ((8192, 8192, 8192), (2048, 8192, 8192)):
-            sweep = {"default": t_over}
-            for label, knobs in SWEEP:
-                cfg = {**over, **knobs}
-                if cfg.get("num_programs") is not None and cfg["num_programs"] < 0:
-                    cfg["num_programs"] = default_num_programs(a.device) + cfg["num_programs"]
-                sweep[label] = time_us_or_nan(lambda: gemm_rs(a, w, config=cfg), f"sweep {label}", iters=10,
-                                              warmup=2)
+            sweep = {"default": t_over, **knob_sweep(lambda cfg: gemm_rs(a, w, config=cfg), over, SWEEP, a.device)}
             sweep_rows.append({"M": m, "N": n, "K": k_total, **{kk: round(v, 1) for kk, v in sweep.items()}})
         t_nccl = time_us(nccl_cublas)
         t_tp = time_us_or_nan(_async_tp(a, w.T, group_name), "async-TP")

@@ -3,16 +3,15 @@
 Small shapes are decided on the host: when the GPU work of a call is ~50 µs, the Python and launch cost of the
 call is what the user waits for. This measures it with the GPU kept busy (a long sleep kernel is queued first, so
 the host never waits for the device and only its own cost is timed), for every op at a small shape and for the
-building blocks (an empty Triton launch, a launch with tensor descriptors, a custom-op dispatch, NCCL calls).
+building blocks (an empty Triton launch, a launch with tensor descriptors, torch.matmul, an NCCL call) and the
+torch.ops dispatch of an op.
 
 With HOST_PROFILE=1, rank 0 also prints a cProfile of each op's eager calls (top functions by own time).
 """
 
-import cProfile
 import io
 import os
 import pstats
-import time
 
 import torch
 import torch.distributed as dist
@@ -20,7 +19,7 @@ import triton
 import triton.language as tl
 
 import triton_dist as td
-from harness import record
+from harness import host_us, record
 from triton_dist.kernels import ag_gemm, all_gather, ep_combine, ep_dispatch, gemm_rs, sp_flash_decode
 
 CALLS = 50
@@ -34,32 +33,6 @@ def _empty_kernel(a, b, c, n0, n1, n2, n3, BLOCK: tl.constexpr):
 @triton.jit
 def _desc_kernel(a, b, c, n0, BLOCK: tl.constexpr):
     pass
-
-
-def host_us(fn, calls=CALLS, profile=None):
-    """Host µs per call of ``fn`` while the GPU is busy (median of 5 batches of ``calls`` calls)."""
-    fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    batches = []
-    for b in range(5):
-        torch.cuda._sleep(int(1.5e6 * calls * 0.4))  # ~0.4 ms of GPU work per call ahead of the calls
-        prof = cProfile.Profile() if (profile is not None and b == 4) else None
-        if prof:
-            prof.enable()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        batches.append((time.perf_counter() - t0) / calls * 1e6)
-        if prof:
-            prof.disable()
-            profile.append(prof)
-        torch.cuda.synchronize()
-        dist.barrier()
-    batches.sort()
-    t = torch.tensor([batches[len(batches) // 2]], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
 
 def main():
@@ -141,7 +114,7 @@ def main():
             eo = r.x.clone()
             fn = (lambda r=r, eo=eo: ep_combine(eo, r.handle))
         profs = [] if (profiling and prof_name) else None
-        t = host_us(fn, profile=profs)
+        t = host_us(fn, CALLS, profile=profs)
         rows.append({"call": name, "host us/call": t})
         if me == 0:
             print(f"{name:45s} {t:8.1f} us", flush=True)

@@ -3,10 +3,12 @@
 same process, one after another, on the same inputs.
 """
 
+import cProfile
 import datetime
 import json
 import os
 import subprocess
+import time
 
 import torch
 import torch.distributed as dist
@@ -28,6 +30,49 @@ def environment():
         "torch": torch.__version__,
         "triton": triton.__version__,
     }
+
+
+def host_us(fn, calls=50, profile=None):
+    """Host µs per call of ``fn`` while the GPU is busy (a sleep kernel queued ahead of each batch, so the host
+    never waits for the device): median of 5 batches of ``calls`` calls, max over ranks. With ``profile`` (a
+    list), a cProfile of the last batch is appended to it."""
+    fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    batches = []
+    for b in range(5):
+        torch.cuda._sleep(int(1.5e6 * calls * 0.4))  # ~0.4 ms of GPU work per call ahead of the calls
+        prof = cProfile.Profile() if (profile is not None and b == 4) else None
+        if prof:
+            prof.enable()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        batches.append((time.perf_counter() - t0) / calls * 1e6)
+        if prof:
+            prof.disable()
+            profile.append(prof)
+        torch.cuda.synchronize()
+        dist.barrier()
+    batches.sort()
+    t = torch.tensor([batches[len(batches) // 2]], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def knob_sweep(run, base, sweep, device):
+    """``{label: µs}`` of ``run(config)`` for ``base`` with each ``(label, knobs)`` of ``sweep`` applied (median
+    of 10, max over ranks; NaN if a variant fails). A negative ``num_programs`` means that many fewer than SMs."""
+    from triton_dist.kernels.gemm import default_num_programs
+    from triton_dist.timing import time_us_or_nan
+
+    times = {}
+    for label, knobs in sweep:
+        cfg = {**base, **knobs}
+        if cfg.get("num_programs") is not None and cfg["num_programs"] < 0:
+            cfg["num_programs"] = default_num_programs(device) + cfg["num_programs"]
+        times[label] = time_us_or_nan(lambda: run(cfg), f"sweep {label}", iters=10, warmup=2)
+    return times
 
 
 def record(name, rows, notes=""):

@@ -54,8 +54,8 @@ import triton.language as tl
 from .. import autotune, shmem
 from .. import language as dl
 from . import library
-from .gemm import (TensorDescriptor, dot_precision, gemm_config, num_sms, output_like, tile_accumulate, tile_coords,
-                   tile_store, tma_compatible)
+from .gemm import (TensorDescriptor, default_num_programs, dot_precision, gemm_config, num_sms, output_like,
+                   tile_accumulate, tile_coords, tile_store, tma_compatible)
 from .replay import GraphCache
 
 # The crossover: below this many rows (M, all ranks together) the default path is torch.matmul + NCCL
@@ -284,7 +284,7 @@ def candidate_configs(m, n, k, dtype, device, world):
                      {**over, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 4}]
             cands += [{**c, "path": "graph"} for c in small] + [{**c, "use_tma": False} for c in small[::2]]
         if device.type == "cuda":  # a few SMs left to the NVLink stores (measured: 833 vs 867 us at 8192^3)
-            sms = num_sms(device.index if device.index is not None else torch.cuda.current_device())
+            sms = default_num_programs(device)
             cands += [{**over, **big, "num_programs": sms - 4}, {**over, **big, "num_programs": sms - 8},
                       {**over, **big, "num_programs": sms - 4, "GROUP_M": 4}]
     unique = []
@@ -338,13 +338,11 @@ def _gemm_rs(a, w, config=None, out=None):
     _check_device(a, w)
     world, me = shmem.world_size(), shmem.rank()
     (m, k), n = a.shape, w.shape[0]
-    own_rows = rows_of_rank(m, world, me)[1]
-    if m == 0 or n == 0:
-        return output_like(out, (own_rows, n), a)
-    if k == 0:
-        return output_like(out, (own_rows, n), a).zero_()
+    shape = (rows_of_rank(m, world, me)[1], n)  # this rank's rows of the result
     if out is not None:
-        output_like(out, (own_rows, n), a)  # validates it
+        output_like(out, shape, a)  # a bad `out` is reported whichever path runs
+    if m == 0 or n == 0 or k == 0:  # nothing to reduce: empty, or all zeros when K is 0
+        return output_like(out, shape, a).zero_()
     a, w = a.contiguous(), w.contiguous()
     if config is None:  # one dict lookup per call once the shape is tuned
         key = (m, n, k, a.dtype, world)
@@ -354,24 +352,17 @@ def _gemm_rs(a, w, config=None, out=None):
             if not (a.is_cuda and torch.cuda.is_current_stream_capturing()):  # no tuning happens in a capture
                 _CONFIGS[key] = cfg
     else:
+        key = (m, n, k, a.dtype, world, repr(sorted(config.items())))
         cfg = {**default_config(m, n, k, a.dtype, a.device, world), **config}
+    res = None
     if cfg["path"] == "fallback" or world == 1:
         res = gemm_rs_torch(a, w)
-        return res if out is None else out.copy_(res)
-    if cfg["path"] == "graph":
-        res = _graphed(a, w, cfg, own_rows)
-        if res is not None:
-            return res if out is None else out.copy_(res)
-    return _run_overlapped(a, w, output_like(out, (own_rows, n), a), cfg)
-
-
-def _graphed(a, w, cfg, own_rows):
-    """The overlapped kernel replayed from a cached CUDA graph (``replay.py``), or None: launch it directly."""
-    key = (tuple(a.shape), tuple(w.shape), a.dtype, repr(sorted(cfg.items())))
-
-    def run(x, y):
-        return _run_overlapped(x, y, torch.empty((own_rows, y.shape[0]), dtype=x.dtype, device=x.device), cfg)
-    return _GRAPHS.run(key, run, a, w)
+    elif cfg["path"] == "graph":  # None: not replayable now (first call of the shape, a capture, CPU)
+        res = _GRAPHS.run(key, lambda x, y: _run_overlapped(x, y, torch.empty(shape, dtype=x.dtype, device=x.device),
+                                                            cfg), a, w)
+    if res is None:
+        return _run_overlapped(a, w, output_like(out, shape, a), cfg)
+    return res if out is None else out.copy_(res)
 
 
 def _output_shape(a, w):

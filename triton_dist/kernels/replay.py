@@ -19,6 +19,8 @@ A capture synchronises the device once (``torch.cuda.graph`` does); replays neve
 
 import torch
 
+from .library import compiling
+
 MAX_WEIGHTS = 4  # distinct weight tensors captured per (shape, config) before giving up on graphs there
 
 
@@ -60,9 +62,10 @@ class GraphCache:
         gkey = (key, w.data_ptr())
         call = self.graphs.get(gkey)
         if call is None:
-            if self.weights.get(key, 0) >= MAX_WEIGHTS:  # weights that keep moving: graphs would not pay
+            captured = self.weights.get(key, 0)
+            if captured >= MAX_WEIGHTS:  # weights that keep moving: graphs would not pay
                 return None
-            self.weights[key] = self.weights.get(key, 0) + 1
+            self.weights[key] = captured + 1
             call = self.graphs[gkey] = GraphedCall(run, a, w)
         return call(a)
 
@@ -74,6 +77,4 @@ class GraphCache:
 
 def usable(a):
     """Graphs are for eager CUDA calls: not on CPU, not inside another capture, not while torch.compile traces."""
-    from .library import compiling
-
     return a.is_cuda and not torch.cuda.is_current_stream_capturing() and not compiling()
