@@ -1,5 +1,7 @@
-"""The GEMM core alone vs cuBLAS on the per-rank AG+GEMM shapes (torchrun --nproc-per-node=N
-benchmarks/bench_gemm.py; every rank times its own GPU, the table is the max over ranks).
+"""The GEMM core alone vs cuBLAS on the per-rank AG+GEMM shapes and GEMM+RS's N = 28672 shape
+(torchrun --nproc-per-node=N benchmarks/bench_gemm.py; every rank times its own GPU, the table is the max over
+ranks). SM clock and board power are sampled during ours and cuBLAS (rank 0's GPU): long GEMMs on H200 can be
+power-capped, which bounds every kernel alike.
 
   ours tuned     triton_dist.kernels.gemm.gemm, autotuned per shape (persistent, TMA, pipelined)
   ours default   the fixed default configuration
@@ -12,8 +14,8 @@ import os
 import torch
 
 import triton_dist as td
-from harness import record
-from triton_dist.timing import time_us
+from harness import clocks_during, record
+from triton_dist.timing import time_us, time_us_or_nan
 from triton_dist.kernels import gemm as core
 
 SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8192, 8192), (512, 8192, 8192),
@@ -31,8 +33,9 @@ def main():
     td.init(backend="cuda")
     world = td.world_size()
     rows = []
-    for m_total, n_total, k in SHAPES:
-        m, n = m_total, n_total // world  # the GEMM each rank runs in AG+GEMM
+    # the GEMM each rank runs in AG+GEMM, then GEMM+RS's per-rank GEMM at N = 28672 (K split over ranks)
+    local_shapes = [(m_total, n_total // world, k) for m_total, n_total, k in SHAPES] + [(8192, 28672, 8192 // world)]
+    for m, n, k in local_shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
@@ -43,13 +46,26 @@ def main():
         t_cublas = time_us(lambda: torch.matmul(a, w.T, out=out))
         knobs = {_label(c): time_us(lambda: core.gemm(a, w, out=out, config=c), iters=10, warmup=2)
                  for c in core.gemm_candidates(m, n, k, a.dtype, a.device)}
+        if m * n * k >= 8192 * 4096 * 8192:  # the large shapes: L2 order and tile shape, beyond the tuner's set
+            base = core.gemm_config(m, n, k, a.dtype, a.device)
+            for extra in (dict(GROUP_M=16), dict(GROUP_M=4), dict(BLOCK_K=128, num_stages=2),
+                          dict(BLOCK_M=256, BLOCK_N=128), dict(FLATTEN=True, GROUP_M=16)):
+                c = {**base, **extra}
+                knobs[_label(c) + f" g{c['GROUP_M']}"] = time_us_or_nan(
+                    lambda: core.gemm(a, w, out=out, config=c), _label(c), iters=10, warmup=2)
+        clk_ours = clocks_during(lambda: core.gemm(a, w, out=out))
+        clk_cublas = clocks_during(lambda: torch.matmul(a, w.T, out=out))
         best = min(knobs, key=knobs.get)
         tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m, "N": n, "K": k, "ours us": t_tuned, "ours TFLOP/s": tflops(t_tuned),
                      "cuBLAS us": t_cublas, "cuBLAS TFLOP/s": tflops(t_cublas), "ours/cuBLAS": t_cublas / t_tuned,
                      "best knob": best, "best knob us": knobs[best],
-                     "all knobs": "; ".join(f"{k_}: {v:.0f}" for k_, v in knobs.items()), "max rel err": err})
-    record("gemm_core", rows, notes="bf16 per-rank GEMM a[M,K] @ w[N,K].T; median of 20, max over ranks")
+                     "all knobs": "; ".join(f"{k_}: {v:.0f}" for k_, v in knobs.items()), "max rel err": err,
+                     "ours MHz / W": f"{clk_ours['MHz']} / {clk_ours['W']:.0f}",
+                     "cuBLAS MHz / W": f"{clk_cublas['MHz']} / {clk_cublas['W']:.0f}",
+                     "throttle (ours; cuBLAS)": f"{clk_ours['throttle']}; {clk_cublas['throttle']}"})
+    record("gemm_core", rows, notes="bf16 per-rank GEMM a[M,K] @ w[N,K].T; median of 20, max over ranks; "
+           "MHz / W: median SM clock and mean board power over 40 back-to-back calls (rank 0's GPU)")
     td.finalize()
 
 

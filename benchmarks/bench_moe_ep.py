@@ -13,7 +13,8 @@ Tokens T per rank (4096 and 128), hidden 7168, bf16, top-8 of 64 experts (32 per
             the source.
 Link bytes = rows this rank sends to the other rank * H * 2 bytes (one row per (token, remote rank) each way;
 metadata not counted); GB/s = link bytes / time (per direction; max time over ranks, max bytes over ranks).
-A sweep of configs at each T finds the best; the default config is the one ep_dispatch uses without `config`.
+A sweep of configs at each T (dispatch knobs, then combine knobs after a default dispatch) finds the best; the
+default config is the one ep_dispatch / ep_combine use without `config`.
 """
 
 import os
@@ -27,31 +28,32 @@ from triton_dist.timing import graph_of, time_us
 from triton_dist.kernels.moe_ep import default_config, ep_combine, ep_dispatch
 
 H, E, K = 7168, 64, 8
-SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout)
+DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout)
     # program counts and chunking are runtime arguments (no recompile); block sizes / warps / fused compile anew.
-    # Measured earlier on 2xH200 (run6 in benchmarks/results): more senders (up to 2 programs per SM) and
-    # 8x1024 tiles help combine; dispatch is best with 64 of 128 programs sending 16x512 tiles.
-    4096: [(128, 64, 256, 512, 16, 8, False), (128, 96, 256, 512, 16, 8, False), (132, 100, 256, 1024, 8, 8, False),
-           (264, 200, 256, 1024, 8, 8, False), (264, 200, 512, 1024, 8, 8, False), (264, 200, 256, 512, 16, 8, False)],
-    128: [(96, 64, 64, 1024, 4, 8, False), (132, 66, 64, 1024, 2, 8, False), (132, 100, 128, 2048, 1, 8, False),
-          (96, 64, 64, 1024, 4, 8, True)],
+    # Earlier runs on 2xH200 (benchmarks/results run6/run7): dispatch is best with 64 of 128 programs sending
+    # 16x512 tiles at T=4096, and with every SM (132, half sending) at T=128.
+    4096: [(128, 96, 256, 512, 16, 8, False), (132, 100, 256, 1024, 8, 8, False), (264, 132, 256, 512, 16, 8, False)],
+    128: [(132, 66, 64, 1024, 2, 8, True), (96, 64, 64, 1024, 4, 8, True), (132, 100, 128, 2048, 1, 8, False)],
 }
+COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps),
+    # timed after a dispatch with the default config. Senders reduce and push the peers' tokens; receivers
+    # reduce this rank's own slots and sum: at W=2 each side reads about half of the expert rows.
+    4096: [(264, 132, 1024, 8, 8), (264, 100, 1024, 8, 8), (264, 200, 1024, 8, 8), (132, 66, 1024, 8, 8),
+           (264, 132, 512, 16, 8), (396, 198, 1024, 8, 8)],
+    128: [(132, 66, 1024, 2, 8), (132, 33, 1024, 2, 8), (132, 100, 1024, 2, 8), (264, 132, 512, 2, 8)],
+}
+_DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
+                  "fused_layout")
+_COMBINE_KEYS = ("combine_programs", "combine_push", "combine_block_h", "combine_block_tokens", "combine_warps")
 
 
-def _cfg(t):
-    """A sweep entry as a config: combine runs with the same knobs as dispatch."""
-    keys = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps", "fused_layout")
-    c = dict(zip(keys, t))
-    return {**c, "combine_programs": c["num_programs"], "combine_push": c["push_programs"],
-            "combine_block_h": c["block_h"], "combine_block_tokens": c["block_tokens"],
-            "combine_warps": c["num_warps"]}
-
-
-def _name(c):
-    name = "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}".format(
+def _dispatch_name(c):
+    return "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}".format(
         f=" fused" if c["fused_layout"] else "", **c)
-    comb = "p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}".format(**c)
-    return name if comb in name else f"{name}; combine {comb}"
+
+
+def _combine_name(c):
+    return "p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}".format(**c)
 
 
 def nccl_dispatch(x, idx, weights):
@@ -113,41 +115,53 @@ def main():
         t_nd = time_us(lambda: nccl_dispatch(x, idx, weights))
         t_nc = time_us(lambda: nccl_combine(*base, T))
         default = default_config(T, H, "cuda")
-        results = []
-        for c in [default] + [_cfg(s) for s in SWEEP[T] if _cfg(s) != default]:
-            res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, config=c, check_ids=False)
-            td_e = time_us(lambda: ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, config=c,
-                                               check_ids=False))
-            res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, config=c, check_ids=False)
-            tc_e = time_us(lambda: ep_combine(res.x, res.handle, config=c))
-            gd = graph_of(lambda: ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, config=c,
-                                              check_ids=False))
-            td_g = time_us(gd.replay)
-            res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, config=c, check_ids=False)
-            gc = graph_of(lambda: ep_combine(res.x, res.handle, config=c))
-            tc_g = time_us(gc.replay)
-            y_c = ep_combine(res.x, res.handle, config=c)
-            ok_c = torch.allclose(y_c.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
-            flag = torch.tensor([int(ok_c)], device="cuda")
+
+        def dispatch_call(c):
+            return lambda: ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, config=c, check_ids=False)
+
+        def correct(y_c):  # the same verdict on every rank
+            flag = torch.tensor([int(torch.allclose(y_c.float(), y_ref.float(), rtol=2e-2, atol=2e-2))],
+                                device="cuda")
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            results.append((c, td_e, tc_e, td_g, tc_g, bool(flag.item())))
-            del gd, gc
-        best_d = min(results, key=lambda q: q[3])
-        best_c = min(results, key=lambda q: q[4])
-        _, d_e, c_e, d_g, c_g, ok_def = results[0]
+            return bool(flag.item())
+
+        dispatch_results = []  # (config, eager us, graph us, correct)
+        for c in [default] + [{**default, **dict(zip(_DISPATCH_KEYS, s_))} for s_ in DISPATCH_SWEEP[T]]:
+            t_e = time_us(dispatch_call(c))
+            g = graph_of(dispatch_call(c))
+            t_g = time_us(g.replay)
+            del g
+            res = dispatch_call(c)()
+            dispatch_results.append((c, t_e, t_g, correct(ep_combine(res.x, res.handle))))
+        combine_results = []
+        res = dispatch_call(default)()
+        for c in [default] + [{**default, **dict(zip(_COMBINE_KEYS, s_))} for s_ in COMBINE_SWEEP[T]]:
+            t_e = time_us(lambda: ep_combine(res.x, res.handle, config=c))
+            g = graph_of(lambda: ep_combine(res.x, res.handle, config=c))
+            t_g = time_us(g.replay)
+            del g
+            combine_results.append((c, t_e, t_g, correct(ep_combine(res.x, res.handle, config=c))))
+        best_d = min(dispatch_results, key=lambda q: q[2])
+        best_c = min(combine_results, key=lambda q: q[2])
+        _, d_e, d_g, ok_d = dispatch_results[0]
+        _, c_e, c_g, ok_c = combine_results[0]
         gbps = lambda t: link_bytes / t / 1e3  # noqa: E731
         rows.append({"T": T, "link MB": link_bytes / 1e6,
                      "NCCL dispatch us": t_nd, "NCCL combine us": t_nc,
                      "ours dispatch us": d_e, "ours combine us": c_e,
                      "ours dispatch graph us": d_g, "ours combine graph us": c_g,
-                     "best dispatch graph us": best_d[3], "best combine graph us": best_c[4],
+                     "best dispatch graph us": best_d[2], "best combine graph us": best_c[2],
                      "dispatch GB/s (graph)": gbps(d_g), "combine GB/s (graph)": gbps(c_g),
                      "speedup dispatch": t_nd / d_e, "speedup combine": t_nc / c_e,
-                     "default correct": ok_def, "all configs correct": all(q[5] for q in results),
-                     "best dispatch config": _name(best_d[0]), "best combine config": _name(best_c[0])})
-        sweep_rows = [{"T": T, "config": _name(q[0]), "dispatch us": q[1], "combine us": q[2],
-                       "dispatch graph us": q[3], "combine graph us": q[4], "correct": q[5]} for q in results]
-        record(f"moe_ep_sweep_T{T}", sweep_rows, notes="eager and CUDA-graph replay, median of 20, max over ranks")
+                     "default correct": ok_d and ok_c,
+                     "all configs correct": all(q[3] for q in dispatch_results + combine_results),
+                     "best dispatch config": _dispatch_name(best_d[0]), "best combine config": _combine_name(best_c[0])})
+        sweep_rows = [{"T": T, "phase": "dispatch", "config": _dispatch_name(q[0]), "eager us": q[1],
+                       "graph us": q[2], "correct": q[3]} for q in dispatch_results]
+        sweep_rows += [{"T": T, "phase": "combine", "config": _combine_name(q[0]), "eager us": q[1],
+                        "graph us": q[2], "correct": q[3]} for q in combine_results]
+        record(f"moe_ep_sweep_T{T}", sweep_rows, notes="eager and CUDA-graph replay, median of 20, max over ranks; "
+               "first row of each phase = the default config")
         del res, base
     record("moe_ep", rows, notes=(
         f"2 ranks, H={H}, top-{K} of {E}, bf16. Link bytes = rows sent to the other rank * H * 2 B (one per "

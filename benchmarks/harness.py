@@ -75,6 +75,43 @@ def knob_sweep(run, base, sweep, device):
     return times
 
 
+def clocks_during(fn, iters=40):
+    """Run ``fn`` ``iters`` times back to back while NVML samples this GPU every ~2 ms: median SM clock (MHz),
+    mean board power (W) and the clock-throttle reasons seen (NVML bit names), this rank only. Tells a
+    power-capped kernel (clock below the maximum, "sw_power_cap") from a slow one."""
+    import threading
+
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    reasons = {"sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40,
+               "hw_power_brake": 0x80}
+    clocks, power, seen, stop = [], [], set(), threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            clocks.append(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+            power.append(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000)
+            bits = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons",
+                           getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None))(handle)
+            seen.update(name for name, bit in reasons.items() if bits & bit)
+            time.sleep(0.002)
+
+    fn()
+    torch.cuda.synchronize()
+    thread = threading.Thread(target=sample)
+    thread.start()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    stop.set()
+    thread.join()
+    clocks.sort()
+    return {"MHz": clocks[len(clocks) // 2] if clocks else float("nan"),
+            "W": sum(power) / len(power) if power else float("nan"), "throttle": ",".join(sorted(seen)) or "-"}
+
+
 def record(name, rows, notes=""):
     """Rank 0 writes ``$BENCH_DIR/<name>.json`` (default benchmarks/results/raw) and prints a table."""
     if dist.get_rank() != 0:

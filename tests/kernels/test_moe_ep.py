@@ -310,13 +310,13 @@ _DISPATCH_SIG = dict(
     counts_ready="*i32", arrived="*i32", recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32",
     expert_offsets="*i32", token_pos="*i32", chunk_prefix="*i32", state="*i32", ctx="*i64", K="constexpr",
     EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
-    RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr")
+    RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
-                  MAXC=1024, FUSED_LAYOUT=fused)
+                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16)
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
     assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers and local duplicates)

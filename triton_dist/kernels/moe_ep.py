@@ -34,10 +34,11 @@ while senders still push later ones.
               receiver: expert ids of all rows (-1 on padding); then for its chunks c, wait arrived[s, c] for
                   every peer s and copy each arrived row into the token's other slot rows here (duplicates never
                   cross the link).
-    combine   (one launch)  sender, chunk c of every source s: partial = sum over the token's slots on this rank,
-              in slot order, of w * out[slot row] (fp32) -> one row pushed back to s into partials[me, pos]; flag
-              combined[me, c]. receiver, chunk c of my tokens: wait combined[d, c] for every d, then
-              y[t] = sum over d = 0..W-1 of partials[d, pos_d(t)] (fp32, rank order).
+    combine   (one launch)  sender, chunk c of every PEER s: partial = sum over the token's slots on this rank,
+              in slot order, of w * out[slot row] (fp32, rounded to the dtype) -> one row pushed back to s into
+              partials[me, pos]; flag combined[me, c]. receiver, chunk c of my tokens: this rank's own partial
+              computed the same way in registers (never stored), then wait combined[d, c] for every peer d and
+              y[t] = sum over d = 0..W-1 of partial_d(t) (fp32, rank order).
 Every sum runs in a FIXED order (slots in top-k order within a rank, then ranks in order), whoever's message lands
 first, so y is bitwise identical run to run. Dispatch moves each token at most once per destination rank, and
 combine returns one row per (token, destination rank).
@@ -112,6 +113,23 @@ def _publish_counts(per_expert, all_counts, counts_ready, parity, epoch, ctx, W_
         dl.signal(counts_ready + me, epoch, peer, ctx)
 
 
+@triton.jit
+def _slot_sum(expert_out, slots, w, hh, H, K: tl.constexpr, K_PAD: tl.constexpr, BT: tl.constexpr,
+              BH: tl.constexpr):
+    """fp32 [BT, BH] sum over j = 0..K-1, in that FIXED order, of w[:, j] * expert_out[slots[:, j], hh]
+    (slots < 0 contribute nothing): a token's partial over the slots one rank holds."""
+    kk = tl.arange(0, K_PAD)
+    hm = hh[None, :] < H
+    acc = tl.zeros([BT, BH], dtype=tl.float32)
+    for j in tl.static_range(K):
+        row = tl.sum(tl.where(kk[None, :] == j, slots, 0), axis=1)
+        wj = tl.sum(tl.where(kk[None, :] == j, w, 0.0), axis=1)
+        v = tl.load(expert_out + row[:, None].to(tl.int64) * H + hh[None, :], mask=(row >= 0)[:, None] & hm,
+                    other=0.0)
+        acc += wj[:, None] * v.to(tl.float32)
+    return acc
+
+
 # ----------------------------------------------------------------------------------------------------- kernels
 @triton.jit
 def ep_layout_kernel(topk_idx, chunk_counts, arrivals, all_counts, counts_ready, state, T, E, ctx,
@@ -159,7 +177,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                        state, ctx,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
-                       MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr):
+                       MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr):
     """Programs [0, n_push) send chunks c = pid, pid + n_push, ... in order; the others receive: they mark the
     rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks land."""
     pid = tl.program_id(0)
@@ -176,7 +194,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     chunk = tl.cdiv(T, n_chunks)
     if FUSED_LAYOUT:
         if pid == 0:
-            total, _ = _count(topk_idx, 0, T, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
+            total, _ = _count(topk_idx, 0, T, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
             _publish_counts(total, all_counts, counts_ready, parity, epoch, ctx, W_PAD, EL_PAD)
 
     # every rank's counts -> group offsets on every rank, and where my rows start inside each group
@@ -203,7 +221,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
             c0 = tl.minimum(c * chunk, T)
             c1 = tl.minimum(c0 + chunk, T)
             if FUSED_LAYOUT:
-                carry_e, carry_r = _count(topk_idx, 0, c0, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
+                # counting takes wide blocks of tokens (BT_COUNT): it is a serial loop over every earlier token
+                carry_e, carry_r = _count(topk_idx, 0, c0, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
             else:
                 carry_e = tl.load(chunk_prefix + c * ROW + ev)
                 carry_r = tl.load(chunk_prefix + c * ROW + EP + dv)
@@ -302,8 +321,9 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                       token_pos, partials, ready, combined, state, ctx,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr):
-    """Programs [0, n_push) reduce received tokens over their slots and push one partial row back per token;
-    the others wait for each of their token chunks and sum its partials in rank order."""
+    """Programs [0, n_push) reduce the tokens received from peers over their slots and push one partial row
+    back per token; the others, chunk by chunk of this rank's tokens, reduce the slots held here themselves,
+    wait for the peers' partials and sum all of them in rank order."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     me = dl.rank(ctx)
@@ -315,9 +335,9 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
         for peer in range(world):
             dl.signal(ready + me, epoch, peer, ctx)
     if pid < n_push:
-        dl.wait(ready + dv, epoch, ctx, mask=dv < world)
+        dl.wait(ready + dv, epoch, ctx, mask=(dv < world) & (dv != me))
         for c in range(pid, n_chunks, n_push):
-            for i in range(world):
+            for i in range(world - 1):  # peers only: this rank's own partials are summed by its receivers
                 s = (me + 1 + i) % world
                 p0 = tl.load(recv_span + (s * MAXC + c) * 2)
                 p1 = tl.load(recv_span + (s * MAXC + c) * 2 + 1)
@@ -332,19 +352,12 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                     for h0 in range(0, H, BH):
                         hh = h0 + tl.arange(0, BH)
                         hm = hh[None, :] < H
-                        acc = tl.zeros([BT, BH], dtype=tl.float32)
-                        for j in tl.static_range(K):  # FIXED order: top-k slot order
-                            row = tl.sum(tl.where(kk[None, :] == j, slots, 0), axis=1)
-                            wj = tl.sum(tl.where(kk[None, :] == j, w, 0.0), axis=1)
-                            v = tl.load(expert_out + row[:, None].to(tl.int64) * H + hh[None, :],
-                                        mask=(row >= 0)[:, None] & hm, other=0.0)
-                            acc += wj[:, None] * v.to(tl.float32)
+                        acc = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH)
                         dl.put(dst + hh[None, :], acc.to(partials.dtype.element_ty), s, ctx, mask=pm[:, None] & hm)
                 dl.signal(combined + me * MAXC + c, epoch, s, ctx)
     else:
         chunk = tl.cdiv(T, n_chunks)
         for c in range(pid - n_push, n_chunks, n_prog - n_push):
-            dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=dv < world)
             c0 = tl.minimum(c * chunk, T)
             c1 = tl.minimum(c0 + chunk, T)
             for t0 in range(c0, c1, BT):
@@ -352,15 +365,27 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                 tm = t < c1
                 pos = tl.load(token_pos + t[:, None] * world + dv[None, :], mask=tm[:, None] & (dv[None, :] < world),
                               other=-1)
+                p_me = tl.sum(tl.where(dv[None, :] == me, pos, 0), axis=1)
+                m = (p_me >= 0)[:, None] & (kk[None, :] < K)
+                rec = (me * max_tokens + p_me[:, None]) * K + kk[None, :]
+                slots = tl.load(recv_slots + rec, mask=m, other=-1)
+                w = tl.load(recv_w + rec, mask=m, other=0.0)
                 for h0 in range(0, H, BH):
                     hh = h0 + tl.arange(0, BH)
                     hm = hh[None, :] < H
+                    # this rank's partial, rounded like the partials that crossed the link
+                    own = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH).to(partials.dtype.element_ty)
+                    if (t0 == c0) & (h0 == 0):  # the peers' partials are awaited with the first own tile in hand
+                        dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
                     acc = tl.zeros([BT, BH], dtype=tl.float32)
                     for d in range(world):  # FIXED order: rank order
-                        pd = tl.sum(tl.where(dv[None, :] == d, pos, 0), axis=1)
-                        v = tl.load(partials + (d * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
-                                    mask=(pd >= 0)[:, None] & hm, other=0.0)
-                        acc += v.to(tl.float32)
+                        if d == me:
+                            acc += own.to(tl.float32)
+                        else:
+                            pd = tl.sum(tl.where(dv[None, :] == d, pos, 0), axis=1)
+                            v = tl.load(partials + (d * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
+                                        mask=(pd >= 0)[:, None] & hm, other=0.0)
+                            acc += v.to(tl.float32)
                     tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
                              mask=tm[:, None] & hm)
     dl.finish_call(state, epoch, n_prog)
@@ -536,6 +561,8 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     ep = ws.w_pad * ws.el_pad
     bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
     bt = triton.next_power_of_2(max(1, bt))
+    bt_count = triton.next_power_of_2(max(1, min(8192 // (k_pad * ep), max_tokens)))  # tokens per counting step
+    bt_layout = triton.next_power_of_2(min(bt_count, triton.cdiv(max_tokens, n_chunks)))
     bh = min(triton.next_power_of_2(int(cfg["block_h"])), triton.next_power_of_2(H))
     if T == 0:  # keep real pointers for the kernels; nothing is read
         x = torch.zeros((1, H), dtype=x.dtype, device=x.device)
@@ -550,13 +577,14 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     fused = bool(cfg["fused_layout"])
     if not fused:
         ep_layout_kernel[(n_chunks,)](idx, ws.chunk_counts, ws.arrivals, ws.all_counts, ws.counts_ready,
-                                      ws.state, T, num_experts, ctx, QB=32, num_warps=4, **common)
+                                      ws.state, T, num_experts, ctx, QB=32, num_warps=4,
+                                      **{**common, "BT": bt_layout})
     ep_dispatch_kernel[(n_prog,)](
         x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, n_push,
         ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
         ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_counts,
         ws.state, ctx, BH=bh, RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused,
-        num_warps=int(cfg["num_warps"]), **common)
+        BT_COUNT=bt_count, num_warps=int(cfg["num_warps"]), **common)
     ws.calls += 1
     handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
     ws.last = handle
