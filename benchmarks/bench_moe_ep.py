@@ -28,33 +28,28 @@ from triton_dist.timing import graph_of, time_us
 from triton_dist.kernels.moe_ep import default_config, ep_combine, ep_dispatch
 
 H, E, K = 7168, 64, 8
-DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout,
-    # own_rows_by_receivers); program counts and chunking are runtime arguments (no recompile), the rest compile
-    # anew. Earlier runs on 2xH200 (benchmarks/results run6/run7/run9): senders writing this rank's rows too, the
-    # best was 64 of 128 programs sending 16x512 tiles at T=4096 and every SM (132, half sending) at T=128; the
-    # fused layout was slower (122 us at T=128).
-    4096: [(128, 64, 256, 512, 16, 8, False, True), (128, 40, 256, 512, 16, 8, False, True),
-           (132, 48, 256, 512, 16, 8, False, True), (132, 80, 256, 512, 16, 8, False, True),
-           (264, 96, 256, 512, 16, 8, False, True), (132, 48, 256, 1024, 8, 8, False, True)],
-    128: [(132, 66, 64, 1024, 2, 8, False, True), (132, 44, 64, 1024, 2, 8, False, True),
-          (132, 66, 128, 1024, 1, 8, False, True)],
+DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout)
+    # program counts and chunking are runtime arguments (no recompile); block sizes / warps / fused compile anew.
+    # Earlier runs on 2xH200 (benchmarks/results run6/run7): dispatch is best with 64 of 128 programs sending
+    # 16x512 tiles at T=4096, and with every SM (132, half sending) at T=128.
+    4096: [(128, 96, 256, 512, 16, 8, False), (132, 100, 256, 1024, 8, 8, False), (264, 132, 256, 512, 16, 8, False)],
+    128: [(132, 66, 64, 1024, 2, 8, True), (96, 64, 64, 1024, 4, 8, True), (132, 100, 128, 2048, 1, 8, False)],
 }
 COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps),
     # timed after a dispatch with the default config. Senders reduce and push the peers' tokens; receivers
     # reduce this rank's own slots and sum: at W=2 each side reads about half of the expert rows.
-    # run9: 132/66 h1024 t8 250 us, 264/100 264, 264/132 278, 396/198 277, 264/200 336.
-    4096: [(132, 50, 1024, 8, 8), (132, 80, 1024, 8, 8), (132, 66, 2048, 4, 8), (132, 66, 1024, 8, 4),
-           (132, 66, 512, 16, 8)],
-    128: [(132, 66, 1024, 2, 4), (264, 132, 512, 2, 8), (132, 66, 2048, 1, 8)],
+    4096: [(264, 132, 1024, 8, 8), (264, 100, 1024, 8, 8), (264, 200, 1024, 8, 8), (132, 66, 1024, 8, 8),
+           (264, 132, 512, 16, 8), (396, 198, 1024, 8, 8)],
+    128: [(132, 66, 1024, 2, 8), (132, 33, 1024, 2, 8), (132, 100, 1024, 2, 8), (264, 132, 512, 2, 8)],
 }
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
-                  "fused_layout", "own_rows_by_receivers")
+                  "fused_layout")
 _COMBINE_KEYS = ("combine_programs", "combine_push", "combine_block_h", "combine_block_tokens", "combine_warps")
 
 
 def _dispatch_name(c):
-    return "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{o}".format(
-        f=" fused" if c["fused_layout"] else "", o=" own-by-recv" if c["own_rows_by_receivers"] else "", **c)
+    return "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}".format(
+        f=" fused" if c["fused_layout"] else "", **c)
 
 
 def _combine_name(c):

@@ -114,38 +114,6 @@ def _publish_counts(per_expert, all_counts, counts_ready, parity, epoch, ctx, W_
 
 
 @triton.jit
-def _fan_out(x, recv_x, recv_slots, recv_w, recv_span, recv_weights, own_tokens, s, me, c, H, max_tokens,
-             K: tl.constexpr, K_PAD: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, MAXC: tl.constexpr):
-    """Rows of source rank s's chunk c into every slot row they own here, with their weights. A peer's token
-    arrived once, in its first slot row: copied from there to the others. This rank's own token (s == me)
-    is copied from x[own_tokens[pos]] to all of its slot rows."""
-    kk = tl.arange(0, K_PAD)
-    own = s == me
-    p0 = tl.load(recv_span + (s * MAXC + c) * 2)
-    p1 = tl.load(recv_span + (s * MAXC + c) * 2 + 1)
-    own_end = tl.where(own, p1, p0)  # positions below it index own_tokens (none for a peer)
-    for q0 in range(p0, p1, BT):
-        pos = q0 + tl.arange(0, BT)
-        m = (pos[:, None] < p1) & (kk[None, :] < K)
-        rec = (s * max_tokens + pos[:, None]) * K + kk[None, :]
-        slots = tl.load(recv_slots + rec, mask=m, other=-1)
-        tl.store(recv_weights + slots, tl.load(recv_w + rec, mask=m, other=0.0), mask=slots >= 0)
-        first = tl.min(tl.where(slots >= 0, slots, _BIG), axis=1)
-        t = tl.load(own_tokens + pos, mask=pos < own_end, other=0)
-        src = tl.where(pos < own_end, x + t.to(tl.int64) * H, recv_x + first.to(tl.int64) * H)
-        skip = tl.where(pos < own_end, -1, first)  # the row that crossed the link is already in place
-        has = (pos < own_end) | (first < _BIG)
-        for h0 in range(0, H, BH):
-            hh = h0 + tl.arange(0, BH)
-            hm = hh[None, :] < H
-            tile = tl.load(src[:, None] + hh[None, :], mask=has[:, None] & hm)
-            for j in tl.static_range(K):
-                row = tl.sum(tl.where(kk[None, :] == j, slots, 0), axis=1)
-                tl.store(recv_x + row[:, None].to(tl.int64) * H + hh[None, :], tile,
-                         mask=((row >= 0) & (row != skip))[:, None] & hm)
-
-
-@triton.jit
 def _slot_sum(expert_out, slots, w, hh, H, K: tl.constexpr, K_PAD: tl.constexpr, BT: tl.constexpr,
               BH: tl.constexpr):
     """fp32 [BT, BH] sum over j = 0..K-1, in that FIXED order, of w[:, j] * expert_out[slots[:, j], hh]
@@ -206,11 +174,10 @@ def ep_layout_kernel(topk_idx, chunk_counts, arrivals, all_counts, counts_ready,
 def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, n_push,
                        recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready, arrived,
                        recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_prefix,
-                       own_tokens, state, ctx,
+                       state, ctx,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
-                       MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
-                       OWN_ROWS_BY_RECEIVERS: tl.constexpr):
+                       MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr):
     """Programs [0, n_push) send chunks c = pid, pid + n_push, ... in order; the others receive: they mark the
     rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks land."""
     pid = tl.program_id(0)
@@ -283,14 +250,10 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 for i in range(world):
                     d = (me + 1 + i) % world  # peers first, this rank last
                     go_d = tl.sum(tl.where(dv[None, :] == d, goes, 0), axis=1) > 0
-                    rpos_d = tl.sum(tl.where(dv[None, :] == d, rpos, 0), axis=1)
-                    rec = (me * max_tokens + rpos_d) * K
+                    rec = (me * max_tokens + tl.sum(tl.where(dv[None, :] == d, rpos, 0), axis=1)) * K
                     m = go_d[:, None] & (kk[None, :] < K)
                     dl.put(recv_slots + rec[:, None] + kk[None, :], tl.where(owner == d, slot, -1), d, ctx, mask=m)
                     dl.put(recv_w + rec[:, None] + kk[None, :], w, d, ctx, mask=m)
-                    if OWN_ROWS_BY_RECEIVERS:
-                        if d == me:  # where this rank's receivers find the token's row
-                            tl.store(own_tokens + rpos_d, t, mask=go_d)
                 src = x + t[:, None].to(tl.int64) * H
                 for h0 in range(0, H, BH):
                     hh = h0 + tl.arange(0, BH)
@@ -301,18 +264,17 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                         row = tl.sum(tl.where(dv[None, :] == d, first, 0), axis=1)
                         dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
                         dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
-                    if not OWN_ROWS_BY_RECEIVERS:
-                        for j in tl.static_range(K):
-                            row = tl.sum(tl.where(kk[None, :] == j, here, 0), axis=1)
-                            tl.store(recv_x + row[:, None].to(tl.int64) * H + hh[None, :], tile,
-                                     mask=(row >= 0)[:, None] & hm)
+                    for j in tl.static_range(K):
+                        row = tl.sum(tl.where(kk[None, :] == j, here, 0), axis=1)
+                        tl.store(recv_x + row[:, None].to(tl.int64) * H + hh[None, :], tile,
+                                 mask=(row >= 0)[:, None] & hm)
             span = tl.arange(0, 2)
             for i in range(world):
                 d = (me + 1 + i) % world
                 ends = tl.where(span == 0, tl.sum(tl.where(dv == d, r_first, 0)),
                                 tl.sum(tl.where(dv == d, carry_r, 0)))
                 dl.put(recv_span + (me * MAXC + c) * 2 + span, ends, d, ctx)
-                if (d != me) | OWN_ROWS_BY_RECEIVERS:
+                if d != me:
                     dl.signal(arrived + me * MAXC + c, epoch, d, ctx)
     else:
         # RECEIVE: expert id of every row (-1 = padding), zero weights on padding ...
@@ -327,17 +289,30 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
             eid = tl.max(tl.where(inside, lv[None, :], -1), axis=1)
             tl.store(recv_expert_ids + r, eid, mask=r < r_end)
             tl.store(recv_weights + r, tl.zeros([RB], dtype=tl.float32), mask=(r < r_end) & (eid < 0))
-        # ... then, chunk by chunk as they land, copy each row into the token's slot rows here: this rank's own
-        # tokens from x (when the senders leave them to us), peers' tokens from the one row that crossed the link
+        # ... then, chunk by chunk as they land, copy each row from a peer into the token's other slot rows
         for c in range(q, n_chunks, n_recv):
-            if OWN_ROWS_BY_RECEIVERS:
-                dl.wait(arrived + me * MAXC + c, epoch, ctx)  # this rank's sender of chunk c wrote the records
-                _fan_out(x, recv_x, recv_slots, recv_w, recv_span, recv_weights, own_tokens, me, me, c, H,
-                         max_tokens, K, K_PAD, BT, BH, MAXC)
             dl.wait(arrived + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
             for i in range(world - 1):
-                _fan_out(x, recv_x, recv_slots, recv_w, recv_span, recv_weights, own_tokens, (me + 1 + i) % world,
-                         me, c, H, max_tokens, K, K_PAD, BT, BH, MAXC)
+                s = (me + 1 + i) % world
+                p0 = tl.load(recv_span + (s * MAXC + c) * 2)
+                p1 = tl.load(recv_span + (s * MAXC + c) * 2 + 1)
+                for q0 in range(p0, p1, BT):
+                    pos = q0 + tl.arange(0, BT)
+                    m = (pos[:, None] < p1) & (kk[None, :] < K)
+                    rec = (s * max_tokens + pos[:, None]) * K + kk[None, :]
+                    slots = tl.load(recv_slots + rec, mask=m, other=-1)
+                    tl.store(recv_weights + slots, tl.load(recv_w + rec, mask=m, other=0.0), mask=slots >= 0)
+                    first = tl.min(tl.where(slots >= 0, slots, _BIG), axis=1)
+                    has = first < _BIG
+                    for h0 in range(0, H, BH):
+                        hh = h0 + tl.arange(0, BH)
+                        hm = hh[None, :] < H
+                        tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :],
+                                       mask=has[:, None] & hm)
+                        for j in tl.static_range(K):
+                            row = tl.sum(tl.where(kk[None, :] == j, slots, 0), axis=1)
+                            tl.store(recv_x + row[:, None].to(tl.int64) * H + hh[None, :], tile,
+                                     mask=((row >= 0) & (row != first))[:, None] & hm)
     dl.finish_call(state, epoch, n_prog)
 
 
@@ -460,7 +435,6 @@ class _Workspace:
         self.expert_counts = torch.zeros((self.local,), dtype=torch.int32, device=dev)
         self.expert_offsets = torch.zeros((self.local + 1,), dtype=torch.int32, device=dev)
         self.token_pos = torch.full((max_tokens, w), -1, dtype=torch.int32, device=dev)
-        self.own_tokens = torch.zeros((max_tokens,), dtype=torch.int32, device=dev)  # receive position -> token
         self.chunk_counts = torch.zeros((MAX_CHUNKS, ep + self.w_pad), dtype=torch.int32, device=dev)
         self.arrivals = shmem.counters(1, name=name + "arrivals")
         self.state = shmem.counters(2, name=name + "epoch")
@@ -485,22 +459,20 @@ def default_config(max_tokens, hidden, device_type):
     """Knobs, identical on every rank (they depend only on max_tokens and hidden):
     num_chunks (token chunks per rank: the unit of flags, pipelining and combine), num_programs (grid),
     push_programs (of them, the senders; the rest receive), block_tokens / block_h (rows / columns per copy
-    step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens),
-    own_rows_by_receivers (this rank's own tokens are written into their slot rows by the receivers, from x,
-    instead of by the senders, whose work is then only what crosses the link).
+    step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
-               "num_warps": 4, "fused_layout": max_tokens <= 256, "own_rows_by_receivers": True}
+               "num_warps": 4, "fused_layout": max_tokens <= 256}
     elif max_tokens <= 256:  # decode-sized batches: small chunks, wide copies, every SM (2xH200, T=128, from
-        # a graph: dispatch 29.9 us, combine 29.9 us; the fused layout launch was slower: 122 us, run9)
+        # a graph: dispatch 29.8 us, combine 26.8 us; the fused layout launch was slower: 121 us)
         cfg = {"num_chunks": 64, "num_programs": 132, "push_programs": 66, "block_h": 1024, "block_tokens": 2,
-               "num_warps": 8, "fused_layout": False, "own_rows_by_receivers": False}
-    else:  # 2xH200, T=4096: dispatch 239 us with these (run9). Combine: senders reduce and push the peers'
-        # tokens, receivers reduce this rank's own slots and sum; half the programs each: 250 us (run9)
+               "num_warps": 8, "fused_layout": False}
+    else:  # 2xH200, T=4096: dispatch 234.6 us with these; combine is bound by reading every received row once,
+        # so it gets more senders (two programs per SM) and wider tiles: 401 -> 336 us (run7)
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
-               "num_warps": 8, "fused_layout": False, "own_rows_by_receivers": False,
-               "combine_programs": 132, "combine_push": 66, "combine_block_h": 1024, "combine_block_tokens": 8}
+               "num_warps": 8, "fused_layout": False,
+               "combine_programs": 264, "combine_push": 200, "combine_block_h": 1024, "combine_block_tokens": 8}
     return {"combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
@@ -611,9 +583,8 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, n_push,
         ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
         ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_counts,
-        ws.own_tokens, ws.state, ctx, BH=bh, RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused,
-        BT_COUNT=bt_count, OWN_ROWS_BY_RECEIVERS=bool(cfg["own_rows_by_receivers"]),
-        num_warps=int(cfg["num_warps"]), **common)
+        ws.state, ctx, BH=bh, RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused,
+        BT_COUNT=bt_count, num_warps=int(cfg["num_warps"]), **common)
     ws.calls += 1
     handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
     ws.last = handle
