@@ -1,4 +1,4 @@
-"""The GEMM core alone vs cuBLAS on the per-rank AG+GEMM shapes and GEMM+RS's N = 28672 shape
+"""The GEMM core alone vs cuBLAS on the per-rank AG+GEMM shapes and GEMM+RS's N = 28672 and small-M shapes
 (torchrun --nproc-per-node=N benchmarks/bench_gemm.py; every rank times its own GPU, the table is the max over
 ranks). SM clock and board power are sampled during ours and cuBLAS (rank 0's GPU): long GEMMs on H200 can be
 power-capped, which bounds every kernel alike.
@@ -33,9 +33,10 @@ def main():
     td.init(backend="cuda")
     world = td.world_size()
     rows = []
-    # the GEMM each rank runs in AG+GEMM, then GEMM+RS's per-rank GEMM at N = 28672 (K split over ranks)
-    local_shapes = [(m_total, n_total // world, k) for m_total, n_total, k in SHAPES] + [(8192, 28672, 8192 // world)]
-    for m, n, k in local_shapes:
+    # the GEMM each rank runs in AG+GEMM, then GEMM+RS's per-rank GEMMs at N = 28672 and small M (K split)
+    local_shapes = [(m_total, n_total // world, k) for m_total, n_total, k in SHAPES]
+    local_shapes += [(8192, 28672, 8192 // world), (512, 8192, 8192 // world), (128, 8192, 8192 // world)]
+    for m, n, k in sorted(local_shapes, key=lambda s: s[0] * s[1] * s[2]):  # small first: before the GPU heats up
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
@@ -46,13 +47,21 @@ def main():
         t_cublas = time_us(lambda: torch.matmul(a, w.T, out=out))
         knobs = {_label(c): time_us(lambda: core.gemm(a, w, out=out, config=c), iters=10, warmup=2)
                  for c in core.gemm_candidates(m, n, k, a.dtype, a.device)}
+        base = core.gemm_config(m, n, k, a.dtype, a.device)
+        extras = []
         if m * n * k >= 8192 * 4096 * 8192:  # the large shapes: L2 order and tile shape, beyond the tuner's set
-            base = core.gemm_config(m, n, k, a.dtype, a.device)
-            for extra in (dict(GROUP_M=16), dict(GROUP_M=4), dict(BLOCK_K=128, num_stages=2),
-                          dict(BLOCK_M=256, BLOCK_N=128), dict(FLATTEN=True, GROUP_M=16)):
-                c = {**base, **extra}
-                knobs[_label(c) + f" g{c['GROUP_M']}"] = time_us_or_nan(
-                    lambda: core.gemm(a, w, out=out, config=c), _label(c), iters=10, warmup=2)
+            extras = [dict(GROUP_M=16), dict(GROUP_M=4), dict(BLOCK_M=256, BLOCK_N=128), dict(FLATTEN=True, GROUP_M=16)]
+        elif m <= 512:  # skinny: W streams from HBM once; smaller tiles put every SM on it
+            extras = [dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_stages=4, num_warps=4, GROUP_M=2),
+                      dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_stages=8, num_warps=4, GROUP_M=2),
+                      dict(BLOCK_M=128, BLOCK_N=32, BLOCK_K=128, num_stages=5, num_warps=4, GROUP_M=8),
+                      dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, num_stages=4, num_warps=4, GROUP_M=8),
+                      dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6, num_warps=4, GROUP_M=2),
+                      dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_stages=6, num_warps=4, GROUP_M=8)]
+        for extra in extras:
+            c = {**base, **extra}
+            knobs[_label(c) + f" g{c['GROUP_M']}"] = time_us_or_nan(
+                lambda: core.gemm(a, w, out=out, config=c), _label(c), iters=10, warmup=2)
         clk_ours = clocks_during(lambda: core.gemm(a, w, out=out))
         clk_cublas = clocks_during(lambda: torch.matmul(a, w.T, out=out))
         best = min(knobs, key=knobs.get)

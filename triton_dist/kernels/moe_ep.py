@@ -465,14 +465,14 @@ def default_config(max_tokens, hidden, device_type):
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
                "num_warps": 4, "fused_layout": max_tokens <= 256}
     elif max_tokens <= 256:  # decode-sized batches: small chunks, wide copies, every SM (2xH200, T=128, from
-        # a graph: dispatch 29.8 us, combine 26.8 us; the fused layout launch was slower: 121 us)
+        # a graph: dispatch 29.9-30.5 us, combine 27.3-29.9 us; the fused layout launch was slower: 122 us, run9)
         cfg = {"num_chunks": 64, "num_programs": 132, "push_programs": 66, "block_h": 1024, "block_tokens": 2,
                "num_warps": 8, "fused_layout": False}
-    else:  # 2xH200, T=4096: dispatch 234.6 us with these; combine is bound by reading every received row once,
-        # so it gets more senders (two programs per SM) and wider tiles: 401 -> 336 us (run7)
+    else:  # 2xH200, T=4096: dispatch 236-239 us with these (run9/run10). Combine: senders reduce and push the
+        # peers' tokens, receivers reduce this rank's own slots and sum; half the programs each, 16x512 tiles:
+        # 237 us (run10; 264 programs or uneven splits 250-336)
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
-               "num_warps": 8, "fused_layout": False,
-               "combine_programs": 264, "combine_push": 200, "combine_block_h": 1024, "combine_block_tokens": 8}
+               "num_warps": 8, "fused_layout": False, "combine_programs": 132, "combine_push": 66}
     return {"combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
