@@ -49,7 +49,8 @@ from .. import autotune, shmem
 from .. import language as dl
 from . import library
 from .gemm import (check_launchable, check_matmul_operands, default_num_programs, describe_operands, dot_precision,
-                   gemm_candidates, gemm_config, interpreting, tile_accumulate, tile_coords, tile_store)
+                   gemm_candidates, gemm_config, interpreting, skinny_configs, tile_accumulate, tile_coords,
+                   tile_store)
 from .replay import GraphCache
 
 MAX_CHUNKS = 64  # per rank; sizes the `arrived` flags
@@ -318,6 +319,8 @@ def candidate_configs(m_shard, n, k, dtype, device, world):
         small = gemm_config(m_total, n, k, dtype, device)
         cands += [{**base, **small, "path": "graph"}, {**base, **small, "path": "graph", "BLOCK_M": 64,
                                                            "num_warps": 4}]
+        if m_total <= 512:
+            cands += [{**base, **small, **c, "path": "graph"} for c in skinny_configs(dtype)]
     if m_total > 256 and world > 1:
         for g in gemm_candidates(m_total, n, k, dtype, device):
             if g.get("WARP_SPECIALIZE"):  # triton 3.6's warp-specialisation pass rejects this kernel (TODO)

@@ -55,7 +55,7 @@ from .. import autotune, shmem
 from .. import language as dl
 from . import library
 from .gemm import (TensorDescriptor, default_num_programs, dot_precision, gemm_config, num_sms, output_like,
-                   tile_accumulate, tile_coords, tile_store, tma_compatible)
+                   skinny_configs, tile_accumulate, tile_coords, tile_store, tma_compatible)
 from .replay import GraphCache
 
 # The crossover: below this many rows (M, all ranks together) the default path is torch.matmul + NCCL
@@ -282,6 +282,8 @@ def candidate_configs(m, n, k, dtype, device, world):
             # plain pointers (half the host time of three TMA descriptors)
             small = [over, {**over, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 8},
                      {**over, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 4}]
+            if m <= 512:
+                small += [{**over, **c} for c in skinny_configs(dtype)]
             cands += [{**c, "path": "graph"} for c in small] + [{**c, "use_tma": False} for c in small[::2]]
         if device.type == "cuda":  # a few SMs left to the NVLink stores (measured: 833 vs 867 us at 8192^3)
             sms = default_num_programs(device)
