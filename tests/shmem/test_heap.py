@@ -12,7 +12,7 @@ import torch.distributed as dist
 import triton_dist as td
 from triton_dist.launch import RankError, RankPool
 
-from ..conftest import cpu_only
+from ..conftest import cpu_only, gpu_only
 
 
 def _offsets(*tensors):
@@ -109,6 +109,40 @@ def test_clear_errors_for_bad_tensors(ranks, world):
     assert msgs[0].startswith("ValueError: flags is not a symmetric tensor")
     assert msgs[1].startswith("TypeError")
     assert msgs[2:] == ["TypeError", "ValueError", "ValueError"]
+
+
+def _ops_reject_the_other_gpu():
+    """Every op, handed a tensor on a GPU other than triton_dist's: ValueError naming the tensor (a kernel launched
+    on this GPU would otherwise read another GPU's memory as its own)."""
+    from triton_dist.kernels import ag_gemm, all_gather, ep_dispatch, gemm_rs, sp_flash_decode
+
+    other = torch.device("cuda", (torch.cuda.current_device() + 1) % torch.cuda.device_count())
+    here = td.shmem.device()
+    x = torch.randn(8, 16, device=other, dtype=torch.bfloat16)
+    w = torch.randn(8, 16, device=here, dtype=torch.bfloat16)
+    idx = torch.zeros(8, 2, device=other, dtype=torch.int64)
+    q = torch.randn(1, 4, 16, device=other, dtype=torch.bfloat16)
+    kv = torch.randn(1, 32, 1, 16, device=here, dtype=torch.bfloat16)
+    calls = [lambda: all_gather(x), lambda: ag_gemm(x, w), lambda: gemm_rs(x, w),
+             lambda: ep_dispatch(x, idx, idx.float(), num_experts=4, max_tokens=8),
+             lambda: sp_flash_decode(q, kv, kv, torch.full((1,), 32, device=here, dtype=torch.int32))]
+    msgs = []
+    for call in calls:
+        try:
+            call()
+            msgs.append("accepted")
+        except ValueError as exc:
+            msgs.append(str(exc))
+    td.shmem.check_device(w, "w")  # the right GPU passes
+    return msgs
+
+
+@gpu_only
+def test_ops_reject_tensors_on_another_gpu(ranks):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two visible GPUs")
+    for msgs in ranks(2, _ops_reject_the_other_gpu):
+        assert all("but triton_dist runs on cuda:" in m for m in msgs), msgs
 
 
 @cpu_only

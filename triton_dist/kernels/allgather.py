@@ -99,8 +99,7 @@ def all_gather(x, out=None, config=None):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     world = shmem.world_size()
-    if x.device.type != shmem.device().type:
-        raise ValueError(f"x is on {x.device}, triton_dist runs on {shmem.device()}")
+    shmem.check_device(x, "x")
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension")
     x = x.contiguous()

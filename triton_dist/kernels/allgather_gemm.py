@@ -390,9 +390,7 @@ def _run(a, w, plan, return_gathered):
 # ----------------------------------------------------------------------------------------------- the op
 def _check_inputs(a, w):
     check_matmul_operands(a, w, "a", "w")
-    home = shmem.device()
-    if a.device.type != home.type or (home.type == "cuda" and a.device.index != home.index):
-        raise ValueError(f"a and w are on {a.device}, but triton_dist runs on {home}")
+    shmem.check_device(a, "a and w")
 
 
 def _ag_gemm_impl(a, w, return_gathered, config=None):

@@ -620,9 +620,9 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
     shape allocates symmetric buffers (collective, not graph capturable); later calls are graph capturable.
     ``config``: launch knobs (see ``default_config``), identical on every rank.
     """
+    if isinstance(q, torch.Tensor):
+        shmem.check_device(q, "q")
     ctx = shmem.context()
-    if isinstance(q, torch.Tensor) and q.device.type != ctx.device.type:
-        raise ValueError(f"q is on {q.device}, triton_dist runs on {shmem.device()}")
     plan = _Plan.get(q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, True)
     batch, q_heads, _, head_dim, _, _ = plan.dims
     if out is None:

@@ -329,10 +329,8 @@ def _check_inputs(a, w):
 
 
 def _check_device(a, w):
-    home = shmem.device()
-    for t, name in ((a, "a"), (w, "w")):
-        if t.device.type != home.type or (home.type == "cuda" and t.device.index != home.index):
-            raise ValueError(f"{name} is on {t.device}, but triton_dist runs on {home}")
+    shmem.check_device(a, "a")
+    shmem.check_device(w, "w")
 
 
 def _gemm_rs(a, w, config=None, out=None):

@@ -500,12 +500,10 @@ class EpDispatchResult:
 
 
 def _check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align):
-    dev = shmem.device()
     for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != dev.type:
-            raise ValueError(f"{name} is on {t.device}, triton_dist runs on {dev}")
+        shmem.check_device(t, name)
     if x.dtype not in _DTYPES:
         raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
     if topk_idx.dtype not in (torch.int32, torch.int64):
@@ -610,9 +608,9 @@ def ep_combine(expert_out, handle, out=None, config=None):
         raise TypeError(f"expert_out must be a torch.Tensor, got {type(expert_out).__name__}")
     if expert_out.dtype != ws.dtype:
         raise TypeError(f"expert_out must be {ws.dtype} like the dispatched x, got {expert_out.dtype}")
-    if expert_out.dim() != 2 or expert_out.shape[1] != ws.hidden or expert_out.device.type != shmem.device().type:
-        raise ValueError(f"expert_out must be [rows, {ws.hidden}] on {shmem.device()}, got "
-                         f"{list(expert_out.shape)} on {expert_out.device}")
+    shmem.check_device(expert_out, "expert_out")
+    if expert_out.dim() != 2 or expert_out.shape[1] != ws.hidden:
+        raise ValueError(f"expert_out must be [rows, {ws.hidden}], got {list(expert_out.shape)}")
     if expert_out.device.type == "cpu":  # free to check there (no device sync)
         need = int(ws.expert_offsets[ws.local])
         if expert_out.shape[0] < need:

@@ -6,6 +6,7 @@ from .heap import (  # noqa: F401
     WaitTimeoutError,
     backend,
     barrier,
+    check_device,
     check_errors,
     check_symmetric,
     clear_errors,

@@ -183,6 +183,14 @@ def device():
     return _runtime().heap.device
 
 
+def check_device(t, name):
+    """ValueError unless tensor ``t`` is where triton_dist's kernels run: the same device type and, on GPU, the
+    same CUDA device (a kernel launched on it cannot read another GPU's tensor as its own)."""
+    home = device()
+    if t.device.type != home.type or (home.type == "cuda" and t.device.index != home.index):
+        raise ValueError(f"{name} is on {t.device}, but triton_dist runs on {home}")
+
+
 def context():
     """The int64 tensor every triton_dist kernel takes as its ``ctx`` argument."""
     return _runtime().ctx
