@@ -142,7 +142,9 @@ def test_ops_reject_tensors_on_another_gpu(ranks):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two visible GPUs")
     for msgs in ranks(2, _ops_reject_the_other_gpu):
-        assert all("but triton_dist runs on cuda:" in m for m in msgs), msgs
+        # ag_gemm's operand check speaks first ("a is on cuda:1 but w is on cuda:0"); the rest name triton_dist's GPU
+        assert all(m != "accepted" and " is on cuda:" in m for m in msgs), msgs
+        assert sum("but triton_dist runs on cuda:" in m for m in msgs) == 4, msgs
 
 
 @cpu_only
