@@ -28,31 +28,32 @@ from triton_dist.timing import graph_of, time_us
 from triton_dist.kernels.moe_ep import default_config, ep_combine, ep_dispatch
 
 H, E, K = 7168, 64, 8
-DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout)
-    # program counts and chunking are runtime arguments (no recompile); block sizes / warps / fused compile anew.
-    # Earlier runs on 2xH200 (benchmarks/results run6/run7/run9/run10): dispatch is best with 64 of 128 programs
+DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout,
+    # push_first); program counts and chunking are runtime arguments (no recompile), the rest compile anew.
+    # Earlier runs on 2xH200 (benchmarks/results run6/run7/run9-11): dispatch is best with 64 of 128 programs
     # sending 16x512 tiles at T=4096, and with every SM (132, half sending) at T=128; the fused layout was slower
     # (122 us at T=128); leaving this rank's own rows to the receivers (senders push only) was slower too
     # (284-336 us at T=4096, run10).
-    4096: [(128, 96, 256, 512, 16, 8, False), (264, 132, 256, 512, 16, 8, False), (128, 64, 512, 512, 8, 8, False)],
-    128: [(132, 100, 128, 2048, 1, 8, False), (132, 66, 32, 1024, 4, 8, False)],
+    4096: [(128, 64, 256, 512, 16, 8, False, True), (128, 80, 256, 512, 16, 8, False, True),
+           (128, 48, 256, 512, 16, 8, False, True), (128, 64, 256, 1024, 16, 8, False, True)],
+    128: [(132, 66, 64, 1024, 2, 8, False, True), (132, 100, 64, 1024, 2, 8, False, True)],
 }
 COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps),
     # timed after a dispatch with the default config. Senders reduce and push the peers' tokens; receivers
     # reduce this rank's own slots and sum: at W=2 each side reads about half of the expert rows.
-    # run9/run10 at T=4096: 132/66 h512 t16 237 us, h1024 t8 248-250, h2048 t4 257, 132/50 280, 132/80 301,
-    # 264/100 264, 264/132 278, 396/198 277, 264/200 336, 4 warps 661.
-    4096: [(132, 66, 1024, 8, 8), (132, 66, 256, 32, 8), (132, 60, 512, 16, 8), (132, 72, 512, 16, 8)],
-    128: [(264, 132, 512, 2, 8), (132, 66, 2048, 1, 8)],
+    # run9-11 at T=4096: 132/66 h512 t16 236-237 us, h1024 t8 247-250, h2048 t4 257, h256 t32 284, 132/50 280,
+    # 132/60 256, 132/72 271, 132/80 301, 264/100 264, 264/132 278, 396/198 277, 264/200 336, 4 warps 661.
+    4096: [(132, 66, 1024, 8, 8)],
+    128: [(264, 132, 512, 2, 8)],
 }
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
-                  "fused_layout")
+                  "fused_layout", "push_first")
 _COMBINE_KEYS = ("combine_programs", "combine_push", "combine_block_h", "combine_block_tokens", "combine_warps")
 
 
 def _dispatch_name(c):
-    return "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}".format(
-        f=" fused" if c["fused_layout"] else "", **c)
+    return "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{p}".format(
+        f=" fused" if c["fused_layout"] else "", p=" push-first" if c["push_first"] else "", **c)
 
 
 def _combine_name(c):
