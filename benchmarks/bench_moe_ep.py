@@ -28,15 +28,15 @@ from triton_dist.timing import graph_of, time_us
 from triton_dist.kernels.moe_ep import default_config, ep_combine, ep_dispatch
 
 H, E, K = 7168, 64, 8
-DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout,
-    # push_first); program counts and chunking are runtime arguments (no recompile), the rest compile anew.
-    # Earlier runs on 2xH200 (benchmarks/results run6/run7/run9-11): dispatch is best with 64 of 128 programs
-    # sending 16x512 tiles at T=4096, and with every SM (132, half sending) at T=128; the fused layout was slower
-    # (122 us at T=128); leaving this rank's own rows to the receivers (senders push only) was slower too
-    # (284-336 us at T=4096, run10).
-    4096: [(128, 64, 256, 512, 16, 8, False, True), (128, 80, 256, 512, 16, 8, False, True),
-           (128, 48, 256, 512, 16, 8, False, True), (128, 64, 256, 1024, 16, 8, False, True)],
-    128: [(132, 66, 64, 1024, 2, 8, False, True), (132, 100, 64, 1024, 2, 8, False, True)],
+DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout)
+    # program counts and chunking are runtime arguments (no recompile); block sizes / warps / fused compile anew.
+    # Earlier runs on 2xH200 (benchmarks/results run6/run7/run9-11/run15): dispatch is best with 64 of 128
+    # programs sending 16x512 tiles at T=4096 (235-239 us; 96 senders 281-286, 264 programs 260, 512 chunks 275),
+    # and with every SM (132, half sending) at T=128 (29-31 us). Slower and dropped: the fused layout (122 us at
+    # T=128); this rank's own rows left to the receivers (284-336 us at T=4096, run10) or written after the
+    # peers were flagged (295-326 us, run15).
+    4096: [(128, 96, 256, 512, 16, 8, False), (264, 132, 256, 512, 16, 8, False)],
+    128: [(132, 100, 128, 2048, 1, 8, False)],
 }
 COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps),
     # timed after a dispatch with the default config. Senders reduce and push the peers' tokens; receivers
@@ -47,13 +47,13 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     128: [(264, 132, 512, 2, 8)],
 }
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
-                  "fused_layout", "push_first")
+                  "fused_layout")
 _COMBINE_KEYS = ("combine_programs", "combine_push", "combine_block_h", "combine_block_tokens", "combine_warps")
 
 
 def _dispatch_name(c):
-    return "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{p}".format(
-        f=" fused" if c["fused_layout"] else "", p=" push-first" if c["push_first"] else "", **c)
+    return "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}".format(
+        f=" fused" if c["fused_layout"] else "", **c)
 
 
 def _combine_name(c):
@@ -159,7 +159,8 @@ def main():
                      "speedup dispatch": t_nd / d_e, "speedup combine": t_nc / c_e,
                      "default correct": ok_d and ok_c,
                      "all configs correct": all(q[3] for q in dispatch_results + combine_results),
-                     "best dispatch config": _dispatch_name(best_d[0]), "best combine config": _combine_name(best_c[0])})
+                     "best dispatch config": _dispatch_name(best_d[0]),
+                     "best combine config": _combine_name(best_c[0])})
         sweep_rows = [{"T": T, "phase": "dispatch", "config": _dispatch_name(q[0]), "eager us": q[1],
                        "graph us": q[2], "correct": q[3]} for q in dispatch_results]
         sweep_rows += [{"T": T, "phase": "combine", "config": _combine_name(q[0]), "eager us": q[1],

@@ -129,12 +129,11 @@ def test_dispatch_combine_8_ranks(ranks):
         assert problems == []
 
 
-@pytest.mark.parametrize("push_first", [False, True])
-def test_two_launch_layout_and_uneven_chunks(ranks, push_first):
-    """The layout launch (default for max_tokens > 256); 2 senders + 1 receiver over 5 odd-sized chunks, own rows
-    written with the pushes or after them; combine with its own knobs (3 senders + 1 receiver, 4-token blocks)."""
+def test_two_launch_layout_and_uneven_chunks(ranks):
+    """The layout launch (default for max_tokens > 256); 2 senders + 1 receiver over 5 odd-sized chunks; combine
+    with its own knobs (3 senders + 1 receiver, 4-token blocks)."""
     cfg = {"fused_layout": False, "num_chunks": 5, "num_programs": 3, "push_programs": 2, "block_tokens": 2,
-           "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4, "push_first": push_first}
+           "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4}
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, cfg):
         assert problems == []
 
@@ -243,14 +242,14 @@ def test_torch_ops_and_fake_impls(ranks):
 
 
 # ----------------------------------------------------------------------------------------------------- GPU
-def _gpu_bf16(T, H, E, K, align, config=None):
+def _gpu_bf16(T, H, E, K, align):
     dev = td.shmem.device()
     r, w = td.rank(), td.world_size()
     g = torch.Generator(device=dev).manual_seed(r)
     x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
     idx = torch.rand(T, E, device=dev, generator=g).topk(K, dim=1).indices
     weights = torch.rand(T, K, device=dev, generator=g)
-    res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, align=align, config=config)
+    res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, align=align)
     el = E // w
     scale = _expert_scale(E).float().to(dev)
     out = (res.x.float() * scale[r * el + res.expert_ids.clamp(min=0).long()][:, None]).to(torch.bfloat16)
@@ -266,10 +265,9 @@ def _gpu_bf16(T, H, E, K, align, config=None):
 
 
 @gpu_only
-@pytest.mark.parametrize("T,align,push_first", [(128, 1, False), (1000, 64, False), (128, 1, True),
-                                                (1000, 64, True)])
-def test_gpu_bf16(ranks, T, align, push_first):
-    assert all(ranks(2, _gpu_bf16, T, 1024, 64, 8, align, {"push_first": push_first}))
+@pytest.mark.parametrize("T,align", [(128, 1), (1000, 64)])
+def test_gpu_bf16(ranks, T, align):
+    assert all(ranks(2, _gpu_bf16, T, 1024, 64, 8, align))
 
 
 def _gpu_graph():
@@ -308,17 +306,18 @@ def test_gpu_cuda_graph_replay(ranks):
 # ----------------------------------------------------------------------------------------------------- sm_90
 _DISPATCH_SIG = dict(
     x="*bf16", topk_idx="*i32", topk_weights="*fp32", T="i32", H="i32", E="i32", align="i32", max_tokens="i32",
-    max_rows="i32", n_chunks="i32", n_push="i32", recv_x="*bf16", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", all_counts="*i32",
+    max_rows="i32", n_chunks="i32", n_push="i32", recv_x="*bf16", recv_slots="*i32", recv_w="*fp32",
+    recv_span="*i32", all_counts="*i32",
     counts_ready="*i32", arrived="*i32", recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32",
     expert_offsets="*i32", token_pos="*i32", chunk_prefix="*i32", state="*i32", ctx="*i64", K="constexpr",
     EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
-    RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr", PUSH_FIRST="constexpr")
+    RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr")
 
 
-@pytest.mark.parametrize("fused,push_first", [(False, False), (True, True)])
-def test_dispatch_compiles_for_sm90(fused, push_first):
+@pytest.mark.parametrize("fused", [False, True])
+def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
-                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, PUSH_FIRST=push_first)
+                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16)
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
     assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers and local duplicates)

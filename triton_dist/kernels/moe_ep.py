@@ -30,7 +30,8 @@ while senders still push later ones.
                   it has experts on: ONE row crosses the link, to the token's first slot row on d, plus a small
                   record (its slot rows on d and their weights) at recv_slots[me, pos] on d; then the chunk's
                   span of positions and a flag arrived[me, c] = epoch. Rows for this rank go straight into all
-                  their slot rows (tile by tile with the pushes, or with ``push_first`` after the flags).
+                  their slot rows, tile by tile with the pushes (measured faster than flagging the peers first
+                  and writing them after, and than leaving them to the receivers).
               receiver: expert ids of all rows (-1 on padding); then for its chunks c, wait arrived[s, c] for
                   every peer s and copy each arrived row into the token's other slot rows here (duplicates never
                   cross the link).
@@ -188,8 +189,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                        state, ctx,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
-                       MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
-                       PUSH_FIRST: tl.constexpr):
+                       MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr):
     """Programs [0, n_push) send chunks c = pid, pid + n_push, ... in order; the others receive: they mark the
     rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks land."""
     pid = tl.program_id(0)
@@ -276,8 +276,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                         row = tl.sum(tl.where(dv[None, :] == d, first, 0), axis=1)
                         dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
                         dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
-                    if not PUSH_FIRST:
-                        _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
+                    _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
             span = tl.arange(0, 2)
             for i in range(world):
                 d = (me + 1 + i) % world
@@ -286,18 +285,6 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 dl.put(recv_span + (me * MAXC + c) * 2 + span, ends, d, ctx)
                 if d != me:
                     dl.signal(arrived + me * MAXC + c, epoch, d, ctx)
-            if PUSH_FIRST:  # the peers have the chunk; now this rank's own rows, found again in our records
-                tl.debug_barrier()
-                for t0 in range(c0, c1, BT):
-                    t = t0 + tl.arange(0, BT)
-                    pos = tl.load(token_pos + t * world + me, mask=t < c1, other=-1)
-                    rec = (me * max_tokens + pos[:, None]) * K + kk[None, :]
-                    here = tl.load(recv_slots + rec, mask=(pos >= 0)[:, None] & (kk[None, :] < K), other=-1)
-                    src = x + t[:, None].to(tl.int64) * H
-                    for h0 in range(0, H, BH):
-                        hh = h0 + tl.arange(0, BH)
-                        tile = tl.load(src + hh[None, :], mask=(t < c1)[:, None] & (hh[None, :] < H))
-                        _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
     else:
         # RECEIVE: expert id of every row (-1 = padding), zero weights on padding ...
         q = pid - n_push
@@ -478,23 +465,20 @@ def default_config(max_tokens, hidden, device_type):
     """Knobs, identical on every rank (they depend only on max_tokens and hidden):
     num_chunks (token chunks per rank: the unit of flags, pipelining and combine), num_programs (grid),
     push_programs (of them, the senders; the rest receive), block_tokens / block_h (rows / columns per copy
-    step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens), push_first
-    (a sender signals the peers as soon as a chunk's rows crossed the link and writes this rank's own slot rows
-    after, instead of both per tile).
+    step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
-               "num_warps": 4, "fused_layout": max_tokens <= 256, "push_first": True}
+               "num_warps": 4, "fused_layout": max_tokens <= 256}
     elif max_tokens <= 256:  # decode-sized batches: small chunks, wide copies, every SM (2xH200, T=128, from
         # a graph: dispatch 29.9-30.5 us, combine 27.3-29.9 us; the fused layout launch was slower: 122 us, run9)
         cfg = {"num_chunks": 64, "num_programs": 132, "push_programs": 66, "block_h": 1024, "block_tokens": 2,
-               "num_warps": 8, "fused_layout": False, "push_first": False}
+               "num_warps": 8, "fused_layout": False}
     else:  # 2xH200, T=4096: dispatch 236-239 us with these (run9/run10). Combine: senders reduce and push the
         # peers' tokens, receivers reduce this rank's own slots and sum; half the programs each, 16x512 tiles:
         # 237 us (run10; 264 programs or uneven splits 250-336)
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
-               "num_warps": 8, "fused_layout": False, "push_first": False, "combine_programs": 132,
-               "combine_push": 66}
+               "num_warps": 8, "fused_layout": False, "combine_programs": 132, "combine_push": 66}
     return {"combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
@@ -604,7 +588,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
         ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_counts,
         ws.state, ctx, BH=bh, RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused,
-        BT_COUNT=bt_count, PUSH_FIRST=bool(cfg["push_first"]), num_warps=int(cfg["num_warps"]), **common)
+        BT_COUNT=bt_count, num_warps=int(cfg["num_warps"]), **common)
     ws.calls += 1
     handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
     ws.last = handle
