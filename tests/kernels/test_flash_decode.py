@@ -112,6 +112,13 @@ def test_sp_flash_decode_4_ranks(ranks):
     assert max(errs) < _tol("float16"), errs
 
 
+def test_sp_flash_decode_8_ranks(ranks):
+    """The merge at 8 ranks (issue 7's CPU coverage): seven peers' partials, two ranks with empty shards."""
+    lens = [[9, 2], [0, 16], [16, 0], [3, 5], [0, 0], [16, 16], [1, 7], [4, 0]]
+    errs = ranks(8, _check, 13, 2, 4, 2, 32, 16, lens, "float32", 2, calls=2, combine=["fused", "kernel"])
+    assert max(errs) < _tol("float32"), errs
+
+
 def test_sp_flash_decode_repeated_calls_and_scale(ranks):
     """Back-to-back calls with fresh queries and no barrier, switching combine modes call by call: the epoch flags
     and the double-buffered receive buffer alone keep calls apart, whichever launch advances the epoch."""

@@ -23,8 +23,8 @@ Data movement (W ranks, shard rows cut into ``n_chunks`` chunks of ``chunk_rows`
 Why this shape (the first 2xH200 run): the own rows need no copy (the old local a -> a_full copy cost HBM traffic
 and delayed the first tile); the waits sit *between* the tile loops, never inside one, so software pipelining,
 ``FLATTEN`` (and automatic warp specialisation, once triton's pass accepts this kernel: triton 3.6 does not)
-are safe by construction (no load can be hoisted above a wait); one chunk per peer (``n_chunks=1``) is enough on 2 GPUs, where the remote
-shard lands long before the own half is done, and costs two copies per call. SM producers (``dl.put`` from a few
+are safe by construction (no load can be hoisted above a wait); one chunk per peer (``n_chunks=1``) is enough
+on 2 GPUs, where the remote shard lands long before the own half is done, and costs two copies per call. SM producers (``dl.put`` from a few
 programs of the GEMM launch) were measured 1.1-1.6x slower than copy engines at every shape and are gone.
 
 Epochs (``dl.call_epoch``/``dl.finish_call``, device side) make repeated calls and CUDA-graph replays safe with no
@@ -109,8 +109,8 @@ def _gemm_tiles(a, b, c, a_rows, first_row_tile, tiles_m, num_segments, tiles_n,
 @triton.jit
 def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
                    m_shard, N, K, stride_al, stride_af, stride_bn, stride_cs, stride_cm, chunk_rows,
-                   N_CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
+                   N_CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
                    WARP_SPECIALIZE: tl.constexpr, FENCE_ASYNC_PROXY: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """The consumer: own rows first (phase 0), then chunk by chunk the peers' rows as their flags arrive."""
     pid = tl.program_id(0)
