@@ -24,8 +24,9 @@ Why this shape (the first 2xH200 run): the own rows need no copy (the old local 
 and delayed the first tile); the waits sit *between* the tile loops, never inside one, so software pipelining,
 ``FLATTEN`` (and automatic warp specialisation, once triton's pass accepts this kernel: triton 3.6 does not)
 are safe by construction (no load can be hoisted above a wait); one chunk per peer (``n_chunks=1``) is enough
-on 2 GPUs, where the remote shard lands long before the own half is done, and costs two copies per call. SM producers (``dl.put`` from a few
-programs of the GEMM launch) were measured 1.1-1.6x slower than copy engines at every shape and are gone.
+on 2 GPUs, where the remote shard lands long before the own half is done, and costs two copies per call. SM
+producers (``dl.put`` from a few programs of the GEMM launch) were measured 1.1-1.6x slower than copy engines at
+every shape and are gone.
 
 Epochs (``dl.call_epoch``/``dl.finish_call``, device side) make repeated calls and CUDA-graph replays safe with no
 flag resets; the ``ready`` handshake keeps a rank from overwriting a peer's a_full before that peer entered the
