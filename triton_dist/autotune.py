@@ -11,7 +11,7 @@ What it guarantees:
   rank 0's pick is then broadcast anyway. A cached entry is read by rank 0 only and broadcast.
 * **Tuned once.** Results live in memory and in ``$TRITON_DIST_CACHE_DIR`` (default
   ``~/.cache/triton_dist/autotune``), one JSON file per op, keyed by GPU name, world size, the op's key (shape,
-  dtype, ...), and the triton_dist / triton / torch versions.
+  dtype, ...), the triton_dist / triton / torch versions and a digest of the candidate list.
 * **Never at the wrong time.** No tuning (and no collective) under the Triton interpreter, during CUDA-graph
   capture or while torch.compile traces: those get the cached choice if there is one, else ``default``
   (identical on every rank, as the memory caches are). ``TRITON_DIST_AUTOTUNE=0`` turns tuning off.
@@ -20,6 +20,7 @@ A candidate that fails (e.g. too much shared memory) fails on every rank alike (
 scores infinity.
 """
 
+import hashlib
 import json
 import os
 import statistics
@@ -54,10 +55,17 @@ def _group_info(collective):
     return None, 1, 0
 
 
-def full_key(op, key, collective=True):
+def full_key(op, key, collective=True, candidates=None):
+    """The cache key: op, GPU, world size, the op's key, the library versions and (when given) a digest of the
+    candidate list, so that a library that tries new configurations tunes again instead of reusing a choice
+    made among the old ones."""
     _, world, _ = _group_info(collective)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return json.dumps({"op": op, "gpu": gpu, "world": world, **key, **_versions()}, sort_keys=True)
+    extra = {}
+    if candidates is not None:
+        text = json.dumps(candidates, sort_keys=True, default=str)
+        extra["candidates"] = hashlib.sha1(text.encode()).hexdigest()[:12]
+    return json.dumps({"op": op, "gpu": gpu, "world": world, **key, **_versions(), **extra}, sort_keys=True)
 
 
 def tuning_allowed():
@@ -141,7 +149,7 @@ def time_candidate(run, cfg, iters=10, warmup=2, collective=True, group=None):
 
 def choose(op, key, candidates, make_runner, default, collective=True, iters=10):
     """The configuration to use for ``op`` at ``key`` (see the module docstring)."""
-    fkey = full_key(op, key, collective)
+    fkey = full_key(op, key, collective, candidates)
     if fkey in _CHOSEN:
         return _CHOSEN[fkey]
     if not tuning_allowed() or len(candidates) <= 1:

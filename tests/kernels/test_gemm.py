@@ -65,6 +65,9 @@ def test_autotune_keys_cache_and_interpreter_rule(tmp_path, monkeypatch):
     fields = json.loads(key)
     for field in ("gpu", "world", "m", "dtype", "triton_dist", "triton", "torch"):
         assert field in fields
+    with_cands = [autotune.full_key("demo", {"m": 1}, False, cands) for cands in ([{"x": 1}], [{"x": 1}, {"x": 2}])]
+    assert with_cands[0] != with_cands[1]  # new candidates: tuned again, not a stale choice from the old list
+    assert with_cands[0] == autotune.full_key("demo", {"m": 1}, False, [{"x": 1}])
     autotune._write_disk("demo", key, {"BLOCK_M": 64}, [1.0, 2.0])
     assert autotune._read_disk("demo", key) == {"BLOCK_M": 64}
     calls = []
