@@ -37,9 +37,10 @@ while senders still push later ones.
                   cross the link).
     combine   (one launch)  sender, chunk c of every PEER s: partial = sum over the token's slots on this rank,
               in slot order, of w * out[slot row] (fp32, rounded to the dtype) -> one row pushed back to s into
-              partials[me, pos]; flag combined[me, c]. receiver, chunk c of my tokens: this rank's own partial
-              computed the same way in registers (never stored), then wait combined[d, c] for every peer d and
-              y[t] = sum over d = 0..W-1 of partial_d(t) (fp32, rank order).
+              partials[(me - s - 1) mod W, pos] (s keeps one block per peer); flag combined[me, c].
+              receiver, chunk c of my tokens: this rank's own partial computed the same way in registers (never
+              stored), then wait combined[d, c] for every peer d and y[t] = sum over d = 0..W-1 of partial_d(t)
+              (fp32, rank order).
 Every sum runs in a FIXED order (slots in top-k order within a rank, then ranks in order), whoever's message lands
 first, so y is bitwise identical run to run. Dispatch moves each token at most once per destination rank, and
 combine returns one row per (token, destination rank).
@@ -354,7 +355,8 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                     rec = (s * max_tokens + pos[:, None]) * K + kk[None, :]
                     slots = tl.load(recv_slots + rec, mask=m, other=-1)
                     w = tl.load(recv_w + rec, mask=m, other=0.0)
-                    dst = partials + (me * max_tokens + pos[:, None]).to(tl.int64) * H
+                    block = (me - s - 1 + world) % world  # s keeps one block of partials per peer
+                    dst = partials + (block * max_tokens + pos[:, None]).to(tl.int64) * H
                     for h0 in range(0, H, BH):
                         hh = h0 + tl.arange(0, BH)
                         hm = hh[None, :] < H
@@ -389,7 +391,8 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                             acc += own.to(tl.float32)
                         else:
                             pd = tl.sum(tl.where(dv[None, :] == d, pos, 0), axis=1)
-                            v = tl.load(partials + (d * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
+                            block = (d - me - 1 + world) % world
+                            v = tl.load(partials + (block * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
                                         mask=(pd >= 0)[:, None] & hm, other=0.0)
                             acc += v.to(tl.float32)
                     tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
@@ -430,7 +433,8 @@ class _Workspace:
         self.recv_w = shmem.empty((w, max_tokens, topk), torch.float32, name=name + "recv_w")
         self.recv_span = shmem.zeros((w, MAX_CHUNKS, 2), torch.int32, name=name + "recv_span")
         self.all_counts = shmem.zeros((2, w, ep), torch.int32, name=name + "counts")
-        self.partials = shmem.empty((w, max_tokens, hidden), dtype, name=name + "partials")
+        # one block per peer (this rank's own partial never leaves the registers of combine's receivers)
+        self.partials = shmem.empty((max(w - 1, 1), max_tokens, hidden), dtype, name=name + "partials")
         self.counts_ready = shmem.signals((w,), name=name + "counts_ready")
         self.arrived = shmem.signals((w * MAX_CHUNKS,), name=name + "arrived")
         self.ready = shmem.signals((w,), name=name + "combine_ready")
