@@ -17,7 +17,7 @@ import triton_dist.language as dl
 
 import triton_dist as td
 from harness import record
-from triton_dist.timing import graph_of, time_us
+from triton_dist.timing import graph_us, time_us
 from triton_dist.kernels.allgather import all_gather, default_config
 from triton_dist.kernels.pingpong import ping_pong
 
@@ -56,8 +56,7 @@ def main():
             if best is None or t < best:
                 best, best_cfg = t, cfg
         t_default = time_us(lambda: all_gather(x, out))
-        graph = graph_of(lambda: all_gather(x, out, best_cfg))  # device time, no Python launch cost
-        t_graph = time_us(graph.replay)
+        t_graph = graph_us(lambda: all_gather(x, out, best_cfg))  # device time, no Python launch cost
         t_ce = time_us(copy_engine)
         t_nccl = time_us(lambda: dist.all_gather_into_tensor(nccl_out, x))
         gbps = lambda t: nbytes * (w - 1) / t / 1e3  # noqa: E731
@@ -68,7 +67,7 @@ def main():
                      "best config": "p{num_programs} b{block} w{num_warps}".format(**best_cfg),
                      "default config": "p{num_programs} b{block} w{num_warps}".format(
                          **default_config(nbytes, "cuda"))})
-        del out, peers, graph
+        del out, peers
     record("allgather_bandwidth", rows, notes="bus bandwidth = bytes per rank * (W-1) / time; median of 20, max over ranks")
     global _never
     _never = td.shmem.zeros((1,), torch.int32, name="never")

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import triton_dist as td
 from harness import record
-from triton_dist.timing import graph_of, time_us
+from triton_dist.timing import graph_us, time_us
 from triton_dist.kernels.flash_decode import local_flash_decode, resolved_config, sp_flash_decode
 
 HQ, HKV, D = 32, 8, 128
@@ -71,17 +71,14 @@ def baseline_combine(o, lse, gathered):
     return ((weight.unsqueeze(-1) * parts[..., :-1]).sum(0) / weight.sum(0).unsqueeze(-1)).to(o.dtype)
 
 
-def graph_us(fn):
-    """Median µs of one replay of a CUDA graph of ``fn`` (device time, no host launch cost); inf if it fails."""
+def graph_us_or_inf(fn):
+    """``graph_us`` (device time, no host launch cost); inf if it fails, so that a sweep's min skips it."""
     try:
-        graph = graph_of(fn)
+        return graph_us(fn)
     except Exception as exc:  # a config that does not compile or launch (e.g. too much shared memory): reported
         print(f"rank {dist.get_rank()}: {type(exc).__name__}: {exc}"[:400], flush=True)
         torch.cuda.synchronize()
         return float("inf")
-    t = time_us(graph.replay)
-    del graph
-    return t
 
 
 def main():
@@ -137,7 +134,7 @@ def main():
         # --- sweep the local kernel from CUDA graphs (configs identical on every rank)
         best_cfg, best_local = None, float("inf")
         for cfg in SWEEP:
-            t = graph_us(local(cfg))
+            t = graph_us_or_inf(local(cfg))
             try:
                 splits = resolved_config(q, k, v, kv_lens, config=cfg, distributed=False)["n_splits"]
             except Exception:
@@ -150,9 +147,9 @@ def main():
         # --- ours, default config: graph and eager, local and full
         dflt = resolved_config(q, k, v, kv_lens)
         check(None)
-        t_local = graph_us(local(None))
+        t_local = graph_us_or_inf(local(None))
         t_local_eager = time_us(local(None))
-        t_graph = graph_us(ours(None))
+        t_graph = graph_us_or_inf(ours(None))
         t_eager = time_us(ours(None))
 
         # --- the combine knobs, on the default and on the best local config (sp_flash_decode from graphs)
@@ -175,7 +172,7 @@ def main():
                 torch.cuda.synchronize()
                 pdl_broken |= bool(knobs.get("pdl"))
                 continue
-            t = graph_us(ours(cfg))
+            t = graph_us_or_inf(ours(cfg))
             pdl_broken |= bool(knobs.get("pdl")) and t == float("inf")
             combine_rows.append({"B": batch, "S total": s_total, "config": _name(cfg), "graph us": t,
                                  "local graph us": t_base_local, "combine overhead us": t - t_base_local,

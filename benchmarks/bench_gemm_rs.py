@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import triton_dist as td
 from harness import knob_sweep, record
-from triton_dist.timing import graph_of, time_us, time_us_or_nan
+from triton_dist.timing import graph_us_or_nan, time_us, time_us_or_nan
 from triton_dist.kernels import gemm_rs
 from triton_dist.kernels.gemm_reducescatter import default_config
 
@@ -45,13 +45,6 @@ def _async_tp(a, w_t, group_name):
     def run():
         return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w_t, "sum", 0, group_name)
     return run
-
-
-def _graph_us(a, w):
-    graph = graph_of(lambda: torch.ops.triton_dist.gemm_rs(a, w))
-    t = time_us(graph.replay)
-    del graph
-    return t
 
 
 def main():
@@ -84,12 +77,7 @@ def main():
         over = {**base, "path": "overlap"}
         t_over = time_us(lambda: gemm_rs(a, w, config=over))
         t_replay = time_us(lambda: gemm_rs(a, w, config={**over, "path": "graph"})) if m <= 2048 else float("nan")
-        try:
-            t_graph = _graph_us(a, w)
-        except Exception as exc:  # keep the rest of the table
-            if rank == 0:
-                print(f"graph replay failed: {type(exc).__name__}: {exc}", flush=True)
-            t_graph = float("nan")
+        t_graph = graph_us_or_nan(lambda: torch.ops.triton_dist.gemm_rs(a, w), "graph replay")  # NaN: table goes on
         t_gemm = time_us(lambda: torch.matmul(a, w.T))
         if (m, n, k_total) in ((8192, 8192, 8192), (2048, 8192, 8192)):
             sweep = {"default": t_over, **knob_sweep(lambda cfg: gemm_rs(a, w, config=cfg), over, SWEEP, a.device)}

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 import triton_dist as td
 from harness import record
-from triton_dist.timing import graph_of, time_us
+from triton_dist.timing import graph_us, time_us
 from triton_dist.kernels.moe_ep import default_config, ep_combine, ep_dispatch
 
 H, E, K = 7168, 64, 8
@@ -132,18 +132,14 @@ def main():
         dispatch_results = []  # (config, eager us, graph us, correct)
         for c in [default] + [{**default, **dict(zip(_DISPATCH_KEYS, s_))} for s_ in DISPATCH_SWEEP[T]]:
             t_e = time_us(dispatch_call(c))
-            g = graph_of(dispatch_call(c))
-            t_g = time_us(g.replay)
-            del g
+            t_g = graph_us(dispatch_call(c))
             res = dispatch_call(c)()
             dispatch_results.append((c, t_e, t_g, correct(ep_combine(res.x, res.handle))))
         combine_results = []
         res = dispatch_call(default)()
         for c in [default] + [{**default, **dict(zip(_COMBINE_KEYS, s_))} for s_ in COMBINE_SWEEP[T]]:
             t_e = time_us(lambda: ep_combine(res.x, res.handle, config=c))
-            g = graph_of(lambda: ep_combine(res.x, res.handle, config=c))
-            t_g = time_us(g.replay)
-            del g
+            t_g = graph_us(lambda: ep_combine(res.x, res.handle, config=c))
             combine_results.append((c, t_e, t_g, correct(ep_combine(res.x, res.handle, config=c))))
         best_d = min(dispatch_results, key=lambda q: q[2])
         best_c = min(combine_results, key=lambda q: q[2])

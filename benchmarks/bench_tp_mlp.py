@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import triton_dist as td
 from harness import record
-from triton_dist.timing import graph_of, time_us
+from triton_dist.timing import graph_us_or_nan, time_us
 from triton_dist.kernels import ag_gemm, gemm_rs
 
 SIZES = [(8192, 8192, 28672)]
@@ -60,14 +60,7 @@ def main():
         g = gate(nccl_ag_gemm())
         t_ag, t_ag_ref = time_us(lambda: ag_gemm(x, w_gate_up)), time_us(nccl_ag_gemm)
         t_rs, t_rs_ref = time_us(lambda: gemm_rs(g, w_down)), time_us(lambda: nccl_gemm_rs(g))
-        try:
-            graph = graph_of(ours)
-            t_graph = time_us(graph.replay)
-            del graph
-        except Exception as exc:  # keep the rest of the table
-            if td.rank() == 0:
-                print(f"graph capture failed: {type(exc).__name__}: {exc}", flush=True)
-            t_graph = float("nan")
+        t_graph = graph_us_or_nan(ours, "graph capture")  # NaN keeps the rest of the table
         tflops = lambda t: 6 * m * hidden * il / t / 1e6  # noqa: E731
         rows.append({"M": m, "hidden": hidden, "intermediate": inter, "ours us": t_ours,
                      "ours TFLOP/s": tflops(t_ours), "ours graph us": t_graph, "NCCL+torch us": t_ref,

@@ -41,10 +41,24 @@ def graph_of(fn):
     return graph
 
 
+def graph_us(fn, **kwargs):
+    """``time_us`` of replays of a CUDA graph of ``fn``: device time, no Python launch cost."""
+    return time_us(graph_of(fn).replay, **kwargs)
+
+
 def time_us_or_nan(fn, what, **kwargs):
     """``time_us``, or NaN (reported by rank 0) when ``fn`` fails, so one failing variant keeps a sweep going."""
+    return _or_nan(time_us, fn, what, **kwargs)
+
+
+def graph_us_or_nan(fn, what, **kwargs):
+    """``graph_us``, or NaN (reported by rank 0) when capturing or replaying ``fn`` fails."""
+    return _or_nan(graph_us, fn, what, **kwargs)
+
+
+def _or_nan(timer, fn, what, **kwargs):
     try:
-        return time_us(fn, **kwargs)
+        return timer(fn, **kwargs)
     except Exception as exc:
         if dist.get_rank() == 0:
             print(f"{what} failed: {type(exc).__name__}: {exc}", flush=True)

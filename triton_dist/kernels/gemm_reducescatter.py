@@ -328,14 +328,10 @@ def _check_inputs(a, w):
         raise ValueError(f"a [M, K_local] and w [N, K_local] disagree on K_local: {list(a.shape)} vs {list(w.shape)}")
 
 
-def _check_device(a, w):
-    shmem.check_device(a, "a")
-    shmem.check_device(w, "w")
-
-
 def _gemm_rs(a, w, config=None, out=None):
     """The op on checked inputs (``_check_inputs``)."""
-    _check_device(a, w)
+    shmem.check_device(a, "a")
+    shmem.check_device(w, "w")
     world, me = shmem.world_size(), shmem.rank()
     (m, k), n = a.shape, w.shape[0]
     shape = (rows_of_rank(m, world, me)[1], n)  # this rank's rows of the result
