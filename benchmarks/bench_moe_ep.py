@@ -15,6 +15,8 @@ Link bytes = rows this rank sends to the other rank * H * 2 bytes (one row per (
 metadata not counted); GB/s = link bytes / time (per direction; max time over ranks, max bytes over ranks).
 A sweep of configs at each T (dispatch knobs, then combine knobs after a default dispatch) finds the best; the
 default config is the one ep_dispatch / ep_combine use without `config`.
+Timeline: one dispatch + combine of the default config replayed from a CUDA graph with the kernels' phase stamps on
+(GPU clock): when each phase starts and ends on each rank, µs from the kernel's first program start.
 """
 
 import os
@@ -25,6 +27,7 @@ import torch.distributed as dist
 import triton_dist as td
 from harness import record
 from triton_dist.timing import graph_us, time_us
+from triton_dist.kernels import moe_ep
 from triton_dist.kernels.moe_ep import default_config, ep_combine, ep_dispatch
 
 H, E, K = 7168, 64, 8
@@ -58,6 +61,49 @@ def _dispatch_name(c):
 
 def _combine_name(c):
     return "p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}".format(**c)
+
+
+def _phases(stamps, n_prog, n_push, n_chunks, layout):
+    """µs since the launch's first program start: first / median / last of each phase boundary (-1: unset)."""
+    prog = stamps[moe_ep.TL_PROGRAM:moe_ep.TL_CHUNK].view(-1, 4)[:n_prog].double()
+    chunk = stamps[moe_ep.TL_CHUNK:moe_ep.TL_LAYOUT].view(-1, 4)[:n_chunks].double()
+    t0 = prog[:, 0].min()
+
+    def spread(v):
+        v = (v[v > 0] - t0) / 1e3
+        return "-" if v.numel() == 0 else f"{v.min():.1f} / {v.median():.1f} / {v.max():.1f}"
+
+    out = {"programs start": spread(prog[:, 0]), "counts / peers known": spread(prog[:, 1]),
+           "senders done": spread(prog[:n_push, 2]), "receivers' ids marked": spread(prog[n_push:, 2]),
+           "chunk sent": spread(chunk[:, 0]), "chunk seen": spread(chunk[:, 1]),
+           "chunk done": spread(chunk[:, 2]), "programs end": spread(prog[:, 3])}
+    if layout:
+        lay = stamps[moe_ep.TL_LAYOUT:].view(-1, 2)[:n_chunks].double()
+        out = {"layout start": spread(lay[:, 0]), "layout end": spread(lay[:, 1]), **out}
+    return out
+
+
+def timeline_rows(T, x, idx, weights):
+    """Phase timelines of one default dispatch + combine (replayed from a graph), every rank."""
+    cfg = default_config(T, H, "cuda")
+    stamps = torch.full((2, moe_ep.TIMELINE_SLOTS), -1, dtype=torch.int64, device="cuda")
+
+    def step():
+        res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, check_ids=False, timeline=stamps[0])
+        ep_combine(res.x, res.handle, timeline=stamps[1])
+    graph_us(step, iters=5, warmup=2)  # the stamps hold the last replay
+    every = [torch.empty_like(stamps) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, stamps)
+    rows = []
+    for rank, st in enumerate(every):
+        st = st.cpu()
+        rows.append({"T": T, "rank": rank, "kernel": "dispatch",
+                     **_phases(st[0], cfg["num_programs"], cfg["push_programs"], cfg["num_chunks"],
+                               layout=not cfg["fused_layout"])})
+        rows.append({"T": T, "rank": rank, "kernel": "combine",
+                     **_phases(st[1], cfg["combine_programs"], cfg["combine_push"], cfg["num_chunks"],
+                               layout=False)})
+    return rows
 
 
 def nccl_dispatch(x, idx, weights):
@@ -161,6 +207,9 @@ def main():
                        "graph us": q[2], "correct": q[3]} for q in dispatch_results]
         sweep_rows += [{"T": T, "phase": "combine", "config": _combine_name(q[0]), "eager us": q[1],
                         "graph us": q[2], "correct": q[3]} for q in combine_results]
+        record(f"moe_ep_timeline_T{T}", timeline_rows(T, x, idx, weights),
+               notes="µs since the kernel's first program start, first / median / last over programs (or chunks); "
+               "one graph replay of the default dispatch + combine")
         record(f"moe_ep_sweep_T{T}", sweep_rows, notes="eager and CUDA-graph replay, median of 20, max over ranks; "
                "first row of each phase = the default config")
         del res, base

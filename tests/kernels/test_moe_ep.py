@@ -195,6 +195,7 @@ def _bad_input():
         lambda: ep_dispatch(x, idx, w, num_experts=7, max_tokens=4),                   # E % world
         lambda: ep_dispatch(x, idx, w, num_experts=8, max_tokens=2),                   # T > max_tokens
         lambda: ep_combine(x, "handle"),                                               # not a handle
+        lambda: ep_dispatch(x, idx, w, timeline=torch.zeros(4, dtype=torch.int64, device=dev), **kw),  # too small
     ]
     res = ep_dispatch(x, idx, w, **kw)
     cases += [lambda: ep_combine(res.x.half(), res.handle),                            # dtype of expert_out
@@ -214,7 +215,7 @@ def _bad_input():
 def test_rejects_bad_input(ranks):
     for errors in ranks(2, _bad_input):
         assert errors == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
-                          "ValueError", "TypeError", "TypeError", "ValueError", "stale"]
+                          "ValueError", "TypeError", "TypeError", "TypeError", "ValueError", "stale"]
 
 
 def _torch_ops():
@@ -270,6 +271,40 @@ def test_gpu_bf16(ranks, T, align):
     assert all(ranks(2, _gpu_bf16, T, 1024, 64, 8, align))
 
 
+def _gpu_timeline():
+    """With the phase timeline on: the result is unchanged and every program and chunk stamped its phases in
+    order (start <= counts known <= sent / marked <= end; a chunk is seen no earlier than the receiver started)."""
+    from triton_dist.kernels import moe_ep
+
+    dev = td.shmem.device()
+    T, H, E, K = 1000, 1024, 64, 8
+    g = torch.Generator(device=dev).manual_seed(td.rank())
+    x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
+    idx = torch.rand(T, E, device=dev, generator=g).topk(K, dim=1).indices
+    weights = torch.rand(T, K, device=dev, generator=g)
+    stamps = torch.full((2, moe_ep.TIMELINE_SLOTS), -1, dtype=torch.int64, device=dev)
+    res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, timeline=stamps[0])
+    y = ep_combine(res.x, res.handle, timeline=stamps[1])
+    ok = torch.allclose(y.float(), weights.sum(1, keepdim=True) * x.float(), rtol=2e-2, atol=2e-2)
+    cfg = moe_ep.default_config(T, H, "cuda")
+    st = stamps.cpu()
+    for kernel, n_prog in ((0, cfg["num_programs"]), (1, cfg["combine_programs"])):
+        prog = st[kernel, moe_ep.TL_PROGRAM:moe_ep.TL_CHUNK].view(-1, 4)[:n_prog]
+        chunk = st[kernel, moe_ep.TL_CHUNK:moe_ep.TL_LAYOUT].view(-1, 4)[:cfg["num_chunks"]]
+        n_push = cfg["push_programs"] if kernel == 0 else cfg["combine_push"]
+        ok &= bool((prog[:, 0] > 0).all() and (prog[:, 3] >= prog[:, 0]).all())
+        ok &= bool((prog[:n_push, 1] >= prog[:n_push, 0]).all() and (prog[:n_push, 2] >= prog[:n_push, 1]).all())
+        ok &= bool((chunk[:, :3] >= prog[:, 0].min()).all() and (chunk[:, :3] <= prog[:, 3].max()).all())
+    lay = st[0, moe_ep.TL_LAYOUT:].view(-1, 2)[:cfg["num_chunks"]]
+    ok &= bool((lay[:, 0] > 0).all() and (lay[:, 1] >= lay[:, 0]).all())
+    return ok
+
+
+@gpu_only
+def test_gpu_phase_timeline(ranks):
+    assert all(ranks(2, _gpu_timeline))
+
+
 def _gpu_graph():
     dev = td.shmem.device()
     T, H, E, K = 96, 512, 16, 4
@@ -309,15 +344,16 @@ _DISPATCH_SIG = dict(
     max_rows="i32", n_chunks="i32", n_push="i32", recv_x="*bf16", recv_slots="*i32", recv_w="*fp32",
     recv_span="*i32", all_counts="*i32",
     counts_ready="*i32", arrived="*i32", recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32",
-    expert_offsets="*i32", token_pos="*i32", chunk_prefix="*i32", state="*i32", ctx="*i64", K="constexpr",
-    EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
-    RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr")
+    expert_offsets="*i32", token_pos="*i32", chunk_prefix="*i32", state="*i32", ctx="*i64", timeline="*i64",
+    K="constexpr", EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr",
+    W_PAD="constexpr", RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr",
+    TIMELINE="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
-                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16)
+                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, TIMELINE=not fused)  # with and without stamps
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
     assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers and local duplicates)
@@ -327,16 +363,17 @@ def test_dispatch_compiles_for_sm90(fused):
 
 def test_layout_and_combine_compile_for_sm90():
     sig = dict(topk_idx="*i32", chunk_counts="*i32", arrivals="*i32", all_counts="*i32", counts_ready="*i32",
-               state="*i32", T="i32", E="i32", ctx="*i64", K="constexpr", EL="constexpr", BT="constexpr",
-               K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr", QB="constexpr")
+               state="*i32", T="i32", E="i32", ctx="*i64", timeline="*i64", K="constexpr", EL="constexpr",
+               BT="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr", QB="constexpr",
+               TIMELINE="constexpr")
     compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
-                 dict(K=8, EL=32, BT=16, K_PAD=8, EL_PAD=32, W_PAD=2, QB=32))
+                 dict(K=8, EL=32, BT=16, K_PAD=8, EL_PAD=32, W_PAD=2, QB=32, TIMELINE=True))
     sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32",
                n_push="i32", recv_slots="*i32",
                recv_w="*fp32", recv_span="*i32", token_pos="*i32", partials="*bf16", ready="*i32",
-               combined="*i32", state="*i32", ctx="*i64", K="constexpr", BT="constexpr", BH="constexpr",
-               K_PAD="constexpr", W_PAD="constexpr", MAXC="constexpr")
+               combined="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr", BT="constexpr",
+               BH="constexpr", K_PAD="constexpr", W_PAD="constexpr", MAXC="constexpr", TIMELINE="constexpr")
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_combine_kernel", sig,
-                       dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024),
+                       dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, TIMELINE=False),
                        aligned=("expert_out", "y", "partials", "H"))["ops"]
     assert ops.get("ld.global.v4.b32", 0) > 0 and ops.get("st.global.v4.b32", 0) > 0, ops

@@ -67,10 +67,27 @@ from .. import shmem
 from . import library
 
 MAX_CHUNKS = 1024  # flags and chunk tables are sized for this many token chunks per call
+# Optional phase timeline (``timeline=`` of ep_dispatch / ep_combine: int64 [TIMELINE_SLOTS], GPU only): GPU-clock
+# ns at each phase boundary, for tuning. Per program p: [TL_PROGRAM + 4p + i], i = 0 start, 1 counts known (dispatch)
+# / peers ready (combine senders), 2 all chunks sent (senders) / expert ids marked (dispatch receivers), 3 end.
+# Per chunk c: [TL_CHUNK + 4c + i], i = 0 sent and flagged, 1 its flags seen by a receiver, 2 received and done.
+# Layout program c (dispatch's timeline): [TL_LAYOUT + 2c + i], i = 0 start, 1 end.
+MAX_TIMELINE_PROGRAMS = 512
+TL_PROGRAM = tl.constexpr(0)
+TL_CHUNK = tl.constexpr(4 * MAX_TIMELINE_PROGRAMS)
+TL_LAYOUT = tl.constexpr(4 * MAX_TIMELINE_PROGRAMS + 4 * MAX_CHUNKS)
+TIMELINE_SLOTS = 4 * MAX_TIMELINE_PROGRAMS + 6 * MAX_CHUNKS
 _BIG = tl.constexpr(2**30)  # "no row" in min-reductions
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
+@triton.jit
+def _stamp(timeline, slot, ON: tl.constexpr):
+    """timeline[slot] = now (GPU clock, ns) when the phase timeline is on."""
+    if ON:
+        tl.store(timeline + slot, dl.timestamp())
+
+
 @triton.jit
 def _route(topk_idx, t0, t_end, E, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
            EL_PAD: tl.constexpr):
@@ -145,13 +162,14 @@ def _slot_sum(expert_out, slots, w, hh, H, K: tl.constexpr, K_PAD: tl.constexpr,
 
 # ----------------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def ep_layout_kernel(topk_idx, chunk_counts, arrivals, all_counts, counts_ready, state, T, E, ctx,
+def ep_layout_kernel(topk_idx, chunk_counts, arrivals, all_counts, counts_ready, state, T, E, ctx, timeline,
                      K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
-                     EL_PAD: tl.constexpr, W_PAD: tl.constexpr, QB: tl.constexpr):
+                     EL_PAD: tl.constexpr, W_PAD: tl.constexpr, QB: tl.constexpr, TIMELINE: tl.constexpr):
     """Program c counts token chunk c into chunk_counts[c]; the last program to finish turns the table into
     exclusive prefixes (where each chunk starts, per expert and per destination rank) and pushes the totals."""
     c = tl.program_id(0)
     n_chunks = tl.num_programs(0)
+    _stamp(timeline, TL_LAYOUT + 2 * c, TIMELINE)
     EP: tl.constexpr = W_PAD * EL_PAD
     ROW: tl.constexpr = EP + W_PAD
     epoch = dl.call_epoch(state)
@@ -181,20 +199,23 @@ def ep_layout_kernel(topk_idx, chunk_counts, arrivals, all_counts, counts_ready,
             tl.store(at_r, tl.cumsum(rows_r, axis=0) - rows_r + carry_r[None, :], mask=m)
             carry_r += tl.sum(rows_r, axis=0)
         _publish_counts(carry_e, all_counts, counts_ready, epoch % 2, epoch, ctx, W_PAD, EL_PAD)
+    _stamp(timeline, TL_LAYOUT + 2 * c + 1, TIMELINE)
 
 
 @triton.jit
 def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, n_push,
                        recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready, arrived,
                        recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_prefix,
-                       state, ctx,
+                       state, ctx, timeline,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
-                       MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr):
+                       MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
+                       TIMELINE: tl.constexpr):
     """Programs [0, n_push) send chunks c = pid, pid + n_push, ... in order; the others receive: they mark the
     rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks land."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
+    _stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
     me = dl.rank(ctx)
     world = dl.num_ranks(ctx)
     EP: tl.constexpr = W_PAD * EL_PAD  # padded expert space: rank d's local expert e sits at d * EL_PAD + e
@@ -212,6 +233,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
     # every rank's counts -> group offsets on every rank, and where my rows start inside each group
     dl.wait(counts_ready + dv, epoch, ctx, mask=dv < world)
+    _stamp(timeline, TL_PROGRAM + 4 * pid + 1, TIMELINE)
     counts = tl.load(all_counts + (parity * world + dv[:, None]) * EP + ev[None, :], mask=dv[:, None] < world,
                      other=0)  # [source rank, padded expert]
     total = tl.sum(counts, axis=0)
@@ -286,6 +308,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 dl.put(recv_span + (me * MAXC + c) * 2 + span, ends, d, ctx)
                 if d != me:
                     dl.signal(arrived + me * MAXC + c, epoch, d, ctx)
+            _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
+        _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     else:
         # RECEIVE: expert id of every row (-1 = padding), zero weights on padding ...
         q = pid - n_push
@@ -299,9 +323,11 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
             eid = tl.max(tl.where(inside, lv[None, :], -1), axis=1)
             tl.store(recv_expert_ids + r, eid, mask=r < r_end)
             tl.store(recv_weights + r, tl.zeros([RB], dtype=tl.float32), mask=(r < r_end) & (eid < 0))
+        _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
         # ... then, chunk by chunk as they land, copy each row from a peer into the token's other slot rows
         for c in range(q, n_chunks, n_recv):
             dl.wait(arrived + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
+            _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
             for i in range(world - 1):
                 s = (me + 1 + i) % world
                 p0 = tl.load(recv_span + (s * MAXC + c) * 2)
@@ -320,19 +346,22 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                         tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :],
                                        mask=has[:, None] & hm)
                         _store_rows(recv_x, tile, slots, first, hh, H, K, K_PAD)
+            _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
+    _stamp(timeline, TL_PROGRAM + 4 * pid + 3, TIMELINE)
     dl.finish_call(state, epoch, n_prog)
 
 
 @triton.jit
 def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_slots, recv_w, recv_span,
-                      token_pos, partials, ready, combined, state, ctx,
+                      token_pos, partials, ready, combined, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
-                      W_PAD: tl.constexpr, MAXC: tl.constexpr):
+                      W_PAD: tl.constexpr, MAXC: tl.constexpr, TIMELINE: tl.constexpr):
     """Programs [0, n_push) reduce the tokens received from peers over their slots and push one partial row
     back per token; the others, chunk by chunk of this rank's tokens, reduce the slots held here themselves,
     wait for the peers' partials and sum all of them in rank order."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
+    _stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
     me = dl.rank(ctx)
     world = dl.num_ranks(ctx)
     epoch = dl.call_epoch(state)
@@ -343,6 +372,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
             dl.signal(ready + me, epoch, peer, ctx)
     if pid < n_push:
         dl.wait(ready + dv, epoch, ctx, mask=(dv < world) & (dv != me))
+        _stamp(timeline, TL_PROGRAM + 4 * pid + 1, TIMELINE)
         for c in range(pid, n_chunks, n_push):
             for i in range(world - 1):  # peers only: this rank's own partials are summed by its receivers
                 s = (me + 1 + i) % world
@@ -363,6 +393,8 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                         acc = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH)
                         dl.put(dst + hh[None, :], acc.to(partials.dtype.element_ty), s, ctx, mask=pm[:, None] & hm)
                 dl.signal(combined + me * MAXC + c, epoch, s, ctx)
+            _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
+        _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     else:
         chunk = tl.cdiv(T, n_chunks)
         for c in range(pid - n_push, n_chunks, n_prog - n_push):
@@ -385,6 +417,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                     own = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH).to(partials.dtype.element_ty)
                     if (t0 == c0) & (h0 == 0):  # the peers' partials are awaited with the first own tile in hand
                         dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
+                        _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
                     acc = tl.zeros([BT, BH], dtype=tl.float32)
                     for d in range(world):  # FIXED order: rank order
                         if d == me:
@@ -397,6 +430,8 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                             acc += v.to(tl.float32)
                     tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
                              mask=tm[:, None] & hm)
+            _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
+    _stamp(timeline, TL_PROGRAM + 4 * pid + 3, TIMELINE)
     dl.finish_call(state, epoch, n_prog)
 
 
@@ -540,8 +575,22 @@ def _check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align):
         raise ValueError("x has no columns")
 
 
+def _check_timeline(timeline, device, n_prog):
+    """The optional phase-timeline buffer: None, or an int64 GPU tensor of TIMELINE_SLOTS on the op's GPU."""
+    if timeline is None:
+        return
+    if not isinstance(timeline, torch.Tensor) or timeline.dtype != torch.int64 or timeline.numel() < TIMELINE_SLOTS \
+            or not timeline.is_contiguous():
+        raise TypeError(f"timeline must be a contiguous int64 tensor of at least {TIMELINE_SLOTS} elements")
+    if device.type != "cuda":
+        raise ValueError("timeline needs a GPU (it reads the GPU clock)")
+    shmem.check_device(timeline, "timeline")
+    if n_prog > MAX_TIMELINE_PROGRAMS:
+        raise ValueError(f"a timeline has room for {MAX_TIMELINE_PROGRAMS} programs, the launch has {n_prog}")
+
+
 def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, exact=False, check_ids=None,
-                config=None):
+                config=None, timeline=None):
     """Send every token to the ranks owning its top-k experts (once per rank), grouped by local expert there.
 
     ``x`` [T, H] (bf16/fp16/fp32), ``topk_idx`` [T, K] int (global expert ids, -1 = unused slot),
@@ -549,6 +598,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     must be the same on every rank. ``exact``: sync once and trim the outputs to the rows in use.
     ``check_ids``: verify ids on the host (ValueError; on GPU that is a device sync). Default: on CPU only, so
     that a GPU call never syncs; the kernels treat an id outside [0, E) like -1 (the slot is dropped).
+    ``timeline``: optional int64 GPU tensor [TIMELINE_SLOTS] that receives the phase timeline (see TL_PROGRAM).
     Returns an ``EpDispatchResult``; its tensors are views valid until the next dispatch of the same shapes."""
     _check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align)
     if check_ids is None:
@@ -565,6 +615,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         raise ValueError(f"num_chunks must be in [1, {MAX_CHUNKS}], got {n_chunks}")
     if not 1 <= n_push < n_prog:
         raise ValueError(f"need 1 <= push_programs < num_programs, got {n_push}, {n_prog}")
+    _check_timeline(timeline, x.device, n_prog)
     k_pad = triton.next_power_of_2(K)
     ep = ws.w_pad * ws.el_pad
     bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
@@ -585,14 +636,16 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     fused = bool(cfg["fused_layout"])
     if not fused:
         ep_layout_kernel[(n_chunks,)](idx, ws.chunk_counts, ws.arrivals, ws.all_counts, ws.counts_ready,
-                                      ws.state, T, num_experts, ctx, QB=32, num_warps=4,
+                                      ws.state, T, num_experts, ctx, ws.state if timeline is None else timeline,
+                                      QB=32, TIMELINE=timeline is not None, num_warps=4,
                                       **{**common, "BT": bt_layout})
     ep_dispatch_kernel[(n_prog,)](
         x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, n_push,
         ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
         ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_counts,
-        ws.state, ctx, BH=bh, RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused,
-        BT_COUNT=bt_count, num_warps=int(cfg["num_warps"]), **common)
+        ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
+        RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
+        TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **common)
     ws.calls += 1
     handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
     ws.last = handle
@@ -603,12 +656,13 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
                             ws.expert_offsets, handle)
 
 
-def ep_combine(expert_out, handle, out=None, config=None):
+def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     """``y[t] = sum_j topk_weights[t, j] * expert_out[row of (t, j)]`` back on every token's own rank, summed in
     a fixed order (slot order within a rank, then rank order): bitwise reproducible.
 
     ``expert_out`` [>= rows in use, H] in the receive layout of ``ep_dispatch`` (padding rows are never read),
-    same dtype as the dispatched x. ``handle``: ``EpDispatchResult.handle`` of the latest dispatch."""
+    same dtype as the dispatched x. ``handle``: ``EpDispatchResult.handle`` of the latest dispatch.
+    ``timeline``: optional int64 GPU tensor [TIMELINE_SLOTS] for the phase timeline, as in ep_dispatch."""
     if not isinstance(handle, EpHandle):
         raise TypeError(f"handle must be the EpHandle of ep_dispatch, got {type(handle).__name__}")
     ws = handle.workspace
@@ -642,11 +696,13 @@ def ep_combine(expert_out, handle, out=None, config=None):
     n_prog, n_push = int(cfg["combine_programs"]), int(cfg["combine_push"])
     if not 1 <= n_push < n_prog:
         raise ValueError(f"need 1 <= combine_push < combine_programs, got {n_push}, {n_prog}")
+    _check_timeline(timeline, expert_out.device, n_prog)
     ep_combine_kernel[(n_prog,)](
         expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, n_push, ws.recv_slots, ws.recv_w,
         ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_state, shmem.context(),
-        K=ws.topk, BT=bt, BH=bh, K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad,
-        MAXC=MAX_CHUNKS, num_warps=int(cfg["combine_warps"]))
+        ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
+        K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS, TIMELINE=timeline is not None,
+        num_warps=int(cfg["combine_warps"]))
     return y
 
 

@@ -36,5 +36,6 @@ from .primitives import (  # noqa: F401
     rank,
     signal,
     symm_at,
+    timestamp,
     wait,
 )

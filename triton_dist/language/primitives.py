@@ -7,6 +7,7 @@ All of them are built from Triton's own loads, stores and atomics; the one trick
 
 import triton
 import triton.language as tl
+from triton.language.extra import cuda as _cuda
 
 from ..shmem import layout
 
@@ -208,3 +209,10 @@ def finish_call(state, epoch, num_programs):
     if arrived == num_programs - 1:
         tl.atomic_xchg(state + 1, 0, sem="relaxed", scope="gpu")
         tl.atomic_xchg(state, epoch, sem="release", scope="gpu")
+
+
+@triton.jit
+def timestamp():
+    """Nanoseconds of the GPU's global timer (``%globaltimer``): comparable across the programs and launches on
+    one GPU. For phase timelines while tuning; GPU only (the interpreter runs no inline assembly)."""
+    return _cuda.globaltimer()
