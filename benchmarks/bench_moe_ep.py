@@ -4,8 +4,9 @@ Tokens T per rank (4096 and 128), hidden 7168, bf16, top-8 of 64 experts (32 per
   ours      ep_dispatch: device layout (no host sync), each token pushed once per destination rank, rows laid out
             grouped by local expert (duplicates copied on the receiver); ep_combine: per received token the
             weighted sum over its local slots (slot order) pushed back, summed on the source in rank order.
-            Timed eager (Python launches included) and as CUDA-graph replays; ids are not host-checked
-            (check_ids=False). Expert outputs = the received rows (identity experts).
+            Timed eager (Python launches included), as CUDA-graph replays of one call, and per call from a
+            graph of 20 back-to-back calls (the graph's own launch latency spread out, as inside a model's
+            graph); ids are not host-checked (check_ids=False). Expert outputs = the received rows (identity experts).
   NCCL      dispatch: per-destination counts by all_to_all_single, host sync (.tolist()), index_select of the
             rows, all_to_all_single of rows and of (ids, weights). Rows arrive rank-major (NOT grouped by expert:
             less work than ours). combine: weighted reduction over each received token's local slots (identity
@@ -38,16 +39,19 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
     # and with every SM (132, half sending) at T=128 (29-31 us). Slower and dropped: the fused layout (122 us at
     # T=128); this rank's own rows left to the receivers (284-336 us at T=4096, run10) or written after the
     # peers were flagged (295-326 us, run15).
-    4096: [(128, 96, 256, 512, 16, 8, False), (264, 132, 256, 512, 16, 8, False)],
-    128: [(132, 100, 128, 2048, 1, 8, False)],
+    # The run16 timeline (69c5211) showed senders ~30 % busier than receivers at T=4096: shift the balance.
+    4096: [(128, 72, 256, 512, 16, 8, False), (128, 80, 256, 512, 16, 8, False), (132, 76, 256, 512, 16, 8, False),
+           (128, 72, 128, 512, 16, 8, False)],
+    128: [(132, 100, 128, 2048, 1, 8, False), (132, 66, 32, 1024, 4, 8, False)],
 }
 COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps),
     # timed after a dispatch with the default config. Senders reduce and push the peers' tokens; receivers
     # reduce this rank's own slots and sum: at W=2 each side reads about half of the expert rows.
     # run9-11 at T=4096: 132/66 h512 t16 236-237 us, h1024 t8 247-250, h2048 t4 257, h256 t32 284, 132/50 280,
     # 132/60 256, 132/72 271, 132/80 301, 264/100 264, 264/132 278, 396/198 277, 264/200 336, 4 warps 661.
-    4096: [(132, 66, 1024, 8, 8)],
-    128: [(264, 132, 512, 2, 8)],
+    # run16: both halves are bound by each SM's memory throughput: try more warps (more loads in flight per SM).
+    4096: [(132, 66, 1024, 16, 16), (132, 66, 512, 32, 16), (132, 70, 512, 16, 8)],
+    128: [(264, 132, 512, 2, 8), (132, 66, 1024, 2, 16)],
 }
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
                   "fused_layout")
@@ -187,6 +191,8 @@ def main():
             t_e = time_us(lambda: ep_combine(res.x, res.handle, config=c))
             t_g = graph_us(lambda: ep_combine(res.x, res.handle, config=c))
             combine_results.append((c, t_e, t_g, correct(ep_combine(res.x, res.handle, config=c))))
+        per_call_c = graph_us(lambda: ep_combine(res.x, res.handle), calls=20)  # 20 calls in one graph: per call
+        per_call_d = graph_us(dispatch_call(default), calls=20)  # (after: a dispatch makes `res` stale)
         best_d = min(dispatch_results, key=lambda q: q[2])
         best_c = min(combine_results, key=lambda q: q[2])
         _, d_e, d_g, ok_d = dispatch_results[0]
@@ -196,6 +202,7 @@ def main():
                      "NCCL dispatch us": t_nd, "NCCL combine us": t_nc,
                      "ours dispatch us": d_e, "ours combine us": c_e,
                      "ours dispatch graph us": d_g, "ours combine graph us": c_g,
+                     "dispatch us/call (20 per graph)": per_call_d, "combine us/call (20 per graph)": per_call_c,
                      "best dispatch graph us": best_d[2], "best combine graph us": best_c[2],
                      "dispatch GB/s (graph)": gbps(d_g), "combine GB/s (graph)": gbps(c_g),
                      "speedup dispatch": t_nd / d_e, "speedup combine": t_nc / c_e,

@@ -29,21 +29,24 @@ def time_us(fn, iters=20, warmup=5):
     return float(t.item())
 
 
-def graph_of(fn):
-    """A CUDA graph of ``fn()``, captured after one eager call (which compiles, tunes and builds workspaces
-    outside the capture). Replaying it times device work without host launch cost."""
+def graph_of(fn, calls=1):
+    """A CUDA graph of ``calls`` back-to-back ``fn()``, captured after one eager call (which compiles, tunes and
+    builds workspaces outside the capture). Replaying it times device work without host launch cost."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(calls):
+            fn()
     torch.cuda.synchronize()
     return graph
 
 
-def graph_us(fn, **kwargs):
-    """``time_us`` of replays of a CUDA graph of ``fn``: device time, no Python launch cost."""
-    return time_us(graph_of(fn).replay, **kwargs)
+def graph_us(fn, calls=1, **kwargs):
+    """``time_us`` of replays of a CUDA graph of ``fn``: device time, no Python launch cost. With ``calls`` > 1
+    the graph holds that many calls back to back and the figure is per call: the graph's own launch latency
+    (several µs, the same for any graph) is then spread out, as inside a model's graph."""
+    return time_us(graph_of(fn, calls).replay, **kwargs) / calls
 
 
 def time_us_or_nan(fn, what, **kwargs):

@@ -130,9 +130,10 @@ def test_dispatch_combine_8_ranks(ranks):
 
 
 def test_two_launch_layout_and_uneven_chunks(ranks):
-    """The layout launch (default for max_tokens > 256); 2 senders + 1 receiver over 5 odd-sized chunks; combine
-    with its own knobs (3 senders + 1 receiver, 4-token blocks)."""
-    cfg = {"fused_layout": False, "num_chunks": 5, "num_programs": 3, "push_programs": 2, "block_tokens": 2,
+    """The layout launch (default for max_tokens > 256; 2 programs counting 5 odd-sized chunks); 2 senders + 1
+    receiver; combine with its own knobs (3 senders + 1 receiver, 4-token blocks)."""
+    cfg = {"fused_layout": False, "num_chunks": 5, "layout_programs": 2, "num_programs": 3, "push_programs": 2,
+           "block_tokens": 2,
            "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4}
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, cfg):
         assert problems == []
@@ -294,6 +295,8 @@ def _gpu_timeline():
         n_push = cfg["push_programs"] if kernel == 0 else cfg["combine_push"]
         ok &= bool((prog[:, 0] > 0).all() and (prog[:, 3] >= prog[:, 0]).all())
         ok &= bool((prog[:n_push, 1] >= prog[:n_push, 0]).all() and (prog[:n_push, 2] >= prog[:n_push, 1]).all())
+        per_chunk = -(-T // cfg["num_chunks"])
+        chunk = chunk[:-(-T // per_chunk)]  # the chunks that hold tokens (combine's receivers skip the others)
         ok &= bool((chunk[:, :3] >= prog[:, 0].min()).all() and (chunk[:, :3] <= prog[:, 3].max()).all())
     lay = st[0, moe_ep.TL_LAYOUT:].view(-1, 2)[:cfg["num_chunks"]]
     ok &= bool((lay[:, 0] > 0).all() and (lay[:, 1] >= lay[:, 0]).all())
@@ -344,16 +347,16 @@ _DISPATCH_SIG = dict(
     max_rows="i32", n_chunks="i32", n_push="i32", recv_x="*bf16", recv_slots="*i32", recv_w="*fp32",
     recv_span="*i32", all_counts="*i32",
     counts_ready="*i32", arrived="*i32", recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32",
-    expert_offsets="*i32", token_pos="*i32", chunk_prefix="*i32", state="*i32", ctx="*i64", timeline="*i64",
+    expert_offsets="*i32", token_pos="*i32", chunk_counts="*i32", state="*i32", ctx="*i64", timeline="*i64",
     K="constexpr", EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr",
     W_PAD="constexpr", RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr",
-    TIMELINE="constexpr")
+    QB="constexpr", TIMELINE="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
-                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, TIMELINE=not fused)  # with and without stamps
+                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, QB=32, TIMELINE=not fused)  # with and without stamps
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
     assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers and local duplicates)
@@ -362,12 +365,12 @@ def test_dispatch_compiles_for_sm90(fused):
 
 
 def test_layout_and_combine_compile_for_sm90():
-    sig = dict(topk_idx="*i32", chunk_counts="*i32", arrivals="*i32", all_counts="*i32", counts_ready="*i32",
-               state="*i32", T="i32", E="i32", ctx="*i64", timeline="*i64", K="constexpr", EL="constexpr",
-               BT="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr", QB="constexpr",
-               TIMELINE="constexpr")
+    sig = dict(topk_idx="*i32", chunk_counts="*i32", totals="*i32", arrivals="*i32", all_counts="*i32",
+               counts_ready="*i32", state="*i32", T="i32", E="i32", n_chunks="i32", ctx="*i64", timeline="*i64",
+               K="constexpr", EL="constexpr", BT="constexpr", K_PAD="constexpr", EL_PAD="constexpr",
+               W_PAD="constexpr", TIMELINE="constexpr")
     compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
-                 dict(K=8, EL=32, BT=16, K_PAD=8, EL_PAD=32, W_PAD=2, QB=32, TIMELINE=True))
+                 dict(K=8, EL=32, BT=16, K_PAD=8, EL_PAD=32, W_PAD=2, TIMELINE=True))
     sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32",
                n_push="i32", recv_slots="*i32",
                recv_w="*fp32", recv_span="*i32", token_pos="*i32", partials="*bf16", ready="*i32",
