@@ -32,7 +32,8 @@ from triton_dist.kernels import moe_ep
 from triton_dist.kernels.moe_ep import default_config, ep_combine, ep_dispatch
 
 H, E, K = 7168, 64, 8
-DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout)
+DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout
+    # [, maxnreg])
     # program counts and chunking are runtime arguments (no recompile); block sizes / warps / fused compile anew.
     # Earlier runs on 2xH200 (benchmarks/results run6/run7/run9-11/run15): dispatch is best with 64 of 128
     # programs sending 16x512 tiles at T=4096 (235-239 us; 96 senders 281-286, 264 programs 260, 512 chunks 275),
@@ -41,30 +42,32 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
     # peers were flagged (295-326 us, run15).
     # The run16 timeline (69c5211) showed senders ~30 % busier than receivers at T=4096: shift the balance.
     4096: [(128, 72, 256, 512, 16, 8, False), (128, 80, 256, 512, 16, 8, False), (132, 76, 256, 512, 16, 8, False),
-           (128, 72, 128, 512, 16, 8, False)],
+           (128, 72, 128, 512, 16, 8, False), (264, 144, 256, 512, 16, 8, False, 128)],
     128: [(132, 100, 128, 2048, 1, 8, False), (132, 66, 32, 1024, 4, 8, False)],
 }
-COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps),
+COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps[, maxnreg]),
     # timed after a dispatch with the default config. Senders reduce and push the peers' tokens; receivers
     # reduce this rank's own slots and sum: at W=2 each side reads about half of the expert rows.
     # run9-11 at T=4096: 132/66 h512 t16 236-237 us, h1024 t8 247-250, h2048 t4 257, h256 t32 284, 132/50 280,
     # 132/60 256, 132/72 271, 132/80 301, 264/100 264, 264/132 278, 396/198 277, 264/200 336, 4 warps 661.
     # run16: both halves are bound by each SM's memory throughput: try more warps (more loads in flight per SM).
-    4096: [(132, 66, 1024, 16, 16), (132, 66, 512, 32, 16), (132, 70, 512, 16, 8)],
+    4096: [(132, 66, 1024, 16, 16), (132, 66, 512, 32, 16), (132, 70, 512, 16, 8), (264, 132, 512, 16, 8, 128)],
     128: [(264, 132, 512, 2, 8), (132, 66, 1024, 2, 16)],
 }
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
-                  "fused_layout")
-_COMBINE_KEYS = ("combine_programs", "combine_push", "combine_block_h", "combine_block_tokens", "combine_warps")
+                  "fused_layout", "maxnreg")
+_COMBINE_KEYS = ("combine_programs", "combine_push", "combine_block_h", "combine_block_tokens", "combine_warps",
+                 "combine_maxnreg")
 
 
 def _dispatch_name(c):
-    return "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}".format(
-        f=" fused" if c["fused_layout"] else "", **c)
+    return "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r}".format(
+        f=" fused" if c["fused_layout"] else "", r=f" r{c['maxnreg']}" if c["maxnreg"] else "", **c)
 
 
 def _combine_name(c):
-    return "p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}".format(**c)
+    return "p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}{r}".format(
+        r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "", **c)
 
 
 def _phases(stamps, n_prog, n_push, n_chunks, layout):

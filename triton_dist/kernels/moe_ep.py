@@ -511,7 +511,8 @@ def default_config(max_tokens, hidden, device_type):
     num_chunks (token chunks per rank: the unit of flags, pipelining and combine), num_programs (grid),
     push_programs (of them, the senders; the rest receive), block_tokens / block_h (rows / columns per copy
     step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens),
-    layout_programs (the layout launch's grid, at most; one wave: each program counts several chunks).
+    layout_programs (the layout launch's grid, at most; one wave: each program counts several chunks),
+    maxnreg (a register cap per thread, None = the compiler's choice; lets two programs share an SM).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -525,7 +526,8 @@ def default_config(max_tokens, hidden, device_type):
         # 237 us (run10; 264 programs or uneven splits 250-336)
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "combine_programs": 132, "combine_push": 66}
-    return {"layout_programs": 128, "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
+    return {"layout_programs": 128, "maxnreg": None, "combine_maxnreg": None,
+            "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
 
@@ -580,6 +582,11 @@ def _check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align):
         raise ValueError(f"topk must be in [1, num_experts={num_experts}], got {k}")
     if x.shape[1] == 0:
         raise ValueError("x has no columns")
+
+
+def _register_cap(maxnreg, t):
+    """Launch options for a register cap per thread (GPU only; the interpreter has no registers)."""
+    return {"maxnreg": int(maxnreg)} if maxnreg and t.device.type == "cuda" else {}
 
 
 def _check_timeline(timeline, device, n_prog):
@@ -652,7 +659,8 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_counts,
         ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
         RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count, QB=32,
-        TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **common)
+        TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **_register_cap(cfg["maxnreg"], x),
+        **common)
     ws.calls += 1
     handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
     ws.last = handle
@@ -709,7 +717,7 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
         ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_state, shmem.context(),
         ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS, TIMELINE=timeline is not None,
-        num_warps=int(cfg["combine_warps"]))
+        num_warps=int(cfg["combine_warps"]), **_register_cap(cfg["combine_maxnreg"], expert_out))
     return y
 
 
