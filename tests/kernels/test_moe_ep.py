@@ -347,16 +347,16 @@ _DISPATCH_SIG = dict(
     max_rows="i32", n_chunks="i32", n_push="i32", recv_x="*bf16", recv_slots="*i32", recv_w="*fp32",
     recv_span="*i32", all_counts="*i32",
     counts_ready="*i32", arrived="*i32", recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32",
-    expert_offsets="*i32", token_pos="*i32", chunk_counts="*i32", state="*i32", ctx="*i64", timeline="*i64",
+    expert_offsets="*i32", token_pos="*i32", chunk_prefix="*i32", state="*i32", ctx="*i64", timeline="*i64",
     K="constexpr", EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr",
     W_PAD="constexpr", RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr",
-    QB="constexpr", TIMELINE="constexpr")
+    TIMELINE="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
-                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, QB=32, TIMELINE=not fused)  # with and without stamps
+                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, TIMELINE=not fused)  # with and without stamps
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
     assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers and local duplicates)
@@ -365,12 +365,12 @@ def test_dispatch_compiles_for_sm90(fused):
 
 
 def test_layout_and_combine_compile_for_sm90():
-    sig = dict(topk_idx="*i32", chunk_counts="*i32", totals="*i32", arrivals="*i32", all_counts="*i32",
-               counts_ready="*i32", state="*i32", T="i32", E="i32", n_chunks="i32", ctx="*i64", timeline="*i64",
-               K="constexpr", EL="constexpr", BT="constexpr", K_PAD="constexpr", EL_PAD="constexpr",
-               W_PAD="constexpr", TIMELINE="constexpr")
+    sig = dict(topk_idx="*i32", chunk_counts="*i32", arrivals="*i32", all_counts="*i32", counts_ready="*i32",
+               state="*i32", T="i32", E="i32", n_chunks="i32", ctx="*i64", timeline="*i64", K="constexpr",
+               EL="constexpr", BT="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
+               QB="constexpr", TIMELINE="constexpr")
     compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
-                 dict(K=8, EL=32, BT=16, K_PAD=8, EL_PAD=32, W_PAD=2, TIMELINE=True))
+                 dict(K=8, EL=32, BT=16, K_PAD=8, EL_PAD=32, W_PAD=2, QB=256, TIMELINE=True))
     sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32",
                n_push="i32", recv_slots="*i32",
                recv_w="*fp32", recv_span="*i32", token_pos="*i32", partials="*bf16", ready="*i32",

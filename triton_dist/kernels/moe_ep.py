@@ -22,11 +22,10 @@ Each rank cuts its tokens into NC chunks (the unit of flags); a launch's program
 n_push, chunks c = pid, pid + n_push, ... in order) and RECEIVERS (the rest), so receivers work on early chunks
 while senders still push later ones.
     layout    (one launch, layout_programs)  each program counts the experts and destination ranks of its
-              chunks (one table row per chunk) and adds them up; the last program to finish pushes the totals
-              row counts[me, :] to every rank.
+              chunks (one table row per chunk); the last program to finish turns the table into per-chunk
+              prefixes (one pass over up to 256 rows) and pushes the totals row counts[me, :] to every rank.
     dispatch  (one launch)  everyone waits for every rank's counts -> group offsets on every rank.
-              sender, chunk c: the table rows of the chunks before c (each sender adds only the rows since its
-                  previous chunk) + cumsum inside the chunk = position of every (token, slot) in its expert
+              sender, chunk c: prefix + cumsum inside the chunk = position of every (token, slot) in its expert
                   group and of every token in each destination's receive list. For each token and REMOTE rank d
                   it has experts on: ONE row crosses the link, to the token's first slot row on d, plus a small
                   record (its slot rows on d and their weights) at recv_slots[me, pos] on d; then the chunk's
@@ -163,13 +162,12 @@ def _slot_sum(expert_out, slots, w, hh, H, K: tl.constexpr, K_PAD: tl.constexpr,
 
 # ----------------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def ep_layout_kernel(topk_idx, chunk_counts, totals, arrivals, all_counts, counts_ready, state, T, E, n_chunks, ctx,
+def ep_layout_kernel(topk_idx, chunk_counts, arrivals, all_counts, counts_ready, state, T, E, n_chunks, ctx,
                      timeline, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
-                     EL_PAD: tl.constexpr, W_PAD: tl.constexpr, TIMELINE: tl.constexpr):
+                     EL_PAD: tl.constexpr, W_PAD: tl.constexpr, QB: tl.constexpr, TIMELINE: tl.constexpr):
     """Program p counts token chunks c = p, p + num_programs, ... into chunk_counts[c] (slots per padded expert,
-    tokens per destination rank) and adds its slots per expert to ``totals``; the last program to finish pushes
-    the totals to every rank and clears them for the next call. (Where each chunk starts is summed by the
-    dispatch senders themselves, from these rows: no serial prefix pass here.)"""
+    tokens per destination rank); the last program to finish turns the table into exclusive prefixes (where
+    each chunk starts), QB rows at a time, and pushes the totals to every rank."""
     p = tl.program_id(0)
     n_prog = tl.num_programs(0)
     _stamp(timeline, TL_LAYOUT + 2 * p, TIMELINE)
@@ -179,33 +177,42 @@ def ep_layout_kernel(topk_idx, chunk_counts, totals, arrivals, all_counts, count
     chunk = tl.cdiv(T, n_chunks)
     ev = tl.arange(0, EP)
     dv = tl.arange(0, W_PAD)
-    mine = tl.zeros([EP], dtype=tl.int32)
     for c in range(p, n_chunks, n_prog):
         c0 = tl.minimum(c * chunk, T)
         per_expert, per_rank = _count(topk_idx, c0, tl.minimum(c0 + chunk, T), E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
         tl.store(chunk_counts + c * ROW + ev, per_expert)
         tl.store(chunk_counts + c * ROW + EP + dv, per_rank)
-        mine += per_expert
-    tl.atomic_add(totals + ev, mine, sem="relaxed", scope="gpu")
     tl.debug_barrier()
     arrived = tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu")
     tl.debug_barrier()
-    if arrived == n_prog - 1:  # every chunk is counted: tell every rank the totals
+    if arrived == n_prog - 1:  # every chunk is counted: prefix-sum the table, tell every rank the totals
         tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")
-        total = tl.atomic_xchg(totals + ev, tl.zeros([EP], dtype=tl.int32), sem="relaxed", scope="gpu")
-        _publish_counts(total, all_counts, counts_ready, epoch % 2, epoch, ctx, W_PAD, EL_PAD)
+        carry_e = tl.zeros([EP], dtype=tl.int32)
+        carry_r = tl.zeros([W_PAD], dtype=tl.int32)
+        for q0 in range(0, n_chunks, QB):  # QB covers every chunk at once unless there are very many
+            q = q0 + tl.arange(0, QB)
+            m = q[:, None] < n_chunks
+            at_e = chunk_counts + q[:, None] * ROW + ev[None, :]
+            rows = tl.load(at_e, mask=m, other=0)
+            tl.store(at_e, tl.cumsum(rows, axis=0) - rows + carry_e[None, :], mask=m)
+            carry_e += tl.sum(rows, axis=0)
+            at_r = chunk_counts + q[:, None] * ROW + EP + dv[None, :]
+            rows_r = tl.load(at_r, mask=m, other=0)
+            tl.store(at_r, tl.cumsum(rows_r, axis=0) - rows_r + carry_r[None, :], mask=m)
+            carry_r += tl.sum(rows_r, axis=0)
+        _publish_counts(carry_e, all_counts, counts_ready, epoch % 2, epoch, ctx, W_PAD, EL_PAD)
     _stamp(timeline, TL_LAYOUT + 2 * p + 1, TIMELINE)
 
 
 @triton.jit
 def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, n_push,
                        recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready, arrived,
-                       recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_counts,
+                       recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_prefix,
                        state, ctx, timeline,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
-                       QB: tl.constexpr, TIMELINE: tl.constexpr):
+                       TIMELINE: tl.constexpr):
     """Programs [0, n_push) send chunks c = pid, pid + n_push, ... in order; the others receive: they mark the
     rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks land."""
     pid = tl.program_id(0)
@@ -247,25 +254,15 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     if pid < n_push:
         # SEND: one row per (token, remote rank) to the token's first slot row there, plus its slot record;
         # rows for this rank go straight into all their slot rows
-        before_e = tl.zeros([EP], dtype=tl.int32)  # counts of the chunks before chunk c: where c's rows start
-        before_r = tl.zeros([W_PAD], dtype=tl.int32)
-        summed = pid * 0  # chunk rows [0, summed) are in before_e / before_r
         for c in range(pid, n_chunks, n_push):
             c0 = tl.minimum(c * chunk, T)
             c1 = tl.minimum(c0 + chunk, T)
             if FUSED_LAYOUT:
                 # counting takes wide blocks of tokens (BT_COUNT): it is a serial loop over every earlier token
                 carry_e, carry_r = _count(topk_idx, 0, c0, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
-            else:  # add the layout's rows of the chunks since this program's previous chunk
-                for q0 in range(summed, c, QB):
-                    q = q0 + tl.arange(0, QB)
-                    m = q[:, None] < c
-                    before_e += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + ev[None, :], mask=m, other=0), 0)
-                    before_r += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + EP + dv[None, :], mask=m, other=0),
-                                       0)
-                summed = c
-                carry_e = before_e
-                carry_r = before_r
+            else:  # (summing the layout's rows here instead cost the senders ~15 % throughput: run18)
+                carry_e = tl.load(chunk_prefix + c * ROW + ev)
+                carry_r = tl.load(chunk_prefix + c * ROW + EP + dv)
             r_first = carry_r
             for t0 in range(c0, c1, BT):
                 t = t0 + tl.arange(0, BT)
@@ -487,7 +484,6 @@ class _Workspace:
         self.token_pos = torch.full((max_tokens, w), -1, dtype=torch.int32, device=dev)
         self.chunk_counts = torch.zeros((MAX_CHUNKS, ep + self.w_pad), dtype=torch.int32, device=dev)
         self.arrivals = shmem.counters(1, name=name + "arrivals")
-        self.totals = torch.zeros((ep,), dtype=torch.int32, device=dev)  # the layout's running totals
         self.state = shmem.counters(2, name=name + "epoch")
         self.combine_state = shmem.counters(2, name=name + "combine_epoch")
         self.calls = 0  # host count of dispatches: a handle from an older one is stale
@@ -522,10 +518,12 @@ def default_config(max_tokens, hidden, device_type):
         cfg = {"num_chunks": 64, "num_programs": 132, "push_programs": 66, "block_h": 1024, "block_tokens": 2,
                "num_warps": 8, "fused_layout": False}
     else:  # 2xH200, T=4096: dispatch 236-239 us with these (run9/run10). Combine: senders reduce and push the
-        # peers' tokens, receivers reduce this rank's own slots and sum; half the programs each, 16x512 tiles:
-        # 237 us (run10; 264 programs or uneven splits 250-336)
+        # peers' tokens, receivers reduce this rank's own slots and sum; half the programs each, 16x512 tiles,
+        # 16 warps (more loads in flight per SM): 228 us (run18; 8 warps 237-242, 264 programs or uneven splits
+        # 250-336)
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
-               "num_warps": 8, "fused_layout": False, "combine_programs": 132, "combine_push": 66}
+               "num_warps": 8, "fused_layout": False, "combine_programs": 128, "combine_push": 64,
+               "combine_warps": 16}
     return {"layout_programs": 128, "maxnreg": None, "combine_maxnreg": None,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
@@ -650,15 +648,15 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     fused = bool(cfg["fused_layout"])
     if not fused:
         ep_layout_kernel[(min(n_chunks, int(cfg["layout_programs"])),)](
-            idx, ws.chunk_counts, ws.totals, ws.arrivals, ws.all_counts, ws.counts_ready, ws.state, T, num_experts,
-            n_chunks, ctx, ws.state if timeline is None else timeline, TIMELINE=timeline is not None, num_warps=4,
-            **{**common, "BT": bt_layout})
+            idx, ws.chunk_counts, ws.arrivals, ws.all_counts, ws.counts_ready, ws.state, T, num_experts, n_chunks,
+            ctx, ws.state if timeline is None else timeline, QB=min(triton.next_power_of_2(n_chunks), 256),
+            TIMELINE=timeline is not None, num_warps=8, **{**common, "BT": bt_layout})
     ep_dispatch_kernel[(n_prog,)](
         x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, n_push,
         ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
         ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_counts,
         ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
-        RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count, QB=32,
+        RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
         TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **_register_cap(cfg["maxnreg"], x),
         **common)
     ws.calls += 1
