@@ -130,10 +130,9 @@ def test_dispatch_combine_8_ranks(ranks):
 
 
 def test_two_launch_layout_and_uneven_chunks(ranks):
-    """The layout launch (default for max_tokens > 256; 2 programs counting 5 odd-sized chunks); 2 senders + 1
-    receiver; combine with its own knobs (3 senders + 1 receiver, 4-token blocks)."""
-    cfg = {"fused_layout": False, "num_chunks": 5, "layout_programs": 2, "num_programs": 3, "push_programs": 2,
-           "block_tokens": 2,
+    """The layout launch (default for max_tokens > 256; its look-back over 5 odd-sized chunks takes two steps
+    of 4 on CPU); 2 senders + 1 receiver; combine with its own knobs (3 senders + 1 receiver, 4-token blocks)."""
+    cfg = {"fused_layout": False, "num_chunks": 5, "num_programs": 3, "push_programs": 2, "block_tokens": 2,
            "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4}
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, cfg):
         assert problems == []
@@ -298,7 +297,7 @@ def _gpu_timeline():
         per_chunk = -(-T // cfg["num_chunks"])
         chunk = chunk[:-(-T // per_chunk)]  # the chunks that hold tokens (combine's receivers skip the others)
         ok &= bool((chunk[:, :3] >= prog[:, 0].min()).all() and (chunk[:, :3] <= prog[:, 3].max()).all())
-    lay = st[0, moe_ep.TL_LAYOUT:].view(-1, 2)[:min(cfg["num_chunks"], cfg["layout_programs"])]
+    lay = st[0, moe_ep.TL_LAYOUT:].view(-1, 2)[:cfg["num_chunks"]]
     ok &= bool((lay[:, 0] > 0).all() and (lay[:, 1] >= lay[:, 0]).all())
     return ok
 
@@ -365,12 +364,12 @@ def test_dispatch_compiles_for_sm90(fused):
 
 
 def test_layout_and_combine_compile_for_sm90():
-    sig = dict(topk_idx="*i32", chunk_counts="*i32", arrivals="*i32", all_counts="*i32", counts_ready="*i32",
-               state="*i32", T="i32", E="i32", n_chunks="i32", ctx="*i64", timeline="*i64", K="constexpr",
+    sig = dict(topk_idx="*i32", chunk_counts="*i32", chunk_prefix="*i32", counted="*i32", all_counts="*i32",
+               counts_ready="*i32", state="*i32", T="i32", E="i32", ctx="*i64", timeline="*i64", K="constexpr",
                EL="constexpr", BT="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
                QB="constexpr", TIMELINE="constexpr")
     compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
-                 dict(K=8, EL=32, BT=16, K_PAD=8, EL_PAD=32, W_PAD=2, QB=256, TIMELINE=True))
+                 dict(K=8, EL=32, BT=16, K_PAD=8, EL_PAD=32, W_PAD=2, QB=128, TIMELINE=True))
     sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32",
                n_push="i32", recv_slots="*i32",
                recv_w="*fp32", recv_span="*i32", token_pos="*i32", partials="*bf16", ready="*i32",

@@ -21,9 +21,10 @@ Data movement
 Each rank cuts its tokens into NC chunks (the unit of flags); a launch's programs split into SENDERS (the first
 n_push, chunks c = pid, pid + n_push, ... in order) and RECEIVERS (the rest), so receivers work on early chunks
 while senders still push later ones.
-    layout    (one launch, layout_programs)  each program counts the experts and destination ranks of its
-              chunks (one table row per chunk); the last program to finish turns the table into per-chunk
-              prefixes (one pass over up to 256 rows) and pushes the totals row counts[me, :] to every rank.
+    layout    (one launch, NC programs)  program c counts the experts and destination ranks of chunk c, then
+              sums the counts of the chunks before it (a look-back at earlier programs, all in parallel: no
+              serial pass) = where chunk c starts; the last program pushes the totals row counts[me, :] to
+              every rank.
     dispatch  (one launch)  everyone waits for every rank's counts -> group offsets on every rank.
               sender, chunk c: prefix + cumsum inside the chunk = position of every (token, slot) in its expert
                   group and of every token in each destination's receive list. For each token and REMOTE rank d
@@ -162,46 +163,41 @@ def _slot_sum(expert_out, slots, w, hh, H, K: tl.constexpr, K_PAD: tl.constexpr,
 
 # ----------------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def ep_layout_kernel(topk_idx, chunk_counts, arrivals, all_counts, counts_ready, state, T, E, n_chunks, ctx,
+def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, state, T, E, ctx,
                      timeline, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
                      EL_PAD: tl.constexpr, W_PAD: tl.constexpr, QB: tl.constexpr, TIMELINE: tl.constexpr):
-    """Program p counts token chunks c = p, p + num_programs, ... into chunk_counts[c] (slots per padded expert,
-    tokens per destination rank); the last program to finish turns the table into exclusive prefixes (where
-    each chunk starts), QB rows at a time, and pushes the totals to every rank."""
-    p = tl.program_id(0)
-    n_prog = tl.num_programs(0)
-    _stamp(timeline, TL_LAYOUT + 2 * p, TIMELINE)
+    """Program c counts token chunk c into chunk_counts[c] (slots per padded expert, tokens per destination rank)
+    and raises counted[c]; then it waits for the chunks before it and sums their rows into chunk_prefix[c] (where
+    chunk c's rows start). Every program does its own look-back in parallel (earlier programs only: they run
+    first); the last one, whose prefix plus its own counts are the totals, pushes them to every rank."""
+    c = tl.program_id(0)
+    n_chunks = tl.num_programs(0)
+    _stamp(timeline, TL_LAYOUT + 2 * c, TIMELINE)
     EP: tl.constexpr = W_PAD * EL_PAD
     ROW: tl.constexpr = EP + W_PAD
     epoch = dl.call_epoch(state)
     chunk = tl.cdiv(T, n_chunks)
+    c0 = tl.minimum(c * chunk, T)
+    per_expert, per_rank = _count(topk_idx, c0, tl.minimum(c0 + chunk, T), E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
     ev = tl.arange(0, EP)
     dv = tl.arange(0, W_PAD)
-    for c in range(p, n_chunks, n_prog):
-        c0 = tl.minimum(c * chunk, T)
-        per_expert, per_rank = _count(topk_idx, c0, tl.minimum(c0 + chunk, T), E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
-        tl.store(chunk_counts + c * ROW + ev, per_expert)
-        tl.store(chunk_counts + c * ROW + EP + dv, per_rank)
+    tl.store(chunk_counts + c * ROW + ev, per_expert)
+    tl.store(chunk_counts + c * ROW + EP + dv, per_rank)
     tl.debug_barrier()
-    arrived = tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu")
-    tl.debug_barrier()
-    if arrived == n_prog - 1:  # every chunk is counted: prefix-sum the table, tell every rank the totals
-        tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")
-        carry_e = tl.zeros([EP], dtype=tl.int32)
-        carry_r = tl.zeros([W_PAD], dtype=tl.int32)
-        for q0 in range(0, n_chunks, QB):  # QB covers every chunk at once unless there are very many
-            q = q0 + tl.arange(0, QB)
-            m = q[:, None] < n_chunks
-            at_e = chunk_counts + q[:, None] * ROW + ev[None, :]
-            rows = tl.load(at_e, mask=m, other=0)
-            tl.store(at_e, tl.cumsum(rows, axis=0) - rows + carry_e[None, :], mask=m)
-            carry_e += tl.sum(rows, axis=0)
-            at_r = chunk_counts + q[:, None] * ROW + EP + dv[None, :]
-            rows_r = tl.load(at_r, mask=m, other=0)
-            tl.store(at_r, tl.cumsum(rows_r, axis=0) - rows_r + carry_r[None, :], mask=m)
-            carry_r += tl.sum(rows_r, axis=0)
-        _publish_counts(carry_e, all_counts, counts_ready, epoch % 2, epoch, ctx, W_PAD, EL_PAD)
-    _stamp(timeline, TL_LAYOUT + 2 * p + 1, TIMELINE)
+    tl.atomic_xchg(counted + c, epoch, sem="release", scope="gpu")
+    before_e = tl.zeros([EP], dtype=tl.int32)
+    before_r = tl.zeros([W_PAD], dtype=tl.int32)
+    for q0 in range(0, c, QB):
+        q = q0 + tl.arange(0, QB)
+        dl.wait(counted + q, epoch, ctx, mask=q < c)
+        m = q[:, None] < c
+        before_e += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + ev[None, :], mask=m, other=0), axis=0)
+        before_r += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + EP + dv[None, :], mask=m, other=0), axis=0)
+    tl.store(chunk_prefix + c * ROW + ev, before_e)
+    tl.store(chunk_prefix + c * ROW + EP + dv, before_r)
+    if c == n_chunks - 1:
+        _publish_counts(before_e + per_expert, all_counts, counts_ready, epoch % 2, epoch, ctx, W_PAD, EL_PAD)
+    _stamp(timeline, TL_LAYOUT + 2 * c + 1, TIMELINE)
 
 
 @triton.jit
@@ -483,7 +479,8 @@ class _Workspace:
         self.expert_offsets = torch.zeros((self.local + 1,), dtype=torch.int32, device=dev)
         self.token_pos = torch.full((max_tokens, w), -1, dtype=torch.int32, device=dev)
         self.chunk_counts = torch.zeros((MAX_CHUNKS, ep + self.w_pad), dtype=torch.int32, device=dev)
-        self.arrivals = shmem.counters(1, name=name + "arrivals")
+        self.chunk_prefix = torch.zeros_like(self.chunk_counts)
+        self.counted = torch.zeros((MAX_CHUNKS,), dtype=torch.int32, device=dev)  # layout flags (epochs)
         self.state = shmem.counters(2, name=name + "epoch")
         self.combine_state = shmem.counters(2, name=name + "combine_epoch")
         self.calls = 0  # host count of dispatches: a handle from an older one is stale
@@ -507,7 +504,6 @@ def default_config(max_tokens, hidden, device_type):
     num_chunks (token chunks per rank: the unit of flags, pipelining and combine), num_programs (grid),
     push_programs (of them, the senders; the rest receive), block_tokens / block_h (rows / columns per copy
     step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens),
-    layout_programs (the layout launch's grid, at most; one wave: each program counts several chunks),
     maxnreg (a register cap per thread, None = the compiler's choice; lets two programs share an SM).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
@@ -524,7 +520,7 @@ def default_config(max_tokens, hidden, device_type):
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "combine_programs": 128, "combine_push": 64,
                "combine_warps": 16}
-    return {"layout_programs": 128, "maxnreg": None, "combine_maxnreg": None,
+    return {"maxnreg": None, "combine_maxnreg": None,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
@@ -647,14 +643,15 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     shmem.raise_pending_errors()
     fused = bool(cfg["fused_layout"])
     if not fused:
-        ep_layout_kernel[(min(n_chunks, int(cfg["layout_programs"])),)](
-            idx, ws.chunk_counts, ws.arrivals, ws.all_counts, ws.counts_ready, ws.state, T, num_experts, n_chunks,
-            ctx, ws.state if timeline is None else timeline, QB=min(triton.next_power_of_2(n_chunks), 256),
-            TIMELINE=timeline is not None, num_warps=8, **{**common, "BT": bt_layout})
+        ep_layout_kernel[(n_chunks,)](
+            idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
+            num_experts, ctx, ws.state if timeline is None else timeline,
+            QB=min(triton.next_power_of_2(n_chunks), 128 if x.device.type == "cuda" else 4),
+            TIMELINE=timeline is not None, num_warps=4, **{**common, "BT": bt_layout})
     ep_dispatch_kernel[(n_prog,)](
         x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, n_push,
         ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
-        ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_counts,
+        ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
         ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
         RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
         TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **_register_cap(cfg["maxnreg"], x),
