@@ -43,7 +43,9 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
     # The run16 timeline (69c5211) showed senders ~30 % busier than receivers at T=4096: shift the balance.
     # run17: 80 senders 250 us, 72: 253, 132/76: 261, 128 chunks: 263, 264 programs capped at 128 registers: 271.
     # run18: 128/80 265 us, 16 warps 263-281 (the default 250 that run, with the layout rows summed by senders).
-    4096: [(128, 64, 128, 512, 16, 8, False), (128, 64, 256, 1024, 8, 8, False)],
+    # run20 (look-back layout): default 230 us, 128 chunks 242, h1024 t8 231. Receivers trail the senders by
+    # ~17 us there: fewer senders.
+    4096: [(128, 60, 256, 512, 16, 8, False), (132, 64, 256, 512, 16, 8, False)],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
@@ -58,7 +60,9 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run17: 16 warps h512 t16 (t32 is clamped to the 16-token chunk) 233 us, h1024 t16 w16 330, 132/70 276,
     # 264 programs capped at 128 registers 297. T=128: 264/132 h512 27, 16 warps h1024 26.
     # run18: 128/64 h512 t16 w16 229 us (now the default), 132/66 w16 236, 8 warps 242, h256 288.
-    4096: [(132, 66, 512, 16, 16), (128, 64, 512, 16, 8)],
+    # run20: 128/64 w16 230 us, 132/66 w16 230, 128/64 w8 238. Receivers end ~45 us after the senders: more
+    # receivers.
+    4096: [(128, 56, 512, 16, 16), (128, 60, 512, 16, 16), (132, 60, 512, 16, 16)],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16)],
 }
