@@ -382,7 +382,7 @@ def _run(a, w, plan, return_gathered):
     if plan.path == "fallback":
         return _run_gather_then_matmul(a, w, plan, return_gathered)
     if plan.path == "graph" and not return_gathered:
-        out = _GRAPHS.run(plan.key, lambda x, y: _run_overlapped(x, y, plan, False)[0], a, w)
+        out = _GRAPHS.run(plan.key, lambda x, y: _run_overlapped(x, y, plan, False)[0], (a,), (w,))
         if out is not None:
             return out, None
     return _run_overlapped(a, w, plan, return_gathered)

@@ -355,7 +355,7 @@ def _gemm_rs(a, w, config=None, out=None):
         res = gemm_rs_torch(a, w)
     elif cfg["path"] == "graph":  # None: not replayable now (first call of the shape, a capture, CPU)
         res = _GRAPHS.run(key, lambda x, y: _run_overlapped(x, y, torch.empty(shape, dtype=x.dtype, device=x.device),
-                                                            cfg), a, w)
+                                                            cfg), (a,), (w,))
     if res is None:
         return _run_overlapped(a, w, output_like(out, shape, a), cfg)
     return res if out is None else out.copy_(res)

@@ -53,7 +53,8 @@ flags. Outputs are views of a cached workspace, valid until the next ep_dispatch
 
 Low-latency mode (``fused_layout``, default when max_tokens <= 256): the layout launch disappears; every program
 counts the tokens before its chunk itself and program 0 pushes the totals, so dispatch is one launch with one
-cross-rank round trip. Interpreter rule kept throughout: a program never waits on a later program of its own rank
+cross-rank round trip. At decode sizes an eager ep_dispatch replays its launches from a cached CUDA graph (its
+inputs copied in; ``replay.py``): Python launch cost, not the GPU, is what an eager caller waits for there. Interpreter rule kept throughout: a program never waits on a later program of its own rank
 (senders precede receivers; senders wait only for counts, which program 0 or the previous launch publishes).
 """
 
@@ -66,6 +67,7 @@ import triton.language as tl
 from .. import language as dl
 from .. import shmem
 from . import library
+from .replay import GraphCache
 
 MAX_CHUNKS = 1024  # flags and chunk tables are sized for this many token chunks per call
 # Optional phase timeline (``timeline=`` of ep_dispatch / ep_combine: int64 [TIMELINE_SLOTS], GPU only): GPU-clock
@@ -494,8 +496,12 @@ class _Workspace:
         return cls._cache[key]
 
 
+_GRAPHS = GraphCache()  # eager dispatches at decode sizes, replayed from CUDA graphs
+
+
 def clear_workspaces():
     """Free every cached EP workspace. Collective: call it on every rank at the same point."""
+    _GRAPHS.clear()
     _Workspace._cache.clear()
 
 
@@ -504,15 +510,16 @@ def default_config(max_tokens, hidden, device_type):
     num_chunks (token chunks per rank: the unit of flags, pipelining and combine), num_programs (grid),
     push_programs (of them, the senders; the rest receive), block_tokens / block_h (rows / columns per copy
     step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens),
-    maxnreg (a register cap per thread, None = the compiler's choice; lets two programs share an SM).
+    maxnreg (a register cap per thread, None = the compiler's choice; lets two programs share an SM),
+    eager_graph (an eager dispatch replays its launches from a cached CUDA graph: host-bound decode sizes).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
-               "num_warps": 4, "fused_layout": max_tokens <= 256}
+               "num_warps": 4, "fused_layout": max_tokens <= 256, "eager_graph": False}
     elif max_tokens <= 256:  # decode-sized batches: small chunks, wide copies, every SM (2xH200, T=128, from
         # a graph: dispatch 29.9-30.5 us, combine 27.3-29.9 us; the fused layout launch was slower: 122 us, run9)
         cfg = {"num_chunks": 64, "num_programs": 132, "push_programs": 66, "block_h": 1024, "block_tokens": 2,
-               "num_warps": 8, "fused_layout": False}
+               "num_warps": 8, "fused_layout": False, "eager_graph": True}
     else:  # 2xH200, T=4096: dispatch 236-239 us with these (run9/run10). Combine: senders reduce and push the
         # peers' tokens, receivers reduce this rank's own slots and sum; half the programs each, 16x512 tiles,
         # 16 warps (more loads in flight per SM): 228 us (run18; 8 warps 237-242, 264 programs or uneven splits
@@ -520,7 +527,7 @@ def default_config(max_tokens, hidden, device_type):
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "combine_programs": 128, "combine_push": 64,
                "combine_warps": 16}
-    return {"maxnreg": None, "combine_maxnreg": None,
+    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
@@ -642,20 +649,30 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     common = dict(K=K, EL=ws.local, BT=bt, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
     shmem.raise_pending_errors()
     fused = bool(cfg["fused_layout"])
-    if not fused:
-        ep_layout_kernel[(n_chunks,)](
-            idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
-            num_experts, ctx, ws.state if timeline is None else timeline,
-            QB=min(triton.next_power_of_2(n_chunks), 128 if x.device.type == "cuda" else 4),
-            TIMELINE=timeline is not None, num_warps=4, **{**common, "BT": bt_layout})
-    ep_dispatch_kernel[(n_prog,)](
-        x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, n_push,
-        ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
-        ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
-        ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
-        RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
-        TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **_register_cap(cfg["maxnreg"], x),
-        **common)
+
+    def launch(x, idx, wts):
+        if not fused:
+            ep_layout_kernel[(n_chunks,)](
+                idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
+                num_experts, ctx, ws.state if timeline is None else timeline,
+                QB=min(triton.next_power_of_2(n_chunks), 128 if x.device.type == "cuda" else 4),
+                TIMELINE=timeline is not None, num_warps=4, **{**common, "BT": bt_layout})
+        ep_dispatch_kernel[(n_prog,)](
+            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, n_push,
+            ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
+            ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
+            ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
+            RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
+            TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **_register_cap(cfg["maxnreg"], x),
+            **common)
+        return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
+
+    # decode sizes: an eager call replays the two launches from a cached CUDA graph (inputs copied in), which
+    # costs a fraction of their Python launch cost; inside a capture, under torch.compile or on CPU: direct
+    graph_key = (ws.key, T, idx.dtype, wts.dtype, repr(sorted(cfg.items())))
+    if not (cfg["eager_graph"] and timeline is None) or \
+            _GRAPHS.run(graph_key, launch, (x, idx, wts), clone=False) is None:
+        launch(x, idx, wts)
     ws.calls += 1
     handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
     ws.last = handle

@@ -1,4 +1,5 @@
-"""Eager calls replayed from a cached CUDA graph: the small-problem path of the overlapped GEMM ops.
+"""Eager calls replayed from a cached CUDA graph: the small-problem path of the overlapped GEMM ops and of MoE
+dispatch at decode sizes.
 
 At small M an overlapped op is host-bound: its GPU work takes ~40-90 µs, while one eager call costs more than
 that in Python and Triton launches (a launch with three TMA descriptors alone took ~40 µs on the 2xH200 node's
@@ -25,19 +26,21 @@ MAX_WEIGHTS = 4  # distinct weight tensors captured per (shape, config) before g
 
 
 class GraphedCall:
-    """One captured call: ``run(static_input, weight) -> output`` recorded once, replayed per call."""
+    """One captured call: ``run(*static_inputs, *captured) -> output`` recorded once, replayed per call."""
 
-    def __init__(self, run, a, w):
-        self.a = a.clone()
-        self.w = w  # the captured address: keep the tensor alive as long as the graph
+    def __init__(self, run, inputs, captured, clone):
+        self.inputs = tuple(t.clone() for t in inputs)  # copied into before every replay
+        self.captured = captured  # read at their captured addresses: keep them alive as long as the graph
+        self.clone = clone
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):  # records only: no kernel runs here
-            self.out = run(self.a, w)  # lives in the graph's memory pool: the same address every replay
+            self.out = run(*self.inputs, *captured)  # in the graph's memory pool: the same address every replay
 
-    def __call__(self, a):
-        self.a.copy_(a)
+    def __call__(self, inputs):
+        for static, t in zip(self.inputs, inputs):
+            static.copy_(t)
         self.graph.replay()
-        return self.out.clone()  # the static output is overwritten by the next replay
+        return self.out.clone() if self.clone else self.out  # a static output is overwritten by the next replay
 
 
 class GraphCache:
@@ -52,22 +55,25 @@ class GraphCache:
         self.weights = {}  # key -> number of weights captured for it
         self.seen = set()  # keys launched directly once (kernels compiled, workspaces built)
 
-    def run(self, key, run, a, w):
-        """``run(a, w)`` replayed from a graph, or None when the caller must launch directly."""
-        if not usable(a):
+    def run(self, key, run, inputs, captured=(), clone=True):
+        """``run(*inputs, *captured)`` replayed from a graph, or None when the caller must launch directly.
+        ``inputs`` are copied into the graph's own tensors on every call; ``captured`` (weights) are read where
+        they are, so their addresses are part of the key. ``clone``: return a copy of the output (else the
+        graph's static output, for ops whose results are views of a workspace anyway)."""
+        if not usable(inputs[0]):
             return None
         if key not in self.seen:  # first call: compile and build workspaces outside any capture
             self.seen.add(key)
             return None
-        gkey = (key, w.data_ptr())
+        gkey = (key, tuple(t.data_ptr() for t in captured))
         call = self.graphs.get(gkey)
         if call is None:
-            captured = self.weights.get(key, 0)
-            if captured >= MAX_WEIGHTS:  # weights that keep moving: graphs would not pay
+            n_weights = self.weights.get(key, 0)
+            if n_weights >= MAX_WEIGHTS:  # weights that keep moving: graphs would not pay
                 return None
-            self.weights[key] = captured + 1
-            call = self.graphs[gkey] = GraphedCall(run, a, w)
-        return call(a)
+            self.weights[key] = n_weights + 1
+            call = self.graphs[gkey] = GraphedCall(run, inputs, captured, clone)
+        return call(inputs)
 
     def clear(self):
         self.graphs.clear()
