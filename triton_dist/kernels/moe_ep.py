@@ -92,6 +92,12 @@ def _stamp(timeline, slot, ON: tl.constexpr):
 
 
 @triton.jit
+def _column(block, j, cols):
+    """Column ``j`` of a [rows, n] block, as [rows] (``cols = tl.arange(0, n)``; j may differ per call)."""
+    return tl.sum(tl.where(cols[None, :] == j, block, 0), axis=1)
+
+
+@triton.jit
 def _route(topk_idx, t0, t_end, E, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
            EL_PAD: tl.constexpr):
     """Tokens [t0, t0 + BT) clipped to t_end: padded expert index d * EL_PAD + local (-1: no expert), owner rank
@@ -141,7 +147,7 @@ def _store_rows(recv_x, tile, slots, skip, hh, H, K: tl.constexpr, K_PAD: tl.con
     row ``skip`` [BT] (the one the tile came from; -1: none)."""
     kk = tl.arange(0, K_PAD)
     for j in tl.static_range(K):
-        row = tl.sum(tl.where(kk[None, :] == j, slots, 0), axis=1)
+        row = _column(slots, j, kk)
         tl.store(recv_x + row[:, None].to(tl.int64) * H + hh[None, :], tile,
                  mask=((row >= 0) & (row != skip))[:, None] & (hh[None, :] < H))
 
@@ -155,8 +161,8 @@ def _slot_sum(expert_out, slots, w, hh, H, K: tl.constexpr, K_PAD: tl.constexpr,
     hm = hh[None, :] < H
     acc = tl.zeros([BT, BH], dtype=tl.float32)
     for j in tl.static_range(K):
-        row = tl.sum(tl.where(kk[None, :] == j, slots, 0), axis=1)
-        wj = tl.sum(tl.where(kk[None, :] == j, w, 0.0), axis=1)
+        row = _column(slots, j, kk)
+        wj = _column(w, j, kk)
         v = tl.load(expert_out + row[:, None].to(tl.int64) * H + hh[None, :], mask=(row >= 0)[:, None] & hm,
                     other=0.0)
         acc += wj[:, None] * v.to(tl.float32)
@@ -284,8 +290,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 tl.store(recv_weights + here, w, mask=here >= 0)
                 for i in range(world):
                     d = (me + 1 + i) % world  # peers first, this rank last
-                    go_d = tl.sum(tl.where(dv[None, :] == d, goes, 0), axis=1) > 0
-                    rec = (me * max_tokens + tl.sum(tl.where(dv[None, :] == d, rpos, 0), axis=1)) * K
+                    go_d = _column(goes, d, dv) > 0
+                    rec = (me * max_tokens + _column(rpos, d, dv)) * K
                     m = go_d[:, None] & (kk[None, :] < K)
                     dl.put(recv_slots + rec[:, None] + kk[None, :], tl.where(owner == d, slot, -1), d, ctx, mask=m)
                     dl.put(recv_w + rec[:, None] + kk[None, :], w, d, ctx, mask=m)
@@ -296,7 +302,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                     tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm)
                     for i in range(world - 1):
                         d = (me + 1 + i) % world
-                        row = tl.sum(tl.where(dv[None, :] == d, first, 0), axis=1)
+                        row = _column(first, d, dv)
                         dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
                         dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
                     _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
@@ -405,7 +411,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                 tm = t < c1
                 pos = tl.load(token_pos + t[:, None] * world + dv[None, :], mask=tm[:, None] & (dv[None, :] < world),
                               other=-1)
-                p_me = tl.sum(tl.where(dv[None, :] == me, pos, 0), axis=1)
+                p_me = _column(pos, me, dv)
                 m = (p_me >= 0)[:, None] & (kk[None, :] < K)
                 rec = (me * max_tokens + p_me[:, None]) * K + kk[None, :]
                 slots = tl.load(recv_slots + rec, mask=m, other=-1)
@@ -423,7 +429,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                         if d == me:
                             acc += own.to(tl.float32)
                         else:
-                            pd = tl.sum(tl.where(dv[None, :] == d, pos, 0), axis=1)
+                            pd = _column(pos, d, dv)
                             block = (d - me - 1 + world) % world
                             v = tl.load(partials + (block * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
                                         mask=(pd >= 0)[:, None] & hm, other=0.0)
