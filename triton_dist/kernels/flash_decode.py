@@ -64,6 +64,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .. import language as dl
 from .. import shmem
 from . import library
+from .gemm import num_sms
 
 LOG2E = 1.4426950408889634  # kernels work in log2 units (exp2 is one instruction); lse leaves in natural log
 
@@ -345,17 +346,11 @@ def default_config(batch, kv_heads, s_local_max, head_dim, device_type, num_sms=
             "pdl": False}
 
 
-_SMS = {}
-
-
 def _num_sms(device):
-    """SM count of a CUDA device (cached: get_device_properties is not free); None on CPU."""
+    """SM count of a CUDA device; None on CPU."""
     if device.type != "cuda":
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SMS:
-        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SMS[index]
+    return num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _check_inputs(q, k_cache, v_cache, kv_lens, block_table, softmax_scale):

@@ -41,7 +41,8 @@ while senders still push later ones.
               partials[(me - s - 1) mod W, pos] (s keeps one block per peer); flag combined[me, c].
               receiver, chunk c of my tokens: this rank's own partial computed the same way in registers (never
               stored), then wait combined[d, c] for every peer d and y[t] = sum over d = 0..W-1 of partial_d(t)
-              (fp32, rank order).
+              (fp32, rank order). Receivers take chunks in order from a per-call counter, and on a GPU the
+              senders join them once their own chunks are out (the receivers' side is the longer one).
 Every sum runs in a FIXED order (slots in top-k order within a rank, then ranks in order), whoever's message lands
 first, so y is bitwise identical run to run. Dispatch moves each token at most once per destination rank, and
 combine returns one row per (token, destination rank).
@@ -51,11 +52,14 @@ Flags carry per-call epochs (``dl.call_epoch``): no resets between calls. The ex
 finished everything it queued before (its experts and combine of the previous call). Combine has its own ``ready``
 flags. Outputs are views of a cached workspace, valid until the next ep_dispatch with the same shapes.
 
-Low-latency mode (``fused_layout``, default when max_tokens <= 256): the layout launch disappears; every program
-counts the tokens before its chunk itself and program 0 pushes the totals, so dispatch is one launch with one
-cross-rank round trip. At decode sizes an eager ep_dispatch replays its launches from a cached CUDA graph (its
-inputs copied in; ``replay.py``): Python launch cost, not the GPU, is what an eager caller waits for there. Interpreter rule kept throughout: a program never waits on a later program of its own rank
-(senders precede receivers; senders wait only for counts, which program 0 or the previous launch publishes).
+Low-latency mode, decode sizes (max_tokens <= 256): small chunks over every SM, and an eager ep_dispatch replays
+its launches from a cached CUDA graph (inputs copied in; ``replay.py``): there the Python launch cost, not the
+GPU, is what an eager caller waits for. ``fused_layout`` drops the layout launch (every program counts the tokens
+before its chunk itself and program 0 pushes the totals: one launch, one cross-rank round trip); it is the CPU
+default at these sizes and was slower on H200 (122 us at T=128). Interpreter rule kept throughout: a program never
+waits on a later program of its own rank (senders precede receivers; senders wait only for counts, which program
+0 or the previous launch publishes; the layout looks back at earlier programs only; combine's senders help
+receiving only on a GPU).
 """
 
 from dataclasses import dataclass
@@ -67,6 +71,7 @@ import triton.language as tl
 from .. import language as dl
 from .. import shmem
 from . import library
+from .gemm import num_sms
 from .replay import GraphCache
 
 MAX_CHUNKS = 1024  # flags and chunk tables are sized for this many token chunks per call
@@ -359,12 +364,14 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
 @triton.jit
 def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_slots, recv_w, recv_span,
-                      token_pos, partials, ready, combined, state, ctx, timeline,
+                      token_pos, partials, ready, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
-                      W_PAD: tl.constexpr, MAXC: tl.constexpr, TIMELINE: tl.constexpr):
+                      W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr):
     """Programs [0, n_push) reduce the tokens received from peers over their slots and push one partial row
-    back per token; the others, chunk by chunk of this rank's tokens, reduce the slots held here themselves,
-    wait for the peers' partials and sum all of them in rank order."""
+    back per token; then the others (and with SENDERS_HELP the senders too, once done) take chunks of this rank's
+    tokens from the ``claims`` counter, reduce the slots held here, wait for the peers' partials and sum all of
+    them in rank order. SENDERS_HELP needs every program resident at once (a sender that waits must not keep a
+    peer's sender off the GPU), so never under the interpreter, whose programs run one after another."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     _stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
@@ -401,42 +408,50 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                 dl.signal(combined + me * MAXC + c, epoch, s, ctx)
             _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
-    else:
-        chunk = tl.cdiv(T, n_chunks)
-        for c in range(pid - n_push, n_chunks, n_prog - n_push):
-            c0 = tl.minimum(c * chunk, T)
-            c1 = tl.minimum(c0 + chunk, T)
-            for t0 in range(c0, c1, BT):
-                t = t0 + tl.arange(0, BT)
-                tm = t < c1
-                pos = tl.load(token_pos + t[:, None] * world + dv[None, :], mask=tm[:, None] & (dv[None, :] < world),
-                              other=-1)
-                p_me = _column(pos, me, dv)
-                m = (p_me >= 0)[:, None] & (kk[None, :] < K)
-                rec = (me * max_tokens + p_me[:, None]) * K + kk[None, :]
-                slots = tl.load(recv_slots + rec, mask=m, other=-1)
-                w = tl.load(recv_w + rec, mask=m, other=0.0)
-                for h0 in range(0, H, BH):
-                    hh = h0 + tl.arange(0, BH)
-                    hm = hh[None, :] < H
-                    # this rank's partial, rounded like the partials that crossed the link
-                    own = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH).to(partials.dtype.element_ty)
-                    if (t0 == c0) & (h0 == 0):  # the peers' partials are awaited with the first own tile in hand
-                        dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
-                        _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
-                    acc = tl.zeros([BT, BH], dtype=tl.float32)
-                    for d in range(world):  # FIXED order: rank order
-                        if d == me:
-                            acc += own.to(tl.float32)
-                        else:
-                            pd = _column(pos, d, dv)
-                            block = (d - me - 1 + world) % world
-                            v = tl.load(partials + (block * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
-                                        mask=(pd >= 0)[:, None] & hm, other=0.0)
-                            acc += v.to(tl.float32)
-                    tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
-                             mask=tm[:, None] & hm)
-            _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
+    # RECEIVE, every program (senders once their chunks are out): take this rank's chunks in order, one at a time,
+    # from a per-call counter, so that senders that finish early share the receivers' remaining work
+    chunk = tl.cdiv(T, n_chunks)
+    claimers = n_prog if SENDERS_HELP else n_prog - n_push
+    c = n_chunks + claimers  # "nothing to take" for senders that do not help
+    if SENDERS_HELP or pid >= n_push:
+        c = tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
+    while c < n_chunks:
+        c0 = tl.minimum(c * chunk, T)
+        c1 = tl.minimum(c0 + chunk, T)
+        for t0 in range(c0, c1, BT):
+            t = t0 + tl.arange(0, BT)
+            tm = t < c1
+            pos = tl.load(token_pos + t[:, None] * world + dv[None, :], mask=tm[:, None] & (dv[None, :] < world),
+                          other=-1)
+            p_me = _column(pos, me, dv)
+            m = (p_me >= 0)[:, None] & (kk[None, :] < K)
+            rec = (me * max_tokens + p_me[:, None]) * K + kk[None, :]
+            slots = tl.load(recv_slots + rec, mask=m, other=-1)
+            w = tl.load(recv_w + rec, mask=m, other=0.0)
+            for h0 in range(0, H, BH):
+                hh = h0 + tl.arange(0, BH)
+                hm = hh[None, :] < H
+                # this rank's partial, rounded like the partials that crossed the link
+                own = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH).to(partials.dtype.element_ty)
+                if (t0 == c0) & (h0 == 0):  # the peers' partials are awaited with the first own tile in hand
+                    dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
+                    _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
+                acc = tl.zeros([BT, BH], dtype=tl.float32)
+                for d in range(world):  # FIXED order: rank order
+                    if d == me:
+                        acc += own.to(tl.float32)
+                    else:
+                        pd = _column(pos, d, dv)
+                        block = (d - me - 1 + world) % world
+                        v = tl.load(partials + (block * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
+                                    mask=(pd >= 0)[:, None] & hm, other=0.0)
+                        acc += v.to(tl.float32)
+                tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
+                         mask=tm[:, None] & hm)
+        _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
+        c = tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
+    if c == n_chunks + claimers - 1:  # the call's last claim (each claimer's last one fails): reset for the next
+        tl.atomic_xchg(claims, 0, sem="relaxed", scope="gpu")
     _stamp(timeline, TL_PROGRAM + 4 * pid + 3, TIMELINE)
     dl.finish_call(state, epoch, n_prog)
 
@@ -491,6 +506,7 @@ class _Workspace:
         self.counted = torch.zeros((MAX_CHUNKS,), dtype=torch.int32, device=dev)  # layout flags (epochs)
         self.state = shmem.counters(2, name=name + "epoch")
         self.combine_state = shmem.counters(2, name=name + "combine_epoch")
+        self.combine_claims = torch.zeros((1,), dtype=torch.int32, device=dev)  # combine's next chunk to take
         self.calls = 0  # host count of dispatches: a handle from an older one is stale
         self.last = None  # the EpHandle of the latest dispatch, for the torch op's combine
         shmem.barrier()  # peers write into these only after every rank zeroed them
@@ -730,11 +746,13 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     if not 1 <= n_push < n_prog:
         raise ValueError(f"need 1 <= combine_push < combine_programs, got {n_push}, {n_prog}")
     _check_timeline(timeline, expert_out.device, n_prog)
+    senders_help = expert_out.is_cuda and n_prog <= num_sms(expert_out.device.index)  # every program resident
     ep_combine_kernel[(n_prog,)](
         expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, n_push, ws.recv_slots, ws.recv_w,
-        ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_state, shmem.context(),
-        ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
-        K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS, TIMELINE=timeline is not None,
+        ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_claims, ws.combine_state,
+        shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
+        K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
+        SENDERS_HELP=senders_help, TIMELINE=timeline is not None,
         num_warps=int(cfg["combine_warps"]), **_register_cap(cfg["combine_maxnreg"], expert_out))
     return y
 
