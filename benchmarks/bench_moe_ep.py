@@ -45,13 +45,15 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
     # run18: 128/80 265 us, 16 warps 263-281 (the default 250 that run, with the layout rows summed by senders).
     # run20 (look-back layout): default 230 us, 128 chunks 242, h1024 t8 231. Receivers trail the senders by
     # ~17 us there: fewer senders.
-    4096: [(128, 60, 256, 512, 16, 8, False), (132, 64, 256, 512, 16, 8, False)],
+    # run21-23: 128/60 244-246 us, 132/64 231 (default 229-233).
+    4096: [(132, 64, 256, 512, 16, 8, False)],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
     128: [(132, 66, 32, 1024, 4, 8, False), (128, 64, 64, 1024, 2, 8, False)],
 }
-COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps[, maxnreg]),
+COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps
+    # [, maxnreg, h_parts]),
     # timed after a dispatch with the default config. Senders reduce and push the peers' tokens; receivers
     # reduce this rank's own slots and sum: at W=2 each side reads about half of the expert rows.
     # run9-11 at T=4096: 132/66 h512 t16 236-237 us, h1024 t8 247-250, h2048 t4 257, h256 t32 284, 132/50 280,
@@ -62,14 +64,15 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run18: 128/64 h512 t16 w16 229 us (now the default), 132/66 w16 236, 8 warps 242, h256 288.
     # run20: 128/64 w16 230 us, 132/66 w16 230, 128/64 w8 238. Receivers end ~45 us after the senders: more
     # receivers.
-    4096: [(128, 56, 512, 16, 16), (128, 60, 512, 16, 16), (132, 60, 512, 16, 16)],
+    # run23 (senders help the receivers): 56-60 senders 237-240 us (default 226). Column parts per unit of work:
+    4096: [(128, 64, 512, 16, 16, None, 1), (128, 64, 512, 16, 16, None, 4), (128, 64, 512, 16, 16, None, 7)],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16)],
 }
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
                   "fused_layout", "maxnreg")
 _COMBINE_KEYS = ("combine_programs", "combine_push", "combine_block_h", "combine_block_tokens", "combine_warps",
-                 "combine_maxnreg")
+                 "combine_maxnreg", "combine_h_parts")
 
 
 def _dispatch_name(c):
@@ -78,8 +81,8 @@ def _dispatch_name(c):
 
 
 def _combine_name(c):
-    return "p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}{r}".format(
-        r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "", **c)
+    return ("p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}{r} "
+            "parts{combine_h_parts}").format(r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "", **c)
 
 
 def _phases(stamps, n_prog, n_push, n_chunks, layout):

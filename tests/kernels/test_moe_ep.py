@@ -131,9 +131,11 @@ def test_dispatch_combine_8_ranks(ranks):
 
 def test_two_launch_layout_and_uneven_chunks(ranks):
     """The layout launch (default for max_tokens > 256; its look-back over 5 odd-sized chunks takes two steps
-    of 4 on CPU); 2 senders + 1 receiver; combine with its own knobs (3 senders + 1 receiver, 4-token blocks)."""
+    of 4 on CPU); 2 senders + 1 receiver; combine with its own knobs (3 senders + 1 receiver, 4-token blocks,
+    each chunk's 32 columns taken in 3 parts: 16, 16 and an empty one)."""
     cfg = {"fused_layout": False, "num_chunks": 5, "num_programs": 3, "push_programs": 2, "block_tokens": 2,
-           "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4}
+           "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4, "combine_block_h": 8,
+           "combine_h_parts": 3}
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, cfg):
         assert problems == []
 
@@ -394,7 +396,7 @@ def test_layout_and_combine_compile_for_sm90():
                QB="constexpr", TIMELINE="constexpr")
     compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
                  dict(K=8, EL=32, BT=16, K_PAD=8, EL_PAD=32, W_PAD=2, QB=128, TIMELINE=True))
-    sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32",
+    sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32",
                n_push="i32", recv_slots="*i32",
                recv_w="*fp32", recv_span="*i32", token_pos="*i32", partials="*bf16", ready="*i32",
                combined="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr", BT="constexpr",

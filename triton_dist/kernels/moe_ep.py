@@ -363,7 +363,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
 
 @triton.jit
-def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_slots, recv_w, recv_span,
+def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push, recv_slots, recv_w, recv_span,
                       token_pos, partials, ready, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr):
@@ -408,14 +408,19 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                 dl.signal(combined + me * MAXC + c, epoch, s, ctx)
             _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
-    # RECEIVE, every program (senders once their chunks are out): take this rank's chunks in order, one at a time,
-    # from a per-call counter, so that senders that finish early share the receivers' remaining work
+    # RECEIVE, every program (senders once their chunks are out): take units (chunk c, column part) of this rank's
+    # tokens in order, one at a time, from a per-call counter, so that senders that finish early share the
+    # receivers' remaining work; column parts keep the last units short (the tail after the last chunk lands)
     chunk = tl.cdiv(T, n_chunks)
+    part_h = tl.cdiv(tl.cdiv(H, BH), h_parts) * BH
+    n_units = n_chunks * h_parts
     claimers = n_prog if SENDERS_HELP else n_prog - n_push
-    c = n_chunks + claimers  # "nothing to take" for senders that do not help
+    u = n_units + claimers  # "nothing to take" for senders that do not help
     if SENDERS_HELP or pid >= n_push:
-        c = tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
-    while c < n_chunks:
+        u = tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
+    while u < n_units:
+        c = u // h_parts
+        h_first = (u % h_parts) * part_h
         c0 = tl.minimum(c * chunk, T)
         c1 = tl.minimum(c0 + chunk, T)
         for t0 in range(c0, c1, BT):
@@ -428,12 +433,12 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
             rec = (me * max_tokens + p_me[:, None]) * K + kk[None, :]
             slots = tl.load(recv_slots + rec, mask=m, other=-1)
             w = tl.load(recv_w + rec, mask=m, other=0.0)
-            for h0 in range(0, H, BH):
+            for h0 in range(h_first, tl.minimum(h_first + part_h, H), BH):
                 hh = h0 + tl.arange(0, BH)
                 hm = hh[None, :] < H
                 # this rank's partial, rounded like the partials that crossed the link
                 own = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH).to(partials.dtype.element_ty)
-                if (t0 == c0) & (h0 == 0):  # the peers' partials are awaited with the first own tile in hand
+                if (t0 == c0) & (h0 == h_first):  # the peers' partials are awaited with the first own tile in hand
                     dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
                     _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
                 acc = tl.zeros([BT, BH], dtype=tl.float32)
@@ -449,8 +454,8 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_push, recv_sl
                 tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
                          mask=tm[:, None] & hm)
         _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
-        c = tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
-    if c == n_chunks + claimers - 1:  # the call's last claim (each claimer's last one fails): reset for the next
+        u = tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
+    if u == n_units + claimers - 1:  # the call's last claim (each claimer's last one fails): reset for the next
         tl.atomic_xchg(claims, 0, sem="relaxed", scope="gpu")
     _stamp(timeline, TL_PROGRAM + 4 * pid + 3, TIMELINE)
     dl.finish_call(state, epoch, n_prog)
@@ -534,7 +539,8 @@ def default_config(max_tokens, hidden, device_type):
     step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens),
     maxnreg (a register cap per thread, None = the compiler's choice; lets two programs share an SM),
     eager_graph (an eager dispatch replays its launches from a cached CUDA graph: host-bound decode sizes).
-    ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
+    ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's), and
+    combine_h_parts (the receivers' unit of work: a chunk's columns in this many parts)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
                "num_warps": 4, "fused_layout": max_tokens <= 256, "eager_graph": False}
@@ -548,8 +554,8 @@ def default_config(max_tokens, hidden, device_type):
         # 250-336)
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "combine_programs": 128, "combine_push": 64,
-               "combine_warps": 16}
-    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False,
+               "combine_warps": 16, "combine_h_parts": 2}
+    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
@@ -747,13 +753,16 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
         raise ValueError(f"need 1 <= combine_push < combine_programs, got {n_push}, {n_prog}")
     _check_timeline(timeline, expert_out.device, n_prog)
     senders_help = expert_out.is_cuda and n_prog <= num_sms(expert_out.device.index)  # every program resident
+    h_parts = int(cfg["combine_h_parts"])
+    if not 1 <= h_parts or handle.num_chunks * h_parts >= 2**30:
+        raise ValueError(f"combine_h_parts must be a positive int, got {cfg['combine_h_parts']!r}")
     ep_combine_kernel[(n_prog,)](
-        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, n_push, ws.recv_slots, ws.recv_w,
+        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push, ws.recv_slots, ws.recv_w,
         ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_claims, ws.combine_state,
         shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
-        K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
-        SENDERS_HELP=senders_help, TIMELINE=timeline is not None,
-        num_warps=int(cfg["combine_warps"]), **_register_cap(cfg["combine_maxnreg"], expert_out))
+        K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS, SENDERS_HELP=senders_help,
+        TIMELINE=timeline is not None, num_warps=int(cfg["combine_warps"]),
+        **_register_cap(cfg["combine_maxnreg"], expert_out))
     return y
 
 
