@@ -45,8 +45,9 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
     # run18: 128/80 265 us, 16 warps 263-281 (the default 250 that run, with the layout rows summed by senders).
     # run20 (look-back layout): default 230 us, 128 chunks 242, h1024 t8 231. Receivers trail the senders by
     # ~17 us there: fewer senders.
-    # run21-23: 128/60 244-246 us, 132/64 231 (default 229-233).
-    4096: [(132, 64, 256, 512, 16, 8, False)],
+    # run21-23: 128/60 244-246 us, 132/64 231 (default 229-233). Column parts of the receivers' units (senders
+    # help receiving): 1 and 4 against the default 2.
+    4096: [(128, 64, 256, 512, 16, 8, False, None, 1), (128, 64, 256, 512, 16, 8, False, None, 4)],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
@@ -70,14 +71,15 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     128: [(128, 64, 1024, 2, 16)],
 }
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
-                  "fused_layout", "maxnreg")
+                  "fused_layout", "maxnreg", "h_parts")
 _COMBINE_KEYS = ("combine_programs", "combine_push", "combine_block_h", "combine_block_tokens", "combine_warps",
                  "combine_maxnreg", "combine_h_parts")
 
 
 def _dispatch_name(c):
-    return "p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r}".format(
-        f=" fused" if c["fused_layout"] else "", r=f" r{c['maxnreg']}" if c["maxnreg"] else "", **c)
+    return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
+            "parts{h_parts}").format(f=" fused" if c["fused_layout"] else "",
+                                     r=f" r{c['maxnreg']}" if c["maxnreg"] else "", **c)
 
 
 def _combine_name(c):

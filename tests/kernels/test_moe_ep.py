@@ -131,11 +131,11 @@ def test_dispatch_combine_8_ranks(ranks):
 
 def test_two_launch_layout_and_uneven_chunks(ranks):
     """The layout launch (default for max_tokens > 256; its look-back over 5 odd-sized chunks takes two steps
-    of 4 on CPU); 2 senders + 1 receiver; combine with its own knobs (3 senders + 1 receiver, 4-token blocks,
-    each chunk's 32 columns taken in 3 parts: 16, 16 and an empty one)."""
+    of 4 on CPU); 2 senders + 1 receiver copying each chunk's 32 columns in 2 parts; combine with its own knobs
+    (3 senders + 1 receiver, 4-token blocks, each chunk's columns taken in 3 parts: 16, 16 and an empty one)."""
     cfg = {"fused_layout": False, "num_chunks": 5, "num_programs": 3, "push_programs": 2, "block_tokens": 2,
-           "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4, "combine_block_h": 8,
-           "combine_h_parts": 3}
+           "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4,
+           "combine_block_h": 8, "combine_h_parts": 3}
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, cfg):
         assert problems == []
 
@@ -369,19 +369,20 @@ def test_gpu_cuda_graph_replay(ranks):
 # ----------------------------------------------------------------------------------------------------- sm_90
 _DISPATCH_SIG = dict(
     x="*bf16", topk_idx="*i32", topk_weights="*fp32", T="i32", H="i32", E="i32", align="i32", max_tokens="i32",
-    max_rows="i32", n_chunks="i32", n_push="i32", recv_x="*bf16", recv_slots="*i32", recv_w="*fp32",
-    recv_span="*i32", all_counts="*i32",
-    counts_ready="*i32", arrived="*i32", recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32",
-    expert_offsets="*i32", token_pos="*i32", chunk_prefix="*i32", state="*i32", ctx="*i64", timeline="*i64",
-    K="constexpr", EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr",
-    W_PAD="constexpr", RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr",
+    max_rows="i32", n_chunks="i32", h_parts="i32", n_push="i32", recv_x="*bf16", recv_slots="*i32",
+    recv_w="*fp32", recv_span="*i32", all_counts="*i32", counts_ready="*i32", arrived="*i32",
+    recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32", expert_offsets="*i32", token_pos="*i32",
+    chunk_prefix="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr",
+    EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
+    RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr", SENDERS_HELP="constexpr",
     TIMELINE="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
-                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, TIMELINE=not fused)  # with and without stamps
+                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused,
+                  TIMELINE=not fused)  # with and without helping senders and stamps
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
     assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers and local duplicates)

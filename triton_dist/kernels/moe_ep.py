@@ -33,9 +33,10 @@ while senders still push later ones.
                   span of positions and a flag arrived[me, c] = epoch. Rows for this rank go straight into all
                   their slot rows, tile by tile with the pushes (measured faster than flagging the peers first
                   and writing them after, and than leaving them to the receivers).
-              receiver: expert ids of all rows (-1 on padding); then for its chunks c, wait arrived[s, c] for
-                  every peer s and copy each arrived row into the token's other slot rows here (duplicates never
-                  cross the link).
+              receiver: expert ids of all rows (-1 on padding); then (chunk c, column part) units in order from
+                  a per-call counter (on a GPU the senders join once their chunks are out): wait arrived[s, c]
+                  for every peer s and copy each arrived row into the token's other slot rows here (duplicates
+                  never cross the link).
     combine   (one launch)  sender, chunk c of every PEER s: partial = sum over the token's slots on this rank,
               in slot order, of w * out[slot row] (fp32, rounded to the dtype) -> one row pushed back to s into
               partials[(me - s - 1) mod W, pos] (s keeps one block per peer); flag combined[me, c].
@@ -174,6 +175,29 @@ def _slot_sum(expert_out, slots, w, hh, H, K: tl.constexpr, K_PAD: tl.constexpr,
     return acc
 
 
+@triton.jit
+def _first_claim(claims, n_units, claimers, takes):
+    """Receivers take units of work in order from a per-call counter: this program's first unit, or
+    ``n_units + claimers`` (none) when it takes no part (``takes`` false)."""
+    u = n_units + claimers
+    if takes:
+        u = tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
+    return u
+
+
+@triton.jit
+def _next_claim(claims):
+    return tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _end_claims(claims, u, n_units, claimers):
+    """``u``: this program's failed claim. The call's last claim (every claimer's last one fails) resets the
+    counter for the next call."""
+    if u == n_units + claimers - 1:
+        tl.atomic_xchg(claims, 0, sem="relaxed", scope="gpu")
+
+
 # ----------------------------------------------------------------------------------------------------- kernels
 @triton.jit
 def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, state, T, E, ctx,
@@ -214,14 +238,14 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
 
 
 @triton.jit
-def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, n_push,
+def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, h_parts, n_push,
                        recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready, arrived,
                        recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_prefix,
-                       state, ctx, timeline,
+                       claims, state, ctx, timeline,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
-                       TIMELINE: tl.constexpr):
+                       SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr):
     """Programs [0, n_push) send chunks c = pid, pid + n_push, ... in order; the others receive: they mark the
     rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks land."""
     pid = tl.program_id(0)
@@ -335,29 +359,38 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
             tl.store(recv_expert_ids + r, eid, mask=r < r_end)
             tl.store(recv_weights + r, tl.zeros([RB], dtype=tl.float32), mask=(r < r_end) & (eid < 0))
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
-        # ... then, chunk by chunk as they land, copy each row from a peer into the token's other slot rows
-        for c in range(q, n_chunks, n_recv):
-            dl.wait(arrived + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
-            _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
-            for i in range(world - 1):
-                s = (me + 1 + i) % world
-                p0 = tl.load(recv_span + (s * MAXC + c) * 2)
-                p1 = tl.load(recv_span + (s * MAXC + c) * 2 + 1)
-                for q0 in range(p0, p1, BT):
-                    pos = q0 + tl.arange(0, BT)
-                    m = (pos[:, None] < p1) & (kk[None, :] < K)
-                    rec = (s * max_tokens + pos[:, None]) * K + kk[None, :]
-                    slots = tl.load(recv_slots + rec, mask=m, other=-1)
+    # ... then, (chunk, column part) units in order as they land, taken from a per-call counter (on a GPU the
+    # senders join once their own chunks are out): copy each row from a peer into the token's other slot rows
+    part_h = tl.cdiv(tl.cdiv(H, BH), h_parts) * BH
+    n_units = n_chunks * h_parts
+    claimers = n_prog if SENDERS_HELP else n_prog - n_push
+    u = _first_claim(claims, n_units, claimers, SENDERS_HELP or pid >= n_push)
+    while u < n_units:
+        c = u // h_parts
+        h_first = (u % h_parts) * part_h
+        dl.wait(arrived + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
+        _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
+        for i in range(world - 1):
+            s = (me + 1 + i) % world
+            p0 = tl.load(recv_span + (s * MAXC + c) * 2)
+            p1 = tl.load(recv_span + (s * MAXC + c) * 2 + 1)
+            for q0 in range(p0, p1, BT):
+                pos = q0 + tl.arange(0, BT)
+                m = (pos[:, None] < p1) & (kk[None, :] < K)
+                rec = (s * max_tokens + pos[:, None]) * K + kk[None, :]
+                slots = tl.load(recv_slots + rec, mask=m, other=-1)
+                if h_first == 0:  # one part stores the rows' weights
                     tl.store(recv_weights + slots, tl.load(recv_w + rec, mask=m, other=0.0), mask=slots >= 0)
-                    first = tl.min(tl.where(slots >= 0, slots, _BIG), axis=1)
-                    has = first < _BIG
-                    for h0 in range(0, H, BH):
-                        hh = h0 + tl.arange(0, BH)
-                        hm = hh[None, :] < H
-                        tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :],
-                                       mask=has[:, None] & hm)
-                        _store_rows(recv_x, tile, slots, first, hh, H, K, K_PAD)
-            _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
+                first = tl.min(tl.where(slots >= 0, slots, _BIG), axis=1)
+                has = first < _BIG
+                for h0 in range(h_first, tl.minimum(h_first + part_h, H), BH):
+                    hh = h0 + tl.arange(0, BH)
+                    hm = hh[None, :] < H
+                    tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :], mask=has[:, None] & hm)
+                    _store_rows(recv_x, tile, slots, first, hh, H, K, K_PAD)
+        _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
+        u = _next_claim(claims)
+    _end_claims(claims, u, n_units, claimers)
     _stamp(timeline, TL_PROGRAM + 4 * pid + 3, TIMELINE)
     dl.finish_call(state, epoch, n_prog)
 
@@ -415,9 +448,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
     part_h = tl.cdiv(tl.cdiv(H, BH), h_parts) * BH
     n_units = n_chunks * h_parts
     claimers = n_prog if SENDERS_HELP else n_prog - n_push
-    u = n_units + claimers  # "nothing to take" for senders that do not help
-    if SENDERS_HELP or pid >= n_push:
-        u = tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
+    u = _first_claim(claims, n_units, claimers, SENDERS_HELP or pid >= n_push)
     while u < n_units:
         c = u // h_parts
         h_first = (u % h_parts) * part_h
@@ -454,9 +485,8 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
                 tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
                          mask=tm[:, None] & hm)
         _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
-        u = tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
-    if u == n_units + claimers - 1:  # the call's last claim (each claimer's last one fails): reset for the next
-        tl.atomic_xchg(claims, 0, sem="relaxed", scope="gpu")
+        u = _next_claim(claims)
+    _end_claims(claims, u, n_units, claimers)
     _stamp(timeline, TL_PROGRAM + 4 * pid + 3, TIMELINE)
     dl.finish_call(state, epoch, n_prog)
 
@@ -511,7 +541,8 @@ class _Workspace:
         self.counted = torch.zeros((MAX_CHUNKS,), dtype=torch.int32, device=dev)  # layout flags (epochs)
         self.state = shmem.counters(2, name=name + "epoch")
         self.combine_state = shmem.counters(2, name=name + "combine_epoch")
-        self.combine_claims = torch.zeros((1,), dtype=torch.int32, device=dev)  # combine's next chunk to take
+        self.combine_claims = torch.zeros((1,), dtype=torch.int32, device=dev)  # combine's next unit to take
+        self.dispatch_claims = torch.zeros((1,), dtype=torch.int32, device=dev)  # dispatch's next unit to take
         self.calls = 0  # host count of dispatches: a handle from an older one is stale
         self.last = None  # the EpHandle of the latest dispatch, for the torch op's combine
         shmem.barrier()  # peers write into these only after every rank zeroed them
@@ -539,8 +570,8 @@ def default_config(max_tokens, hidden, device_type):
     step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens),
     maxnreg (a register cap per thread, None = the compiler's choice; lets two programs share an SM),
     eager_graph (an eager dispatch replays its launches from a cached CUDA graph: host-bound decode sizes).
-    ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's), and
-    combine_h_parts (the receivers' unit of work: a chunk's columns in this many parts)."""
+    h_parts (the receivers' unit of work: a chunk's columns in this many parts).
+    ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
                "num_warps": 4, "fused_layout": max_tokens <= 256, "eager_graph": False}
@@ -553,9 +584,9 @@ def default_config(max_tokens, hidden, device_type):
         # units; half the programs each to start with, 16x512 tiles, 16 warps (more loads in flight per SM):
         # 221 us (run24; 8 warps 237-242, 264 programs or uneven splits 250-336, 7 column parts 237)
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
-               "num_warps": 8, "fused_layout": False, "combine_programs": 128, "combine_push": 64,
+               "num_warps": 8, "fused_layout": False, "h_parts": 2, "combine_programs": 128, "combine_push": 64,
                "combine_warps": 16, "combine_h_parts": 2}
-    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "combine_h_parts": 1,
+    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "h_parts": 1, "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
@@ -613,6 +644,13 @@ def _check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align):
         raise ValueError("x has no columns")
 
 
+def _h_parts(h_parts):
+    """The column parts of the receivers' unit of work (a knob), checked."""
+    if not isinstance(h_parts, int) or not 1 <= h_parts <= 2**20:
+        raise ValueError(f"h_parts / combine_h_parts must be an int in [1, 2**20], got {h_parts!r}")
+    return h_parts
+
+
 def _register_cap(maxnreg, t):
     """Launch options for a register cap per thread (GPU only; the interpreter has no registers)."""
     return {"maxnreg": int(maxnreg)} if maxnreg and t.device.type == "cuda" else {}
@@ -659,6 +697,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     if not 1 <= n_push < n_prog:
         raise ValueError(f"need 1 <= push_programs < num_programs, got {n_push}, {n_prog}")
     _check_timeline(timeline, x.device, n_prog)
+    h_parts = _h_parts(cfg["h_parts"])
     k_pad = triton.next_power_of_2(K)
     ep = ws.w_pad * ws.el_pad
     bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
@@ -686,11 +725,12 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
                 QB=min(triton.next_power_of_2(n_chunks), 128 if x.device.type == "cuda" else 4),
                 TIMELINE=timeline is not None, num_warps=4, **{**common, "BT": bt_layout})
         ep_dispatch_kernel[(n_prog,)](
-            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, n_push,
+            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts, n_push,
             ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
             ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
-            ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
+            ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
             RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
+            SENDERS_HELP=x.is_cuda and n_prog <= num_sms(x.device.index),
             TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **_register_cap(cfg["maxnreg"], x),
             **common)
         return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
@@ -753,9 +793,7 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
         raise ValueError(f"need 1 <= combine_push < combine_programs, got {n_push}, {n_prog}")
     _check_timeline(timeline, expert_out.device, n_prog)
     senders_help = expert_out.is_cuda and n_prog <= num_sms(expert_out.device.index)  # every program resident
-    h_parts = int(cfg["combine_h_parts"])
-    if not 1 <= h_parts or handle.num_chunks * h_parts >= 2**30:
-        raise ValueError(f"combine_h_parts must be a positive int, got {cfg['combine_h_parts']!r}")
+    h_parts = _h_parts(cfg["combine_h_parts"])
     ep_combine_kernel[(n_prog,)](
         expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push, ws.recv_slots, ws.recv_w,
         ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_claims, ws.combine_state,
