@@ -579,10 +579,11 @@ def default_config(max_tokens, hidden, device_type):
         # in a graph of 20: dispatch 24 us, combine 19 us, runs 21-24; the fused layout was slower: 122 us)
         cfg = {"num_chunks": 64, "num_programs": 132, "push_programs": 66, "block_h": 1024, "block_tokens": 2,
                "num_warps": 8, "fused_layout": False, "eager_graph": True}
-    else:  # 2xH200, T=4096: dispatch 229-233 us with these (runs 20-24). Combine: senders reduce and push the
-        # peers' tokens, then help the receivers (this rank's own slots + the sum) in (chunk, column-half)
-        # units; half the programs each to start with, 16x512 tiles, 16 warps (more loads in flight per SM):
-        # 221 us (run24; 8 warps 237-242, 264 programs or uneven splits 250-336, 7 column parts 237)
+    else:  # 2xH200, T=4096: dispatch 224 us with these (run25; receivers' units are (chunk, column half), the
+        # senders help once done; 1 or 4 parts 231 / 225). Combine: senders reduce and push the peers' tokens,
+        # then help the receivers (this rank's own slots + the sum) in (chunk, column-half) units; half the
+        # programs each to start with, 16x512 tiles, 16 warps (more loads in flight per SM): 218-221 us (runs 24-25;
+        # 8 warps 237-242, 264 programs or uneven splits 250-336, 7 column parts 237)
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "h_parts": 2, "combine_programs": 128, "combine_push": 64,
                "combine_warps": 16, "combine_h_parts": 2}
