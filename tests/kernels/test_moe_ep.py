@@ -162,22 +162,24 @@ def test_bitwise_reproducible_20_runs(ranks):
 
 
 def _back_to_back(calls):
-    """Fresh routing every call, no barriers, alternating fused / two-launch layout, exact-size outputs."""
+    """Fresh routing every call, no barriers, alternating fused / two-launch layout, exact-size outputs, and the
+    receivers' work counters reused by calls with other unit counts (column parts, receiving programs)."""
     dev = td.shmem.device()
     ok = []
     for i in range(calls):
         idx, weights = _routing("random", 4 + i, 8, 2, 10 + i)
         x = torch.randn(idx.shape[0], 8).to(dev) + td.rank()
-        cfg = {"fused_layout": bool(i % 2)}
+        cfg = {"fused_layout": bool(i % 2), "block_h": 4, "h_parts": 1 + i % 3, "combine_block_h": 4,
+               "combine_h_parts": 1 + (i + 1) % 3, "combine_programs": 2 + i % 2}
         res = ep_dispatch(x, idx.to(dev), weights.to(dev), num_experts=8, max_tokens=8, exact=True, config=cfg)
         ok.append(res.x.shape[0] == int(res.expert_offsets[-1]) == int(res.expert_counts.sum()))
-        y = ep_combine(res.x, res.handle)  # identity experts: y = sum_j w_j * x
+        y = ep_combine(res.x, res.handle, config=cfg)  # identity experts: y = sum_j w_j * x
         ok.append(torch.allclose(y, weights.to(dev).sum(1, keepdim=True) * x, atol=1e-5))
     return ok
 
 
 def test_back_to_back_calls(ranks):
-    for ok in ranks(2, _back_to_back, 3):
+    for ok in ranks(2, _back_to_back, 4):
         assert all(ok), ok
 
 
