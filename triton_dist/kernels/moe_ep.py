@@ -42,8 +42,8 @@ while senders still push later ones.
               partials[(me - s - 1) mod W, pos] (s keeps one block per peer); flag combined[me, c].
               receiver, chunk c of my tokens: this rank's own partial computed the same way in registers (never
               stored), then wait combined[d, c] for every peer d and y[t] = sum over d = 0..W-1 of partial_d(t)
-              (fp32, rank order). Receivers take chunks in order from a per-call counter, and on a GPU the
-              senders join them once their own chunks are out (the receivers' side is the longer one).
+              (fp32, rank order). Receivers take (chunk, column part) units in order from a per-call counter,
+              and on a GPU the senders join them once their own chunks are out (the receivers' side is longer).
 Every sum runs in a FIXED order (slots in top-k order within a rank, then ranks in order), whoever's message lands
 first, so y is bitwise identical run to run. Dispatch moves each token at most once per destination rank, and
 combine returns one row per (token, destination rank).
@@ -59,8 +59,9 @@ GPU, is what an eager caller waits for. ``fused_layout`` drops the layout launch
 before its chunk itself and program 0 pushes the totals: one launch, one cross-rank round trip); it is the CPU
 default at these sizes and was slower on H200 (122 us at T=128). Interpreter rule kept throughout: a program never
 waits on a later program of its own rank (senders precede receivers; senders wait only for counts, which program
-0 or the previous launch publishes; the layout looks back at earlier programs only; combine's senders help
-receiving only on a GPU).
+0 or the previous launch publishes; the layout looks back at earlier programs only; senders help receiving only
+on a GPU, where every program of the launch is resident at once). The receivers' work counters are the one piece
+of per-call state reset on the device: by the call's last claim.
 """
 
 from dataclasses import dataclass
