@@ -183,6 +183,47 @@ def test_back_to_back_calls(ranks):
         assert all(ok), ok
 
 
+def _recovers_after_a_failed_call():
+    """Rank 1 skips a combine: rank 0's waits time out with an error naming the flag; after ``td.shmem.reset()``
+    (collective) both ranks dispatch and combine correctly again (two-launch layout: its look-back flags and the
+    receivers' work counters are reset too)."""
+    dev = td.shmem.device()
+    cfg = {"fused_layout": False}
+
+    def dispatch(i):
+        idx, weights = _routing("random", 6, 8, 2, 20 + i)
+        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(i + td.rank())).to(dev)
+        return x, weights.to(dev), ep_dispatch(x, idx.to(dev), weights.to(dev), num_experts=8, max_tokens=8,
+                                               config=cfg)
+
+    def correct(x, weights, res):  # identity experts
+        return torch.allclose(ep_combine(res.x, res.handle, config=cfg), weights.sum(1, keepdim=True) * x, atol=1e-5)
+
+    ok = correct(*dispatch(0))
+    x, weights, res = dispatch(1)
+    message = None
+    td.shmem.set_wait_timeout(0.05)
+    try:
+        if td.rank() == 0:
+            ep_combine(res.x, res.handle, config=cfg)
+            try:
+                td.shmem.check_errors()
+            except td.shmem.WaitTimeoutError as exc:
+                message = str(exc)
+    finally:
+        td.shmem.set_wait_timeout(60)
+    td.shmem.reset()
+    for i in range(2, 4):
+        ok &= correct(*dispatch(i))
+    return ok, message
+
+
+def test_recovers_after_a_failed_call(ranks):
+    (ok0, message), (ok1, none) = ranks(2, _recovers_after_a_failed_call)
+    assert ok0 and ok1 and none is None
+    assert message is not None and "rank 0" in message and "ep.combine_ready" in message, message
+
+
 def _bad_input():
     dev = td.shmem.device()
     x = torch.randn(3, 8, device=dev)

@@ -539,11 +539,12 @@ class _Workspace:
         self.token_pos = torch.full((max_tokens, w), -1, dtype=torch.int32, device=dev)
         self.chunk_counts = torch.zeros((MAX_CHUNKS, ep + self.w_pad), dtype=torch.int32, device=dev)
         self.chunk_prefix = torch.zeros_like(self.chunk_counts)
-        self.counted = torch.zeros((MAX_CHUNKS,), dtype=torch.int32, device=dev)  # layout flags (epochs)
+        self.counted = shmem.counters(MAX_CHUNKS, name=name + "counted")  # layout flags (epochs)
         self.state = shmem.counters(2, name=name + "epoch")
         self.combine_state = shmem.counters(2, name=name + "combine_epoch")
-        self.combine_claims = torch.zeros((1,), dtype=torch.int32, device=dev)  # combine's next unit to take
-        self.dispatch_claims = torch.zeros((1,), dtype=torch.int32, device=dev)  # dispatch's next unit to take
+        # the receivers' next unit to take (shmem.counters: td.shmem.reset() zeroes them after a failed call)
+        self.combine_claims = shmem.counters(1, name=name + "combine_claims")
+        self.dispatch_claims = shmem.counters(1, name=name + "dispatch_claims")
         self.calls = 0  # host count of dispatches: a handle from an older one is stale
         self.last = None  # the EpHandle of the latest dispatch, for the torch op's combine
         shmem.barrier()  # peers write into these only after every rank zeroed them
