@@ -123,9 +123,12 @@ def test_dispatch_combine_4_ranks(ranks, mode, T):
         assert problems == []
 
 
-def test_dispatch_combine_8_ranks(ranks):
-    """The all-to-all at 8 ranks (2 experts each; the last rank has no tokens): counts, layout, combine."""
-    for problems in ranks(8, _run, "zero", 3, 8, 16, 3, "float16", 1, 3):
+@pytest.mark.parametrize("config", [None, {"fused_layout": False, "num_chunks": 3, "block_h": 4, "h_parts": 2,
+                                             "combine_block_h": 4, "combine_h_parts": 2}])
+def test_dispatch_combine_8_ranks(ranks, config):
+    """The all-to-all at 8 ranks (2 experts each; the last rank has no tokens): counts, layout, combine; with the
+    default (fused) layout and with the layout launch's look-back and half-width receiver units."""
+    for problems in ranks(8, _run, "zero", 3, 8, 16, 3, "float16", 1, 3, config):
         assert problems == []
 
 
