@@ -177,13 +177,24 @@ def _slot_sum(expert_out, slots, w, hh, H, K: tl.constexpr, K_PAD: tl.constexpr,
 
 
 @triton.jit
-def _first_claim(claims, n_units, claimers, takes):
-    """Receivers take units of work in order from a per-call counter: this program's first unit, or
-    ``n_units + claimers`` (none) when it takes no part (``takes`` false)."""
+def _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP: tl.constexpr):
+    """Receivers (and with SENDERS_HELP the senders, programs [0, n_push)) take units of work in order from a
+    per-call counter: (this program's first unit, number of programs taking part). A program that takes no part
+    gets ``n_units + claimers`` (none)."""
+    claimers = n_prog if SENDERS_HELP else n_prog - n_push
     u = n_units + claimers
-    if takes:
+    if SENDERS_HELP or pid >= n_push:
         u = tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
-    return u
+    return u, claimers
+
+
+@triton.jit
+def _unit(u, h_parts, H, BH: tl.constexpr):
+    """Unit ``u`` of the receivers' work: (chunk, first column, end column); a chunk's columns come in h_parts
+    parts of whole BH tiles (the last part may be short or empty)."""
+    part_h = tl.cdiv(tl.cdiv(H, BH), h_parts) * BH
+    h_first = (u % h_parts) * part_h
+    return u // h_parts, h_first, tl.minimum(h_first + part_h, H)
 
 
 @triton.jit
@@ -362,13 +373,10 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     # ... then, (chunk, column part) units in order as they land, taken from a per-call counter (on a GPU the
     # senders join once their own chunks are out): copy each row from a peer into the token's other slot rows
-    part_h = tl.cdiv(tl.cdiv(H, BH), h_parts) * BH
     n_units = n_chunks * h_parts
-    claimers = n_prog if SENDERS_HELP else n_prog - n_push
-    u = _first_claim(claims, n_units, claimers, SENDERS_HELP or pid >= n_push)
+    u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
-        c = u // h_parts
-        h_first = (u % h_parts) * part_h
+        c, h_first, h_end = _unit(u, h_parts, H, BH)
         dl.wait(arrived + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
         _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
         for i in range(world - 1):
@@ -384,7 +392,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                     tl.store(recv_weights + slots, tl.load(recv_w + rec, mask=m, other=0.0), mask=slots >= 0)
                 first = tl.min(tl.where(slots >= 0, slots, _BIG), axis=1)
                 has = first < _BIG
-                for h0 in range(h_first, tl.minimum(h_first + part_h, H), BH):
+                for h0 in range(h_first, h_end, BH):
                     hh = h0 + tl.arange(0, BH)
                     hm = hh[None, :] < H
                     tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :], mask=has[:, None] & hm)
@@ -446,13 +454,10 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
     # tokens in order, one at a time, from a per-call counter, so that senders that finish early share the
     # receivers' remaining work; column parts keep the last units short (the tail after the last chunk lands)
     chunk = tl.cdiv(T, n_chunks)
-    part_h = tl.cdiv(tl.cdiv(H, BH), h_parts) * BH
     n_units = n_chunks * h_parts
-    claimers = n_prog if SENDERS_HELP else n_prog - n_push
-    u = _first_claim(claims, n_units, claimers, SENDERS_HELP or pid >= n_push)
+    u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
-        c = u // h_parts
-        h_first = (u % h_parts) * part_h
+        c, h_first, h_end = _unit(u, h_parts, H, BH)
         c0 = tl.minimum(c * chunk, T)
         c1 = tl.minimum(c0 + chunk, T)
         for t0 in range(c0, c1, BT):
@@ -465,7 +470,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
             rec = (me * max_tokens + p_me[:, None]) * K + kk[None, :]
             slots = tl.load(recv_slots + rec, mask=m, other=-1)
             w = tl.load(recv_w + rec, mask=m, other=0.0)
-            for h0 in range(h_first, tl.minimum(h_first + part_h, H), BH):
+            for h0 in range(h_first, h_end, BH):
                 hh = h0 + tl.arange(0, BH)
                 hm = hh[None, :] < H
                 # this rank's partial, rounded like the partials that crossed the link
