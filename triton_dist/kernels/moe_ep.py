@@ -659,6 +659,12 @@ def _h_parts(h_parts):
     return h_parts
 
 
+def _senders_help(n_prog, t):
+    """Whether a launch's senders may join its receivers: on a GPU, with every program resident at once (a
+    waiting sender must not keep a peer's sender off the GPU); never under the interpreter."""
+    return t.is_cuda and n_prog <= num_sms(t.device.index)
+
+
 def _register_cap(maxnreg, t):
     """Launch options for a register cap per thread (GPU only; the interpreter has no registers)."""
     return {"maxnreg": int(maxnreg)} if maxnreg and t.device.type == "cuda" else {}
@@ -738,7 +744,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
             ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
             ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
             RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
-            SENDERS_HELP=x.is_cuda and n_prog <= num_sms(x.device.index),
+            SENDERS_HELP=_senders_help(n_prog, x),
             TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **_register_cap(cfg["maxnreg"], x),
             **common)
         return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
@@ -800,15 +806,14 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     if not 1 <= n_push < n_prog:
         raise ValueError(f"need 1 <= combine_push < combine_programs, got {n_push}, {n_prog}")
     _check_timeline(timeline, expert_out.device, n_prog)
-    senders_help = expert_out.is_cuda and n_prog <= num_sms(expert_out.device.index)  # every program resident
     h_parts = _h_parts(cfg["combine_h_parts"])
     ep_combine_kernel[(n_prog,)](
         expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push, ws.recv_slots, ws.recv_w,
         ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_claims, ws.combine_state,
         shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
-        K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS, SENDERS_HELP=senders_help,
-        TIMELINE=timeline is not None, num_warps=int(cfg["combine_warps"]),
-        **_register_cap(cfg["combine_maxnreg"], expert_out))
+        K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
+        SENDERS_HELP=_senders_help(n_prog, expert_out), TIMELINE=timeline is not None,
+        num_warps=int(cfg["combine_warps"]), **_register_cap(cfg["combine_maxnreg"], expert_out))
     return y
 
 
