@@ -47,11 +47,14 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
     # ~17 us there: fewer senders.
     # run21-23: 128/60 244-246 us, 132/64 231 (default 229-233). Column parts of the receivers' units (senders
     # help receiving): 1 and 4 against the default 2.
-    4096: [(128, 64, 256, 512, 16, 8, False, None, 1), (128, 64, 256, 512, 16, 8, False, None, 4)],
+    4096: [(128, 64, 256, 512, 16, 8, False, None, 1), (128, 64, 256, 512, 16, 8, False, None, 4),
+           # senders take chunks from a counter (default) or a fixed stripe each; balance allows other splits
+           {"dynamic_send": False}, {"num_chunks": 512, "block_tokens": 8}, {"push_programs": 72},
+           {"push_programs": 56}],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
-    128: [(132, 66, 32, 1024, 4, 8, False), (128, 64, 64, 1024, 2, 8, False)],
+    128: [(132, 66, 32, 1024, 4, 8, False), (128, 64, 64, 1024, 2, 8, False), {"dynamic_send": False}],
 }
 COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps
     # [, maxnreg, h_parts]),
@@ -66,25 +69,33 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run20: 128/64 w16 230 us, 132/66 w16 230, 128/64 w8 238. Receivers end ~45 us after the senders: more
     # receivers.
     # run23 (senders help the receivers): 56-60 senders 237-240 us (default 226). Column parts per unit of work:
-    4096: [(128, 64, 512, 16, 16, None, 1), (128, 64, 512, 16, 16, None, 4), (128, 64, 512, 16, 16, None, 7)],
+    4096: [(128, 64, 512, 16, 16, None, 1), (128, 64, 512, 16, 16, None, 4), {"combine_dynamic_send": False},
+           {"combine_push": 72}, {"combine_push": 56}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
-    128: [(128, 64, 1024, 2, 16)],
-}
+    128: [(128, 64, 1024, 2, 16), {"combine_dynamic_send": False}],
+}  # (an entry may also be a dict of knobs)
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
                   "fused_layout", "maxnreg", "h_parts")
 _COMBINE_KEYS = ("combine_programs", "combine_push", "combine_block_h", "combine_block_tokens", "combine_warps",
                  "combine_maxnreg", "combine_h_parts")
 
 
+def _knobs(default, keys, entry):
+    """A sweep entry (a tuple of ``keys``' values or a dict of knobs) on top of the default config."""
+    return {**default, **(entry if isinstance(entry, dict) else dict(zip(keys, entry)))}
+
+
 def _dispatch_name(c):
     return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
-            "parts{h_parts}").format(f=" fused" if c["fused_layout"] else "",
-                                     r=f" r{c['maxnreg']}" if c["maxnreg"] else "", **c)
+            "parts{h_parts}{d}").format(f=" fused" if c["fused_layout"] else "",
+                                        r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
+                                        d="" if c["dynamic_send"] else " static", **c)
 
 
 def _combine_name(c):
     return ("p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}{r} "
-            "parts{combine_h_parts}").format(r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "", **c)
+            "parts{combine_h_parts}{d}").format(r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "",
+                                                d="" if c["combine_dynamic_send"] else " static", **c)
 
 
 def _phases(stamps, n_prog, n_push, n_chunks, layout):
@@ -200,14 +211,14 @@ def main():
             return bool(flag.item())
 
         dispatch_results = []  # (config, eager us, graph us, correct)
-        for c in [default] + [{**default, **dict(zip(_DISPATCH_KEYS, s_))} for s_ in DISPATCH_SWEEP[T]]:
+        for c in [default] + [_knobs(default, _DISPATCH_KEYS, s_) for s_ in DISPATCH_SWEEP[T]]:
             t_e = time_us(dispatch_call(c))
             t_g = graph_us(dispatch_call(c))
             res = dispatch_call(c)()
             dispatch_results.append((c, t_e, t_g, correct(ep_combine(res.x, res.handle))))
         combine_results = []
         res = dispatch_call(default)()
-        for c in [default] + [{**default, **dict(zip(_COMBINE_KEYS, s_))} for s_ in COMBINE_SWEEP[T]]:
+        for c in [default] + [_knobs(default, _COMBINE_KEYS, s_) for s_ in COMBINE_SWEEP[T]]:
             t_e = time_us(lambda: ep_combine(res.x, res.handle, config=c))
             t_g = graph_us(lambda: ep_combine(res.x, res.handle, config=c))
             combine_results.append((c, t_e, t_g, correct(ep_combine(res.x, res.handle, config=c))))

@@ -421,13 +421,13 @@ _DISPATCH_SIG = dict(
     chunk_prefix="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr",
     EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
     RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr", SENDERS_HELP="constexpr",
-    TIMELINE="constexpr")
+    DYNAMIC_SEND="constexpr", TIMELINE="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
-                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused,
+                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused, DYNAMIC_SEND=not fused,
                   TIMELINE=not fused)  # with and without helping senders and stamps
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
@@ -448,8 +448,9 @@ def test_layout_and_combine_compile_for_sm90():
                recv_w="*fp32", recv_span="*i32", token_pos="*i32", partials="*bf16", ready="*i32",
                combined="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr", BT="constexpr",
                BH="constexpr", K_PAD="constexpr", W_PAD="constexpr", MAXC="constexpr", SENDERS_HELP="constexpr",
-               TIMELINE="constexpr")
+               DYNAMIC_SEND="constexpr", TIMELINE="constexpr")
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_combine_kernel", sig,
-                       dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, SENDERS_HELP=True, TIMELINE=False),
+                       dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, SENDERS_HELP=True, DYNAMIC_SEND=True,
+                            TIMELINE=False),
                        aligned=("expert_out", "y", "partials", "H"))["ops"]
     assert ops.get("ld.global.v4.b32", 0) > 0 and ops.get("st.global.v4.b32", 0) > 0, ops

@@ -203,6 +203,17 @@ def _next_claim(claims):
 
 
 @triton.jit
+def _send_claim(claims, c, n_push, DYNAMIC: tl.constexpr):
+    """A sender's next chunk after chunk ``c`` (start with ``c = pid - n_push``): taken from the per-call counter
+    ``claims`` (DYNAMIC: programs that send faster take more chunks), or ``c + n_push`` (a fixed stripe)."""
+    if DYNAMIC:
+        c = tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
+    else:
+        c += n_push
+    return c
+
+
+@triton.jit
 def _end_claims(claims, u, n_units, claimers):
     """``u``: this program's failed claim. The call's last claim (every claimer's last one fails) resets the
     counter for the next call."""
@@ -257,8 +268,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
-                       SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr):
-    """Programs [0, n_push) send chunks c = pid, pid + n_push, ... in order; the others receive: they mark the
+                       SENDERS_HELP: tl.constexpr, DYNAMIC_SEND: tl.constexpr, TIMELINE: tl.constexpr):
+    """Programs [0, n_push) send chunks in order (taken from a per-call counter: claims[1]); the others receive: they mark the
     rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks land."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
@@ -299,7 +310,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     if pid < n_push:
         # SEND: one row per (token, remote rank) to the token's first slot row there, plus its slot record;
         # rows for this rank go straight into all their slot rows
-        for c in range(pid, n_chunks, n_push):
+        c = _send_claim(claims + 1, pid - n_push, n_push, DYNAMIC_SEND)
+        while c < n_chunks:
             c0 = tl.minimum(c * chunk, T)
             c1 = tl.minimum(c0 + chunk, T)
             if FUSED_LAYOUT:
@@ -356,6 +368,9 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 if d != me:
                     dl.signal(arrived + me * MAXC + c, epoch, d, ctx)
             _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
+            c = _send_claim(claims + 1, c, n_push, DYNAMIC_SEND)
+        if DYNAMIC_SEND:
+            _end_claims(claims + 1, c, n_chunks, n_push)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     else:
         # RECEIVE: expert id of every row (-1 = padding), zero weights on padding ...
@@ -408,7 +423,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push, recv_slots, recv_w, recv_span,
                       token_pos, partials, ready, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
-                      W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr):
+                      W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr,
+                      DYNAMIC_SEND: tl.constexpr, TIMELINE: tl.constexpr):
     """Programs [0, n_push) reduce the tokens received from peers over their slots and push one partial row
     back per token; then the others (and with SENDERS_HELP the senders too, once done) take chunks of this rank's
     tokens from the ``claims`` counter, reduce the slots held here, wait for the peers' partials and sum all of
@@ -428,7 +444,8 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
     if pid < n_push:
         dl.wait(ready + dv, epoch, ctx, mask=(dv < world) & (dv != me))
         _stamp(timeline, TL_PROGRAM + 4 * pid + 1, TIMELINE)
-        for c in range(pid, n_chunks, n_push):
+        c = _send_claim(claims + 1, pid - n_push, n_push, DYNAMIC_SEND)
+        while c < n_chunks:
             for i in range(world - 1):  # peers only: this rank's own partials are summed by its receivers
                 s = (me + 1 + i) % world
                 p0 = tl.load(recv_span + (s * MAXC + c) * 2)
@@ -449,6 +466,9 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
                         dl.put(dst + hh[None, :], acc.to(partials.dtype.element_ty), s, ctx, mask=pm[:, None] & hm)
                 dl.signal(combined + me * MAXC + c, epoch, s, ctx)
             _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
+            c = _send_claim(claims + 1, c, n_push, DYNAMIC_SEND)
+        if DYNAMIC_SEND:
+            _end_claims(claims + 1, c, n_chunks, n_push)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     # RECEIVE, every program (senders once their chunks are out): take units (chunk c, column part) of this rank's
     # tokens in order, one at a time, from a per-call counter, so that senders that finish early share the
@@ -548,8 +568,9 @@ class _Workspace:
         self.state = shmem.counters(2, name=name + "epoch")
         self.combine_state = shmem.counters(2, name=name + "combine_epoch")
         # the receivers' next unit to take (shmem.counters: td.shmem.reset() zeroes them after a failed call)
-        self.combine_claims = shmem.counters(1, name=name + "combine_claims")
-        self.dispatch_claims = shmem.counters(1, name=name + "dispatch_claims")
+        # [0]: the receivers' next unit, [1]: the senders' next chunk
+        self.combine_claims = shmem.counters(2, name=name + "combine_claims")
+        self.dispatch_claims = shmem.counters(2, name=name + "dispatch_claims")
         self.calls = 0  # host count of dispatches: a handle from an older one is stale
         self.last = None  # the EpHandle of the latest dispatch, for the torch op's combine
         shmem.barrier()  # peers write into these only after every rank zeroed them
@@ -594,7 +615,8 @@ def default_config(max_tokens, hidden, device_type):
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "h_parts": 2, "combine_programs": 128, "combine_push": 64,
                "combine_warps": 16, "combine_h_parts": 2}
-    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "h_parts": 1, "combine_h_parts": 1,
+    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "dynamic_send": True,
+            "combine_dynamic_send": True, "h_parts": 1, "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
@@ -744,7 +766,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
             ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
             ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
             RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
-            SENDERS_HELP=_senders_help(n_prog, x),
+            SENDERS_HELP=_senders_help(n_prog, x), DYNAMIC_SEND=bool(cfg["dynamic_send"]),
             TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **_register_cap(cfg["maxnreg"], x),
             **common)
         return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
@@ -812,7 +834,8 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
         ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_claims, ws.combine_state,
         shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
-        SENDERS_HELP=_senders_help(n_prog, expert_out), TIMELINE=timeline is not None,
+        SENDERS_HELP=_senders_help(n_prog, expert_out), DYNAMIC_SEND=bool(cfg["combine_dynamic_send"]),
+        TIMELINE=timeline is not None,
         num_warps=int(cfg["combine_warps"]), **_register_cap(cfg["combine_maxnreg"], expert_out))
     return y
 
