@@ -49,8 +49,7 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
     # help receiving): 1 and 4 against the default 2.
     4096: [(128, 64, 256, 512, 16, 8, False, None, 1), (128, 64, 256, 512, 16, 8, False, None, 4),
            # senders take chunks from a counter (default) or a fixed stripe each; balance allows other splits
-           {"dynamic_send": False}, {"num_chunks": 512, "block_tokens": 8}, {"push_programs": 72},
-           {"push_programs": 56}],
+           {"dynamic_send": False}, {"layout_chunks": 8}, {"layout_chunks": 32}, {"layout_chunks": 4}],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
@@ -69,8 +68,9 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run20: 128/64 w16 230 us, 132/66 w16 230, 128/64 w8 238. Receivers end ~45 us after the senders: more
     # receivers.
     # run23 (senders help the receivers): 56-60 senders 237-240 us (default 226). Column parts per unit of work:
-    4096: [(128, 64, 512, 16, 16, None, 1), (128, 64, 512, 16, 16, None, 4), {"combine_dynamic_send": False},
-           {"combine_push": 72}, {"combine_push": 56}],
+    # run26: 128/56 210 us, 128/72 228 (default 64: 222), a fixed stripe of chunks per sender 218.
+    4096: [(128, 64, 512, 16, 16, None, 1), {"combine_dynamic_send": False}, {"combine_push": 56},
+           {"combine_push": 48}, {"combine_push": 56, "combine_dynamic_send": False}, {"combine_push": 52}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16), {"combine_dynamic_send": False}],
 }  # (an entry may also be a dict of knobs)

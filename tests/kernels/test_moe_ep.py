@@ -133,13 +133,21 @@ def test_dispatch_combine_8_ranks(ranks, config):
 
 
 def test_two_launch_layout_and_uneven_chunks(ranks):
-    """The layout launch (default for max_tokens > 256; its look-back over 5 odd-sized chunks takes two steps
-    of 4 on CPU); 2 senders + 1 receiver copying each chunk's 32 columns in 2 parts; combine with its own knobs
-    (3 senders + 1 receiver, 4-token blocks, each chunk's columns taken in 3 parts: 16, 16 and an empty one)."""
-    cfg = {"fused_layout": False, "num_chunks": 5, "num_programs": 3, "push_programs": 2, "block_tokens": 2,
-           "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4,
+    """The layout launch (default for max_tokens > 256; one chunk per layout program here: the look-back over 5
+    odd-sized chunks takes two steps of 4 on CPU); 2 senders + 1 receiver copying each chunk's 32 columns in 2
+    parts; combine with its own knobs (3 senders + 1 receiver, 4-token blocks, each chunk's columns taken in 3
+    parts: 16, 16 and an empty one)."""
+    cfg = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "num_programs": 3, "push_programs": 2,
+           "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4,
            "combine_block_h": 8, "combine_h_parts": 3}
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, cfg):
+        assert problems == []
+
+
+def test_layout_counts_long_chunks_in_steps(ranks):
+    """Chunks of more than 256 tokens: the layout counts them in steps of 256 (here 301 and 299 tokens)."""
+    cfg = {"fused_layout": False, "num_chunks": 2, "block_tokens": 64, "block_h": 8}
+    for problems in ranks(2, _run, "random", 600, 8, 8, 2, "float32", 1, 5, cfg):
         assert problems == []
 
 
@@ -345,7 +353,7 @@ def _gpu_timeline():
         per_chunk = -(-T // cfg["num_chunks"])
         chunk = chunk[:-(-T // per_chunk)]  # the chunks that hold tokens (combine's receivers skip the others)
         ok &= bool((chunk[:, :3] >= prog[:, 0].min()).all() and (chunk[:, :3] <= prog[:, 3].max()).all())
-    lay = st[0, moe_ep.TL_LAYOUT:].view(-1, 2)[:cfg["num_chunks"]]
+    lay = st[0, moe_ep.TL_LAYOUT:].view(-1, 2)[:-(-cfg["num_chunks"] // cfg["layout_chunks"])]  # per program
     ok &= bool((lay[:, 0] > 0).all() and (lay[:, 1] >= lay[:, 0]).all())
     return ok
 
@@ -438,11 +446,11 @@ def test_dispatch_compiles_for_sm90(fused):
 
 def test_layout_and_combine_compile_for_sm90():
     sig = dict(topk_idx="*i32", chunk_counts="*i32", chunk_prefix="*i32", counted="*i32", all_counts="*i32",
-               counts_ready="*i32", state="*i32", T="i32", E="i32", ctx="*i64", timeline="*i64", K="constexpr",
-               EL="constexpr", BT="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
-               QB="constexpr", TIMELINE="constexpr")
+               counts_ready="*i32", state="*i32", T="i32", E="i32", n_chunks="i32", ctx="*i64", timeline="*i64",
+               K="constexpr", EL="constexpr", TB="constexpr", K_PAD="constexpr", EL_PAD="constexpr",
+               W_PAD="constexpr", CG="constexpr", QB="constexpr", TIMELINE="constexpr")
     compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
-                 dict(K=8, EL=32, BT=16, K_PAD=8, EL_PAD=32, W_PAD=2, QB=128, TIMELINE=True))
+                 dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=16, QB=16, TIMELINE=True))
     sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32",
                n_push="i32", recv_slots="*i32",
                recv_w="*fp32", recv_span="*i32", token_pos="*i32", partials="*bf16", ready="*i32",

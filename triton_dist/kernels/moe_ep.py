@@ -223,41 +223,65 @@ def _end_claims(claims, u, n_units, claimers):
 
 # ----------------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, state, T, E, ctx,
-                     timeline, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
-                     EL_PAD: tl.constexpr, W_PAD: tl.constexpr, QB: tl.constexpr, TIMELINE: tl.constexpr):
-    """Program c counts token chunk c into chunk_counts[c] (slots per padded expert, tokens per destination rank)
-    and raises counted[c]; then it waits for the chunks before it and sums their rows into chunk_prefix[c] (where
-    chunk c's rows start). Every program does its own look-back in parallel (earlier programs only: they run
-    first); the last one, whose prefix plus its own counts are the totals, pushes them to every rank."""
-    c = tl.program_id(0)
-    n_chunks = tl.num_programs(0)
-    _stamp(timeline, TL_LAYOUT + 2 * c, TIMELINE)
+def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, state, T, E, n_chunks,
+                     ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr, K_PAD: tl.constexpr,
+                     EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr, QB: tl.constexpr,
+                     TIMELINE: tl.constexpr):
+    """Program g counts the CG token chunks [g * CG, g * CG + CG) in one pass (histograms keyed by chunk and
+    padded expert / destination rank: every token of the group loaded at once), writes each chunk's offset
+    inside the group, stores the group's totals into chunk_counts[g] and raises counted[g]; then it waits for
+    the groups before it and adds the sum of their totals: chunk_prefix[c] = where chunk c's rows start. Every
+    program does its own look-back in parallel (earlier programs only: they run first); the last one, whose
+    prefix plus its own totals are the call's totals, pushes them to every rank."""
+    g = tl.program_id(0)
+    n_groups = tl.num_programs(0)
+    _stamp(timeline, TL_LAYOUT + 2 * g, TIMELINE)
     EP: tl.constexpr = W_PAD * EL_PAD
     ROW: tl.constexpr = EP + W_PAD
     epoch = dl.call_epoch(state)
     chunk = tl.cdiv(T, n_chunks)
-    c0 = tl.minimum(c * chunk, T)
-    per_expert, per_rank = _count(topk_idx, c0, tl.minimum(c0 + chunk, T), E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
-    ev = tl.arange(0, EP)
+    kk = tl.arange(0, K_PAD)
     dv = tl.arange(0, W_PAD)
-    tl.store(chunk_counts + c * ROW + ev, per_expert)
-    tl.store(chunk_counts + c * ROW + EP + dv, per_rank)
+    i = tl.arange(0, CG * TB) // TB  # (chunk i of the group, token j of its block): [CG * TB] at once
+    j = tl.arange(0, CG * TB) % TB
+    per_expert = tl.zeros([CG, EP], dtype=tl.int32)
+    per_rank = tl.zeros([CG, W_PAD], dtype=tl.int32)
+    for j0 in range(0, chunk, TB):  # one step unless a chunk has more than TB tokens
+        t = (g * CG + i) * chunk + j0 + j
+        m = ((j0 + j < chunk) & (g * CG + i < n_chunks) & (t < T))[:, None] & (kk[None, :] < K)
+        e = tl.load(topk_idx + t[:, None] * K + kk[None, :], mask=m, other=-1).to(tl.int32)
+        ok = (e >= 0) & (e < E) & m
+        owner = tl.where(ok, e // EL, -1)
+        key_e = tl.where(ok, i[:, None] * EP + owner * EL_PAD + e % EL, 0)  # (chunk, padded expert)
+        per_expert += tl.reshape(tl.histogram(tl.reshape(key_e, (CG * TB * K_PAD,)), CG * EP,
+                                              mask=tl.reshape(ok, (CG * TB * K_PAD,))), (CG, EP))
+        goes = tl.max((owner[:, :, None] == dv[None, None, :]).to(tl.int32), axis=1) > 0  # [CG * TB, W_PAD]
+        key_r = i[:, None] * W_PAD + dv[None, :]  # (chunk, destination rank)
+        per_rank += tl.reshape(tl.histogram(tl.reshape(key_r, (CG * TB * W_PAD,)), CG * W_PAD,
+                                            mask=tl.reshape(goes, (CG * TB * W_PAD,))), (CG, W_PAD))
+    ev = tl.arange(0, EP)
+    tl.store(chunk_counts + g * ROW + ev, tl.sum(per_expert, axis=0))
+    tl.store(chunk_counts + g * ROW + EP + dv, tl.sum(per_rank, axis=0))
     tl.debug_barrier()
-    tl.atomic_xchg(counted + c, epoch, sem="release", scope="gpu")
+    tl.atomic_xchg(counted + g, epoch, sem="release", scope="gpu")
     before_e = tl.zeros([EP], dtype=tl.int32)
     before_r = tl.zeros([W_PAD], dtype=tl.int32)
-    for q0 in range(0, c, QB):
+    for q0 in range(0, g, QB):
         q = q0 + tl.arange(0, QB)
-        dl.wait(counted + q, epoch, ctx, mask=q < c)
-        m = q[:, None] < c
-        before_e += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + ev[None, :], mask=m, other=0), axis=0)
-        before_r += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + EP + dv[None, :], mask=m, other=0), axis=0)
-    tl.store(chunk_prefix + c * ROW + ev, before_e)
-    tl.store(chunk_prefix + c * ROW + EP + dv, before_r)
-    if c == n_chunks - 1:
-        _publish_counts(before_e + per_expert, all_counts, counts_ready, epoch % 2, epoch, ctx, W_PAD, EL_PAD)
-    _stamp(timeline, TL_LAYOUT + 2 * c + 1, TIMELINE)
+        dl.wait(counted + q, epoch, ctx, mask=q < g)
+        mq = q[:, None] < g
+        before_e += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + ev[None, :], mask=mq, other=0), axis=0)
+        before_r += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + EP + dv[None, :], mask=mq, other=0), axis=0)
+    c = g * CG + tl.arange(0, CG)
+    mc = (c < n_chunks)[:, None]
+    tl.store(chunk_prefix + c[:, None] * ROW + ev[None, :],
+             before_e[None, :] + tl.cumsum(per_expert, axis=0) - per_expert, mask=mc)
+    tl.store(chunk_prefix + c[:, None] * ROW + EP + dv[None, :],
+             before_r[None, :] + tl.cumsum(per_rank, axis=0) - per_rank, mask=mc)
+    if g == n_groups - 1:
+        _publish_counts(before_e + tl.sum(per_expert, axis=0), all_counts, counts_ready, epoch % 2, epoch, ctx,
+                        W_PAD, EL_PAD)
+    _stamp(timeline, TL_LAYOUT + 2 * g + 1, TIMELINE)
 
 
 @triton.jit
@@ -602,7 +626,7 @@ def default_config(max_tokens, hidden, device_type):
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
-               "num_warps": 4, "fused_layout": max_tokens <= 256, "eager_graph": False}
+               "num_warps": 4, "fused_layout": max_tokens <= 256, "eager_graph": False, "layout_chunks": 2}
     elif max_tokens <= 256:  # decode-sized batches: small chunks, wide copies, every SM (2xH200, T=128, per call
         # in a graph of 20: dispatch 24 us, combine 19 us, runs 21-24; the fused layout was slower: 122 us)
         cfg = {"num_chunks": 64, "num_programs": 132, "push_programs": 66, "block_h": 1024, "block_tokens": 2,
@@ -615,7 +639,7 @@ def default_config(max_tokens, hidden, device_type):
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "h_parts": 2, "combine_programs": 128, "combine_push": 64,
                "combine_warps": 16, "combine_h_parts": 2}
-    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "dynamic_send": True,
+    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "dynamic_send": True, "layout_chunks": 16,
             "combine_dynamic_send": True, "h_parts": 1, "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
@@ -739,7 +763,10 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
     bt = triton.next_power_of_2(max(1, bt))
     bt_count = triton.next_power_of_2(max(1, min(8192 // (k_pad * ep), max_tokens)))  # tokens per counting step
-    bt_layout = triton.next_power_of_2(min(bt_count, triton.cdiv(max_tokens, n_chunks)))
+    # layout programs: cg chunks each, counted tb tokens of every chunk at a time (at most 4096 tokens per step)
+    tb_layout = min(triton.next_power_of_2(triton.cdiv(max_tokens, n_chunks)), 256)
+    cg = min(triton.next_power_of_2(min(int(cfg["layout_chunks"]), n_chunks)), 4096 // tb_layout)
+    n_groups = triton.cdiv(n_chunks, cg)
     bh = min(triton.next_power_of_2(int(cfg["block_h"])), triton.next_power_of_2(H))
     if T == 0:  # keep real pointers for the kernels; nothing is read
         x = torch.zeros((1, H), dtype=x.dtype, device=x.device)
@@ -755,11 +782,12 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
 
     def launch(x, idx, wts):
         if not fused:
-            ep_layout_kernel[(n_chunks,)](
+            ep_layout_kernel[(n_groups,)](
                 idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
-                num_experts, ctx, ws.state if timeline is None else timeline,
-                QB=min(triton.next_power_of_2(n_chunks), 128 if x.device.type == "cuda" else 4),
-                TIMELINE=timeline is not None, num_warps=4, **{**common, "BT": bt_layout})
+                num_experts, n_chunks, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
+                QB=min(triton.next_power_of_2(n_groups), 128 if x.device.type == "cuda" else 4),
+                TIMELINE=timeline is not None, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad, EL_PAD=ws.el_pad,
+                W_PAD=ws.w_pad)
         ep_dispatch_kernel[(n_prog,)](
             x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts, n_push,
             ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
