@@ -113,8 +113,9 @@ def _phases(stamps, n_prog, n_push, n_chunks, layout):
            "chunk sent": spread(chunk[:, 0]), "chunk seen": spread(chunk[:, 1]),
            "chunk done": spread(chunk[:, 2]), "programs end": spread(prog[:, 3])}
     if layout:
-        lay = stamps[moe_ep.TL_LAYOUT:].view(-1, 2)[:n_chunks].double()
-        out = {"layout start": spread(lay[:, 0]), "layout end": spread(lay[:, 1]), **out}
+        lay = stamps[moe_ep.TL_LAYOUT:].view(-1, 4)[:n_chunks].double()
+        out = {"layout start": spread(lay[:, 0]), "layout counted": spread(lay[:, 1]),
+               "layout prefix known": spread(lay[:, 2]), "layout end": spread(lay[:, 3]), **out}
     return out
 
 

@@ -353,8 +353,8 @@ def _gpu_timeline():
         per_chunk = -(-T // cfg["num_chunks"])
         chunk = chunk[:-(-T // per_chunk)]  # the chunks that hold tokens (combine's receivers skip the others)
         ok &= bool((chunk[:, :3] >= prog[:, 0].min()).all() and (chunk[:, :3] <= prog[:, 3].max()).all())
-    lay = st[0, moe_ep.TL_LAYOUT:].view(-1, 2)[:-(-cfg["num_chunks"] // cfg["layout_chunks"])]  # per program
-    ok &= bool((lay[:, 0] > 0).all() and (lay[:, 1] >= lay[:, 0]).all())
+    lay = st[0, moe_ep.TL_LAYOUT:].view(-1, 4)[:-(-cfg["num_chunks"] // cfg["layout_chunks"])]  # per program
+    ok &= bool((lay[:, 0] > 0).all() and (lay[:, 1:] >= lay[:, :-1]).all())
     return ok
 
 

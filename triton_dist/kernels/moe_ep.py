@@ -81,12 +81,13 @@ MAX_CHUNKS = 1024  # flags and chunk tables are sized for this many token chunks
 # ns at each phase boundary, for tuning. Per program p: [TL_PROGRAM + 4p + i], i = 0 start, 1 counts known (dispatch)
 # / peers ready (combine senders), 2 all chunks sent (senders) / expert ids marked (dispatch receivers), 3 end.
 # Per chunk c: [TL_CHUNK + 4c + i], i = 0 sent and flagged, 1 its flags seen by a receiver, 2 received and done.
-# Layout program c (dispatch's timeline): [TL_LAYOUT + 2c + i], i = 0 start, 1 end.
+# Layout program g (dispatch's timeline): [TL_LAYOUT + 4g + i], i = 0 start, 1 its chunks counted, 2 prefix known
+# (look-back done), 3 end.
 MAX_TIMELINE_PROGRAMS = 512
 TL_PROGRAM = tl.constexpr(0)
 TL_CHUNK = tl.constexpr(4 * MAX_TIMELINE_PROGRAMS)
 TL_LAYOUT = tl.constexpr(4 * MAX_TIMELINE_PROGRAMS + 4 * MAX_CHUNKS)
-TIMELINE_SLOTS = 4 * MAX_TIMELINE_PROGRAMS + 6 * MAX_CHUNKS
+TIMELINE_SLOTS = 4 * MAX_TIMELINE_PROGRAMS + 8 * MAX_CHUNKS
 _BIG = tl.constexpr(2**30)  # "no row" in min-reductions
 
 
@@ -235,7 +236,7 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
     prefix plus its own totals are the call's totals, pushes them to every rank."""
     g = tl.program_id(0)
     n_groups = tl.num_programs(0)
-    _stamp(timeline, TL_LAYOUT + 2 * g, TIMELINE)
+    _stamp(timeline, TL_LAYOUT + 4 * g, TIMELINE)
     EP: tl.constexpr = W_PAD * EL_PAD
     ROW: tl.constexpr = EP + W_PAD
     epoch = dl.call_epoch(state)
@@ -259,6 +260,7 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
         key_r = i[:, None] * W_PAD + dv[None, :]  # (chunk, destination rank)
         per_rank += tl.reshape(tl.histogram(tl.reshape(key_r, (CG * TB * W_PAD,)), CG * W_PAD,
                                             mask=tl.reshape(goes, (CG * TB * W_PAD,))), (CG, W_PAD))
+    _stamp(timeline, TL_LAYOUT + 4 * g + 1, TIMELINE)
     ev = tl.arange(0, EP)
     tl.store(chunk_counts + g * ROW + ev, tl.sum(per_expert, axis=0))
     tl.store(chunk_counts + g * ROW + EP + dv, tl.sum(per_rank, axis=0))
@@ -272,6 +274,7 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
         mq = q[:, None] < g
         before_e += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + ev[None, :], mask=mq, other=0), axis=0)
         before_r += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + EP + dv[None, :], mask=mq, other=0), axis=0)
+    _stamp(timeline, TL_LAYOUT + 4 * g + 2, TIMELINE)
     c = g * CG + tl.arange(0, CG)
     mc = (c < n_chunks)[:, None]
     tl.store(chunk_prefix + c[:, None] * ROW + ev[None, :],
@@ -281,7 +284,7 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
     if g == n_groups - 1:
         _publish_counts(before_e + tl.sum(per_expert, axis=0), all_counts, counts_ready, epoch % 2, epoch, ctx,
                         W_PAD, EL_PAD)
-    _stamp(timeline, TL_LAYOUT + 2 * g + 1, TIMELINE)
+    _stamp(timeline, TL_LAYOUT + 4 * g + 3, TIMELINE)
 
 
 @triton.jit

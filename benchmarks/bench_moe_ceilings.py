@@ -1,0 +1,117 @@
+"""How close are ep_dispatch / ep_combine to the hardware? (torchrun --nproc-per-node=2 benchmarks/bench_moe_ceilings.py)
+
+The bytes of the MoE benchmark at T=4096 tokens per rank (H=7168, bf16, top-8, 2 ranks), moved by plain Triton
+kernels with the same tiles and programs as our kernels but no layout, flags or bookkeeping:
+  scatter   read each of T rows once, write it to 8 distinct random rows of an [8T, H] buffer: the HBM writes of a
+            dispatch on one rank (its own 4 slot rows per token + the peer's ~4 per token landing here).
+  gather    y[t] = sum of 8 weighted random rows of an [8T, H] buffer: the expert-output reads and y writes of a
+            combine on one rank.
+  push      every row to the other rank (one store per row over NVLink, both ranks at once): the link bytes of
+            a dispatch or a combine; with 64 and with 128 programs.
+Each is timed per call from a CUDA graph of 20 calls (device time), median of 20 replays, max over ranks.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+import triton_dist as td
+import triton_dist.language as dl
+from harness import record
+from triton_dist import shmem
+from triton_dist.timing import graph_us
+
+T, H, K = 4096, 7168, 8
+BT, BH = 16, 512
+
+
+@triton.jit
+def scatter_kernel(x, out, rows, T, H, K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+    for t0 in range(tl.program_id(0) * BT, T, tl.num_programs(0) * BT):
+        t = t0 + tl.arange(0, BT)
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            tile = tl.load(x + t[:, None].to(tl.int64) * H + hh[None, :], mask=t[:, None] < T)
+            for j in tl.static_range(K):
+                r = tl.load(rows + t * K + j, mask=t < T)
+                tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=t[:, None] < T)
+
+
+@triton.jit
+def gather_kernel(src, y, rows, w, T, H, K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+    for t0 in range(tl.program_id(0) * BT, T, tl.num_programs(0) * BT):
+        t = t0 + tl.arange(0, BT)
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            acc = tl.zeros([BT, BH], dtype=tl.float32)
+            for j in tl.static_range(K):
+                r = tl.load(rows + t * K + j, mask=t < T)
+                wj = tl.load(w + t * K + j, mask=t < T, other=0.0)
+                v = tl.load(src + r[:, None].to(tl.int64) * H + hh[None, :], mask=t[:, None] < T, other=0.0)
+                acc += wj[:, None] * v.to(tl.float32)
+            tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty), mask=t[:, None] < T)
+
+
+@triton.jit
+def push_kernel(x, dst, T, H, ctx, BT: tl.constexpr, BH: tl.constexpr):
+    peer = (dl.rank(ctx) + 1) % dl.num_ranks(ctx)
+    for t0 in range(tl.program_id(0) * BT, T, tl.num_programs(0) * BT):
+        t = t0 + tl.arange(0, BT)
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            offs = t[:, None].to(tl.int64) * H + hh[None, :]
+            dl.put(dst + offs, tl.load(x + offs, mask=t[:, None] < T), peer, ctx, mask=t[:, None] < T)
+
+
+def main():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    td.init(backend="cuda", heap_size=1 << 30)
+    g = torch.Generator(device="cuda").manual_seed(td.rank())
+    x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
+    big = torch.randn(K * T, H, device="cuda", generator=g).to(torch.bfloat16)
+    rows = torch.randperm(K * T, device="cuda", generator=g).to(torch.int32).view(T, K).contiguous()
+    w = torch.rand(T, K, device="cuda", generator=g)
+    y = torch.empty_like(x)
+    dst = shmem.empty((T, H), torch.bfloat16, name="ceiling.dst")
+    ctx = shmem.context()
+
+    # correctness first: each kernel against torch
+    scatter_kernel[(128,)](x, big, rows, T, H, K=K, BT=BT, BH=BH, num_warps=8)
+    gather_kernel[(128,)](big, y, rows, w, T, H, K=K, BT=BT, BH=BH, num_warps=16)
+    push_kernel[(128,)](x, dst, T, H, ctx, BT=BT, BH=BH, num_warps=8)
+    shmem.barrier()
+    ref = (w[:, :, None] * x.float()[:, None, :]).sum(1)  # big's rows of token t all hold x[t]
+    ok = torch.equal(big[rows.long()], x[:, None, :].expand(T, K, H)) and \
+        torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2)
+    every = [torch.empty_like(x) for _ in range(td.world_size())]
+    dist.all_gather(every, x)
+    peer_x = every[(td.rank() - 1) % td.world_size()]
+    ok &= torch.equal(dst, peer_x)
+    assert ok, f"rank {td.rank()}: a ceiling kernel moved the wrong bytes"
+
+    row_bytes = H * 2
+    cases = [("scatter (dispatch's HBM writes)", 128, 8, T * row_bytes + K * T * row_bytes,
+              lambda: scatter_kernel[(128,)](x, big, rows, T, H, K=K, BT=BT, BH=BH, num_warps=8)),
+             ("gather (combine's expert-row reads)", 128, 16, K * T * row_bytes + T * row_bytes,
+              lambda: gather_kernel[(128,)](big, y, rows, w, T, H, K=K, BT=BT, BH=BH, num_warps=16))]
+    for n in (64, 128):
+        cases.append((f"push to the peer, {n} programs", n, 8, T * row_bytes,
+                      lambda n=n: push_kernel[(n,)](x, dst, T, H, ctx, BT=BT, BH=BH, num_warps=8)))
+    out = []
+    for name, n, warps, nbytes, fn in cases:
+        t = torch.tensor([graph_us(fn, calls=20)], device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        us = float(t.item())
+        out.append({"kernel": name, "programs": n, "warps": warps, "MB": nbytes / 1e6, "us/call": us,
+                    "GB/s": nbytes / us / 1e3, "correct": ok})
+    record("moe_ceilings", out, notes=(
+        f"T={T} rows of H={H} bf16 per rank, tiles {BT}x{BH}; per call from a graph of 20, max over 2 ranks. "
+        "MB = bytes read + written (scatter, gather) or sent to the peer (push)."))
+    td.finalize()
+
+
+if __name__ == "__main__":
+    main()
