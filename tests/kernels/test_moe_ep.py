@@ -124,10 +124,12 @@ def test_dispatch_combine_4_ranks(ranks, mode, T):
 
 
 @pytest.mark.parametrize("config", [None, {"fused_layout": False, "num_chunks": 3, "block_h": 4, "h_parts": 2,
-                                             "combine_block_h": 4, "combine_h_parts": 2}])
+                                             "receiver_local_chunks": 1, "combine_block_h": 4,
+                                             "combine_h_parts": 2}])
 def test_dispatch_combine_8_ranks(ranks, config):
     """The all-to-all at 8 ranks (2 experts each; the last rank has no tokens): counts, layout, combine; with the
-    default (fused) layout and with the layout launch's look-back and half-width receiver units."""
+    default (fused) layout and with the layout launch's look-back, half-width receiver units and the first
+    chunk's own rows written by the receiver."""
     for problems in ranks(8, _run, "zero", 3, 8, 16, 3, "float16", 1, 3, config):
         assert problems == []
 
@@ -135,10 +137,10 @@ def test_dispatch_combine_8_ranks(ranks, config):
 def test_two_launch_layout_and_uneven_chunks(ranks):
     """The layout launch (default for max_tokens > 256; one chunk per layout program here: the look-back over 5
     odd-sized chunks takes two steps of 4 on CPU); 2 senders + 1 receiver copying each chunk's 32 columns in 2
-    parts; combine with its own knobs (3 senders + 1 receiver, 4-token blocks, each chunk's columns taken in 3
+    parts, the receiver also writing the own rows of the first 3 chunks; combine with its own knobs (3 senders + 1 receiver, 4-token blocks, each chunk's columns taken in 3
     parts: 16, 16 and an empty one)."""
     cfg = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "num_programs": 3, "push_programs": 2,
-           "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4,
+           "receiver_local_chunks": 3, "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4,
            "combine_block_h": 8, "combine_h_parts": 3}
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, cfg):
         assert problems == []
@@ -423,19 +425,20 @@ def test_gpu_cuda_graph_replay(ranks):
 # ----------------------------------------------------------------------------------------------------- sm_90
 _DISPATCH_SIG = dict(
     x="*bf16", topk_idx="*i32", topk_weights="*fp32", T="i32", H="i32", E="i32", align="i32", max_tokens="i32",
-    max_rows="i32", n_chunks="i32", h_parts="i32", n_push="i32", recv_x="*bf16", recv_slots="*i32",
+    max_rows="i32", n_chunks="i32", h_parts="i32", n_push="i32", n_local="i32", recv_x="*bf16",
+    recv_slots="*i32",
     recv_w="*fp32", recv_span="*i32", all_counts="*i32", counts_ready="*i32", arrived="*i32",
     recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32", expert_offsets="*i32", token_pos="*i32",
     chunk_prefix="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr",
     EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
     RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr", SENDERS_HELP="constexpr",
-    DYNAMIC_SEND="constexpr", TIMELINE="constexpr")
+    TIMELINE="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
-                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused, DYNAMIC_SEND=not fused,
+                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused,
                   TIMELINE=not fused)  # with and without helping senders and stamps
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
@@ -456,9 +459,8 @@ def test_layout_and_combine_compile_for_sm90():
                recv_w="*fp32", recv_span="*i32", token_pos="*i32", partials="*bf16", ready="*i32",
                combined="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr", BT="constexpr",
                BH="constexpr", K_PAD="constexpr", W_PAD="constexpr", MAXC="constexpr", SENDERS_HELP="constexpr",
-               DYNAMIC_SEND="constexpr", TIMELINE="constexpr")
+               TIMELINE="constexpr")
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_combine_kernel", sig,
-                       dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, SENDERS_HELP=True, DYNAMIC_SEND=True,
-                            TIMELINE=False),
+                       dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, SENDERS_HELP=True, TIMELINE=False),
                        aligned=("expert_out", "y", "partials", "H"))["ops"]
     assert ops.get("ld.global.v4.b32", 0) > 0 and ops.get("st.global.v4.b32", 0) > 0, ops

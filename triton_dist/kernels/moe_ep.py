@@ -150,6 +150,20 @@ def _publish_counts(per_expert, all_counts, counts_ready, parity, epoch, ctx, W_
 
 
 @triton.jit
+def _block_slots(topk_idx, t0, t_end, carry_e, base, E, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr,
+                 K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr):
+    """Tokens [t0, t0 + BT) clipped to t_end, ``carry_e`` slots of each padded expert before them: the row of each
+    (token, slot) on its owner rank (-1: none) and its owner, both [BT, K_PAD], and the block's slots per padded
+    expert (to carry on)."""
+    ev = tl.arange(0, W_PAD * EL_PAD)
+    ep, owner = _route(topk_idx, t0, t_end, E, K, EL, BT, K_PAD, EL_PAD)
+    hit = tl.reshape((ep[:, :, None] == ev[None, None, :]).to(tl.int32), (BT * K_PAD, W_PAD * EL_PAD))
+    before = tl.cumsum(hit, axis=0) - hit + (carry_e + base)[None, :]
+    slot = tl.reshape(tl.sum(before * hit, axis=1), (BT, K_PAD))
+    return tl.where(ep >= 0, slot, -1), owner, tl.sum(hit, axis=0)
+
+
+@triton.jit
 def _store_rows(recv_x, tile, slots, skip, hh, H, K: tl.constexpr, K_PAD: tl.constexpr):
     """Store a [BT, BH] tile of token rows into each token's slot rows ``slots`` [BT, K_PAD] (-1: none), except
     row ``skip`` [BT] (the one the tile came from; -1: none)."""
@@ -201,17 +215,6 @@ def _unit(u, h_parts, H, BH: tl.constexpr):
 @triton.jit
 def _next_claim(claims):
     return tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _send_claim(claims, c, n_push, DYNAMIC: tl.constexpr):
-    """A sender's next chunk after chunk ``c`` (start with ``c = pid - n_push``): taken from the per-call counter
-    ``claims`` (DYNAMIC: programs that send faster take more chunks), or ``c + n_push`` (a fixed stripe)."""
-    if DYNAMIC:
-        c = tl.atomic_add(claims, 1, sem="relaxed", scope="gpu")
-    else:
-        c += n_push
-    return c
 
 
 @triton.jit
@@ -289,15 +292,17 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
 
 @triton.jit
 def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, h_parts, n_push,
+                       n_local,
                        recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready, arrived,
                        recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_prefix,
                        claims, state, ctx, timeline,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
-                       SENDERS_HELP: tl.constexpr, DYNAMIC_SEND: tl.constexpr, TIMELINE: tl.constexpr):
-    """Programs [0, n_push) send chunks in order (taken from a per-call counter: claims[1]); the others receive: they mark the
-    rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks land."""
+                       SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr):
+    """Programs [0, n_push) send chunks in order (taken from a per-call counter: claims[1]); the others receive:
+    they mark the rows' expert ids, write this rank's own rows of the first ``n_local`` chunks (whose senders only
+    push), then copy every arrived row into its other slot rows, chunk by chunk as chunks land."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     _stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
@@ -337,7 +342,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     if pid < n_push:
         # SEND: one row per (token, remote rank) to the token's first slot row there, plus its slot record;
         # rows for this rank go straight into all their slot rows
-        c = _send_claim(claims + 1, pid - n_push, n_push, DYNAMIC_SEND)
+        c = _next_claim(claims + 1)  # senders take chunks in order: faster programs take more
         while c < n_chunks:
             c0 = tl.minimum(c * chunk, T)
             c1 = tl.minimum(c0 + chunk, T)
@@ -351,12 +356,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
             for t0 in range(c0, c1, BT):
                 t = t0 + tl.arange(0, BT)
                 tm = t < c1
-                ep, owner = _route(topk_idx, t0, c1, E, K, EL, BT, K_PAD, EL_PAD)
-                hit = tl.reshape((ep[:, :, None] == ev[None, None, :]).to(tl.int32), (BT * K_PAD, EP))
-                before = tl.cumsum(hit, axis=0) - hit + (carry_e + base)[None, :]
-                slot = tl.reshape(tl.sum(before * hit, axis=1), (BT, K_PAD))
-                slot = tl.where(ep >= 0, slot, -1)  # row of (token, slot) on its owner rank
-                carry_e += tl.sum(hit, axis=0)
+                slot, owner, n_e = _block_slots(topk_idx, t0, c1, carry_e, base, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
+                carry_e += n_e
                 at = owner[:, :, None] == dv[None, None, :]
                 goes = tl.max(at.to(tl.int32), axis=1)  # [BT, W_PAD]: token goes to rank d
                 rpos = tl.cumsum(goes, axis=0) - goes + carry_r[None, :]
@@ -385,7 +386,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                         row = _column(first, d, dv)
                         dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
                         dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
-                    _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
+                    if c >= n_local:  # (the receivers write the first n_local chunks' own rows)
+                        _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
             span = tl.arange(0, 2)
             for i in range(world):
                 d = (me + 1 + i) % world
@@ -395,9 +397,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 if d != me:
                     dl.signal(arrived + me * MAXC + c, epoch, d, ctx)
             _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
-            c = _send_claim(claims + 1, c, n_push, DYNAMIC_SEND)
-        if DYNAMIC_SEND:
-            _end_claims(claims + 1, c, n_chunks, n_push)
+            c = _next_claim(claims + 1)
+        _end_claims(claims + 1, c, n_chunks, n_push)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     else:
         # RECEIVE: expert id of every row (-1 = padding), zero weights on padding ...
@@ -413,12 +414,30 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
             tl.store(recv_expert_ids + r, eid, mask=r < r_end)
             tl.store(recv_weights + r, tl.zeros([RB], dtype=tl.float32), mask=(r < r_end) & (eid < 0))
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
-    # ... then, (chunk, column part) units in order as they land, taken from a per-call counter (on a GPU the
-    # senders join once their own chunks are out): copy each row from a peer into the token's other slot rows
-    n_units = n_chunks * h_parts
+    # ... then units of work in order, taken from a per-call counter (on a GPU the senders join once their own
+    # chunks are out): first (chunk < n_local, column part): this rank's own rows of the chunk, which need
+    # nothing from the peers (work while the first chunks are on the link); then (chunk, column part) as they
+    # land: copy each row from a peer into the token's other slot rows
+    n_units = (n_local + n_chunks) * h_parts
     u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
-    while u < n_units:
+    while u < n_local * h_parts:
         c, h_first, h_end = _unit(u, h_parts, H, BH)
+        c0 = tl.minimum(c * chunk, T)
+        c1 = tl.minimum(c0 + chunk, T)
+        carry_e = tl.load(chunk_prefix + c * ROW + ev)
+        for t0 in range(c0, c1, BT):
+            t = t0 + tl.arange(0, BT)
+            slot, owner, n_e = _block_slots(topk_idx, t0, c1, carry_e, base, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
+            carry_e += n_e
+            here = tl.where(owner == me, slot, -1)
+            for h0 in range(h_first, h_end, BH):
+                hh = h0 + tl.arange(0, BH)
+                tile = tl.load(x + t[:, None].to(tl.int64) * H + hh[None, :],
+                               mask=(t < c1)[:, None] & (hh[None, :] < H))
+                _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
+        u = _next_claim(claims)
+    while u < n_units:
+        c, h_first, h_end = _unit(u - n_local * h_parts, h_parts, H, BH)
         dl.wait(arrived + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
         _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
         for i in range(world - 1):
@@ -451,7 +470,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
                       token_pos, partials, ready, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr,
-                      DYNAMIC_SEND: tl.constexpr, TIMELINE: tl.constexpr):
+                      TIMELINE: tl.constexpr):
     """Programs [0, n_push) reduce the tokens received from peers over their slots and push one partial row
     back per token; then the others (and with SENDERS_HELP the senders too, once done) take chunks of this rank's
     tokens from the ``claims`` counter, reduce the slots held here, wait for the peers' partials and sum all of
@@ -471,7 +490,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
     if pid < n_push:
         dl.wait(ready + dv, epoch, ctx, mask=(dv < world) & (dv != me))
         _stamp(timeline, TL_PROGRAM + 4 * pid + 1, TIMELINE)
-        c = _send_claim(claims + 1, pid - n_push, n_push, DYNAMIC_SEND)
+        c = _next_claim(claims + 1)  # senders take chunks in order: faster programs take more
         while c < n_chunks:
             for i in range(world - 1):  # peers only: this rank's own partials are summed by its receivers
                 s = (me + 1 + i) % world
@@ -493,9 +512,8 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
                         dl.put(dst + hh[None, :], acc.to(partials.dtype.element_ty), s, ctx, mask=pm[:, None] & hm)
                 dl.signal(combined + me * MAXC + c, epoch, s, ctx)
             _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
-            c = _send_claim(claims + 1, c, n_push, DYNAMIC_SEND)
-        if DYNAMIC_SEND:
-            _end_claims(claims + 1, c, n_chunks, n_push)
+            c = _next_claim(claims + 1)
+        _end_claims(claims + 1, c, n_chunks, n_push)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     # RECEIVE, every program (senders once their chunks are out): take units (chunk c, column part) of this rank's
     # tokens in order, one at a time, from a per-call counter, so that senders that finish early share the
@@ -640,10 +658,10 @@ def default_config(max_tokens, hidden, device_type):
         # programs each to start with, 16x512 tiles, 16 warps (more loads in flight per SM): 218-221 us (runs 24-25;
         # 8 warps 237-242, 264 programs or uneven splits 250-336, 7 column parts 237)
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
-               "num_warps": 8, "fused_layout": False, "h_parts": 2, "combine_programs": 128, "combine_push": 64,
+               "num_warps": 8, "fused_layout": False, "h_parts": 2, "combine_programs": 128, "combine_push": 52,
                "combine_warps": 16, "combine_h_parts": 2}
-    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "dynamic_send": True, "layout_chunks": 16,
-            "combine_dynamic_send": True, "h_parts": 1, "combine_h_parts": 1,
+    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 16,
+            "receiver_local_chunks": 0, "h_parts": 1, "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
@@ -761,6 +779,9 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         raise ValueError(f"need 1 <= push_programs < num_programs, got {n_push}, {n_prog}")
     _check_timeline(timeline, x.device, n_prog)
     h_parts = _h_parts(cfg["h_parts"])
+    n_local = 0 if cfg["fused_layout"] else min(int(cfg["receiver_local_chunks"]), n_chunks)  # needs the layout
+    if n_local < 0:
+        raise ValueError(f"receiver_local_chunks must be >= 0, got {n_local}")
     k_pad = triton.next_power_of_2(K)
     ep = ws.w_pad * ws.el_pad
     bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
@@ -792,13 +813,12 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
                 TIMELINE=timeline is not None, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad, EL_PAD=ws.el_pad,
                 W_PAD=ws.w_pad)
         ep_dispatch_kernel[(n_prog,)](
-            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts, n_push,
+            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts, n_push, n_local,
             ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
             ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
             ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
             RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
-            SENDERS_HELP=_senders_help(n_prog, x), DYNAMIC_SEND=bool(cfg["dynamic_send"]),
-            TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **_register_cap(cfg["maxnreg"], x),
+            SENDERS_HELP=_senders_help(n_prog, x), TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **_register_cap(cfg["maxnreg"], x),
             **common)
         return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
 
@@ -865,8 +885,7 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
         ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_claims, ws.combine_state,
         shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
-        SENDERS_HELP=_senders_help(n_prog, expert_out), DYNAMIC_SEND=bool(cfg["combine_dynamic_send"]),
-        TIMELINE=timeline is not None,
+        SENDERS_HELP=_senders_help(n_prog, expert_out), TIMELINE=timeline is not None,
         num_warps=int(cfg["combine_warps"]), **_register_cap(cfg["combine_maxnreg"], expert_out))
     return y
 
