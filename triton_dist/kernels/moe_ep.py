@@ -369,6 +369,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 w = tl.load(topk_weights + t[:, None] * K + kk[None, :], mask=kmask, other=0.0).to(tl.float32)
                 here = tl.where(owner == me, slot, -1)
                 tl.store(recv_weights + here, w, mask=here >= 0)
+                own = tl.where(c >= n_local, here, -1)  # the receivers write the first n_local chunks' own rows
                 for i in range(world):
                     d = (me + 1 + i) % world  # peers first, this rank last
                     go_d = _column(goes, d, dv) > 0
@@ -386,8 +387,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                         row = _column(first, d, dv)
                         dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
                         dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
-                    if c >= n_local:  # (the receivers write the first n_local chunks' own rows)
-                        _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
+                    _store_rows(recv_x, tile, own, -1, hh, H, K, K_PAD)
             span = tl.arange(0, 2)
             for i in range(world):
                 d = (me + 1 + i) % world
