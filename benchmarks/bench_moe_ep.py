@@ -48,17 +48,15 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
     # run21-23: 128/60 244-246 us, 132/64 231 (default 229-233). Column parts of the receivers' units (senders
     # help receiving): 1 and 4 against the default 2.
     4096: [(128, 64, 256, 512, 16, 8, False, None, 1), (128, 64, 256, 512, 16, 8, False, None, 4),
-           # senders take chunks from a counter (default) or a fixed stripe each; balance allows other splits
            # run26-28: a fixed stripe of chunks per sender (before senders took them from a counter) 225-228 us;
            # layout programs of 8 / 32 / 4 chunks 219-224 / 268-270 / 223-225 (16: 224).
-           # The receivers write the own rows of the first chunks (they wait for the first arrivals otherwise)
-           {"receiver_local_chunks": 32}, {"receiver_local_chunks": 64}, {"receiver_local_chunks": 128},
-           {"receiver_local_chunks": 64, "h_parts": 4}],
+           # run29-30: the receivers writing the own rows of the first 32 / 64 / 128 chunks (their senders only
+           # pushing) instead of waiting for the first arrivals: 226-228 us (default 224): dropped.
+           {"layout_chunks": 4}],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
-    128: [(132, 66, 32, 1024, 4, 8, False), (128, 64, 64, 1024, 2, 8, False), {"receiver_local_chunks": 32},
-          {"receiver_local_chunks": 64}],
+    128: [(132, 66, 32, 1024, 4, 8, False), (128, 64, 64, 1024, 2, 8, False)],
 }
 COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps
     # [, maxnreg, h_parts]),
@@ -75,9 +73,13 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run23 (senders help the receivers): 56-60 senders 237-240 us (default 226). Column parts per unit of work:
     # run26-28 (senders take chunks from a counter): 128/48 211-216 us, 128/52 212-214, 128/56 210-217,
     # 128/64 216-222, 128/72 228; a fixed stripe of chunks per sender 218-224.
-    4096: [(128, 64, 512, 16, 16, None, 1), {"combine_push": 48}, {"combine_push": 56}, {"combine_push": 64}],
+    # The receivers' own partials of the first chunks computed first (into y) while the peers' first partials
+    # are on the link, read back for the sum later:
+    4096: [(128, 64, 512, 16, 16, None, 1), {"combine_push": 56}, {"combine_push": 64},
+           {"combine_early_chunks": 32}, {"combine_early_chunks": 64}, {"combine_early_chunks": 128},
+           {"combine_early_chunks": 64, "combine_push": 64}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
-    128: [(128, 64, 1024, 2, 16)],
+    128: [(128, 64, 1024, 2, 16), {"combine_early_chunks": 16}],
 }  # (an entry may also be a dict of knobs)
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
                   "fused_layout", "maxnreg", "h_parts")
@@ -92,15 +94,16 @@ def _knobs(default, keys, entry):
 
 def _dispatch_name(c):
     return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
-            "parts{h_parts}{loc}").format(f=" fused" if c["fused_layout"] else "",
+            "parts{h_parts}{lay}").format(f=" fused" if c["fused_layout"] else "",
                                           r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
-                                          loc=f" local{c['receiver_local_chunks']}" if c["receiver_local_chunks"]
-                                          else "", **c)
+                                          lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "", **c)
 
 
 def _combine_name(c):
     return ("p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}{r} "
-            "parts{combine_h_parts}").format(r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "", **c)
+            "parts{combine_h_parts}{e}").format(r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "",
+                                                e=f" early{c['combine_early_chunks']}" if c["combine_early_chunks"]
+                                                else "", **c)
 
 
 def _phases(stamps, n_prog, n_push, n_chunks, layout):

@@ -124,12 +124,10 @@ def test_dispatch_combine_4_ranks(ranks, mode, T):
 
 
 @pytest.mark.parametrize("config", [None, {"fused_layout": False, "num_chunks": 3, "block_h": 4, "h_parts": 2,
-                                             "receiver_local_chunks": 1, "combine_block_h": 4,
-                                             "combine_h_parts": 2}])
+                                             "combine_block_h": 4, "combine_h_parts": 2}])
 def test_dispatch_combine_8_ranks(ranks, config):
     """The all-to-all at 8 ranks (2 experts each; the last rank has no tokens): counts, layout, combine; with the
-    default (fused) layout and with the layout launch's look-back, half-width receiver units and the first
-    chunk's own rows written by the receiver."""
+    default (fused) layout and with the layout launch's look-back and half-width receiver units."""
     for problems in ranks(8, _run, "zero", 3, 8, 16, 3, "float16", 1, 3, config):
         assert problems == []
 
@@ -137,11 +135,11 @@ def test_dispatch_combine_8_ranks(ranks, config):
 def test_two_launch_layout_and_uneven_chunks(ranks):
     """The layout launch (default for max_tokens > 256; one chunk per layout program here: the look-back over 5
     odd-sized chunks takes two steps of 4 on CPU); 2 senders + 1 receiver copying each chunk's 32 columns in 2
-    parts, the receiver also writing the own rows of the first 3 chunks; combine with its own knobs (3 senders + 1 receiver, 4-token blocks, each chunk's columns taken in 3
-    parts: 16, 16 and an empty one)."""
+    parts; combine with its own knobs (3 senders + 1 receiver, 4-token blocks, each chunk's columns taken in 3
+    parts: 16, 16 and an empty one; the first 2 chunks' own partials computed first, into y, and read back)."""
     cfg = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "num_programs": 3, "push_programs": 2,
-           "receiver_local_chunks": 3, "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3, "combine_block_tokens": 4,
-           "combine_block_h": 8, "combine_h_parts": 3}
+           "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3,
+           "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3, "combine_early_chunks": 2}
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, cfg):
         assert problems == []
 
@@ -425,7 +423,7 @@ def test_gpu_cuda_graph_replay(ranks):
 # ----------------------------------------------------------------------------------------------------- sm_90
 _DISPATCH_SIG = dict(
     x="*bf16", topk_idx="*i32", topk_weights="*fp32", T="i32", H="i32", E="i32", align="i32", max_tokens="i32",
-    max_rows="i32", n_chunks="i32", h_parts="i32", n_push="i32", n_local="i32", recv_x="*bf16",
+    max_rows="i32", n_chunks="i32", h_parts="i32", n_push="i32", recv_x="*bf16",
     recv_slots="*i32",
     recv_w="*fp32", recv_span="*i32", all_counts="*i32", counts_ready="*i32", arrived="*i32",
     recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32", expert_offsets="*i32", token_pos="*i32",
@@ -455,9 +453,8 @@ def test_layout_and_combine_compile_for_sm90():
     compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
                  dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=16, QB=16, TIMELINE=True))
     sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32",
-               n_push="i32", recv_slots="*i32",
-               recv_w="*fp32", recv_span="*i32", token_pos="*i32", partials="*bf16", ready="*i32",
-               combined="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr", BT="constexpr",
+               n_push="i32", n_early="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
+               partials="*bf16", ready="*i32", combined="*i32", own_done="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr", BT="constexpr",
                BH="constexpr", K_PAD="constexpr", W_PAD="constexpr", MAXC="constexpr", SENDERS_HELP="constexpr",
                TIMELINE="constexpr")
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_combine_kernel", sig,

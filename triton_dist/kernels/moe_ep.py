@@ -77,6 +77,7 @@ from .gemm import num_sms
 from .replay import GraphCache
 
 MAX_CHUNKS = 1024  # flags and chunk tables are sized for this many token chunks per call
+MAX_EARLY_UNITS = 4096  # combine: at most this many (chunk, column part) units with the own partial first
 # Optional phase timeline (``timeline=`` of ep_dispatch / ep_combine: int64 [TIMELINE_SLOTS], GPU only): GPU-clock
 # ns at each phase boundary, for tuning. Per program p: [TL_PROGRAM + 4p + i], i = 0 start, 1 counts known (dispatch)
 # / peers ready (combine senders), 2 all chunks sent (senders) / expert ids marked (dispatch receivers), 3 end.
@@ -147,20 +148,6 @@ def _publish_counts(per_expert, all_counts, counts_ready, parity, epoch, ctx, W_
     for peer in range(world):
         dl.put(row, per_expert, peer, ctx)
         dl.signal(counts_ready + me, epoch, peer, ctx)
-
-
-@triton.jit
-def _block_slots(topk_idx, t0, t_end, carry_e, base, E, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr,
-                 K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr):
-    """Tokens [t0, t0 + BT) clipped to t_end, ``carry_e`` slots of each padded expert before them: the row of each
-    (token, slot) on its owner rank (-1: none) and its owner, both [BT, K_PAD], and the block's slots per padded
-    expert (to carry on)."""
-    ev = tl.arange(0, W_PAD * EL_PAD)
-    ep, owner = _route(topk_idx, t0, t_end, E, K, EL, BT, K_PAD, EL_PAD)
-    hit = tl.reshape((ep[:, :, None] == ev[None, None, :]).to(tl.int32), (BT * K_PAD, W_PAD * EL_PAD))
-    before = tl.cumsum(hit, axis=0) - hit + (carry_e + base)[None, :]
-    slot = tl.reshape(tl.sum(before * hit, axis=1), (BT, K_PAD))
-    return tl.where(ep >= 0, slot, -1), owner, tl.sum(hit, axis=0)
 
 
 @triton.jit
@@ -292,7 +279,6 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
 
 @triton.jit
 def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, h_parts, n_push,
-                       n_local,
                        recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready, arrived,
                        recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_prefix,
                        claims, state, ctx, timeline,
@@ -301,8 +287,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
                        SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr):
     """Programs [0, n_push) send chunks in order (taken from a per-call counter: claims[1]); the others receive:
-    they mark the rows' expert ids, write this rank's own rows of the first ``n_local`` chunks (whose senders only
-    push), then copy every arrived row into its other slot rows, chunk by chunk as chunks land."""
+    they mark the rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks
+    land."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     _stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
@@ -356,8 +342,12 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
             for t0 in range(c0, c1, BT):
                 t = t0 + tl.arange(0, BT)
                 tm = t < c1
-                slot, owner, n_e = _block_slots(topk_idx, t0, c1, carry_e, base, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
-                carry_e += n_e
+                ep, owner = _route(topk_idx, t0, c1, E, K, EL, BT, K_PAD, EL_PAD)
+                hit = tl.reshape((ep[:, :, None] == ev[None, None, :]).to(tl.int32), (BT * K_PAD, EP))
+                before = tl.cumsum(hit, axis=0) - hit + (carry_e + base)[None, :]
+                slot = tl.reshape(tl.sum(before * hit, axis=1), (BT, K_PAD))
+                slot = tl.where(ep >= 0, slot, -1)  # row of (token, slot) on its owner rank
+                carry_e += tl.sum(hit, axis=0)
                 at = owner[:, :, None] == dv[None, None, :]
                 goes = tl.max(at.to(tl.int32), axis=1)  # [BT, W_PAD]: token goes to rank d
                 rpos = tl.cumsum(goes, axis=0) - goes + carry_r[None, :]
@@ -369,7 +359,6 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 w = tl.load(topk_weights + t[:, None] * K + kk[None, :], mask=kmask, other=0.0).to(tl.float32)
                 here = tl.where(owner == me, slot, -1)
                 tl.store(recv_weights + here, w, mask=here >= 0)
-                own = tl.where(c >= n_local, here, -1)  # the receivers write the first n_local chunks' own rows
                 for i in range(world):
                     d = (me + 1 + i) % world  # peers first, this rank last
                     go_d = _column(goes, d, dv) > 0
@@ -387,7 +376,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                         row = _column(first, d, dv)
                         dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
                         dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
-                    _store_rows(recv_x, tile, own, -1, hh, H, K, K_PAD)
+                    _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
             span = tl.arange(0, 2)
             for i in range(world):
                 d = (me + 1 + i) % world
@@ -414,30 +403,12 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
             tl.store(recv_expert_ids + r, eid, mask=r < r_end)
             tl.store(recv_weights + r, tl.zeros([RB], dtype=tl.float32), mask=(r < r_end) & (eid < 0))
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
-    # ... then units of work in order, taken from a per-call counter (on a GPU the senders join once their own
-    # chunks are out): first (chunk < n_local, column part): this rank's own rows of the chunk, which need
-    # nothing from the peers (work while the first chunks are on the link); then (chunk, column part) as they
-    # land: copy each row from a peer into the token's other slot rows
-    n_units = (n_local + n_chunks) * h_parts
+    # ... then, (chunk, column part) units in order as they land, taken from a per-call counter (on a GPU the
+    # senders join once their own chunks are out): copy each row from a peer into the token's other slot rows
+    n_units = n_chunks * h_parts
     u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
-    while u < n_local * h_parts:
-        c, h_first, h_end = _unit(u, h_parts, H, BH)
-        c0 = tl.minimum(c * chunk, T)
-        c1 = tl.minimum(c0 + chunk, T)
-        carry_e = tl.load(chunk_prefix + c * ROW + ev)
-        for t0 in range(c0, c1, BT):
-            t = t0 + tl.arange(0, BT)
-            slot, owner, n_e = _block_slots(topk_idx, t0, c1, carry_e, base, E, K, EL, BT, K_PAD, EL_PAD, W_PAD)
-            carry_e += n_e
-            here = tl.where(owner == me, slot, -1)
-            for h0 in range(h_first, h_end, BH):
-                hh = h0 + tl.arange(0, BH)
-                tile = tl.load(x + t[:, None].to(tl.int64) * H + hh[None, :],
-                               mask=(t < c1)[:, None] & (hh[None, :] < H))
-                _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
-        u = _next_claim(claims)
     while u < n_units:
-        c, h_first, h_end = _unit(u - n_local * h_parts, h_parts, H, BH)
+        c, h_first, h_end = _unit(u, h_parts, H, BH)
         dl.wait(arrived + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
         _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
         for i in range(world - 1):
@@ -466,8 +437,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
 
 @triton.jit
-def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push, recv_slots, recv_w, recv_span,
-                      token_pos, partials, ready, combined, claims, state, ctx, timeline,
+def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push, n_early, recv_slots, recv_w,
+                      recv_span, token_pos, partials, ready, combined, own_done, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr,
                       TIMELINE: tl.constexpr):
@@ -517,12 +488,23 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     # RECEIVE, every program (senders once their chunks are out): take units (chunk c, column part) of this rank's
     # tokens in order, one at a time, from a per-call counter, so that senders that finish early share the
-    # receivers' remaining work; column parts keep the last units short (the tail after the last chunk lands)
+    # receivers' remaining work; column parts keep the last units short (the tail after the last chunk lands).
+    # The first n_early chunks come twice: first this rank's own partial alone, stored in y (rounded to the dtype
+    # as always, so y's bits do not change), while the peers' first partials are still on the link; later the
+    # sum, which reads it back.
     chunk = tl.cdiv(T, n_chunks)
-    n_units = n_chunks * h_parts
+    n_own = n_early * h_parts
+    n_units = n_own + n_chunks * h_parts
     u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
-        c, h_first, h_end = _unit(u, h_parts, H, BH)
+        own_only = u < n_own
+        sums = u >= n_own
+        v = tl.where(own_only, u, u - n_own)  # the (chunk, part) unit
+        c, h_first, h_end = _unit(v, h_parts, H, BH)
+        read_back = sums & (c < n_early)
+        # (scalar conditions enter masks through tl.where: the interpreter turns `block & scalar bool` into int32)
+        if read_back:  # its own partial is in y (or being written there by another program)
+            dl.wait(own_done + v, epoch, ctx)
         c0 = tl.minimum(c * chunk, T)
         c1 = tl.minimum(c0 + chunk, T)
         for t0 in range(c0, c1, BT):
@@ -530,7 +512,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
             tm = t < c1
             pos = tl.load(token_pos + t[:, None] * world + dv[None, :], mask=tm[:, None] & (dv[None, :] < world),
                           other=-1)
-            p_me = _column(pos, me, dv)
+            p_me = tl.where(read_back, -1, _column(pos, me, dv))  # -1: the own partial is read back from y
             m = (p_me >= 0)[:, None] & (kk[None, :] < K)
             rec = (me * max_tokens + p_me[:, None]) * K + kk[None, :]
             slots = tl.load(recv_slots + rec, mask=m, other=-1)
@@ -538,24 +520,29 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
             for h0 in range(h_first, h_end, BH):
                 hh = h0 + tl.arange(0, BH)
                 hm = hh[None, :] < H
+                y_tile = y + t[:, None].to(tl.int64) * H + hh[None, :]
                 # this rank's partial, rounded like the partials that crossed the link
                 own = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH).to(partials.dtype.element_ty)
-                if (t0 == c0) & (h0 == h_first):  # the peers' partials are awaited with the first own tile in hand
-                    dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
+                own += tl.load(y_tile, mask=(t < tl.where(read_back, c1, c0))[:, None] & hm, other=0.0)
+                if (t0 == c0) & (h0 == h_first) & sums:  # the peers' partials are awaited with the first tile
+                    dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))  # in hand
                     _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
                 acc = tl.zeros([BT, BH], dtype=tl.float32)
                 for d in range(world):  # FIXED order: rank order
                     if d == me:
                         acc += own.to(tl.float32)
                     else:
-                        pd = _column(pos, d, dv)
+                        pd = tl.where(sums, _column(pos, d, dv), -1)  # (none in an own-only unit)
                         block = (d - me - 1 + world) % world
-                        v = tl.load(partials + (block * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
-                                    mask=(pd >= 0)[:, None] & hm, other=0.0)
-                        acc += v.to(tl.float32)
-                tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
-                         mask=tm[:, None] & hm)
-        _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
+                        part = tl.load(partials + (block * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
+                                       mask=(pd >= 0)[:, None] & hm, other=0.0)
+                        acc += part.to(tl.float32)
+                tl.store(y_tile, acc.to(y.dtype.element_ty), mask=tm[:, None] & hm)
+        if own_only:
+            tl.debug_barrier()
+            tl.atomic_xchg(own_done + v, epoch, sem="release", scope="gpu")
+        else:
+            _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
         u = _next_claim(claims)
     _end_claims(claims, u, n_units, claimers)
     _stamp(timeline, TL_PROGRAM + 4 * pid + 3, TIMELINE)
@@ -615,6 +602,7 @@ class _Workspace:
         # the receivers' next unit to take (shmem.counters: td.shmem.reset() zeroes them after a failed call)
         # [0]: the receivers' next unit, [1]: the senders' next chunk
         self.combine_claims = shmem.counters(2, name=name + "combine_claims")
+        self.own_done = shmem.counters(MAX_EARLY_UNITS, name=name + "combine_own_done")  # per early unit (epochs)
         self.dispatch_claims = shmem.counters(2, name=name + "dispatch_claims")
         self.calls = 0  # host count of dispatches: a handle from an older one is stale
         self.last = None  # the EpHandle of the latest dispatch, for the torch op's combine
@@ -661,7 +649,7 @@ def default_config(max_tokens, hidden, device_type):
                "num_warps": 8, "fused_layout": False, "h_parts": 2, "combine_programs": 128, "combine_push": 52,
                "combine_warps": 16, "combine_h_parts": 2}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 16,
-            "receiver_local_chunks": 0, "h_parts": 1, "combine_h_parts": 1,
+            "combine_early_chunks": 0, "h_parts": 1, "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
@@ -779,9 +767,6 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         raise ValueError(f"need 1 <= push_programs < num_programs, got {n_push}, {n_prog}")
     _check_timeline(timeline, x.device, n_prog)
     h_parts = _h_parts(cfg["h_parts"])
-    n_local = 0 if cfg["fused_layout"] else min(int(cfg["receiver_local_chunks"]), n_chunks)  # needs the layout
-    if n_local < 0:
-        raise ValueError(f"receiver_local_chunks must be >= 0, got {n_local}")
     k_pad = triton.next_power_of_2(K)
     ep = ws.w_pad * ws.el_pad
     bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
@@ -813,13 +798,13 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
                 TIMELINE=timeline is not None, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad, EL_PAD=ws.el_pad,
                 W_PAD=ws.w_pad)
         ep_dispatch_kernel[(n_prog,)](
-            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts, n_push, n_local,
+            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts, n_push,
             ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
             ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
             ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
             RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
-            SENDERS_HELP=_senders_help(n_prog, x), TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]), **_register_cap(cfg["maxnreg"], x),
-            **common)
+            SENDERS_HELP=_senders_help(n_prog, x), TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]),
+            **_register_cap(cfg["maxnreg"], x), **common)
         return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
 
     # decode sizes: an eager call replays the two launches from a cached CUDA graph (inputs copied in), which
@@ -880,10 +865,14 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
         raise ValueError(f"need 1 <= combine_push < combine_programs, got {n_push}, {n_prog}")
     _check_timeline(timeline, expert_out.device, n_prog)
     h_parts = _h_parts(cfg["combine_h_parts"])
+    n_early = min(int(cfg["combine_early_chunks"]), handle.num_chunks)
+    if not 0 <= n_early * h_parts <= MAX_EARLY_UNITS:
+        raise ValueError(f"combine_early_chunks * combine_h_parts must be in [0, {MAX_EARLY_UNITS}], got "
+                         f"{n_early} * {h_parts}")
     ep_combine_kernel[(n_prog,)](
-        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push, ws.recv_slots, ws.recv_w,
-        ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_claims, ws.combine_state,
-        shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
+        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push, n_early, ws.recv_slots,
+        ws.recv_w, ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.own_done, ws.combine_claims,
+        ws.combine_state, shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
         SENDERS_HELP=_senders_help(n_prog, expert_out), TIMELINE=timeline is not None,
         num_warps=int(cfg["combine_warps"]), **_register_cap(cfg["combine_maxnreg"], expert_out))
