@@ -49,10 +49,11 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
     # help receiving): 1 and 4 against the default 2.
     4096: [(128, 64, 256, 512, 16, 8, False, None, 1), (128, 64, 256, 512, 16, 8, False, None, 4),
            # run26-28: a fixed stripe of chunks per sender (before senders took them from a counter) 225-228 us;
-           # layout programs of 8 / 32 / 4 chunks 219-224 / 268-270 / 223-225 (16: 224).
+           # layout programs of 8 / 32 / 4 chunks 219-224 / 268-270 / 218-225 (16: 224; run31: 4 chunks 219
+           # against 225, now the default).
            # run29-30: the receivers writing the own rows of the first 32 / 64 / 128 chunks (their senders only
            # pushing) instead of waiting for the first arrivals: 226-228 us (default 224): dropped.
-           {"layout_chunks": 4}],
+           {"layout_chunks": 16}, {"layout_chunks": 8}],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
@@ -73,13 +74,11 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run23 (senders help the receivers): 56-60 senders 237-240 us (default 226). Column parts per unit of work:
     # run26-28 (senders take chunks from a counter): 128/48 211-216 us, 128/52 212-214, 128/56 210-217,
     # 128/64 216-222, 128/72 228; a fixed stripe of chunks per sender 218-224.
-    # The receivers' own partials of the first chunks computed first (into y) while the peers' first partials
-    # are on the link, read back for the sum later:
-    4096: [(128, 64, 512, 16, 16, None, 1), {"combine_push": 56}, {"combine_push": 64},
-           {"combine_early_chunks": 32}, {"combine_early_chunks": 64}, {"combine_early_chunks": 128},
-           {"combine_early_chunks": 64, "combine_push": 64}],
+    # run31: the receivers' own partials of the first 32 / 64 / 128 chunks computed first (into y, read back for
+    # the sum) while the peers' first partials are on the link: 215 / 214 / 231 us (default 215): dropped.
+    4096: [(128, 64, 512, 16, 16, None, 1), {"combine_push": 56}, {"combine_push": 64}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
-    128: [(128, 64, 1024, 2, 16), {"combine_early_chunks": 16}],
+    128: [(128, 64, 1024, 2, 16)],
 }  # (an entry may also be a dict of knobs)
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
                   "fused_layout", "maxnreg", "h_parts")
@@ -101,9 +100,7 @@ def _dispatch_name(c):
 
 def _combine_name(c):
     return ("p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}{r} "
-            "parts{combine_h_parts}{e}").format(r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "",
-                                                e=f" early{c['combine_early_chunks']}" if c["combine_early_chunks"]
-                                                else "", **c)
+            "parts{combine_h_parts}").format(r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "", **c)
 
 
 def _phases(stamps, n_prog, n_push, n_chunks, layout):

@@ -136,10 +136,10 @@ def test_two_launch_layout_and_uneven_chunks(ranks):
     """The layout launch (default for max_tokens > 256; one chunk per layout program here: the look-back over 5
     odd-sized chunks takes two steps of 4 on CPU); 2 senders + 1 receiver copying each chunk's 32 columns in 2
     parts; combine with its own knobs (3 senders + 1 receiver, 4-token blocks, each chunk's columns taken in 3
-    parts: 16, 16 and an empty one; the first 2 chunks' own partials computed first, into y, and read back)."""
+    parts: 16, 16 and an empty one)."""
     cfg = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "num_programs": 3, "push_programs": 2,
            "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3,
-           "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3, "combine_early_chunks": 2}
+           "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3}
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, cfg):
         assert problems == []
 
@@ -453,9 +453,9 @@ def test_layout_and_combine_compile_for_sm90():
     compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
                  dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=16, QB=16, TIMELINE=True))
     sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32",
-               n_push="i32", n_early="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
-               partials="*bf16", ready="*i32", combined="*i32", own_done="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr", BT="constexpr",
-               BH="constexpr", K_PAD="constexpr", W_PAD="constexpr", MAXC="constexpr", SENDERS_HELP="constexpr",
+               n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
+               partials="*bf16", ready="*i32", combined="*i32", claims="*i32", state="*i32", ctx="*i64",
+               timeline="*i64", K="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", W_PAD="constexpr", MAXC="constexpr", SENDERS_HELP="constexpr",
                TIMELINE="constexpr")
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_combine_kernel", sig,
                        dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, SENDERS_HELP=True, TIMELINE=False),

@@ -77,7 +77,6 @@ from .gemm import num_sms
 from .replay import GraphCache
 
 MAX_CHUNKS = 1024  # flags and chunk tables are sized for this many token chunks per call
-MAX_EARLY_UNITS = 4096  # combine: at most this many (chunk, column part) units with the own partial first
 # Optional phase timeline (``timeline=`` of ep_dispatch / ep_combine: int64 [TIMELINE_SLOTS], GPU only): GPU-clock
 # ns at each phase boundary, for tuning. Per program p: [TL_PROGRAM + 4p + i], i = 0 start, 1 counts known (dispatch)
 # / peers ready (combine senders), 2 all chunks sent (senders) / expert ids marked (dispatch receivers), 3 end.
@@ -437,8 +436,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
 
 @triton.jit
-def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push, n_early, recv_slots, recv_w,
-                      recv_span, token_pos, partials, ready, combined, own_done, claims, state, ctx, timeline,
+def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push, recv_slots, recv_w, recv_span,
+                      token_pos, partials, ready, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr,
                       TIMELINE: tl.constexpr):
@@ -488,23 +487,12 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     # RECEIVE, every program (senders once their chunks are out): take units (chunk c, column part) of this rank's
     # tokens in order, one at a time, from a per-call counter, so that senders that finish early share the
-    # receivers' remaining work; column parts keep the last units short (the tail after the last chunk lands).
-    # The first n_early chunks come twice: first this rank's own partial alone, stored in y (rounded to the dtype
-    # as always, so y's bits do not change), while the peers' first partials are still on the link; later the
-    # sum, which reads it back.
+    # receivers' remaining work; column parts keep the last units short (the tail after the last chunk lands)
     chunk = tl.cdiv(T, n_chunks)
-    n_own = n_early * h_parts
-    n_units = n_own + n_chunks * h_parts
+    n_units = n_chunks * h_parts
     u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
-        own_only = u < n_own
-        sums = u >= n_own
-        v = tl.where(own_only, u, u - n_own)  # the (chunk, part) unit
-        c, h_first, h_end = _unit(v, h_parts, H, BH)
-        read_back = sums & (c < n_early)
-        # (scalar conditions enter masks through tl.where: the interpreter turns `block & scalar bool` into int32)
-        if read_back:  # its own partial is in y (or being written there by another program)
-            dl.wait(own_done + v, epoch, ctx)
+        c, h_first, h_end = _unit(u, h_parts, H, BH)
         c0 = tl.minimum(c * chunk, T)
         c1 = tl.minimum(c0 + chunk, T)
         for t0 in range(c0, c1, BT):
@@ -512,7 +500,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
             tm = t < c1
             pos = tl.load(token_pos + t[:, None] * world + dv[None, :], mask=tm[:, None] & (dv[None, :] < world),
                           other=-1)
-            p_me = tl.where(read_back, -1, _column(pos, me, dv))  # -1: the own partial is read back from y
+            p_me = _column(pos, me, dv)
             m = (p_me >= 0)[:, None] & (kk[None, :] < K)
             rec = (me * max_tokens + p_me[:, None]) * K + kk[None, :]
             slots = tl.load(recv_slots + rec, mask=m, other=-1)
@@ -520,29 +508,24 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
             for h0 in range(h_first, h_end, BH):
                 hh = h0 + tl.arange(0, BH)
                 hm = hh[None, :] < H
-                y_tile = y + t[:, None].to(tl.int64) * H + hh[None, :]
                 # this rank's partial, rounded like the partials that crossed the link
                 own = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH).to(partials.dtype.element_ty)
-                own += tl.load(y_tile, mask=(t < tl.where(read_back, c1, c0))[:, None] & hm, other=0.0)
-                if (t0 == c0) & (h0 == h_first) & sums:  # the peers' partials are awaited with the first tile
-                    dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))  # in hand
+                if (t0 == c0) & (h0 == h_first):  # the peers' partials are awaited with the first own tile in hand
+                    dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
                     _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
                 acc = tl.zeros([BT, BH], dtype=tl.float32)
                 for d in range(world):  # FIXED order: rank order
                     if d == me:
                         acc += own.to(tl.float32)
                     else:
-                        pd = tl.where(sums, _column(pos, d, dv), -1)  # (none in an own-only unit)
+                        pd = _column(pos, d, dv)
                         block = (d - me - 1 + world) % world
-                        part = tl.load(partials + (block * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
-                                       mask=(pd >= 0)[:, None] & hm, other=0.0)
-                        acc += part.to(tl.float32)
-                tl.store(y_tile, acc.to(y.dtype.element_ty), mask=tm[:, None] & hm)
-        if own_only:
-            tl.debug_barrier()
-            tl.atomic_xchg(own_done + v, epoch, sem="release", scope="gpu")
-        else:
-            _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
+                        v = tl.load(partials + (block * max_tokens + pd[:, None]).to(tl.int64) * H + hh[None, :],
+                                    mask=(pd >= 0)[:, None] & hm, other=0.0)
+                        acc += v.to(tl.float32)
+                tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
+                         mask=tm[:, None] & hm)
+        _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
         u = _next_claim(claims)
     _end_claims(claims, u, n_units, claimers)
     _stamp(timeline, TL_PROGRAM + 4 * pid + 3, TIMELINE)
@@ -602,7 +585,6 @@ class _Workspace:
         # the receivers' next unit to take (shmem.counters: td.shmem.reset() zeroes them after a failed call)
         # [0]: the receivers' next unit, [1]: the senders' next chunk
         self.combine_claims = shmem.counters(2, name=name + "combine_claims")
-        self.own_done = shmem.counters(MAX_EARLY_UNITS, name=name + "combine_own_done")  # per early unit (epochs)
         self.dispatch_claims = shmem.counters(2, name=name + "dispatch_claims")
         self.calls = 0  # host count of dispatches: a handle from an older one is stale
         self.last = None  # the EpHandle of the latest dispatch, for the torch op's combine
@@ -630,8 +612,9 @@ def default_config(max_tokens, hidden, device_type):
     push_programs (of them, the senders; the rest receive), block_tokens / block_h (rows / columns per copy
     step), num_warps, fused_layout (low latency: no separate layout launch; for small max_tokens),
     maxnreg (a register cap per thread, None = the compiler's choice; lets two programs share an SM),
-    eager_graph (an eager dispatch replays its launches from a cached CUDA graph: host-bound decode sizes).
-    h_parts (the receivers' unit of work: a chunk's columns in this many parts).
+    eager_graph (an eager dispatch replays its launches from a cached CUDA graph: host-bound decode sizes),
+    h_parts (the receivers' unit of work: a chunk's columns in this many parts), layout_chunks (chunks counted
+    by one program of the layout launch).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -640,16 +623,16 @@ def default_config(max_tokens, hidden, device_type):
         # in a graph of 20: dispatch 24 us, combine 19 us, runs 21-24; the fused layout was slower: 122 us)
         cfg = {"num_chunks": 64, "num_programs": 132, "push_programs": 66, "block_h": 1024, "block_tokens": 2,
                "num_warps": 8, "fused_layout": False, "eager_graph": True}
-    else:  # 2xH200, T=4096: dispatch 224 us with these (run25; receivers' units are (chunk, column half), the
-        # senders help once done; 1 or 4 parts 231 / 225). Combine: senders reduce and push the peers' tokens,
-        # then help the receivers (this rank's own slots + the sum) in (chunk, column-half) units; half the
-        # programs each to start with, 16x512 tiles, 16 warps (more loads in flight per SM): 218-221 us (runs 24-25;
-        # 8 warps 237-242, 264 programs or uneven splits 250-336, 7 column parts 237)
+    else:  # 2xH200, T=4096: dispatch 219-224 us with these (runs 25-31; receivers' units are (chunk, column half),
+        # the senders help once done; 1 or 4 parts 231 / 225). Combine: senders reduce and push the peers' tokens,
+        # then help the receivers (this rank's own slots + the sum) in (chunk, column-half) units; 52 of 128
+        # programs send to start with, 16x512 tiles, 16 warps (more loads in flight per SM): 210-215 us (runs
+        # 27-31; 64 senders 216-222, 8 warps 237-242, 264 programs 250-336, 7 column parts 237)
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "h_parts": 2, "combine_programs": 128, "combine_push": 52,
                "combine_warps": 16, "combine_h_parts": 2}
-    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 16,
-            "combine_early_chunks": 0, "h_parts": 1, "combine_h_parts": 1,
+    return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
+            "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
@@ -865,14 +848,10 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
         raise ValueError(f"need 1 <= combine_push < combine_programs, got {n_push}, {n_prog}")
     _check_timeline(timeline, expert_out.device, n_prog)
     h_parts = _h_parts(cfg["combine_h_parts"])
-    n_early = min(int(cfg["combine_early_chunks"]), handle.num_chunks)
-    if not 0 <= n_early * h_parts <= MAX_EARLY_UNITS:
-        raise ValueError(f"combine_early_chunks * combine_h_parts must be in [0, {MAX_EARLY_UNITS}], got "
-                         f"{n_early} * {h_parts}")
     ep_combine_kernel[(n_prog,)](
-        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push, n_early, ws.recv_slots,
-        ws.recv_w, ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.own_done, ws.combine_claims,
-        ws.combine_state, shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
+        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push, ws.recv_slots, ws.recv_w,
+        ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_claims, ws.combine_state,
+        shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
         SENDERS_HELP=_senders_help(n_prog, expert_out), TIMELINE=timeline is not None,
         num_warps=int(cfg["combine_warps"]), **_register_cap(cfg["combine_maxnreg"], expert_out))
