@@ -455,8 +455,8 @@ def test_layout_and_combine_compile_for_sm90():
     sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32",
                n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
                partials="*bf16", ready="*i32", combined="*i32", claims="*i32", state="*i32", ctx="*i64",
-               timeline="*i64", K="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", W_PAD="constexpr", MAXC="constexpr", SENDERS_HELP="constexpr",
-               TIMELINE="constexpr")
+               timeline="*i64", K="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", W_PAD="constexpr",
+               MAXC="constexpr", SENDERS_HELP="constexpr", TIMELINE="constexpr")
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_combine_kernel", sig,
                        dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, SENDERS_HELP=True, TIMELINE=False),
                        aligned=("expert_out", "y", "partials", "H"))["ops"]
