@@ -53,7 +53,7 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # against 225, now the default).
            # run29-30: the receivers writing the own rows of the first 32 / 64 / 128 chunks (their senders only
            # pushing) instead of waiting for the first arrivals: 226-228 us (default 224): dropped.
-           {"layout_chunks": 16}, {"layout_chunks": 8}],
+           {"layout_chunks": 16}, {"layout_chunks": 2}, {"layout_chunks": 1}],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
