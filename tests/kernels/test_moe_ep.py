@@ -195,7 +195,9 @@ def test_back_to_back_calls(ranks):
 
 
 def _recovers_after_a_failed_call():
-    """Rank 1 skips a combine: rank 0's waits time out with an error naming the flag; after ``td.shmem.reset()``
+    """Rank 1 skips a combine: rank 0's waits time out with an error naming a flag of the combine (on a GPU its
+    senders' wait for ``ep.combine_ready`` and its receivers' wait for ``ep.combined`` run at once: the first to
+    give up writes the record; under the interpreter the senders run first); after ``td.shmem.reset()``
     (collective) both ranks dispatch and combine correctly again (two-launch layout: its look-back flags and the
     receivers' work counters are reset too)."""
     dev = td.shmem.device()
@@ -232,7 +234,8 @@ def _recovers_after_a_failed_call():
 def test_recovers_after_a_failed_call(ranks):
     (ok0, message), (ok1, none) = ranks(2, _recovers_after_a_failed_call)
     assert ok0 and ok1 and none is None
-    assert message is not None and "rank 0" in message and "ep.combine_ready" in message, message
+    assert message is not None and "rank 0" in message, message
+    assert "ep.combine_ready" in message or "ep.combined" in message, message
 
 
 def _bad_input():
