@@ -181,7 +181,7 @@ def _back_to_back(calls):
         idx, weights = _routing("random", 4 + i, 8, 2, 10 + i)
         x = torch.randn(idx.shape[0], 8).to(dev) + td.rank()
         cfg = {"fused_layout": bool(i % 2), "block_h": 4, "h_parts": 1 + i % 3, "combine_block_h": 4,
-               "combine_h_parts": 1 + (i + 1) % 3, "combine_programs": 2 + i % 2}
+               "combine_h_parts": 1 + (i + 1) % 3, "combine_programs": 2 + i % 2, "combine_push": 1}
         res = ep_dispatch(x, idx.to(dev), weights.to(dev), num_experts=8, max_tokens=8, exact=True, config=cfg)
         ok.append(res.x.shape[0] == int(res.expert_offsets[-1]) == int(res.expert_counts.sum()))
         y = ep_combine(res.x, res.handle, config=cfg)  # identity experts: y = sum_j w_j * x
