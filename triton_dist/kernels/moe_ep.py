@@ -19,12 +19,12 @@ the whole path can be captured in a CUDA graph. ``ep_dispatch(..., exact=True)``
 Data movement
 -------------
 Each rank cuts its tokens into NC chunks (the unit of flags); a launch's programs split into SENDERS (the first
-n_push, chunks c = pid, pid + n_push, ... in order) and RECEIVERS (the rest), so receivers work on early chunks
-while senders still push later ones.
-    layout    (one launch, NC programs)  program c counts the experts and destination ranks of chunk c, then
-              sums the counts of the chunks before it (a look-back at earlier programs, all in parallel: no
-              serial pass) = where chunk c starts; the last program pushes the totals row counts[me, :] to
-              every rank.
+n_push; they take chunks in order from a per-call counter, so faster programs take more) and RECEIVERS (the
+rest), so receivers work on early chunks while senders still push later ones.
+    layout    (one launch, NC / G programs)  program g counts the experts and destination ranks of its G chunks
+              at once (histograms keyed by chunk), then sums the counts of the programs before it (a look-back
+              at earlier programs, all in parallel: no serial pass) = where each of its chunks starts; the last
+              program pushes the totals row counts[me, :] to every rank.
     dispatch  (one launch)  everyone waits for every rank's counts -> group offsets on every rank.
               sender, chunk c: prefix + cumsum inside the chunk = position of every (token, slot) in its expert
                   group and of every token in each destination's receive list. For each token and REMOTE rank d
