@@ -4,6 +4,8 @@
 #   usage: OUT=/some/dir GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_suite.sh [test paths / pytest args]
 # Set SUITE_SKIP_TESTS=1 or SUITE_SKIP_BENCH=1 to run half of it; SUITE_BENCH="allgather gemm_rs:120 ..." to pick
 # benchmarks (with an optional time limit each; SUITE_STEP_TIMEOUT is the default limit of every step).
+# Durations on 2xH200 (runs 32-33): the tests on one backend ~450 s (so a step limit below ~500 s cuts them),
+# every benchmark ~260 s: where one call may last 600 s, run the tests and the benchmarks as two calls.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
