@@ -123,8 +123,23 @@ def test_dispatch_combine_4_ranks(ranks, mode, T):
         assert problems == []
 
 
-@pytest.mark.parametrize("config", [None, {"fused_layout": False, "num_chunks": 3, "block_h": 4, "h_parts": 2,
-                                             "combine_block_h": 4, "combine_h_parts": 2}])
+# Configs of the tests below. They run under torchrun on GPUs too, where the defaults they override differ
+# (test_configs_are_valid_with_gpu_defaults keeps them valid there).
+CFG_8_RANKS = {"fused_layout": False, "num_chunks": 3, "block_h": 4, "h_parts": 2, "combine_block_h": 4,
+               "combine_h_parts": 2}
+CFG_TWO_LAUNCH = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "num_programs": 3, "push_programs": 2,
+                  "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3,
+                  "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3}
+CFG_LONG_CHUNKS = {"fused_layout": False, "num_chunks": 2, "block_tokens": 64, "block_h": 8}
+CFG_RECOVERY = {"fused_layout": False}
+
+
+def cfg_back_to_back(i):
+    return {"fused_layout": bool(i % 2), "block_h": 4, "h_parts": 1 + i % 3, "combine_block_h": 4,
+            "combine_h_parts": 1 + (i + 1) % 3, "combine_programs": 2 + i % 2, "combine_push": 1}
+
+
+@pytest.mark.parametrize("config", [None, CFG_8_RANKS])
 def test_dispatch_combine_8_ranks(ranks, config):
     """The all-to-all at 8 ranks (2 experts each; the last rank has no tokens): counts, layout, combine; with the
     default (fused) layout and with the layout launch's look-back and half-width receiver units."""
@@ -137,18 +152,24 @@ def test_two_launch_layout_and_uneven_chunks(ranks):
     odd-sized chunks takes two steps of 4 on CPU); 2 senders + 1 receiver copying each chunk's 32 columns in 2
     parts; combine with its own knobs (3 senders + 1 receiver, 4-token blocks, each chunk's columns taken in 3
     parts: 16, 16 and an empty one)."""
-    cfg = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "num_programs": 3, "push_programs": 2,
-           "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3,
-           "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3}
-    for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, cfg):
+    for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, CFG_TWO_LAUNCH):
         assert problems == []
 
 
 def test_layout_counts_long_chunks_in_steps(ranks):
     """Chunks of more than 256 tokens: the layout counts them in steps of 256 (here 301 and 299 tokens)."""
-    cfg = {"fused_layout": False, "num_chunks": 2, "block_tokens": 64, "block_h": 8}
-    for problems in ranks(2, _run, "random", 600, 8, 8, 2, "float32", 1, 5, cfg):
+    for problems in ranks(2, _run, "random", 600, 8, 8, 2, "float32", 1, 5, CFG_LONG_CHUNKS):
         assert problems == []
+
+
+@pytest.mark.parametrize("max_tokens", [8, 4096])  # the decode-size and the large GPU defaults
+def test_configs_are_valid_with_gpu_defaults(max_tokens):
+    """Every config these tests pass also runs with the GPU defaults it overrides (run33: a test that gave 2
+    combine programs and left 66 senders to the GPU default failed there only)."""
+    from triton_dist.kernels import moe_ep
+
+    for cfg in [CFG_8_RANKS, CFG_TWO_LAUNCH, CFG_LONG_CHUNKS, CFG_RECOVERY] + [cfg_back_to_back(i) for i in range(4)]:
+        moe_ep.resolve_config(max_tokens, 16, "cuda", cfg)  # raises ValueError when not
 
 
 def _reproducible(runs):
@@ -180,8 +201,7 @@ def _back_to_back(calls):
     for i in range(calls):
         idx, weights = _routing("random", 4 + i, 8, 2, 10 + i)
         x = torch.randn(idx.shape[0], 8).to(dev) + td.rank()
-        cfg = {"fused_layout": bool(i % 2), "block_h": 4, "h_parts": 1 + i % 3, "combine_block_h": 4,
-               "combine_h_parts": 1 + (i + 1) % 3, "combine_programs": 2 + i % 2, "combine_push": 1}
+        cfg = cfg_back_to_back(i)
         res = ep_dispatch(x, idx.to(dev), weights.to(dev), num_experts=8, max_tokens=8, exact=True, config=cfg)
         ok.append(res.x.shape[0] == int(res.expert_offsets[-1]) == int(res.expert_counts.sum()))
         y = ep_combine(res.x, res.handle, config=cfg)  # identity experts: y = sum_j w_j * x
@@ -201,7 +221,7 @@ def _recovers_after_a_failed_call():
     (collective) both ranks dispatch and combine correctly again (two-launch layout: its look-back flags and the
     receivers' work counters are reset too)."""
     dev = td.shmem.device()
-    cfg = {"fused_layout": False}
+    cfg = CFG_RECOVERY
 
     def dispatch(i):
         idx, weights = _routing("random", 6, 8, 2, 20 + i)
@@ -255,10 +275,14 @@ def _bad_input():
         lambda: ep_dispatch(x, idx, w, num_experts=8, max_tokens=2),                   # T > max_tokens
         lambda: ep_combine(x, "handle"),                                               # not a handle
         lambda: ep_dispatch(x, idx, w, timeline=torch.zeros(4, dtype=torch.int64, device=dev), **kw),  # too small
+        lambda: ep_dispatch(x, idx, w, config={"num_chunk": 4}, **kw),                # unknown knob (typo)
+        lambda: ep_dispatch(x, idx, w, config={"num_programs": 2, "push_programs": 2}, **kw),  # no receiver
+        lambda: ep_dispatch(x, idx, w, config={"h_parts": 0}, **kw),                  # no column part
     ]
     res = ep_dispatch(x, idx, w, **kw)
     cases += [lambda: ep_combine(res.x.half(), res.handle),                            # dtype of expert_out
-              lambda: ep_combine(res.x[:, :4], res.handle)]                            # shape of expert_out
+              lambda: ep_combine(res.x[:, :4], res.handle),                            # shape of expert_out
+              lambda: ep_combine(res.x, res.handle, config={"combine_push": 1000})]    # no receiver
     errors = error_names(cases)
     old = res.handle
     ep_dispatch(x, idx, w, **kw)
@@ -274,7 +298,8 @@ def _bad_input():
 def test_rejects_bad_input(ranks):
     for errors in ranks(2, _bad_input):
         assert errors == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
-                          "ValueError", "TypeError", "TypeError", "TypeError", "ValueError", "stale"]
+                          "ValueError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
+                          "TypeError", "ValueError", "ValueError", "stale"]
 
 
 def _torch_ops():

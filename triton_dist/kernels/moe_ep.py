@@ -690,11 +690,26 @@ def _check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align):
         raise ValueError("x has no columns")
 
 
-def _h_parts(h_parts):
-    """The column parts of the receivers' unit of work (a knob), checked."""
-    if not isinstance(h_parts, int) or not 1 <= h_parts <= 2**20:
-        raise ValueError(f"h_parts / combine_h_parts must be an int in [1, 2**20], got {h_parts!r}")
-    return h_parts
+def resolve_config(max_tokens, hidden, device_type, config=None):
+    """``default_config`` overridden by ``config`` (a dict of knobs), checked: unknown knob names and values the
+    kernels cannot run with raise ValueError. ep_dispatch and ep_combine call it with their ``config``."""
+    cfg = default_config(max_tokens, hidden, device_type)
+    unknown = sorted(set(config or {}) - set(cfg))
+    if unknown:
+        raise ValueError(f"unknown MoE config knobs {unknown}; known: {sorted(cfg)}")
+    cfg.update(config or {})
+    if not 1 <= int(cfg["num_chunks"]) <= MAX_CHUNKS:
+        raise ValueError(f"num_chunks must be in [1, {MAX_CHUNKS}], got {cfg['num_chunks']}")
+    for prog, push in (("num_programs", "push_programs"), ("combine_programs", "combine_push")):
+        if not 1 <= int(cfg[push]) < int(cfg[prog]):
+            raise ValueError(f"need 1 <= {push} < {prog}, got {cfg[push]}, {cfg[prog]}")
+    for name in ("h_parts", "combine_h_parts"):
+        if not isinstance(cfg[name], int) or not 1 <= cfg[name] <= 2**20:
+            raise ValueError(f"{name} must be an int in [1, 2**20], got {cfg[name]!r}")
+    for name in ("layout_chunks", "block_tokens", "block_h", "combine_block_tokens", "combine_block_h"):
+        if int(cfg[name]) < 1:
+            raise ValueError(f"{name} must be >= 1, got {cfg[name]}")
+    return cfg
 
 
 def _senders_help(n_prog, t):
@@ -742,14 +757,10 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     T, H = x.shape
     K = topk_idx.shape[1]
     ws = _Workspace.get(num_experts, K, max_tokens, H, x.dtype, align)
-    cfg = {**default_config(max_tokens, H, x.device.type), **(config or {})}
+    cfg = resolve_config(max_tokens, H, x.device.type, config)
     n_chunks, n_prog, n_push = int(cfg["num_chunks"]), int(cfg["num_programs"]), int(cfg["push_programs"])
-    if not 1 <= n_chunks <= MAX_CHUNKS:
-        raise ValueError(f"num_chunks must be in [1, {MAX_CHUNKS}], got {n_chunks}")
-    if not 1 <= n_push < n_prog:
-        raise ValueError(f"need 1 <= push_programs < num_programs, got {n_push}, {n_prog}")
     _check_timeline(timeline, x.device, n_prog)
-    h_parts = _h_parts(cfg["h_parts"])
+    h_parts = cfg["h_parts"]
     k_pad = triton.next_power_of_2(K)
     ep = ws.w_pad * ws.el_pad
     bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
@@ -833,7 +844,7 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     y = out if out is not None else torch.empty((T, H), dtype=ws.dtype, device=expert_out.device)
     if tuple(y.shape) != (T, H) or y.dtype != ws.dtype or not y.is_contiguous():
         raise ValueError(f"out must be a contiguous {ws.dtype} tensor [{T}, {H}]")
-    cfg = {**default_config(ws.max_tokens, H, expert_out.device.type), **(config or {})}
+    cfg = resolve_config(ws.max_tokens, H, expert_out.device.type, config)
     bh = min(triton.next_power_of_2(int(cfg["combine_block_h"])), triton.next_power_of_2(H))
     bt = triton.next_power_of_2(max(1, min(int(cfg["combine_block_tokens"]),
                                            triton.cdiv(ws.max_tokens, handle.num_chunks))))
@@ -844,10 +855,8 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     tp = handle.token_pos if T else ws.token_pos
     shmem.raise_pending_errors()
     n_prog, n_push = int(cfg["combine_programs"]), int(cfg["combine_push"])
-    if not 1 <= n_push < n_prog:
-        raise ValueError(f"need 1 <= combine_push < combine_programs, got {n_push}, {n_prog}")
     _check_timeline(timeline, expert_out.device, n_prog)
-    h_parts = _h_parts(cfg["combine_h_parts"])
+    h_parts = cfg["combine_h_parts"]
     ep_combine_kernel[(n_prog,)](
         expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push, ws.recv_slots, ws.recv_w,
         ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_claims, ws.combine_state,
