@@ -64,6 +64,8 @@ on a GPU, where every program of the launch is resident at once). The receivers'
 of per-call state reset on the device: by the call's last claim.
 """
 
+import functools
+import types
 from dataclasses import dataclass
 
 import torch
@@ -692,12 +694,24 @@ def _check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align):
 
 def resolve_config(max_tokens, hidden, device_type, config=None):
     """``default_config`` overridden by ``config`` (a dict of knobs), checked: unknown knob names and values the
-    kernels cannot run with raise ValueError. ep_dispatch and ep_combine call it with their ``config``."""
+    kernels cannot run with raise ValueError. ep_dispatch and ep_combine call it with their ``config``; without
+    one the result is cached (read-only): every call pays a few µs of Python otherwise."""
+    if not config:
+        return _checked_defaults(max_tokens, hidden, device_type)
+    return _checked(max_tokens, hidden, device_type, config)
+
+
+@functools.lru_cache(maxsize=64)
+def _checked_defaults(max_tokens, hidden, device_type):
+    return types.MappingProxyType(_checked(max_tokens, hidden, device_type, {}))
+
+
+def _checked(max_tokens, hidden, device_type, config):
     cfg = default_config(max_tokens, hidden, device_type)
-    unknown = sorted(set(config or {}) - set(cfg))
+    unknown = sorted(set(config) - set(cfg))
     if unknown:
         raise ValueError(f"unknown MoE config knobs {unknown}; known: {sorted(cfg)}")
-    cfg.update(config or {})
+    cfg.update(config)
     if not 1 <= int(cfg["num_chunks"]) <= MAX_CHUNKS:
         raise ValueError(f"num_chunks must be in [1, {MAX_CHUNKS}], got {cfg['num_chunks']}")
     for prog, push in (("num_programs", "push_programs"), ("combine_programs", "combine_push")):
