@@ -180,5 +180,18 @@ def choose(op, key, candidates, make_runner, default, collective=True, iters=10)
     return cfg
 
 
+def with_overrides(defaults, config):
+    """``defaults`` (a dict of knobs) updated by the caller's ``config``: a config that is not a dict, or names a
+    knob that ``defaults`` lacks (a typo would otherwise be ignored silently), raises."""
+    if not config:
+        return dict(defaults)
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
+    unknown = sorted(set(config) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown config keys {unknown}; known: {sorted(defaults)}")
+    return {**defaults, **config}
+
+
 def _short(cfg):
     return " ".join(f"{k}={v}" for k, v in cfg.items() if v is not None)

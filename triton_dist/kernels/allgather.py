@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import autotune, shmem
 from .. import language as dl
-from .. import shmem
 
 
 @triton.jit
@@ -112,7 +112,7 @@ def all_gather(x, out=None, config=None):
                          f"got {out.dtype} {list(out.shape)}")
     if x.numel() == 0:
         return out
-    cfg = {**default_config(x.numel() * x.element_size(), x.device.type), **(config or {})}
+    cfg = autotune.with_overrides(default_config(x.numel() * x.element_size(), x.device.type), config)
     src, dst = _as_words(x), _as_words(out)
     if src.dtype != dst.dtype:  # alignment of one side forbids the wider view
         src, dst = x.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)

@@ -368,7 +368,7 @@ def _plan_for(a, w, world, config):
     plan = _PLANS.get(key)
     if plan is None:
         if config is not None:  # explicit configuration (tests, benchmark sweeps)
-            cfg = {**default_config(m_shard, n, k, a.dtype, a.device, world), **config}
+            cfg = autotune.with_overrides(default_config(m_shard, n, k, a.dtype, a.device, world), config)
         else:
             cfg = _tuned_config(m_shard, n, k, a.dtype, a.device, world)
         plan = _Plan(m_shard, n, k, a.dtype, a.device, cfg)

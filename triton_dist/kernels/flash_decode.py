@@ -61,8 +61,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .. import autotune, shmem
 from .. import language as dl
-from .. import shmem
 from . import library
 from .gemm import num_sms
 
@@ -421,14 +421,8 @@ def _resolve(dims, dtype, device, config, distributed):
     """The full config of a call: defaults, overrides (checked), split count and combine mode resolved."""
     batch, _, kv_heads, head_dim, s_max, _ = dims
     real_sms = _num_sms(device)
-    cfg = default_config(batch, kv_heads, s_max, head_dim, device.type, real_sms, dtype.itemsize)
-    if config:
-        if not isinstance(config, dict):
-            raise TypeError(f"config must be a dict, got {type(config).__name__}")
-        unknown = set(config) - set(cfg)
-        if unknown:
-            raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(cfg)}")
-        cfg.update(config)
+    cfg = autotune.with_overrides(
+        default_config(batch, kv_heads, s_max, head_dim, device.type, real_sms, dtype.itemsize), config)
     for key in ("block_n", "num_warps", "merge_num_warps"):
         value = cfg[key]
         if not isinstance(value, int) or value < 1 or value & (value - 1):

@@ -349,7 +349,7 @@ def _gemm_rs(a, w, config=None, out=None):
                 _CONFIGS[key] = cfg
     else:
         key = (m, n, k, a.dtype, world, repr(sorted(config.items())))
-        cfg = {**default_config(m, n, k, a.dtype, a.device, world), **config}
+        cfg = autotune.with_overrides(default_config(m, n, k, a.dtype, a.device, world), config)
     res = None
     if cfg["path"] == "fallback" or world == 1:
         res = gemm_rs_torch(a, w)

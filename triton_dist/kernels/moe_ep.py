@@ -72,8 +72,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import autotune, shmem
 from .. import language as dl
-from .. import shmem
 from . import library
 from .gemm import num_sms
 from .replay import GraphCache
@@ -707,11 +707,7 @@ def _checked_defaults(max_tokens, hidden, device_type):
 
 
 def _checked(max_tokens, hidden, device_type, config):
-    cfg = default_config(max_tokens, hidden, device_type)
-    unknown = sorted(set(config) - set(cfg))
-    if unknown:
-        raise ValueError(f"unknown MoE config knobs {unknown}; known: {sorted(cfg)}")
-    cfg.update(config)
+    cfg = autotune.with_overrides(default_config(max_tokens, hidden, device_type), config)
     if not 1 <= int(cfg["num_chunks"]) <= MAX_CHUNKS:
         raise ValueError(f"num_chunks must be in [1, {MAX_CHUNKS}], got {cfg['num_chunks']}")
     for prog, push in (("num_programs", "push_programs"), ("combine_programs", "combine_push")):
