@@ -76,6 +76,22 @@ def test_autotune_keys_cache_and_interpreter_rule(tmp_path, monkeypatch):
     assert cfg == {"x": 0} and not calls  # interpreter / no GPU: never tunes, same default everywhere
 
 
+def test_config_overrides_reject_unknown_knobs():
+    """Every op's ``config=`` goes through autotune.with_overrides: a misspelt knob raises instead of being
+    ignored; a non-dict raises TypeError; no config gives the defaults (a copy)."""
+    defaults = {"BLOCK_M": 128, "num_warps": 8}
+    assert autotune.with_overrides(defaults, {"num_warps": 4}) == {"BLOCK_M": 128, "num_warps": 4}
+    copy = autotune.with_overrides(defaults, None)
+    assert copy == defaults and copy is not defaults
+    with pytest.raises(ValueError, match="BLOCKM"):
+        autotune.with_overrides(defaults, {"BLOCKM": 64})
+    with pytest.raises(TypeError):
+        autotune.with_overrides(defaults, [("BLOCK_M", 64)])
+    a = torch.randn(8, 16, device="cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="BLOCKM"):
+        core.gemm(a, a, config={"BLOCKM": 16})
+
+
 def test_gemm_rejects_cpu_tensors_without_interpreter(monkeypatch):
     """A compiled kernel must never get host pointers (the first GPU run: NaN, then an illegal address that
     poisoned the CUDA context): CPU tensors outside the interpreter are a ValueError, on any machine."""

@@ -47,6 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import autotune
+
 try:  # triton >= 3.4 (host-side TMA descriptors)
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older triton: masks only
@@ -305,7 +307,7 @@ def gemm(a, w, out=None, config=None):
             if not (a.is_cuda and torch.cuda.is_current_stream_capturing()):
                 _GEMM_CONFIGS[key] = cfg
     else:
-        cfg = {**gemm_config(m, n, k, a.dtype, a.device), **config}
+        cfg = autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device), config)
     launch_gemm(a, w, out.view(1, m, n), cfg)
     return out
 
@@ -339,8 +341,6 @@ def gemm_candidates(m, n, k, dtype, device):
 
 
 def _tuned_gemm_config(m, n, k, dtype, device):
-    from .. import autotune
-
     def make_runner():  # only called when tuning actually happens
         from ..timing import graph_of
 
