@@ -813,9 +813,11 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
 
     # decode sizes: an eager call replays the two launches from a cached CUDA graph (inputs copied in), which
     # costs a fraction of their Python launch cost; inside a capture, under torch.compile or on CPU: direct
-    graph_key = (ws.key, T, idx.dtype, wts.dtype, repr(sorted(cfg.items())))
-    if not (cfg["eager_graph"] and timeline is None) or \
-            _GRAPHS.run(graph_key, launch, (x, idx, wts), clone=False) is None:
+    replayed = False
+    if cfg["eager_graph"] and timeline is None:  # (the defaults of a workspace's shapes never change)
+        graph_key = (ws.key, T, idx.dtype, wts.dtype, repr(sorted(cfg.items())) if config else "defaults")
+        replayed = _GRAPHS.run(graph_key, launch, (x, idx, wts), clone=False) is not None
+    if not replayed:
         launch(x, idx, wts)
     ws.calls += 1
     handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
