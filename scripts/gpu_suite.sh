@@ -32,7 +32,7 @@ run() {  # run "label" cmd...: log it, keep going, remember failures
 TR="torchrun --nproc-per-node=$NGPU --master-port=29517"
 if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
   for be in ${SUITE_BACKENDS:-cuda nvshmem}; do
-    TRITON_DIST_BACKEND=$be run "tests[$be] x$NGPU" $TR -m pytest -q -p no:cacheprovider -rs "${@:-tests}"
+    TRITON_DIST_BACKEND=$be run "tests[$be] x$NGPU" $TR -m pytest -q -p no:cacheprovider -rs --durations=15 "${@:-tests}"
   done
 fi
 if [ "${SUITE_SKIP_BENCH:-0}" != 1 ]; then
