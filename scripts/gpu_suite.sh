@@ -4,6 +4,7 @@
 #   usage: OUT=/some/dir GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_suite.sh [test paths / pytest args]
 # Set SUITE_SKIP_TESTS=1 or SUITE_SKIP_BENCH=1 to run half of it; SUITE_BENCH="allgather gemm_rs:120 ..." to pick
 # benchmarks (with an optional time limit each; SUITE_STEP_TIMEOUT is the default limit of every step).
+# Tests print their names (-v): a run cut by a time limit still shows which test was running.
 # Durations on 2xH200 (runs 32-33): the tests on one backend ~450 s (so a step limit below ~500 s cuts them),
 # every benchmark ~260 s: where one call may last 600 s, run the tests and the benchmarks as two calls.
 set -u -o pipefail
@@ -32,7 +33,7 @@ run() {  # run "label" cmd...: log it, keep going, remember failures
 TR="torchrun --nproc-per-node=$NGPU --master-port=29517"
 if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
   for be in ${SUITE_BACKENDS:-cuda nvshmem}; do
-    TRITON_DIST_BACKEND=$be run "tests[$be] x$NGPU" $TR -m pytest -q -p no:cacheprovider -rs --durations=15 "${@:-tests}"
+    TRITON_DIST_BACKEND=$be run "tests[$be] x$NGPU" $TR -m pytest -v -p no:cacheprovider -rs --durations=15 "${@:-tests}"
   done
 fi
 if [ "${SUITE_SKIP_BENCH:-0}" != 1 ]; then
