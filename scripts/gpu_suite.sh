@@ -54,6 +54,6 @@ docs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(sys.argv[1], "
 json.dump(docs, open(os.path.join(sys.argv[2], "results.json"), "w"), indent=1)
 open(os.path.join(sys.argv[2], "table.md"), "w").write("\n\n".join(format_table(d) for d in docs) + "\n")
 PY
-grep -E "^== |passed|failed|error" "$LOG" | tail -40
+grep -E "^== |passed|failed|FAILED|error" "$LOG" | tail -40
 cat "$OUT/table.md"
 exit $status
