@@ -113,8 +113,14 @@ def _route(topk_idx, t0, t_end, E, K: tl.constexpr, EL: tl.constexpr, BT: tl.con
     """Tokens [t0, t0 + BT) clipped to t_end: padded expert index d * EL_PAD + local (-1: no expert), owner rank
     (-1: none), both [BT, K_PAD]."""
     t = t0 + tl.arange(0, BT)
+    return _route_at(topk_idx, t, t < t_end, E, K, EL, K_PAD, EL_PAD)
+
+
+@triton.jit
+def _route_at(topk_idx, t, valid, E, K: tl.constexpr, EL: tl.constexpr, K_PAD: tl.constexpr, EL_PAD: tl.constexpr):
+    """``_route`` of any tokens ``t`` [N] (those with ``valid`` false have none): [N, K_PAD] each."""
     kk = tl.arange(0, K_PAD)
-    m = (t[:, None] < t_end) & (kk[None, :] < K)
+    m = valid[:, None] & (kk[None, :] < K)
     e = tl.load(topk_idx + t[:, None] * K + kk[None, :], mask=m, other=-1).to(tl.int32)  # int32 or int64
     ok = (e >= 0) & (e < E) & m
     owner = tl.where(ok, e // EL, -1)
@@ -232,7 +238,6 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
     ROW: tl.constexpr = EP + W_PAD
     epoch = dl.call_epoch(state)
     chunk = tl.cdiv(T, n_chunks)
-    kk = tl.arange(0, K_PAD)
     dv = tl.arange(0, W_PAD)
     i = tl.arange(0, CG * TB) // TB  # (chunk i of the group, token j of its block): [CG * TB] at once
     j = tl.arange(0, CG * TB) % TB
@@ -240,11 +245,10 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
     per_rank = tl.zeros([CG, W_PAD], dtype=tl.int32)
     for j0 in range(0, chunk, TB):  # one step unless a chunk has more than TB tokens
         t = (g * CG + i) * chunk + j0 + j
-        m = ((j0 + j < chunk) & (g * CG + i < n_chunks) & (t < T))[:, None] & (kk[None, :] < K)
-        e = tl.load(topk_idx + t[:, None] * K + kk[None, :], mask=m, other=-1).to(tl.int32)
-        ok = (e >= 0) & (e < E) & m
-        owner = tl.where(ok, e // EL, -1)
-        key_e = tl.where(ok, i[:, None] * EP + owner * EL_PAD + e % EL, 0)  # (chunk, padded expert)
+        ep, owner = _route_at(topk_idx, t, (j0 + j < chunk) & (g * CG + i < n_chunks) & (t < T), E, K, EL, K_PAD,
+                              EL_PAD)
+        ok = ep >= 0
+        key_e = tl.where(ok, i[:, None] * EP + ep, 0)  # (chunk, padded expert)
         per_expert += tl.reshape(tl.histogram(tl.reshape(key_e, (CG * TB * K_PAD,)), CG * EP,
                                               mask=tl.reshape(ok, (CG * TB * K_PAD,))), (CG, EP))
         goes = tl.max((owner[:, :, None] == dv[None, None, :]).to(tl.int32), axis=1) > 0  # [CG * TB, W_PAD]
@@ -584,8 +588,8 @@ class _Workspace:
         self.counted = shmem.counters(MAX_CHUNKS, name=name + "counted")  # layout flags (epochs)
         self.state = shmem.counters(2, name=name + "epoch")
         self.combine_state = shmem.counters(2, name=name + "combine_epoch")
-        # the receivers' next unit to take (shmem.counters: td.shmem.reset() zeroes them after a failed call)
-        # [0]: the receivers' next unit, [1]: the senders' next chunk
+        # work counters, [0]: the receivers' next unit, [1]: the senders' next chunk (shmem.counters:
+        # td.shmem.reset() zeroes them after a failed call)
         self.combine_claims = shmem.counters(2, name=name + "combine_claims")
         self.dispatch_claims = shmem.counters(2, name=name + "dispatch_claims")
         self.calls = 0  # host count of dispatches: a handle from an older one is stale
