@@ -348,9 +348,7 @@ def default_config(batch, kv_heads, s_local_max, head_dim, device_type, num_sms=
 
 def _num_sms(device):
     """SM count of a CUDA device; None on CPU."""
-    if device.type != "cuda":
-        return None
-    return num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return num_sms(device.index) if device.type == "cuda" else None
 
 
 def _check_inputs(q, k_cache, v_cache, kv_lens, block_table, softmax_scale):

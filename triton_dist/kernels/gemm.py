@@ -157,16 +157,19 @@ def interpreting():
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def num_sms(device_index=None):
+    """SM count of a CUDA device (None: the current one)."""
+    return _sm_count(torch.cuda.current_device() if device_index is None else device_index)
+
+
 @functools.lru_cache(maxsize=None)
-def num_sms(device_index):
+def _sm_count(device_index):  # ops ask per call; the properties do not change
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def default_num_programs(device):
     """One persistent program per SM on GPU; a couple under the interpreter (programs run one after another)."""
-    if device.type == "cuda":
-        return num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    return 2
+    return num_sms(device.index) if device.type == "cuda" else 2
 
 
 def gemm_config(m, n, k, dtype, device, **overrides):
