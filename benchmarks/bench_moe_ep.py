@@ -53,7 +53,13 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # against 225, now the default).
            # run29-30: the receivers writing the own rows of the first 32 / 64 / 128 chunks (their senders only
            # pushing) instead of waiting for the first arrivals: 226-228 us (default 224): dropped.
-           {"layout_chunks": 16}, {"layout_chunks": 2}, {"layout_chunks": 1}],
+           {"layout_chunks": 16}, {"layout_chunks": 2}, {"layout_chunks": 1},
+           # run34 timeline: 64 senders each push a 16-token chunk in ~40 us, so the chunks land in waves and the
+           # last wave leaves ~10-15 us of receiving after the last push (both kernels). Smaller last (and first)
+           # chunks: split_last / split_first base chunks cut in split_into (combine uses the same chunks).
+           {"split_last": 64, "split_into": 4}, {"split_last": 32, "split_into": 4},
+           {"split_last": 128, "split_into": 2}, {"split_first": 16, "split_last": 64, "split_into": 4},
+           {"split_first": 64, "split_into": 4}, {"split_last": 64, "split_into": 8}],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
@@ -92,9 +98,10 @@ def _knobs(default, keys, entry):
 
 
 def _dispatch_name(c):
-    return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
+    split = f" split{c['split_first']}/{c['split_last']}x{c['split_into']}" if c["split_into"] > 1 else ""
+    return ("p{num_programs}/{push_programs} c{num_chunks}{split} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
             "parts{h_parts}{lay}").format(f=" fused" if c["fused_layout"] else "",
-                                          r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
+                                          r=f" r{c['maxnreg']}" if c["maxnreg"] else "", split=split,
                                           lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "", **c)
 
 
@@ -127,6 +134,7 @@ def _phases(stamps, n_prog, n_push, n_chunks, layout):
 def timeline_rows(T, x, idx, weights):
     """Phase timelines of one default dispatch + combine (replayed from a graph), every rank."""
     cfg = default_config(T, H, "cuda")
+    n_chunks = moe_ep._chunking(cfg)[0]
     stamps = torch.full((2, moe_ep.TIMELINE_SLOTS), -1, dtype=torch.int64, device="cuda")
 
     def step():
@@ -139,10 +147,10 @@ def timeline_rows(T, x, idx, weights):
     for rank, st in enumerate(every):
         st = st.cpu()
         rows.append({"T": T, "rank": rank, "kernel": "dispatch",
-                     **_phases(st[0], cfg["num_programs"], cfg["push_programs"], cfg["num_chunks"],
+                     **_phases(st[0], cfg["num_programs"], cfg["push_programs"], n_chunks,
                                layout=not cfg["fused_layout"])})
         rows.append({"T": T, "rank": rank, "kernel": "combine",
-                     **_phases(st[1], cfg["combine_programs"], cfg["combine_push"], cfg["num_chunks"],
+                     **_phases(st[1], cfg["combine_programs"], cfg["combine_push"], n_chunks,
                                layout=False)})
     return rows
 
@@ -216,12 +224,13 @@ def main():
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             return bool(flag.item())
 
-        dispatch_results = []  # (config, eager us, graph us, correct)
+        dispatch_results = []  # (config, eager us, graph us, correct, graph us of a default combine after it)
         for c in [default] + [_knobs(default, _DISPATCH_KEYS, s_) for s_ in DISPATCH_SWEEP[T]]:
             t_e = time_us(dispatch_call(c))
             t_g = graph_us(dispatch_call(c))
-            res = dispatch_call(c)()
-            dispatch_results.append((c, t_e, t_g, correct(ep_combine(res.x, res.handle))))
+            res = dispatch_call(c)()  # combine takes the dispatch's chunks: time it after each
+            t_c = graph_us(lambda: ep_combine(res.x, res.handle))
+            dispatch_results.append((c, t_e, t_g, correct(ep_combine(res.x, res.handle)), t_c))
         combine_results = []
         res = dispatch_call(default)()
         for c in [default] + [_knobs(default, _COMBINE_KEYS, s_) for s_ in COMBINE_SWEEP[T]]:
@@ -248,14 +257,16 @@ def main():
                      "best dispatch config": _dispatch_name(best_d[0]),
                      "best combine config": _combine_name(best_c[0])})
         sweep_rows = [{"T": T, "phase": "dispatch", "config": _dispatch_name(q[0]), "eager us": q[1],
-                       "graph us": q[2], "correct": q[3]} for q in dispatch_results]
+                       "graph us": q[2], "correct": q[3], "combine graph us after it": q[4]}
+                      for q in dispatch_results]
         sweep_rows += [{"T": T, "phase": "combine", "config": _combine_name(q[0]), "eager us": q[1],
                         "graph us": q[2], "correct": q[3]} for q in combine_results]
         record(f"moe_ep_timeline_T{T}", timeline_rows(T, x, idx, weights),
                notes="µs since the kernel's first program start, first / median / last over programs (or chunks); "
                "one graph replay of the default dispatch + combine")
         record(f"moe_ep_sweep_T{T}", sweep_rows, notes="eager and CUDA-graph replay, median of 20, max over ranks; "
-               "first row of each phase = the default config")
+               "first row of each phase = the default config; dispatch rows: a default-knob combine of that "
+               "dispatch's chunks timed after it")
         del res, base
     record("moe_ep", rows, notes=(
         f"2 ranks, H={H}, top-{K} of {E}, bf16. Link bytes = rows sent to the other rank * H * 2 B (one per "

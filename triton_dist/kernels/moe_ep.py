@@ -108,6 +108,26 @@ def _column(block, j, cols):
 
 
 @triton.jit
+def _chunk_span(c, T, n_chunks, n_head, n_tail, split):
+    """Tokens [c0, c1) of chunk c (a scalar or a block of chunk indices). The tokens are cut into
+    n_base = n_chunks - (n_head + n_tail) * (split - 1) equal base chunks of S = cdiv(T, n_base); the first n_head
+    and the last n_tail base chunks are cut again into ``split`` pieces each: small chunks at the start let the
+    first rows land sooner, small chunks at the end shorten the tail after the last one is claimed."""
+    n_base = n_chunks - (n_head + n_tail) * (split - 1)
+    S = tl.cdiv(T, n_base)
+    s = tl.cdiv(S, split)
+    head = n_head * split  # chunk indices [0, head) are pieces of the first n_head base chunks
+    tail = head + n_base - n_head - n_tail  # [tail, n_chunks): pieces of the last n_tail
+    cut = (c < head) | (c >= tail)
+    j = tl.where(c >= tail, c - tail, c)
+    b = tl.where(c < head, c // split, tl.where(c >= tail, n_base - n_tail + j // split, c - n_head * (split - 1)))
+    p0 = tl.where(cut, (j % split) * s, 0)
+    c0 = tl.minimum(b * S + tl.minimum(p0, S), T)
+    c1 = tl.minimum(b * S + tl.minimum(p0 + tl.where(cut, s, S), S), T)
+    return c0, c1
+
+
+@triton.jit
 def _route(topk_idx, t0, t_end, E, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
            EL_PAD: tl.constexpr):
     """Tokens [t0, t0 + BT) clipped to t_end: padded expert index d * EL_PAD + local (-1: no expert), owner rank
@@ -222,7 +242,7 @@ def _end_claims(claims, u, n_units, claimers):
 # ----------------------------------------------------------------------------------------------------- kernels
 @triton.jit
 def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, state, T, E, n_chunks,
-                     ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr, K_PAD: tl.constexpr,
+                     n_head, n_tail, split, ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr, K_PAD: tl.constexpr,
                      EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr, QB: tl.constexpr,
                      TIMELINE: tl.constexpr):
     """Program g counts the CG token chunks [g * CG, g * CG + CG) in one pass (histograms keyed by chunk and
@@ -237,16 +257,16 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
     EP: tl.constexpr = W_PAD * EL_PAD
     ROW: tl.constexpr = EP + W_PAD
     epoch = dl.call_epoch(state)
-    chunk = tl.cdiv(T, n_chunks)
     dv = tl.arange(0, W_PAD)
     i = tl.arange(0, CG * TB) // TB  # (chunk i of the group, token j of its block): [CG * TB] at once
     j = tl.arange(0, CG * TB) % TB
+    c0, c1 = _chunk_span(g * CG + i, T, n_chunks, n_head, n_tail, split)
+    longest = tl.cdiv(T, n_chunks - (n_head + n_tail) * (split - 1))  # a base chunk
     per_expert = tl.zeros([CG, EP], dtype=tl.int32)
     per_rank = tl.zeros([CG, W_PAD], dtype=tl.int32)
-    for j0 in range(0, chunk, TB):  # one step unless a chunk has more than TB tokens
-        t = (g * CG + i) * chunk + j0 + j
-        ep, owner = _route_at(topk_idx, t, (j0 + j < chunk) & (g * CG + i < n_chunks) & (t < T), E, K, EL, K_PAD,
-                              EL_PAD)
+    for j0 in range(0, longest, TB):  # one step unless a chunk has more than TB tokens
+        t = c0 + j0 + j
+        ep, owner = _route_at(topk_idx, t, (t < c1) & (g * CG + i < n_chunks), E, K, EL, K_PAD, EL_PAD)
         ok = ep >= 0
         key_e = tl.where(ok, i[:, None] * EP + ep, 0)  # (chunk, padded expert)
         per_expert += tl.reshape(tl.histogram(tl.reshape(key_e, (CG * TB * K_PAD,)), CG * EP,
@@ -283,7 +303,8 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
 
 
 @triton.jit
-def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, h_parts, n_push,
+def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, n_head, n_tail,
+                       split, h_parts, n_push,
                        recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready, arrived,
                        recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_prefix,
                        claims, state, ctx, timeline,
@@ -306,7 +327,6 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     ev = tl.arange(0, EP)
     dv = tl.arange(0, W_PAD)
     kk = tl.arange(0, K_PAD)
-    chunk = tl.cdiv(T, n_chunks)
     if FUSED_LAYOUT:
         if pid == 0:
             total, _ = _count(topk_idx, 0, T, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
@@ -335,8 +355,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
         # rows for this rank go straight into all their slot rows
         c = _next_claim(claims + 1)  # senders take chunks in order: faster programs take more
         while c < n_chunks:
-            c0 = tl.minimum(c * chunk, T)
-            c1 = tl.minimum(c0 + chunk, T)
+            c0, c1 = _chunk_span(c, T, n_chunks, n_head, n_tail, split)
             if FUSED_LAYOUT:
                 # counting takes wide blocks of tokens (BT_COUNT): it is a serial loop over every earlier token
                 carry_e, carry_r = _count(topk_idx, 0, c0, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
@@ -442,8 +461,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
 
 @triton.jit
-def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push, recv_slots, recv_w, recv_span,
-                      token_pos, partials, ready, combined, claims, state, ctx, timeline,
+def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_head, n_tail, split, h_parts, n_push, recv_slots,
+                      recv_w, recv_span, token_pos, partials, ready, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr,
                       TIMELINE: tl.constexpr):
@@ -494,13 +513,11 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
     # RECEIVE, every program (senders once their chunks are out): take units (chunk c, column part) of this rank's
     # tokens in order, one at a time, from a per-call counter, so that senders that finish early share the
     # receivers' remaining work; column parts keep the last units short (the tail after the last chunk lands)
-    chunk = tl.cdiv(T, n_chunks)
     n_units = n_chunks * h_parts
     u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
         c, h_first, h_end = _unit(u, h_parts, H, BH)
-        c0 = tl.minimum(c * chunk, T)
-        c1 = tl.minimum(c0 + chunk, T)
+        c0, c1 = _chunk_span(c, T, n_chunks, n_head, n_tail, split)
         for t0 in range(c0, c1, BT):
             t = t0 + tl.arange(0, BT)
             tm = t < c1
@@ -620,7 +637,8 @@ def default_config(max_tokens, hidden, device_type):
     maxnreg (a register cap per thread, None = the compiler's choice; lets two programs share an SM),
     eager_graph (an eager dispatch replays its launches from a cached CUDA graph: host-bound decode sizes),
     h_parts (the receivers' unit of work: a chunk's columns in this many parts), layout_chunks (chunks counted
-    by one program of the layout launch).
+    by one program of the layout launch), split_first / split_last / split_into (the first / last that many of
+    the num_chunks chunks are cut into split_into smaller ones: see _chunk_span).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -638,6 +656,7 @@ def default_config(max_tokens, hidden, device_type):
                "num_warps": 8, "fused_layout": False, "h_parts": 2, "combine_programs": 128, "combine_push": 52,
                "combine_warps": 16, "combine_h_parts": 2}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
+            "split_first": 0, "split_last": 0, "split_into": 1,
             "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
@@ -651,7 +670,7 @@ class EpHandle:
     workspace: _Workspace
     call: int
     num_tokens: int
-    num_chunks: int
+    chunking: tuple  # (chunks, split_first, split_last, split_into) of the dispatch: combine's chunks are the same
     token_pos: torch.Tensor  # [T, W] int32: position of token t in rank d's receive list (-1: not sent)
 
 
@@ -712,8 +731,16 @@ def _checked_defaults(max_tokens, hidden, device_type):
 
 def _checked(max_tokens, hidden, device_type, config):
     cfg = autotune.with_overrides(default_config(max_tokens, hidden, device_type), config)
-    if not 1 <= int(cfg["num_chunks"]) <= MAX_CHUNKS:
-        raise ValueError(f"num_chunks must be in [1, {MAX_CHUNKS}], got {cfg['num_chunks']}")
+    for name in ("num_chunks", "split_first", "split_last", "split_into"):
+        if not isinstance(cfg[name], int) or cfg[name] < (0 if name in ("split_first", "split_last") else 1):
+            raise ValueError(f"{name} must be an int >= {0 if name in ('split_first', 'split_last') else 1}, "
+                             f"got {cfg[name]!r}")
+    if cfg["split_first"] + cfg["split_last"] > cfg["num_chunks"]:
+        raise ValueError(f"split_first + split_last must be <= num_chunks, got {cfg['split_first']} + "
+                         f"{cfg['split_last']} > {cfg['num_chunks']}")
+    if _chunking(cfg)[0] > MAX_CHUNKS:
+        raise ValueError(f"num_chunks + (split_first + split_last) * (split_into - 1) must be <= {MAX_CHUNKS}, "
+                         f"got {_chunking(cfg)[0]}")
     for prog, push in (("num_programs", "push_programs"), ("combine_programs", "combine_push")):
         if not 1 <= int(cfg[push]) < int(cfg[prog]):
             raise ValueError(f"need 1 <= {push} < {prog}, got {cfg[push]}, {cfg[prog]}")
@@ -724,6 +751,17 @@ def _checked(max_tokens, hidden, device_type, config):
         if int(cfg[name]) < 1:
             raise ValueError(f"{name} must be >= 1, got {cfg[name]}")
     return cfg
+
+
+def _chunking(cfg):
+    """(chunks of a call, split_first, split_last, split_into): the arguments of _chunk_span."""
+    head, tail, split = cfg["split_first"], cfg["split_last"], cfg["split_into"]
+    return cfg["num_chunks"] + (head + tail) * (split - 1), head, tail, split
+
+
+def _base_chunks(n_chunks, head, tail, split):
+    """The uncut chunks of a chunking (num_chunks): the longest chunk has cdiv(T, that) tokens."""
+    return n_chunks - (head + tail) * (split - 1)
 
 
 def _senders_help(n_prog, t):
@@ -772,16 +810,18 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     K = topk_idx.shape[1]
     ws = _Workspace.get(num_experts, K, max_tokens, H, x.dtype, align)
     cfg = resolve_config(max_tokens, H, x.device.type, config)
-    n_chunks, n_prog, n_push = int(cfg["num_chunks"]), int(cfg["num_programs"]), int(cfg["push_programs"])
+    n_base, n_prog, n_push = cfg["num_chunks"], int(cfg["num_programs"]), int(cfg["push_programs"])
+    chunking = _chunking(cfg)
+    n_chunks = chunking[0]
     _check_timeline(timeline, x.device, n_prog)
     h_parts = cfg["h_parts"]
     k_pad = triton.next_power_of_2(K)
     ep = ws.w_pad * ws.el_pad
-    bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
+    bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_base))
     bt = triton.next_power_of_2(max(1, bt))
     bt_count = triton.next_power_of_2(max(1, min(8192 // (k_pad * ep), max_tokens)))  # tokens per counting step
     # layout programs: cg chunks each, counted tb tokens of every chunk at a time (at most 4096 tokens per step)
-    tb_layout = min(triton.next_power_of_2(triton.cdiv(max_tokens, n_chunks)), 256)
+    tb_layout = min(triton.next_power_of_2(triton.cdiv(max_tokens, n_base)), 256)
     cg = min(triton.next_power_of_2(min(int(cfg["layout_chunks"]), n_chunks)), 4096 // tb_layout)
     n_groups = triton.cdiv(n_chunks, cg)
     bh = min(triton.next_power_of_2(int(cfg["block_h"])), triton.next_power_of_2(H))
@@ -801,12 +841,12 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         if not fused:
             ep_layout_kernel[(n_groups,)](
                 idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
-                num_experts, n_chunks, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
+                num_experts, *chunking, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
                 QB=min(triton.next_power_of_2(n_groups), 128 if x.device.type == "cuda" else 4),
                 TIMELINE=timeline is not None, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad, EL_PAD=ws.el_pad,
                 W_PAD=ws.w_pad)
         ep_dispatch_kernel[(n_prog,)](
-            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts, n_push,
+            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, *chunking, h_parts, n_push,
             ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
             ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
             ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
@@ -824,7 +864,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     if not replayed:
         launch(x, idx, wts)
     ws.calls += 1
-    handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
+    handle = EpHandle(ws, ws.calls, T, chunking, ws.token_pos[:T])
     ws.last = handle
     rows = ws.max_rows
     if exact:
@@ -863,7 +903,7 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     cfg = resolve_config(ws.max_tokens, H, expert_out.device.type, config)
     bh = min(triton.next_power_of_2(int(cfg["combine_block_h"])), triton.next_power_of_2(H))
     bt = triton.next_power_of_2(max(1, min(int(cfg["combine_block_tokens"]),
-                                           triton.cdiv(ws.max_tokens, handle.num_chunks))))
+                                           triton.cdiv(ws.max_tokens, _base_chunks(*handle.chunking)))))
     expert_out = expert_out.contiguous()
     if expert_out.shape[0] == 0:
         expert_out = torch.zeros((1, H), dtype=ws.dtype, device=expert_out.device)
@@ -874,7 +914,7 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     _check_timeline(timeline, expert_out.device, n_prog)
     h_parts = cfg["combine_h_parts"]
     ep_combine_kernel[(n_prog,)](
-        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push, ws.recv_slots, ws.recv_w,
+        expert_out, y_arg, T, H, ws.max_tokens, *handle.chunking, h_parts, n_push, ws.recv_slots, ws.recv_w,
         ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_claims, ws.combine_state,
         shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
