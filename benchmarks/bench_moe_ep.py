@@ -241,7 +241,7 @@ def main():
         per_call_d = graph_us(dispatch_call(default), calls=20)  # (after: a dispatch makes `res` stale)
         best_d = min(dispatch_results, key=lambda q: q[2])
         best_c = min(combine_results, key=lambda q: q[2])
-        _, d_e, d_g, ok_d = dispatch_results[0]
+        _, d_e, d_g, ok_d, _ = dispatch_results[0]
         _, c_e, c_g, ok_c = combine_results[0]
         gbps = lambda t: link_bytes / t / 1e3  # noqa: E731
         rows.append({"T": T, "link MB": link_bytes / 1e6,
