@@ -7,7 +7,10 @@ kernels with the same tiles and programs as our kernels but no layout, flags or 
   gather    y[t] = sum of 8 weighted random rows of an [8T, H] buffer: the expert-output reads and y writes of a
             combine on one rank.
   push      every row to the other rank (one store per row over NVLink, both ranks at once): the link bytes of
-            a dispatch or a combine; with 64 and with 128 programs.
+            a dispatch or a combine; with 16 to 128 programs (how much one program can keep in flight).
+  sender    the data movement of dispatch's senders without their bookkeeping: 16-token chunks taken in a
+            stride, each row pushed to the peer and stored into 4 local rows; optionally with the next tile's
+            load issued before the current tile's stores (prefetch) and a release signal to the peer per chunk.
 Each is timed per call from a CUDA graph of 20 calls (device time), median of 20 replays, max over ranks.
 """
 
@@ -66,6 +69,31 @@ def push_kernel(x, dst, T, H, ctx, BT: tl.constexpr, BH: tl.constexpr):
             dl.put(dst + offs, tl.load(x + offs, mask=t[:, None] < T), peer, ctx, mask=t[:, None] < T)
 
 
+@triton.jit
+def sender_kernel(x, dst, out, rows, flags, T, H, ctx, LOCAL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
+                  PREFETCH: tl.constexpr, SIGNAL: tl.constexpr):
+    peer = (dl.rank(ctx) + 1) % dl.num_ranks(ctx)
+    for t0 in range(tl.program_id(0) * BT, T, tl.num_programs(0) * BT):
+        t = t0 + tl.arange(0, BT)
+        tm = t[:, None] < T
+        src = x + t[:, None].to(tl.int64) * H
+        tile = tl.load(src + tl.arange(0, BH)[None, :], mask=tm)
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            if PREFETCH:  # the next tile's load is in flight while this one's stores issue
+                nxt = tl.load(src + BH + hh[None, :], mask=tm & (hh[None, :] + BH < H))
+            else:
+                tile = tl.load(src + hh[None, :], mask=tm)
+            dl.put(dst + t[:, None].to(tl.int64) * H + hh[None, :], tile, peer, ctx, mask=tm)
+            for j in tl.static_range(LOCAL):
+                r = tl.load(rows + t * 8 + j, mask=t < T)
+                tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=tm)
+            if PREFETCH:
+                tile = nxt
+        if SIGNAL:
+            dl.signal(flags + t0 // BT, 1, peer, ctx)
+
+
 def main():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     td.init(backend="cuda", heap_size=1 << 30)
@@ -76,6 +104,7 @@ def main():
     w = torch.rand(T, K, device="cuda", generator=g)
     y = torch.empty_like(x)
     dst = shmem.empty((T, H), torch.bfloat16, name="ceiling.dst")
+    flags = shmem.signals((T // BT,), name="ceiling.flags")
     ctx = shmem.context()
 
     # correctness first: each kernel against torch
@@ -83,13 +112,18 @@ def main():
     gather_kernel[(128,)](big, y, rows, w, T, H, K=K, BT=BT, BH=BH, num_warps=16)
     push_kernel[(128,)](x, dst, T, H, ctx, BT=BT, BH=BH, num_warps=8)
     shmem.barrier()
+    big2 = torch.zeros_like(big)
+    sender_kernel[(64,)](x, dst, big2, rows, flags, T, H, ctx, LOCAL=4, BT=BT, BH=BH, PREFETCH=True, SIGNAL=True,
+                         num_warps=8)
+    shmem.barrier()
+    ok_sender = torch.equal(big2[rows[:, :4].long()], x[:, None, :].expand(T, 4, H))
     ref = (w[:, :, None] * x.float()[:, None, :]).sum(1)  # big's rows of token t all hold x[t]
     ok = torch.equal(big[rows.long()], x[:, None, :].expand(T, K, H)) and \
         torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2)
     every = [torch.empty_like(x) for _ in range(td.world_size())]
     dist.all_gather(every, x)
     peer_x = every[(td.rank() - 1) % td.world_size()]
-    ok &= torch.equal(dst, peer_x)
+    ok &= torch.equal(dst, peer_x) and ok_sender
     assert ok, f"rank {td.rank()}: a ceiling kernel moved the wrong bytes"
 
     row_bytes = H * 2
@@ -97,9 +131,16 @@ def main():
               lambda: scatter_kernel[(128,)](x, big, rows, T, H, K=K, BT=BT, BH=BH, num_warps=8)),
              ("gather (combine's expert-row reads)", 128, 16, K * T * row_bytes + T * row_bytes,
               lambda: gather_kernel[(128,)](big, y, rows, w, T, H, K=K, BT=BT, BH=BH, num_warps=16))]
-    for n in (64, 128):
+    for n in (16, 32, 64, 128):
         cases.append((f"push to the peer, {n} programs", n, 8, T * row_bytes,
                       lambda n=n: push_kernel[(n,)](x, dst, T, H, ctx, BT=BT, BH=BH, num_warps=8)))
+    for local, pre, sig in ((0, False, False), (4, False, False), (4, True, False), (4, False, True),
+                            (4, True, True)):
+        name = f"sender: push + {local} local rows{', prefetch' if pre else ''}{', signal per chunk' if sig else ''}"
+        cases.append((name, 64, 8, T * row_bytes * (2 + local),
+                      lambda local=local, pre=pre, sig=sig: sender_kernel[(64,)](
+                          x, dst, big2, rows, flags, T, H, ctx, LOCAL=local, BT=BT, BH=BH, PREFETCH=pre, SIGNAL=sig,
+                          num_warps=8)))
     out = []
     for name, n, warps, nbytes, fn in cases:
         t = torch.tensor([graph_us(fn, calls=20)], device="cuda")
@@ -109,7 +150,8 @@ def main():
                     "GB/s": nbytes / us / 1e3, "correct": ok})
     record("moe_ceilings", out, notes=(
         f"T={T} rows of H={H} bf16 per rank, tiles {BT}x{BH}; per call from a graph of 20, max over 2 ranks. "
-        "MB = bytes read + written (scatter, gather) or sent to the peer (push)."))
+        "MB = bytes read + written (scatter, gather, sender: x read, the pushed rows, local rows written) or sent "
+        "to the peer (push)."))
     td.finalize()
 
 

@@ -53,13 +53,16 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # against 225, now the default).
            # run29-30: the receivers writing the own rows of the first 32 / 64 / 128 chunks (their senders only
            # pushing) instead of waiting for the first arrivals: 226-228 us (default 224): dropped.
-           {"layout_chunks": 16}, {"layout_chunks": 2}, {"layout_chunks": 1},
+           # run34-35: layout programs of 16 / 2 / 1 chunks 224-225 / 219-222 / 221 us (default 4: 217-218).
            # run34 timeline: 64 senders each push a 16-token chunk in ~40 us, so the chunks land in waves and the
            # last wave leaves ~10-15 us of receiving after the last push (both kernels). Smaller last (and first)
-           # chunks: split_last / split_first base chunks cut in split_into (combine uses the same chunks).
-           {"split_last": 64, "split_into": 4}, {"split_last": 32, "split_into": 4},
-           {"split_last": 128, "split_into": 2}, {"split_first": 16, "split_last": 64, "split_into": 4},
-           {"split_first": 64, "split_into": 4}, {"split_last": 64, "split_into": 8}],
+           # chunks (split_last / split_first base chunks cut in split_into; combine uses the same chunks), run35:
+           # last 64 in 4: dispatch 263 / combine after it 273 us (default 217 / 213), last 32 in 4: 245 / 242,
+           # last 128 in 2: 238 / 247, first 16 + last 64 in 4: 275 / 288, first 64 in 4: 266 / 277, last 64 in 8:
+           # 338 / 381. A chunk costs nearly as much time with 4 tokens as with 16 (each copy step waits for its
+           # load: per program, latency-bound): the split stays a knob, off. Next: the copy loops load the next
+           # tile before storing the current one (prefetch).
+           {"prefetch": True}, {"prefetch": True, "h_parts": 4}],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.

@@ -131,12 +131,13 @@ CFG_8_RANKS = {"fused_layout": False, "num_chunks": 3, "block_h": 4, "h_parts": 
                "combine_h_parts": 2}
 CFG_TWO_LAUNCH = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "num_programs": 3, "push_programs": 2,
                   "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3,
-                  "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3}
+                  "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3, "prefetch": True}
 CFG_LONG_CHUNKS = {"fused_layout": False, "num_chunks": 2, "block_tokens": 64, "block_h": 8}
 CFG_RECOVERY = {"fused_layout": False}
 # 5 base chunks of 5 tokens (T=23): the first one and the last two cut in 3 (2, 2, 1 tokens) or 4 (the 4th empty)
 CFG_SPLIT = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 2, "split_first": 1, "split_last": 2,
-             "split_into": 3, "num_programs": 3, "push_programs": 2, "block_tokens": 2, "block_h": 16}
+             "split_into": 3, "num_programs": 3, "push_programs": 2, "block_tokens": 2, "block_h": 16,
+             "prefetch": True}
 CFG_SPLIT_FUSED = {"fused_layout": True, "num_chunks": 5, "split_first": 0, "split_last": 2, "split_into": 4}
 
 
@@ -500,14 +501,14 @@ _DISPATCH_SIG = dict(
     chunk_prefix="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr",
     EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
     RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr", SENDERS_HELP="constexpr",
-    TIMELINE="constexpr")
+    PREFETCH="constexpr", TIMELINE="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
-                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused,
-                  TIMELINE=not fused)  # with and without helping senders and stamps
+                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused, PREFETCH=not fused,
+                  TIMELINE=not fused)  # with and without helping senders, prefetching copy loops and stamps
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
     assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers and local duplicates)

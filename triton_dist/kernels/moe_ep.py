@@ -311,7 +311,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
-                       SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr):
+                       SENDERS_HELP: tl.constexpr, PREFETCH: tl.constexpr, TIMELINE: tl.constexpr):
     """Programs [0, n_push) send chunks in order (taken from a per-call counter: claims[1]); the others receive:
     they mark the rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks
     land."""
@@ -391,16 +391,22 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                     dl.put(recv_slots + rec[:, None] + kk[None, :], tl.where(owner == d, slot, -1), d, ctx, mask=m)
                     dl.put(recv_w + rec[:, None] + kk[None, :], w, d, ctx, mask=m)
                 src = x + t[:, None].to(tl.int64) * H
+                tile = tl.load(src + tl.arange(0, BH)[None, :], mask=tm[:, None] & (tl.arange(0, BH)[None, :] < H))
                 for h0 in range(0, H, BH):
                     hh = h0 + tl.arange(0, BH)
                     hm = hh[None, :] < H
-                    tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm)
+                    if PREFETCH:  # the next tile's load is in flight while this tile's stores issue
+                        nxt = tl.load(src + BH + hh[None, :], mask=tm[:, None] & (hh[None, :] + BH < H))
+                    else:
+                        tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm)
                     for i in range(world - 1):
                         d = (me + 1 + i) % world
                         row = _column(first, d, dv)
                         dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
                         dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
                     _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
+                    if PREFETCH:
+                        tile = nxt
             span = tl.arange(0, 2)
             for i in range(world):
                 d = (me + 1 + i) % world
@@ -448,11 +454,19 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                     tl.store(recv_weights + slots, tl.load(recv_w + rec, mask=m, other=0.0), mask=slots >= 0)
                 first = tl.min(tl.where(slots >= 0, slots, _BIG), axis=1)
                 has = first < _BIG
+                src = recv_x + first[:, None].to(tl.int64) * H
+                tile = tl.load(src + h_first + tl.arange(0, BH)[None, :],
+                               mask=has[:, None] & (h_first + tl.arange(0, BH)[None, :] < h_end))
                 for h0 in range(h_first, h_end, BH):
                     hh = h0 + tl.arange(0, BH)
                     hm = hh[None, :] < H
-                    tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :], mask=has[:, None] & hm)
+                    if PREFETCH:
+                        nxt = tl.load(src + BH + hh[None, :], mask=has[:, None] & (hh[None, :] + BH < h_end))
+                    else:
+                        tile = tl.load(src + hh[None, :], mask=has[:, None] & hm)
                     _store_rows(recv_x, tile, slots, first, hh, H, K, K_PAD)
+                    if PREFETCH:
+                        tile = nxt
         _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
         u = _next_claim(claims)
     _end_claims(claims, u, n_units, claimers)
@@ -638,7 +652,8 @@ def default_config(max_tokens, hidden, device_type):
     eager_graph (an eager dispatch replays its launches from a cached CUDA graph: host-bound decode sizes),
     h_parts (the receivers' unit of work: a chunk's columns in this many parts), layout_chunks (chunks counted
     by one program of the layout launch), split_first / split_last / split_into (the first / last that many of
-    the num_chunks chunks are cut into split_into smaller ones: see _chunk_span).
+    the num_chunks chunks are cut into split_into smaller ones: see _chunk_span), prefetch (dispatch's copy loops
+    load the next column tile before storing the current one).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -656,7 +671,7 @@ def default_config(max_tokens, hidden, device_type):
                "num_warps": 8, "fused_layout": False, "h_parts": 2, "combine_programs": 128, "combine_push": 52,
                "combine_warps": 16, "combine_h_parts": 2}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
-            "split_first": 0, "split_last": 0, "split_into": 1,
+            "split_first": 0, "split_last": 0, "split_into": 1, "prefetch": False,
             "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
@@ -851,7 +866,8 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
             ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
             ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
             RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
-            SENDERS_HELP=_senders_help(n_prog, x), TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]),
+            SENDERS_HELP=_senders_help(n_prog, x), PREFETCH=bool(cfg["prefetch"]), TIMELINE=timeline is not None,
+            num_warps=int(cfg["num_warps"]),
             **_register_cap(cfg["maxnreg"], x), **common)
         return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
 
