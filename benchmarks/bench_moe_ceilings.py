@@ -10,7 +10,10 @@ kernels with the same tiles and programs as our kernels but no layout, flags or 
             a dispatch or a combine; with 16 to 128 programs (how much one program can keep in flight).
   sender    the data movement of dispatch's senders without their bookkeeping: 16-token chunks taken in a
             stride, each row pushed to the peer and stored into 4 local rows; optionally with the next tile's
-            load issued before the current tile's stores (prefetch) and a release signal to the peer per chunk.
+            load issued before the current tile's stores (prefetch) and a release signal to the peer per chunk;
+            with more, smaller programs (several per SM).
+  roles     the same bytes with the roles split: programs [0, P) only push, the others only write the local
+            rows (a pusher waiting on the link does not hold up local stores behind it).
 Each is timed per call from a CUDA graph of 20 calls (device time), median of 20 replays, max over ranks.
 """
 
@@ -94,6 +97,27 @@ def sender_kernel(x, dst, out, rows, flags, T, H, ctx, LOCAL: tl.constexpr, BT: 
             dl.signal(flags + t0 // BT, 1, peer, ctx)
 
 
+@triton.jit
+def roles_kernel(x, dst, out, rows, T, H, n_push, ctx, LOCAL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+    peer = (dl.rank(ctx) + 1) % dl.num_ranks(ctx)
+    pid = tl.program_id(0)
+    pushes = pid < n_push
+    first = tl.where(pushes, pid, pid - n_push)
+    stride = tl.where(pushes, n_push, tl.num_programs(0) - n_push)
+    for t0 in range(first * BT, T, stride * BT):
+        t = t0 + tl.arange(0, BT)
+        tm = t[:, None] < T
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            tile = tl.load(x + t[:, None].to(tl.int64) * H + hh[None, :], mask=tm)
+            if pushes:
+                dl.put(dst + t[:, None].to(tl.int64) * H + hh[None, :], tile, peer, ctx, mask=tm)
+            else:
+                for j in tl.static_range(LOCAL):
+                    r = tl.load(rows + t * 8 + j, mask=t < T)
+                    tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=tm)
+
+
 def main():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     td.init(backend="cuda", heap_size=1 << 30)
@@ -117,6 +141,10 @@ def main():
                          num_warps=8)
     shmem.barrier()
     ok_sender = torch.equal(big2[rows[:, :4].long()], x[:, None, :].expand(T, 4, H))
+    big2.zero_()
+    roles_kernel[(192,)](x, dst, big2, rows, T, H, 64, ctx, LOCAL=4, BT=BT, BH=BH, num_warps=4)
+    shmem.barrier()
+    ok_sender &= torch.equal(big2[rows[:, :4].long()], x[:, None, :].expand(T, 4, H))
     ref = (w[:, :, None] * x.float()[:, None, :]).sum(1)  # big's rows of token t all hold x[t]
     ok = torch.equal(big[rows.long()], x[:, None, :].expand(T, K, H)) and \
         torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2)
@@ -141,6 +169,15 @@ def main():
                       lambda local=local, pre=pre, sig=sig: sender_kernel[(64,)](
                           x, dst, big2, rows, flags, T, H, ctx, LOCAL=local, BT=BT, BH=BH, PREFETCH=pre, SIGNAL=sig,
                           num_warps=8)))
+    for n, warps in ((128, 4), (256, 4)):
+        cases.append((f"sender: push + 4 local rows, {n} programs", n, warps, T * row_bytes * 6,
+                      lambda n=n, warps=warps: sender_kernel[(n,)](
+                          x, dst, big2, rows, flags, T, H, ctx, LOCAL=4, BT=BT, BH=BH, PREFETCH=False, SIGNAL=False,
+                          num_warps=warps)))
+    for n, push, warps in ((128, 32, 8), (128, 64, 8), (192, 64, 4), (256, 64, 4), (256, 128, 4)):
+        cases.append((f"roles: {push} push, {n - push} write the 4 local rows", n, warps, T * row_bytes * 7,
+                      lambda n=n, push=push, warps=warps: roles_kernel[(n,)](
+                          x, dst, big2, rows, T, H, push, ctx, LOCAL=4, BT=BT, BH=BH, num_warps=warps)))
     out = []
     for name, n, warps, nbytes, fn in cases:
         t = torch.tensor([graph_us(fn, calls=20)], device="cuda")
