@@ -47,7 +47,7 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
     # ~17 us there: fewer senders.
     # run21-23: 128/60 244-246 us, 132/64 231 (default 229-233). Column parts of the receivers' units (senders
     # help receiving): 1 and 4 against the default 2.
-    4096: [(128, 64, 256, 512, 16, 8, False, None, 1), (128, 64, 256, 512, 16, 8, False, None, 4),
+    4096: [(128, 64, 256, 512, 16, 8, False, None, 4),  # 1 part: 225-227 us (runs 34-36)
            # run26-28: a fixed stripe of chunks per sender (before senders took them from a counter) 225-228 us;
            # layout programs of 8 / 32 / 4 chunks 219-224 / 268-270 / 218-225 (16: 224; run31: 4 chunks 219
            # against 225, now the default).
@@ -60,9 +60,19 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # last 64 in 4: dispatch 263 / combine after it 273 us (default 217 / 213), last 32 in 4: 245 / 242,
            # last 128 in 2: 238 / 247, first 16 + last 64 in 4: 275 / 288, first 64 in 4: 266 / 277, last 64 in 8:
            # 338 / 381. A chunk costs nearly as much time with 4 tokens as with 16 (each copy step waits for its
-           # load: per program, latency-bound): the split stays a knob, off. Next: the copy loops load the next
-           # tile before storing the current one (prefetch).
-           {"prefetch": True}, {"prefetch": True, "h_parts": 4}],
+           # load: per program, latency-bound). run36: the copy loops loading the next tile before storing the
+           # current one (prefetch) 217.4 us (default 217.9), with 4 parts 213.4 (4 parts alone 219.9): no gain.
+           # run36-37 ceilings: the senders' bytes alone (push + 4 local rows, 64 programs of 8 warps) take 184 us,
+           # 168 with 128 programs of 4 warps (two per SM), 164 with 64 pure pushers + 64 local writers: more,
+           # smaller programs (4 warps: 255 registers, two fit on an SM).
+           {"num_programs": 256, "push_programs": 128, "num_warps": 4},
+           {"num_programs": 256, "push_programs": 128, "num_warps": 4, "h_parts": 4},
+           {"num_programs": 264, "push_programs": 132, "num_warps": 4},
+           {"num_programs": 256, "push_programs": 112, "num_warps": 4},
+           {"num_programs": 256, "push_programs": 144, "num_warps": 4},
+           {"num_programs": 192, "push_programs": 96, "num_warps": 4},
+           {"num_programs": 256, "push_programs": 128, "num_warps": 4, "num_chunks": 512, "block_tokens": 8},
+           {"num_programs": 256, "push_programs": 128, "num_warps": 4, "split_last": 64, "split_into": 2}],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
@@ -85,7 +95,7 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # 128/64 216-222, 128/72 228; a fixed stripe of chunks per sender 218-224.
     # run31: the receivers' own partials of the first 32 / 64 / 128 chunks computed first (into y, read back for
     # the sum) while the peers' first partials are on the link: 215 / 214 / 231 us (default 215): dropped.
-    4096: [(128, 64, 512, 16, 16, None, 1), {"combine_push": 56}, {"combine_push": 64}],
+    4096: [{"combine_push": 56}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16)],
 }  # (an entry may also be a dict of knobs)
