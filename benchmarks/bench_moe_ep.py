@@ -47,7 +47,7 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
     # ~17 us there: fewer senders.
     # run21-23: 128/60 244-246 us, 132/64 231 (default 229-233). Column parts of the receivers' units (senders
     # help receiving): 1 and 4 against the default 2.
-    4096: [(128, 64, 256, 512, 16, 8, False, None, 4),  # 1 part: 225-227 us (runs 34-36)
+    4096: [(128, 64, 256, 512, 16, 8, False, None, 2),  # 1 part: 225-227 us (runs 34-36)
            # run26-28: a fixed stripe of chunks per sender (before senders took them from a counter) 225-228 us;
            # layout programs of 8 / 32 / 4 chunks 219-224 / 268-270 / 218-225 (16: 224; run31: 4 chunks 219
            # against 225, now the default).
@@ -56,23 +56,19 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # run34-35: layout programs of 16 / 2 / 1 chunks 224-225 / 219-222 / 221 us (default 4: 217-218).
            # run34 timeline: 64 senders each push a 16-token chunk in ~40 us, so the chunks land in waves and the
            # last wave leaves ~10-15 us of receiving after the last push (both kernels). Smaller last (and first)
-           # chunks (split_last / split_first base chunks cut in split_into; combine uses the same chunks), run35:
+           # chunks (base chunks cut in pieces, commit 089b2fe; combine uses the same chunks), run35:
            # last 64 in 4: dispatch 263 / combine after it 273 us (default 217 / 213), last 32 in 4: 245 / 242,
            # last 128 in 2: 238 / 247, first 16 + last 64 in 4: 275 / 288, first 64 in 4: 266 / 277, last 64 in 8:
            # 338 / 381. A chunk costs nearly as much time with 4 tokens as with 16 (each copy step waits for its
-           # load: per program, latency-bound). run36: the copy loops loading the next tile before storing the
-           # current one (prefetch) 217.4 us (default 217.9), with 4 parts 213.4 (4 parts alone 219.9): no gain.
+           # load: per program, latency-bound): dropped. run36: the copy loops loading the next tile before
+           # storing the current one (prefetch) 217.4 us (default 217.9), with 4 parts 213.4: dropped.
            # run36-37 ceilings: the senders' bytes alone (push + 4 local rows, 64 programs of 8 warps) take 184 us,
-           # 168 with 128 programs of 4 warps (two per SM), 164 with 64 pure pushers + 64 local writers: more,
-           # smaller programs (4 warps: 255 registers, two fit on an SM).
-           {"num_programs": 256, "push_programs": 128, "num_warps": 4},
-           {"num_programs": 256, "push_programs": 128, "num_warps": 4, "h_parts": 4},
-           {"num_programs": 264, "push_programs": 132, "num_warps": 4},
-           {"num_programs": 256, "push_programs": 112, "num_warps": 4},
-           {"num_programs": 256, "push_programs": 144, "num_warps": 4},
-           {"num_programs": 192, "push_programs": 96, "num_warps": 4},
-           {"num_programs": 256, "push_programs": 128, "num_warps": 4, "num_chunks": 512, "block_tokens": 8},
-           {"num_programs": 256, "push_programs": 128, "num_warps": 4, "split_last": 64, "split_into": 2}],
+           # 168 with 128 programs of 4 warps (two per SM), 164 with 64 pure pushers + 64 local writers. In the
+           # kernel (run37) two programs per SM (4 warps) are slower: 256/128 231 us, with 4 parts 233, 264/132
+           # 228, 256/112 237, 256/144 239, 192/96 231, 512 chunks of 8 tokens 231, last 64 chunks in 2: 238.
+           # 4 column parts (now the default) against 2: 213.3 / 215.1 / 219.9 / 210.8 against 218.0 / 216.6 /
+           # 217.9 / 216.3 (runs 34-37).
+           {"h_parts": 8}],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
@@ -95,7 +91,7 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # 128/64 216-222, 128/72 228; a fixed stripe of chunks per sender 218-224.
     # run31: the receivers' own partials of the first 32 / 64 / 128 chunks computed first (into y, read back for
     # the sum) while the peers' first partials are on the link: 215 / 214 / 231 us (default 215): dropped.
-    4096: [{"combine_push": 56}],
+    4096: [{"combine_push": 56}, {"combine_h_parts": 3}, {"combine_h_parts": 4}, {"combine_push": 48}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16)],
 }  # (an entry may also be a dict of knobs)
@@ -111,10 +107,9 @@ def _knobs(default, keys, entry):
 
 
 def _dispatch_name(c):
-    split = f" split{c['split_first']}/{c['split_last']}x{c['split_into']}" if c["split_into"] > 1 else ""
-    return ("p{num_programs}/{push_programs} c{num_chunks}{split} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
+    return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
             "parts{h_parts}{lay}").format(f=" fused" if c["fused_layout"] else "",
-                                          r=f" r{c['maxnreg']}" if c["maxnreg"] else "", split=split,
+                                          r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
                                           lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "", **c)
 
 
@@ -147,7 +142,6 @@ def _phases(stamps, n_prog, n_push, n_chunks, layout):
 def timeline_rows(T, x, idx, weights):
     """Phase timelines of one default dispatch + combine (replayed from a graph), every rank."""
     cfg = default_config(T, H, "cuda")
-    n_chunks = moe_ep._chunking(cfg)[0]
     stamps = torch.full((2, moe_ep.TIMELINE_SLOTS), -1, dtype=torch.int64, device="cuda")
 
     def step():
@@ -160,10 +154,10 @@ def timeline_rows(T, x, idx, weights):
     for rank, st in enumerate(every):
         st = st.cpu()
         rows.append({"T": T, "rank": rank, "kernel": "dispatch",
-                     **_phases(st[0], cfg["num_programs"], cfg["push_programs"], n_chunks,
+                     **_phases(st[0], cfg["num_programs"], cfg["push_programs"], cfg["num_chunks"],
                                layout=not cfg["fused_layout"])})
         rows.append({"T": T, "rank": rank, "kernel": "combine",
-                     **_phases(st[1], cfg["combine_programs"], cfg["combine_push"], n_chunks,
+                     **_phases(st[1], cfg["combine_programs"], cfg["combine_push"], cfg["num_chunks"],
                                layout=False)})
     return rows
 
@@ -241,7 +235,7 @@ def main():
         for c in [default] + [_knobs(default, _DISPATCH_KEYS, s_) for s_ in DISPATCH_SWEEP[T]]:
             t_e = time_us(dispatch_call(c))
             t_g = graph_us(dispatch_call(c))
-            res = dispatch_call(c)()  # combine takes the dispatch's chunks: time it after each
+            res = dispatch_call(c)()  # combine takes the dispatch's chunks: time a default combine after each
             t_c = graph_us(lambda: ep_combine(res.x, res.handle))
             dispatch_results.append((c, t_e, t_g, correct(ep_combine(res.x, res.handle)), t_c))
         combine_results = []

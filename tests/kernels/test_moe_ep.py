@@ -8,11 +8,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import triton
-import triton.language as tl
 
 import triton_dist as td
-from triton_dist.kernels.moe_ep import _chunk_span, ep_combine, ep_dispatch
+from triton_dist.kernels.moe_ep import ep_combine, ep_dispatch
 
 from ..conftest import error_names, gpu_only
 from ..sm90 import compile_sm90
@@ -131,14 +129,9 @@ CFG_8_RANKS = {"fused_layout": False, "num_chunks": 3, "block_h": 4, "h_parts": 
                "combine_h_parts": 2}
 CFG_TWO_LAUNCH = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "num_programs": 3, "push_programs": 2,
                   "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3,
-                  "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3, "prefetch": True}
+                  "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3}
 CFG_LONG_CHUNKS = {"fused_layout": False, "num_chunks": 2, "block_tokens": 64, "block_h": 8}
 CFG_RECOVERY = {"fused_layout": False}
-# 5 base chunks of 5 tokens (T=23): the first one and the last two cut in 3 (2, 2, 1 tokens) or 4 (the 4th empty)
-CFG_SPLIT = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 2, "split_first": 1, "split_last": 2,
-             "split_into": 3, "num_programs": 3, "push_programs": 2, "block_tokens": 2, "block_h": 16,
-             "prefetch": True}
-CFG_SPLIT_FUSED = {"fused_layout": True, "num_chunks": 5, "split_first": 0, "split_last": 2, "split_into": 4}
 
 
 def cfg_back_to_back(i):
@@ -163,43 +156,6 @@ def test_two_launch_layout_and_uneven_chunks(ranks):
         assert problems == []
 
 
-@pytest.mark.parametrize("config", [CFG_SPLIT, CFG_SPLIT_FUSED])
-def test_split_first_and_last_chunks(ranks, config):
-    """Chunks of uneven sizes (split_first / split_last): layout, senders' and receivers' spans, combine."""
-    for problems in ranks(2, _run, "random", 23, 32, 8, 2, "float32", 1, 2, config):
-        assert problems == []
-
-
-@triton.jit
-def _chunk_spans_kernel(out, T, n_chunks, n_head, n_tail, split, BLOCK: tl.constexpr):
-    c = tl.arange(0, BLOCK)
-    c0, c1 = _chunk_span(c, T, n_chunks, n_head, n_tail, split)
-    tl.store(out + 2 * c, c0, mask=c < n_chunks)
-    tl.store(out + 2 * c + 1, c1, mask=c < n_chunks)
-
-
-def test_chunk_spans_cover_the_tokens_in_order():
-    """_chunk_span: consecutive chunks tile [0, T) without gaps or overlaps, base chunks cut as configured."""
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    for T, base, head, tail, split in [(23, 5, 1, 2, 3), (23, 5, 0, 2, 4), (4096, 256, 16, 64, 4), (7, 3, 3, 0, 2),
-                                       (1, 4, 2, 2, 2), (100, 10, 0, 0, 1)]:
-        n = base + (head + tail) * (split - 1)
-        out = torch.full((n, 2), -1, dtype=torch.int32, device=dev)
-        _chunk_spans_kernel[(1,)](out, T, n, head, tail, split, BLOCK=triton.next_power_of_2(n))
-        out = out.cpu()
-        S = -(-T // base)
-        expect = []
-        for b in range(base):
-            b0, b1 = min(b * S, T), min(b * S + S, T)
-            if b < head or b >= base - tail:
-                s = -(-S // split)
-                expect += [(min(b0 + min(p * s, S), T), min(b0 + min(p * s + s, S), T)) for p in range(split)]
-            else:
-                expect.append((b0, b1))
-        assert out.tolist() == [list(e) for e in expect], (T, base, head, tail, split)
-        assert out[0, 0] == 0 and out[-1, 1] == T and bool((out[1:, 0] == out[:-1, 1]).all())
-
-
 def test_layout_counts_long_chunks_in_steps(ranks):
     """Chunks of more than 256 tokens: the layout counts them in steps of 256 (here 301 and 299 tokens)."""
     for problems in ranks(2, _run, "random", 600, 8, 8, 2, "float32", 1, 5, CFG_LONG_CHUNKS):
@@ -212,7 +168,7 @@ def test_configs_are_valid_with_gpu_defaults(max_tokens):
     combine programs and left 66 senders to the GPU default failed there only)."""
     from triton_dist.kernels import moe_ep
 
-    for cfg in [CFG_8_RANKS, CFG_TWO_LAUNCH, CFG_LONG_CHUNKS, CFG_RECOVERY, CFG_SPLIT, CFG_SPLIT_FUSED] + [cfg_back_to_back(i) for i in range(4)]:
+    for cfg in [CFG_8_RANKS, CFG_TWO_LAUNCH, CFG_LONG_CHUNKS, CFG_RECOVERY] + [cfg_back_to_back(i) for i in range(4)]:
         moe_ep.resolve_config(max_tokens, 16, "cuda", cfg)  # raises ValueError when not
 
 
@@ -495,20 +451,21 @@ def test_gpu_cuda_graph_replay(ranks):
 # ----------------------------------------------------------------------------------------------------- sm_90
 _DISPATCH_SIG = dict(
     x="*bf16", topk_idx="*i32", topk_weights="*fp32", T="i32", H="i32", E="i32", align="i32", max_tokens="i32",
-    max_rows="i32", n_chunks="i32", n_head="i32", n_tail="i32", split="i32", h_parts="i32", n_push="i32",
-    recv_x="*bf16", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", all_counts="*i32", counts_ready="*i32", arrived="*i32",
+    max_rows="i32", n_chunks="i32", h_parts="i32", n_push="i32", recv_x="*bf16",
+    recv_slots="*i32",
+    recv_w="*fp32", recv_span="*i32", all_counts="*i32", counts_ready="*i32", arrived="*i32",
     recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32", expert_offsets="*i32", token_pos="*i32",
     chunk_prefix="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr",
     EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
     RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr", SENDERS_HELP="constexpr",
-    PREFETCH="constexpr", TIMELINE="constexpr")
+    TIMELINE="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
-                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused, PREFETCH=not fused,
-                  TIMELINE=not fused)  # with and without helping senders, prefetching copy loops and stamps
+                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused,
+                  TIMELINE=not fused)  # with and without helping senders and stamps
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
     assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers and local duplicates)
@@ -518,14 +475,13 @@ def test_dispatch_compiles_for_sm90(fused):
 
 def test_layout_and_combine_compile_for_sm90():
     sig = dict(topk_idx="*i32", chunk_counts="*i32", chunk_prefix="*i32", counted="*i32", all_counts="*i32",
-               counts_ready="*i32", state="*i32", T="i32", E="i32", n_chunks="i32", n_head="i32",
-               n_tail="i32", split="i32", ctx="*i64", timeline="*i64",
+               counts_ready="*i32", state="*i32", T="i32", E="i32", n_chunks="i32", ctx="*i64", timeline="*i64",
                K="constexpr", EL="constexpr", TB="constexpr", K_PAD="constexpr", EL_PAD="constexpr",
                W_PAD="constexpr", CG="constexpr", QB="constexpr", TIMELINE="constexpr")
     compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
                  dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=16, QB=16, TIMELINE=True))
-    sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", n_head="i32",
-               n_tail="i32", split="i32", h_parts="i32", n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
+    sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32",
+               n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
                partials="*bf16", ready="*i32", combined="*i32", claims="*i32", state="*i32", ctx="*i64",
                timeline="*i64", K="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", W_PAD="constexpr",
                MAXC="constexpr", SENDERS_HELP="constexpr", TIMELINE="constexpr")

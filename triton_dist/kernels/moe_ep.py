@@ -108,26 +108,6 @@ def _column(block, j, cols):
 
 
 @triton.jit
-def _chunk_span(c, T, n_chunks, n_head, n_tail, split):
-    """Tokens [c0, c1) of chunk c (a scalar or a block of chunk indices). The tokens are cut into
-    n_base = n_chunks - (n_head + n_tail) * (split - 1) equal base chunks of S = cdiv(T, n_base); the first n_head
-    and the last n_tail base chunks are cut again into ``split`` pieces each: small chunks at the start let the
-    first rows land sooner, small chunks at the end shorten the tail after the last one is claimed."""
-    n_base = n_chunks - (n_head + n_tail) * (split - 1)
-    S = tl.cdiv(T, n_base)
-    s = tl.cdiv(S, split)
-    head = n_head * split  # chunk indices [0, head) are pieces of the first n_head base chunks
-    tail = head + n_base - n_head - n_tail  # [tail, n_chunks): pieces of the last n_tail
-    cut = (c < head) | (c >= tail)
-    j = tl.where(c >= tail, c - tail, c)
-    b = tl.where(c < head, c // split, tl.where(c >= tail, n_base - n_tail + j // split, c - n_head * (split - 1)))
-    p0 = tl.where(cut, (j % split) * s, 0)
-    c0 = tl.minimum(b * S + tl.minimum(p0, S), T)
-    c1 = tl.minimum(b * S + tl.minimum(p0 + tl.where(cut, s, S), S), T)
-    return c0, c1
-
-
-@triton.jit
 def _route(topk_idx, t0, t_end, E, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
            EL_PAD: tl.constexpr):
     """Tokens [t0, t0 + BT) clipped to t_end: padded expert index d * EL_PAD + local (-1: no expert), owner rank
@@ -242,7 +222,7 @@ def _end_claims(claims, u, n_units, claimers):
 # ----------------------------------------------------------------------------------------------------- kernels
 @triton.jit
 def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, state, T, E, n_chunks,
-                     n_head, n_tail, split, ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr, K_PAD: tl.constexpr,
+                     ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr, K_PAD: tl.constexpr,
                      EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr, QB: tl.constexpr,
                      TIMELINE: tl.constexpr):
     """Program g counts the CG token chunks [g * CG, g * CG + CG) in one pass (histograms keyed by chunk and
@@ -257,16 +237,16 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
     EP: tl.constexpr = W_PAD * EL_PAD
     ROW: tl.constexpr = EP + W_PAD
     epoch = dl.call_epoch(state)
+    chunk = tl.cdiv(T, n_chunks)
     dv = tl.arange(0, W_PAD)
     i = tl.arange(0, CG * TB) // TB  # (chunk i of the group, token j of its block): [CG * TB] at once
     j = tl.arange(0, CG * TB) % TB
-    c0, c1 = _chunk_span(g * CG + i, T, n_chunks, n_head, n_tail, split)
-    longest = tl.cdiv(T, n_chunks - (n_head + n_tail) * (split - 1))  # a base chunk
     per_expert = tl.zeros([CG, EP], dtype=tl.int32)
     per_rank = tl.zeros([CG, W_PAD], dtype=tl.int32)
-    for j0 in range(0, longest, TB):  # one step unless a chunk has more than TB tokens
-        t = c0 + j0 + j
-        ep, owner = _route_at(topk_idx, t, (t < c1) & (g * CG + i < n_chunks), E, K, EL, K_PAD, EL_PAD)
+    for j0 in range(0, chunk, TB):  # one step unless a chunk has more than TB tokens
+        t = (g * CG + i) * chunk + j0 + j
+        ep, owner = _route_at(topk_idx, t, (j0 + j < chunk) & (g * CG + i < n_chunks) & (t < T), E, K, EL, K_PAD,
+                              EL_PAD)
         ok = ep >= 0
         key_e = tl.where(ok, i[:, None] * EP + ep, 0)  # (chunk, padded expert)
         per_expert += tl.reshape(tl.histogram(tl.reshape(key_e, (CG * TB * K_PAD,)), CG * EP,
@@ -303,15 +283,14 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
 
 
 @triton.jit
-def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, n_head, n_tail,
-                       split, h_parts, n_push,
+def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, h_parts, n_push,
                        recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready, arrived,
                        recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_prefix,
                        claims, state, ctx, timeline,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
-                       SENDERS_HELP: tl.constexpr, PREFETCH: tl.constexpr, TIMELINE: tl.constexpr):
+                       SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr):
     """Programs [0, n_push) send chunks in order (taken from a per-call counter: claims[1]); the others receive:
     they mark the rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks
     land."""
@@ -327,6 +306,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     ev = tl.arange(0, EP)
     dv = tl.arange(0, W_PAD)
     kk = tl.arange(0, K_PAD)
+    chunk = tl.cdiv(T, n_chunks)
     if FUSED_LAYOUT:
         if pid == 0:
             total, _ = _count(topk_idx, 0, T, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
@@ -355,7 +335,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
         # rows for this rank go straight into all their slot rows
         c = _next_claim(claims + 1)  # senders take chunks in order: faster programs take more
         while c < n_chunks:
-            c0, c1 = _chunk_span(c, T, n_chunks, n_head, n_tail, split)
+            c0 = tl.minimum(c * chunk, T)
+            c1 = tl.minimum(c0 + chunk, T)
             if FUSED_LAYOUT:
                 # counting takes wide blocks of tokens (BT_COUNT): it is a serial loop over every earlier token
                 carry_e, carry_r = _count(topk_idx, 0, c0, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
@@ -391,22 +372,16 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                     dl.put(recv_slots + rec[:, None] + kk[None, :], tl.where(owner == d, slot, -1), d, ctx, mask=m)
                     dl.put(recv_w + rec[:, None] + kk[None, :], w, d, ctx, mask=m)
                 src = x + t[:, None].to(tl.int64) * H
-                tile = tl.load(src + tl.arange(0, BH)[None, :], mask=tm[:, None] & (tl.arange(0, BH)[None, :] < H))
                 for h0 in range(0, H, BH):
                     hh = h0 + tl.arange(0, BH)
                     hm = hh[None, :] < H
-                    if PREFETCH:  # the next tile's load is in flight while this tile's stores issue
-                        nxt = tl.load(src + BH + hh[None, :], mask=tm[:, None] & (hh[None, :] + BH < H))
-                    else:
-                        tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm)
+                    tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm)
                     for i in range(world - 1):
                         d = (me + 1 + i) % world
                         row = _column(first, d, dv)
                         dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
                         dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
                     _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
-                    if PREFETCH:
-                        tile = nxt
             span = tl.arange(0, 2)
             for i in range(world):
                 d = (me + 1 + i) % world
@@ -454,19 +429,11 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                     tl.store(recv_weights + slots, tl.load(recv_w + rec, mask=m, other=0.0), mask=slots >= 0)
                 first = tl.min(tl.where(slots >= 0, slots, _BIG), axis=1)
                 has = first < _BIG
-                src = recv_x + first[:, None].to(tl.int64) * H
-                tile = tl.load(src + h_first + tl.arange(0, BH)[None, :],
-                               mask=has[:, None] & (h_first + tl.arange(0, BH)[None, :] < h_end))
                 for h0 in range(h_first, h_end, BH):
                     hh = h0 + tl.arange(0, BH)
                     hm = hh[None, :] < H
-                    if PREFETCH:
-                        nxt = tl.load(src + BH + hh[None, :], mask=has[:, None] & (hh[None, :] + BH < h_end))
-                    else:
-                        tile = tl.load(src + hh[None, :], mask=has[:, None] & hm)
+                    tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :], mask=has[:, None] & hm)
                     _store_rows(recv_x, tile, slots, first, hh, H, K, K_PAD)
-                    if PREFETCH:
-                        tile = nxt
         _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
         u = _next_claim(claims)
     _end_claims(claims, u, n_units, claimers)
@@ -475,8 +442,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
 
 @triton.jit
-def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_head, n_tail, split, h_parts, n_push, recv_slots,
-                      recv_w, recv_span, token_pos, partials, ready, combined, claims, state, ctx, timeline,
+def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push, recv_slots, recv_w, recv_span,
+                      token_pos, partials, ready, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr,
                       TIMELINE: tl.constexpr):
@@ -527,11 +494,13 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_head, n_tail,
     # RECEIVE, every program (senders once their chunks are out): take units (chunk c, column part) of this rank's
     # tokens in order, one at a time, from a per-call counter, so that senders that finish early share the
     # receivers' remaining work; column parts keep the last units short (the tail after the last chunk lands)
+    chunk = tl.cdiv(T, n_chunks)
     n_units = n_chunks * h_parts
     u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
         c, h_first, h_end = _unit(u, h_parts, H, BH)
-        c0, c1 = _chunk_span(c, T, n_chunks, n_head, n_tail, split)
+        c0 = tl.minimum(c * chunk, T)
+        c1 = tl.minimum(c0 + chunk, T)
         for t0 in range(c0, c1, BT):
             t = t0 + tl.arange(0, BT)
             tm = t < c1
@@ -651,9 +620,7 @@ def default_config(max_tokens, hidden, device_type):
     maxnreg (a register cap per thread, None = the compiler's choice; lets two programs share an SM),
     eager_graph (an eager dispatch replays its launches from a cached CUDA graph: host-bound decode sizes),
     h_parts (the receivers' unit of work: a chunk's columns in this many parts), layout_chunks (chunks counted
-    by one program of the layout launch), split_first / split_last / split_into (the first / last that many of
-    the num_chunks chunks are cut into split_into smaller ones: see _chunk_span), prefetch (dispatch's copy loops
-    load the next column tile before storing the current one).
+    by one program of the layout launch).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -662,16 +629,15 @@ def default_config(max_tokens, hidden, device_type):
         # in a graph of 20: dispatch 24 us, combine 19 us, runs 21-24; the fused layout was slower: 122 us)
         cfg = {"num_chunks": 64, "num_programs": 132, "push_programs": 66, "block_h": 1024, "block_tokens": 2,
                "num_warps": 8, "fused_layout": False, "eager_graph": True}
-    else:  # 2xH200, T=4096: dispatch 219-224 us with these (runs 25-31; receivers' units are (chunk, column half),
-        # the senders help once done; 1 or 4 parts 231 / 225). Combine: senders reduce and push the peers' tokens,
+    else:  # 2xH200, T=4096: dispatch 211-220 us with these (runs 25-37; receivers' units are (chunk, column
+        # quarter), the senders help once done; 4 parts 211-220 us against 216-218 with 2, runs 34-37). Combine: senders reduce and push the peers' tokens,
         # then help the receivers (this rank's own slots + the sum) in (chunk, column-half) units; 52 of 128
         # programs send to start with, 16x512 tiles, 16 warps (more loads in flight per SM): 210-215 us (runs
         # 27-31; 64 senders 216-222, 8 warps 237-242, 264 programs 250-336, 7 column parts 237)
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
-               "num_warps": 8, "fused_layout": False, "h_parts": 2, "combine_programs": 128, "combine_push": 52,
+               "num_warps": 8, "fused_layout": False, "h_parts": 4, "combine_programs": 128, "combine_push": 52,
                "combine_warps": 16, "combine_h_parts": 2}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
-            "split_first": 0, "split_last": 0, "split_into": 1, "prefetch": False,
             "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
@@ -685,7 +651,7 @@ class EpHandle:
     workspace: _Workspace
     call: int
     num_tokens: int
-    chunking: tuple  # (chunks, split_first, split_last, split_into) of the dispatch: combine's chunks are the same
+    num_chunks: int
     token_pos: torch.Tensor  # [T, W] int32: position of token t in rank d's receive list (-1: not sent)
 
 
@@ -746,16 +712,8 @@ def _checked_defaults(max_tokens, hidden, device_type):
 
 def _checked(max_tokens, hidden, device_type, config):
     cfg = autotune.with_overrides(default_config(max_tokens, hidden, device_type), config)
-    for name in ("num_chunks", "split_first", "split_last", "split_into"):
-        if not isinstance(cfg[name], int) or cfg[name] < (0 if name in ("split_first", "split_last") else 1):
-            raise ValueError(f"{name} must be an int >= {0 if name in ('split_first', 'split_last') else 1}, "
-                             f"got {cfg[name]!r}")
-    if cfg["split_first"] + cfg["split_last"] > cfg["num_chunks"]:
-        raise ValueError(f"split_first + split_last must be <= num_chunks, got {cfg['split_first']} + "
-                         f"{cfg['split_last']} > {cfg['num_chunks']}")
-    if _chunking(cfg)[0] > MAX_CHUNKS:
-        raise ValueError(f"num_chunks + (split_first + split_last) * (split_into - 1) must be <= {MAX_CHUNKS}, "
-                         f"got {_chunking(cfg)[0]}")
+    if not 1 <= int(cfg["num_chunks"]) <= MAX_CHUNKS:
+        raise ValueError(f"num_chunks must be in [1, {MAX_CHUNKS}], got {cfg['num_chunks']}")
     for prog, push in (("num_programs", "push_programs"), ("combine_programs", "combine_push")):
         if not 1 <= int(cfg[push]) < int(cfg[prog]):
             raise ValueError(f"need 1 <= {push} < {prog}, got {cfg[push]}, {cfg[prog]}")
@@ -766,17 +724,6 @@ def _checked(max_tokens, hidden, device_type, config):
         if int(cfg[name]) < 1:
             raise ValueError(f"{name} must be >= 1, got {cfg[name]}")
     return cfg
-
-
-def _chunking(cfg):
-    """(chunks of a call, split_first, split_last, split_into): the arguments of _chunk_span."""
-    head, tail, split = cfg["split_first"], cfg["split_last"], cfg["split_into"]
-    return cfg["num_chunks"] + (head + tail) * (split - 1), head, tail, split
-
-
-def _base_chunks(n_chunks, head, tail, split):
-    """The uncut chunks of a chunking (num_chunks): the longest chunk has cdiv(T, that) tokens."""
-    return n_chunks - (head + tail) * (split - 1)
 
 
 def _senders_help(n_prog, t):
@@ -825,18 +772,16 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     K = topk_idx.shape[1]
     ws = _Workspace.get(num_experts, K, max_tokens, H, x.dtype, align)
     cfg = resolve_config(max_tokens, H, x.device.type, config)
-    n_base, n_prog, n_push = cfg["num_chunks"], int(cfg["num_programs"]), int(cfg["push_programs"])
-    chunking = _chunking(cfg)
-    n_chunks = chunking[0]
+    n_chunks, n_prog, n_push = int(cfg["num_chunks"]), int(cfg["num_programs"]), int(cfg["push_programs"])
     _check_timeline(timeline, x.device, n_prog)
     h_parts = cfg["h_parts"]
     k_pad = triton.next_power_of_2(K)
     ep = ws.w_pad * ws.el_pad
-    bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_base))
+    bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
     bt = triton.next_power_of_2(max(1, bt))
     bt_count = triton.next_power_of_2(max(1, min(8192 // (k_pad * ep), max_tokens)))  # tokens per counting step
     # layout programs: cg chunks each, counted tb tokens of every chunk at a time (at most 4096 tokens per step)
-    tb_layout = min(triton.next_power_of_2(triton.cdiv(max_tokens, n_base)), 256)
+    tb_layout = min(triton.next_power_of_2(triton.cdiv(max_tokens, n_chunks)), 256)
     cg = min(triton.next_power_of_2(min(int(cfg["layout_chunks"]), n_chunks)), 4096 // tb_layout)
     n_groups = triton.cdiv(n_chunks, cg)
     bh = min(triton.next_power_of_2(int(cfg["block_h"])), triton.next_power_of_2(H))
@@ -856,18 +801,17 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         if not fused:
             ep_layout_kernel[(n_groups,)](
                 idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
-                num_experts, *chunking, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
+                num_experts, n_chunks, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
                 QB=min(triton.next_power_of_2(n_groups), 128 if x.device.type == "cuda" else 4),
                 TIMELINE=timeline is not None, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad, EL_PAD=ws.el_pad,
                 W_PAD=ws.w_pad)
         ep_dispatch_kernel[(n_prog,)](
-            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, *chunking, h_parts, n_push,
+            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts, n_push,
             ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
             ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
             ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
             RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
-            SENDERS_HELP=_senders_help(n_prog, x), PREFETCH=bool(cfg["prefetch"]), TIMELINE=timeline is not None,
-            num_warps=int(cfg["num_warps"]),
+            SENDERS_HELP=_senders_help(n_prog, x), TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]),
             **_register_cap(cfg["maxnreg"], x), **common)
         return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
 
@@ -880,7 +824,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     if not replayed:
         launch(x, idx, wts)
     ws.calls += 1
-    handle = EpHandle(ws, ws.calls, T, chunking, ws.token_pos[:T])
+    handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
     ws.last = handle
     rows = ws.max_rows
     if exact:
@@ -919,7 +863,7 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     cfg = resolve_config(ws.max_tokens, H, expert_out.device.type, config)
     bh = min(triton.next_power_of_2(int(cfg["combine_block_h"])), triton.next_power_of_2(H))
     bt = triton.next_power_of_2(max(1, min(int(cfg["combine_block_tokens"]),
-                                           triton.cdiv(ws.max_tokens, _base_chunks(*handle.chunking)))))
+                                           triton.cdiv(ws.max_tokens, handle.num_chunks))))
     expert_out = expert_out.contiguous()
     if expert_out.shape[0] == 0:
         expert_out = torch.zeros((1, H), dtype=ws.dtype, device=expert_out.device)
@@ -930,7 +874,7 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     _check_timeline(timeline, expert_out.device, n_prog)
     h_parts = cfg["combine_h_parts"]
     ep_combine_kernel[(n_prog,)](
-        expert_out, y_arg, T, H, ws.max_tokens, *handle.chunking, h_parts, n_push, ws.recv_slots, ws.recv_w,
+        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push, ws.recv_slots, ws.recv_w,
         ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_claims, ws.combine_state,
         shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
