@@ -64,11 +64,11 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # storing the current one (prefetch) 217.4 us (default 217.9), with 4 parts 213.4: dropped.
            # run36-37 ceilings: the senders' bytes alone (push + 4 local rows, 64 programs of 8 warps) take 184 us,
            # 168 with 128 programs of 4 warps (two per SM), 164 with 64 pure pushers + 64 local writers. In the
-           # kernel (run37) two programs per SM (4 warps) are slower: 256/128 231 us, with 4 parts 233, 264/132
+           # kernel (run38) two programs per SM (4 warps) are slower: 256/128 231 us, with 4 parts 233, 264/132
            # 228, 256/112 237, 256/144 239, 192/96 231, 512 chunks of 8 tokens 231, last 64 chunks in 2: 238.
-           # 4 column parts (now the default) against 2: 213.3 / 215.1 / 219.9 / 210.8 against 218.0 / 216.6 /
-           # 217.9 / 216.3 (runs 34-37).
-           {"h_parts": 8}],
+           # 4 column parts (now the default) against 2: 213.3 / 215.1 / 219.9 / 210.8 / 214.7 against 218.0 /
+           # 216.6 / 217.9 / 216.3 / 216.9 (runs 34, 35, 36, 38, 39); 8 parts 224.8 (run39).
+           ],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
@@ -91,7 +91,8 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # 128/64 216-222, 128/72 228; a fixed stripe of chunks per sender 218-224.
     # run31: the receivers' own partials of the first 32 / 64 / 128 chunks computed first (into y, read back for
     # the sum) while the peers' first partials are on the link: 215 / 214 / 231 us (default 215): dropped.
-    4096: [{"combine_push": 56}, {"combine_h_parts": 3}, {"combine_h_parts": 4}, {"combine_push": 48}],
+    # run39: 48 / 52 / 56 senders 218 / 212 / 221 us; 3 / 4 column parts 212 / 216 (2: 212).
+    4096: [{"combine_push": 56}, {"combine_h_parts": 3}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16)],
 }  # (an entry may also be a dict of knobs)
