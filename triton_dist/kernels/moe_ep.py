@@ -630,7 +630,8 @@ def default_config(max_tokens, hidden, device_type):
         cfg = {"num_chunks": 64, "num_programs": 132, "push_programs": 66, "block_h": 1024, "block_tokens": 2,
                "num_warps": 8, "fused_layout": False, "eager_graph": True}
     else:  # 2xH200, T=4096: dispatch 211-220 us with these (runs 25-39; receivers' units are (chunk, column
-        # quarter), the senders help once done; 4 parts 211-220 us against 216-218 with 2, runs 34-39). Combine: senders reduce and push the peers' tokens,
+        # quarter), the senders help once done; 4 parts 211-220 us against 216-218 with 2, runs 34-39).
+        # Combine: senders reduce and push the peers' tokens,
         # then help the receivers (this rank's own slots + the sum) in (chunk, column-half) units; 52 of 128
         # programs send to start with, 16x512 tiles, 16 warps (more loads in flight per SM): 210-215 us (runs
         # 27-31; 64 senders 216-222, 8 warps 237-242, 264 programs 250-336, 7 column parts 237)
