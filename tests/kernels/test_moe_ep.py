@@ -326,6 +326,31 @@ def test_torch_ops_and_fake_impls(ranks):
     assert sum(r[3] for r in results) == 2 * 5 * 2  # every (token, slot) lands exactly once
 
 
+def _moe_layer_compiled():
+    """A whole EP MoE layer (dispatch -> per-expert scale -> combine) through the torch ops under
+    torch.compile(fullgraph=True) gives the eager layer's bits."""
+    dev = td.shmem.device()
+    idx, weights = _routing("random", 7, 8, 3, 5)
+    idx, weights = idx.to(dev), weights.to(dev)
+    x = torch.randn(7, 16, generator=torch.Generator().manual_seed(td.rank())).to(dev)
+
+    def layer(x, idx, weights):
+        recv_x, ids, _, _, _, token_pos = torch.ops.triton_dist.ep_dispatch(x, idx, weights, 8, 7, 1)
+        expert_out = recv_x * (1.0 + ids.clamp(min=0).to(recv_x.dtype))[:, None]  # expert e scales by 1 + e
+        return torch.ops.triton_dist.ep_combine(expert_out, token_pos, 8, 3, 7, 1)
+
+    eager = layer(x, idx, weights)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")(x, idx, weights)
+    el = 8 // td.world_size()
+    ref = sum(weights[:, j, None].double() * (1.0 + (idx[:, j] % el).double())[:, None] * x.double()
+              for j in range(3))  # local expert id e % EL on its owner rank
+    return torch.equal(eager, compiled), torch.allclose(eager.double(), ref, atol=1e-5)
+
+
+def test_moe_layer_under_torch_compile(ranks):
+    assert ranks(2, _moe_layer_compiled) == [(True, True)] * 2
+
+
 # ----------------------------------------------------------------------------------------------------- GPU
 def _gpu_bf16(T, H, E, K, align):
     dev = td.shmem.device()
