@@ -14,6 +14,9 @@ kernels with the same tiles and programs as our kernels but no layout, flags or 
             with more, smaller programs (several per SM).
   roles     the same bytes with the roles split: programs [0, P) only push, the others only write the local
             rows (a pusher waiting on the link does not hold up local stores behind it).
+  skeleton  a whole dispatch's bytes and flags without its layout bookkeeping: senders push each row to the
+            peer and write it into 4 local rows, flagging each 16-token chunk; receivers wait for the peer's chunks
+            and copy each arrived row into 3 more rows (~588 MB through HBM and 58.7 MB over the link per rank).
 Each is timed per call from a CUDA graph of 20 calls (device time), median of 20 replays, max over ranks.
 """
 
@@ -118,6 +121,40 @@ def roles_kernel(x, dst, out, rows, T, H, n_push, ctx, LOCAL: tl.constexpr, BT: 
                     tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=tm)
 
 
+@triton.jit
+def dispatch_skeleton_kernel(x, recv, out, rows, flags, state, T, H, n_push, ctx, BT: tl.constexpr,
+                             BH: tl.constexpr):
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    peer = (dl.rank(ctx) + 1) % dl.num_ranks(ctx)
+    epoch = dl.call_epoch(state)
+    n_chunks = tl.cdiv(T, BT)
+    if pid < n_push:
+        for c in range(pid, n_chunks, n_push):
+            t = c * BT + tl.arange(0, BT)
+            tm = t[:, None] < T
+            for h0 in range(0, H, BH):
+                hh = h0 + tl.arange(0, BH)
+                tile = tl.load(x + t[:, None].to(tl.int64) * H + hh[None, :], mask=tm)
+                dl.put(recv + t[:, None].to(tl.int64) * H + hh[None, :], tile, peer, ctx, mask=tm)
+                for j in tl.static_range(4):
+                    r = tl.load(rows + t * 8 + j, mask=t < T)
+                    tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=tm)
+            dl.signal(flags + c, epoch, peer, ctx)
+    else:
+        for c in range(pid - n_push, n_chunks, n_prog - n_push):
+            dl.wait(flags + c, epoch, ctx)
+            t = c * BT + tl.arange(0, BT)
+            tm = t[:, None] < T
+            for h0 in range(0, H, BH):
+                hh = h0 + tl.arange(0, BH)
+                tile = tl.load(recv + t[:, None].to(tl.int64) * H + hh[None, :], mask=tm)
+                for j in tl.static_range(3):
+                    r = tl.load(rows + t * 8 + 4 + j, mask=t < T)
+                    tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=tm)
+    dl.finish_call(state, epoch, n_prog)
+
+
 def main():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     td.init(backend="cuda", heap_size=1 << 30)
@@ -129,6 +166,10 @@ def main():
     y = torch.empty_like(x)
     dst = shmem.empty((T, H), torch.bfloat16, name="ceiling.dst")
     flags = shmem.signals((T // BT,), name="ceiling.flags")
+    recv = shmem.empty((T, H), torch.bfloat16, name="ceiling.recv")
+    skeleton_flags = shmem.signals((T // BT,), name="ceiling.skeleton_flags")
+    skeleton_state = shmem.counters(2, name="ceiling.skeleton_state")
+    shmem.barrier()
     ctx = shmem.context()
 
     # correctness first: each kernel against torch
@@ -145,12 +186,18 @@ def main():
     roles_kernel[(192,)](x, dst, big2, rows, T, H, 64, ctx, LOCAL=4, BT=BT, BH=BH, num_warps=4)
     shmem.barrier()
     ok_sender &= torch.equal(big2[rows[:, :4].long()], x[:, None, :].expand(T, 4, H))
-    ref = (w[:, :, None] * x.float()[:, None, :]).sum(1)  # big's rows of token t all hold x[t]
-    ok = torch.equal(big[rows.long()], x[:, None, :].expand(T, K, H)) and \
-        torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2)
+    big2.zero_()
+    dispatch_skeleton_kernel[(128,)](x, recv, big2, rows, skeleton_flags, skeleton_state, T, H, 64, ctx, BT=BT,
+                                     BH=BH, num_warps=8)
+    shmem.barrier()
     every = [torch.empty_like(x) for _ in range(td.world_size())]
     dist.all_gather(every, x)
     peer_x = every[(td.rank() - 1) % td.world_size()]
+    ok_sender &= torch.equal(big2[rows[:, :4].long()], x[:, None, :].expand(T, 4, H)) and \
+        torch.equal(big2[rows[:, 4:7].long()], peer_x[:, None, :].expand(T, 3, H)) and torch.equal(recv, peer_x)
+    ref = (w[:, :, None] * x.float()[:, None, :]).sum(1)  # big's rows of token t all hold x[t]
+    ok = torch.equal(big[rows.long()], x[:, None, :].expand(T, K, H)) and \
+        torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2)
     ok &= torch.equal(dst, peer_x) and ok_sender
     assert ok, f"rank {td.rank()}: a ceiling kernel moved the wrong bytes"
 
@@ -178,6 +225,11 @@ def main():
         cases.append((f"roles: {push} push, {n - push} write the 4 local rows", n, warps, T * row_bytes * 7,
                       lambda n=n, push=push, warps=warps: roles_kernel[(n,)](
                           x, dst, big2, rows, T, H, push, ctx, LOCAL=4, BT=BT, BH=BH, num_warps=warps)))
+    for n, push in ((128, 64), (132, 66), (128, 52)):
+        cases.append((f"skeleton: dispatch's bytes, {push} senders of {n}", n, 8, T * row_bytes * 10,
+                      lambda n=n, push=push: dispatch_skeleton_kernel[(n,)](
+                          x, recv, big2, rows, skeleton_flags, skeleton_state, T, H, push, ctx, BT=BT, BH=BH,
+                          num_warps=8)))
     out = []
     for name, n, warps, nbytes, fn in cases:
         t = torch.tensor([graph_us(fn, calls=20)], device="cuda")
@@ -187,8 +239,8 @@ def main():
                     "GB/s": nbytes / us / 1e3, "correct": ok})
     record("moe_ceilings", out, notes=(
         f"T={T} rows of H={H} bf16 per rank, tiles {BT}x{BH}; per call from a graph of 20, max over 2 ranks. "
-        "MB = bytes read + written (scatter, gather, sender: x read, the pushed rows, local rows written) or sent "
-        "to the peer (push)."))
+        "MB = bytes read + written (scatter, gather, sender: x read, the pushed rows, local rows written; skeleton: "
+        "every HBM byte of one rank) or sent to the peer (push)."))
     td.finalize()
 
 
