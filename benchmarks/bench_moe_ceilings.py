@@ -17,6 +17,8 @@ kernels with the same tiles and programs as our kernels but no layout, flags or 
   skeleton  a whole dispatch's bytes and flags without its layout bookkeeping: senders push each row to the
             peer and write it into 4 local rows, flagging each 16-token chunk; receivers wait for the peer's chunks
             and copy each arrived row into 3 more rows (~588 MB through HBM and 58.7 MB over the link per rank).
+            ep_dispatch's structure; variants: two programs per SM, and the roles split three ways (pushers,
+            local-row writers, receivers) - which structure comes nearest the ~165 µs floor before porting it.
 Each is timed per call from a CUDA graph of 20 calls (device time), median of 20 replays, max over ranks.
 """
 
@@ -122,8 +124,10 @@ def roles_kernel(x, dst, out, rows, T, H, n_push, ctx, LOCAL: tl.constexpr, BT: 
 
 
 @triton.jit
-def dispatch_skeleton_kernel(x, recv, out, rows, flags, state, T, H, n_push, ctx, BT: tl.constexpr,
-                             BH: tl.constexpr):
+def dispatch_skeleton_kernel(x, recv, out, rows, flags, state, T, H, n_push, n_local, ctx, BT: tl.constexpr,
+                             BH: tl.constexpr, SENDERS_WRITE_LOCAL: tl.constexpr):
+    """Programs [0, n_push) push (and write the 4 local rows when SENDERS_WRITE_LOCAL), the next n_local write the
+    local rows (when not), the rest receive."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     peer = (dl.rank(ctx) + 1) % dl.num_ranks(ctx)
@@ -137,12 +141,23 @@ def dispatch_skeleton_kernel(x, recv, out, rows, flags, state, T, H, n_push, ctx
                 hh = h0 + tl.arange(0, BH)
                 tile = tl.load(x + t[:, None].to(tl.int64) * H + hh[None, :], mask=tm)
                 dl.put(recv + t[:, None].to(tl.int64) * H + hh[None, :], tile, peer, ctx, mask=tm)
+                if SENDERS_WRITE_LOCAL:
+                    for j in tl.static_range(4):
+                        r = tl.load(rows + t * 8 + j, mask=t < T)
+                        tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=tm)
+            dl.signal(flags + c, epoch, peer, ctx)
+    elif pid < n_push + n_local:
+        for c in range(pid - n_push, n_chunks, n_local):
+            t = c * BT + tl.arange(0, BT)
+            tm = t[:, None] < T
+            for h0 in range(0, H, BH):
+                hh = h0 + tl.arange(0, BH)
+                tile = tl.load(x + t[:, None].to(tl.int64) * H + hh[None, :], mask=tm)
                 for j in tl.static_range(4):
                     r = tl.load(rows + t * 8 + j, mask=t < T)
                     tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=tm)
-            dl.signal(flags + c, epoch, peer, ctx)
     else:
-        for c in range(pid - n_push, n_chunks, n_prog - n_push):
+        for c in range(pid - n_push - n_local, n_chunks, n_prog - n_push - n_local):
             dl.wait(flags + c, epoch, ctx)
             t = c * BT + tl.arange(0, BT)
             tm = t[:, None] < T
@@ -187,8 +202,8 @@ def main():
     shmem.barrier()
     ok_sender &= torch.equal(big2[rows[:, :4].long()], x[:, None, :].expand(T, 4, H))
     big2.zero_()
-    dispatch_skeleton_kernel[(128,)](x, recv, big2, rows, skeleton_flags, skeleton_state, T, H, 64, ctx, BT=BT,
-                                     BH=BH, num_warps=8)
+    dispatch_skeleton_kernel[(192,)](x, recv, big2, rows, skeleton_flags, skeleton_state, T, H, 64, 64, ctx, BT=BT,
+                                     BH=BH, SENDERS_WRITE_LOCAL=False, num_warps=4)
     shmem.barrier()
     every = [torch.empty_like(x) for _ in range(td.world_size())]
     dist.all_gather(every, x)
@@ -225,11 +240,14 @@ def main():
         cases.append((f"roles: {push} push, {n - push} write the 4 local rows", n, warps, T * row_bytes * 7,
                       lambda n=n, push=push, warps=warps: roles_kernel[(n,)](
                           x, dst, big2, rows, T, H, push, ctx, LOCAL=4, BT=BT, BH=BH, num_warps=warps)))
-    for n, push in ((128, 64), (132, 66), (128, 52)):
-        cases.append((f"skeleton: dispatch's bytes, {push} senders of {n}", n, 8, T * row_bytes * 10,
-                      lambda n=n, push=push: dispatch_skeleton_kernel[(n,)](
-                          x, recv, big2, rows, skeleton_flags, skeleton_state, T, H, push, ctx, BT=BT, BH=BH,
-                          num_warps=8)))
+    # (programs, pushers, local-row writers (0: the pushers write them), warps)
+    for n, push, local, warps in ((128, 64, 0, 8), (132, 66, 0, 8), (128, 52, 0, 8), (256, 128, 0, 4),
+                                  (128, 48, 40, 8), (256, 64, 96, 4), (256, 48, 112, 4), (256, 64, 128, 4)):
+        roles = f"{push} push + write local rows" if not local else f"{push} push, {local} write local rows"
+        cases.append((f"skeleton: {roles}, {n - push - local} receive", n, warps, T * row_bytes * 10,
+                      lambda n=n, push=push, local=local, warps=warps: dispatch_skeleton_kernel[(n,)](
+                          x, recv, big2, rows, skeleton_flags, skeleton_state, T, H, push, local, ctx, BT=BT, BH=BH,
+                          SENDERS_WRITE_LOCAL=local == 0, num_warps=warps)))
     out = []
     for name, n, warps, nbytes, fn in cases:
         t = torch.tensor([graph_us(fn, calls=20)], device="cuda")
