@@ -19,6 +19,9 @@ kernels with the same tiles and programs as our kernels but no layout, flags or 
             and copy each arrived row into 3 more rows (~588 MB through HBM and 58.7 MB over the link per rank).
             ep_dispatch's structure; variants: two programs per SM, and the roles split three ways (pushers,
             local-row writers, receivers) - which structure comes nearest the ~165 µs floor before porting it.
+  combine skeleton  the same for ep_combine: senders sum 4 weighted expert rows per peer token and push the
+            partial, flagging each chunk; receivers sum 4 rows of their own tokens, wait, add the peer's partial
+            and write y (~647 MB through HBM, 58.7 MB over the link).
 Each is timed per call from a CUDA graph of 20 calls (device time), median of 20 replays, max over ranks.
 """
 
@@ -170,6 +173,49 @@ def dispatch_skeleton_kernel(x, recv, out, rows, flags, state, T, H, n_push, n_l
     dl.finish_call(state, epoch, n_prog)
 
 
+@triton.jit
+def combine_skeleton_kernel(src, w, y, partials, rows, flags, state, T, H, n_push, ctx, BT: tl.constexpr,
+                            BH: tl.constexpr):
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    peer = (dl.rank(ctx) + 1) % dl.num_ranks(ctx)
+    epoch = dl.call_epoch(state)
+    n_chunks = tl.cdiv(T, BT)
+    if pid < n_push:  # the peer's tokens: their 4 slots here (rows[:, 0:4])
+        for c in range(pid, n_chunks, n_push):
+            t = c * BT + tl.arange(0, BT)
+            tm = t[:, None] < T
+            for h0 in range(0, H, BH):
+                hh = h0 + tl.arange(0, BH)
+                acc = _weighted_rows(src, w, rows, t, T, hh, H, 0, BT, BH)
+                dl.put(partials + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(partials.dtype.element_ty),
+                       peer, ctx, mask=tm)
+            dl.signal(flags + c, epoch, peer, ctx)
+    else:  # my tokens: their 4 slots here (rows[:, 4:8]) plus the peer's partial
+        for c in range(pid - n_push, n_chunks, n_prog - n_push):
+            t = c * BT + tl.arange(0, BT)
+            tm = t[:, None] < T
+            for h0 in range(0, H, BH):
+                hh = h0 + tl.arange(0, BH)
+                acc = _weighted_rows(src, w, rows, t, T, hh, H, 4, BT, BH)
+                if h0 == 0:
+                    dl.wait(flags + c, epoch, ctx)
+                acc += tl.load(partials + t[:, None].to(tl.int64) * H + hh[None, :], mask=tm).to(tl.float32)
+                tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty), mask=tm)
+    dl.finish_call(state, epoch, n_prog)
+
+
+@triton.jit
+def _weighted_rows(src, w, rows, t, T, hh, H, first, BT: tl.constexpr, BH: tl.constexpr):
+    """fp32 sum over j = first..first+3 of w[t, j] * src[rows[t, j], hh] (tokens t >= T: zeros)."""
+    acc = tl.zeros([BT, BH], dtype=tl.float32)
+    for j in tl.static_range(4):
+        r = tl.load(rows + t * 8 + first + j, mask=t < T, other=0)
+        wj = tl.load(w + t * 8 + first + j, mask=t < T, other=0.0)
+        acc += wj[:, None] * tl.load(src + r[:, None].to(tl.int64) * H + hh[None, :]).to(tl.float32)
+    return acc
+
+
 def main():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     td.init(backend="cuda", heap_size=1 << 30)
@@ -184,6 +230,7 @@ def main():
     recv = shmem.empty((T, H), torch.bfloat16, name="ceiling.recv")
     skeleton_flags = shmem.signals((T // BT,), name="ceiling.skeleton_flags")
     skeleton_state = shmem.counters(2, name="ceiling.skeleton_state")
+    partials = shmem.empty((T, H), torch.bfloat16, name="ceiling.partials")
     shmem.barrier()
     ctx = shmem.context()
 
@@ -214,6 +261,15 @@ def main():
     ok = torch.equal(big[rows.long()], x[:, None, :].expand(T, K, H)) and \
         torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2)
     ok &= torch.equal(dst, peer_x) and ok_sender
+    combine_skeleton_kernel[(128,)](big, w, y, partials, rows, skeleton_flags, skeleton_state, T, H, 52, ctx, BT=BT,
+                                    BH=BH, num_warps=16)
+    shmem.barrier()
+    sent = (w[:, :4, None] * big[rows[:, :4].long()].float()).sum(1).to(torch.bfloat16)  # what this rank pushed
+    every_sent = [torch.empty_like(sent) for _ in range(td.world_size())]
+    dist.all_gather(every_sent, sent)
+    own = (w[:, 4:, None] * big[rows[:, 4:].long()].float()).sum(1)
+    y_ref = own + every_sent[(td.rank() - 1) % td.world_size()].float()
+    ok &= torch.allclose(y.float(), y_ref, rtol=2e-2, atol=2e-2)
     assert ok, f"rank {td.rank()}: a ceiling kernel moved the wrong bytes"
 
     row_bytes = H * 2
@@ -248,6 +304,11 @@ def main():
                       lambda n=n, push=push, local=local, warps=warps: dispatch_skeleton_kernel[(n,)](
                           x, recv, big2, rows, skeleton_flags, skeleton_state, T, H, push, local, ctx, BT=BT, BH=BH,
                           SENDERS_WRITE_LOCAL=local == 0, num_warps=warps)))
+    for n, push, warps in ((128, 52, 16), (128, 64, 16), (132, 52, 16), (256, 104, 8)):
+        cases.append((f"combine skeleton: {push} senders of {n}", n, warps, T * row_bytes * 11,
+                      lambda n=n, push=push, warps=warps: combine_skeleton_kernel[(n,)](
+                          big, w, y, partials, rows, skeleton_flags, skeleton_state, T, H, push, ctx, BT=BT, BH=BH,
+                          num_warps=warps)))
     out = []
     for name, n, warps, nbytes, fn in cases:
         t = torch.tensor([graph_us(fn, calls=20)], device="cuda")
