@@ -81,6 +81,14 @@ def push_kernel(x, dst, T, H, ctx, BT: tl.constexpr, BH: tl.constexpr):
 
 
 @triton.jit
+def _store_into_rows(out, tile, rows, t, T, hh, H, first, N: tl.constexpr):
+    """Store a [BT, BH] tile of token rows t into out's rows rows[t, first .. first + N) (rows: [T, 8])."""
+    for j in tl.static_range(N):
+        r = tl.load(rows + t * 8 + first + j, mask=t < T)
+        tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=t[:, None] < T)
+
+
+@triton.jit
 def sender_kernel(x, dst, out, rows, flags, T, H, ctx, LOCAL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                   PREFETCH: tl.constexpr, SIGNAL: tl.constexpr):
     peer = (dl.rank(ctx) + 1) % dl.num_ranks(ctx)
@@ -96,9 +104,7 @@ def sender_kernel(x, dst, out, rows, flags, T, H, ctx, LOCAL: tl.constexpr, BT: 
             else:
                 tile = tl.load(src + hh[None, :], mask=tm)
             dl.put(dst + t[:, None].to(tl.int64) * H + hh[None, :], tile, peer, ctx, mask=tm)
-            for j in tl.static_range(LOCAL):
-                r = tl.load(rows + t * 8 + j, mask=t < T)
-                tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=tm)
+            _store_into_rows(out, tile, rows, t, T, hh, H, 0, LOCAL)
             if PREFETCH:
                 tile = nxt
         if SIGNAL:
@@ -121,9 +127,7 @@ def roles_kernel(x, dst, out, rows, T, H, n_push, ctx, LOCAL: tl.constexpr, BT: 
             if pushes:
                 dl.put(dst + t[:, None].to(tl.int64) * H + hh[None, :], tile, peer, ctx, mask=tm)
             else:
-                for j in tl.static_range(LOCAL):
-                    r = tl.load(rows + t * 8 + j, mask=t < T)
-                    tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=tm)
+                _store_into_rows(out, tile, rows, t, T, hh, H, 0, LOCAL)
 
 
 @triton.jit
@@ -145,9 +149,7 @@ def dispatch_skeleton_kernel(x, recv, out, rows, flags, state, T, H, n_push, n_l
                 tile = tl.load(x + t[:, None].to(tl.int64) * H + hh[None, :], mask=tm)
                 dl.put(recv + t[:, None].to(tl.int64) * H + hh[None, :], tile, peer, ctx, mask=tm)
                 if SENDERS_WRITE_LOCAL:
-                    for j in tl.static_range(4):
-                        r = tl.load(rows + t * 8 + j, mask=t < T)
-                        tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=tm)
+                    _store_into_rows(out, tile, rows, t, T, hh, H, 0, 4)
             dl.signal(flags + c, epoch, peer, ctx)
     elif pid < n_push + n_local:
         for c in range(pid - n_push, n_chunks, n_local):
@@ -156,9 +158,7 @@ def dispatch_skeleton_kernel(x, recv, out, rows, flags, state, T, H, n_push, n_l
             for h0 in range(0, H, BH):
                 hh = h0 + tl.arange(0, BH)
                 tile = tl.load(x + t[:, None].to(tl.int64) * H + hh[None, :], mask=tm)
-                for j in tl.static_range(4):
-                    r = tl.load(rows + t * 8 + j, mask=t < T)
-                    tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=tm)
+                _store_into_rows(out, tile, rows, t, T, hh, H, 0, 4)
     else:
         for c in range(pid - n_push - n_local, n_chunks, n_prog - n_push - n_local):
             dl.wait(flags + c, epoch, ctx)
@@ -167,9 +167,7 @@ def dispatch_skeleton_kernel(x, recv, out, rows, flags, state, T, H, n_push, n_l
             for h0 in range(0, H, BH):
                 hh = h0 + tl.arange(0, BH)
                 tile = tl.load(recv + t[:, None].to(tl.int64) * H + hh[None, :], mask=tm)
-                for j in tl.static_range(3):
-                    r = tl.load(rows + t * 8 + 4 + j, mask=t < T)
-                    tl.store(out + r[:, None].to(tl.int64) * H + hh[None, :], tile, mask=tm)
+                _store_into_rows(out, tile, rows, t, T, hh, H, 4, 3)
     dl.finish_call(state, epoch, n_prog)
 
 
