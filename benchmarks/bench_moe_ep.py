@@ -68,13 +68,15 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # 228, 256/112 237, 256/144 239, 192/96 231, 512 chunks of 8 tokens 231, last 64 chunks in 2: 238.
            # 4 column parts (now the default) against 2: 213.3 / 215.1 / 219.9 / 210.8 / 214.7 against 218.0 /
            # 216.6 / 217.9 / 216.3 / 216.9 (runs 34, 35, 36, 38, 39); 8 parts 224.8 (run39).
-           # The run39 timeline: the senders run out of chunks at ~150 us and finish at 184-191, the link less
-           # and less busy meanwhile. Senders' units as column parts of chunks (all, or only the last ones): a
-           # unit's time follows its copy steps, so the units in flight when the chunks run out are shorter.
-           {"push_parts": 2}, {"push_parts": 3}, {"push_parts": 4}, {"push_parts": 2, "push_split_last": 64},
-           {"push_parts": 4, "push_split_last": 64}, {"push_parts": 4, "push_split_last": 128},
-           {"push_parts": 2, "push_programs": 56}, {"push_parts": 2, "push_programs": 72},
-           {"push_parts": 2, "num_chunks": 128}, {"push_parts": 4, "num_chunks": 128},
+           # run43 (1895858): senders' units as column parts of chunks (the chunk's last part flags it; meant to
+           # keep the link busy after the chunks run out at ~150 us): every chunk in 2 / 3 / 4 parts 243 / 268 /
+           # 285 us (default 220), the last 64 chunks in 2 / 4: 220 / 232, the last 128 in 4: 250, 2 parts with
+           # 56 / 72 senders 267 / 229, with 128 chunks 231-262; combine the same way 230-271 (default 216).
+           # Each extra unit costs a sender ~5 us (claim -> prefix and routes -> first tile: dependent
+           # latencies): dropped.
+           # The dispatch launch started early (programmatic dependent launch: its programs wait for the counts
+           # while the layout runs): the default; without.
+           {"pdl": False},
            ],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
@@ -99,19 +101,14 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run31: the receivers' own partials of the first 32 / 64 / 128 chunks computed first (into y, read back for
     # the sum) while the peers' first partials are on the link: 215 / 214 / 231 us (default 215): dropped.
     # run39: 48 / 52 / 56 senders 218 / 212 / 221 us; 3 / 4 column parts 212 / 216 (2: 212).
-    # Senders' units as column parts of chunks (as in dispatch): all chunks or the last ones.
-    4096: [{"combine_push_parts": 2}, {"combine_push_parts": 3}, {"combine_push_parts": 4},
-           {"combine_push_parts": 2, "combine_push_split_last": 64},
-           {"combine_push_parts": 4, "combine_push_split_last": 64},
-           {"combine_push_parts": 2, "combine_push": 56}, {"combine_push_parts": 2, "combine_push": 48},
-           {"combine_push_parts": 2, "combine_h_parts": 3}],
+    4096: [{"combine_push": 56}, {"combine_h_parts": 3}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16)],
 }  # (an entry may also be a dict of knobs)
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
-                  "fused_layout", "maxnreg", "h_parts", "push_parts", "push_split_last")
+                  "fused_layout", "maxnreg", "h_parts")
 _COMBINE_KEYS = ("combine_programs", "combine_push", "combine_block_h", "combine_block_tokens", "combine_warps",
-                 "combine_maxnreg", "combine_h_parts", "combine_push_parts", "combine_push_split_last")
+                 "combine_maxnreg", "combine_h_parts")
 
 
 def _knobs(default, keys, entry):
@@ -121,24 +118,15 @@ def _knobs(default, keys, entry):
 
 def _dispatch_name(c):
     return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
-            "parts{h_parts}{lay}{send}").format(f=" fused" if c["fused_layout"] else "",
-                                          send=_send_name(c["push_parts"], c["push_split_last"]),
+            "parts{h_parts}{lay}{pdl}").format(f=" fused" if c["fused_layout"] else "",
+                                               pdl="" if c["pdl"] else " no-pdl",
                                           r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
                                           lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "", **c)
 
 
 def _combine_name(c):
     return ("p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}{r} "
-            "parts{combine_h_parts}{send}").format(r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "",
-                                                  send=_send_name(c["combine_push_parts"],
-                                                                  c["combine_push_split_last"]), **c)
-
-
-def _send_name(parts, split_last):
-    """The senders' column parts, if any: ' send/2' (every chunk in 2), ' send/4 last64'."""
-    if parts == 1:
-        return ""
-    return f" send/{parts}" + (f" last{split_last}" if split_last is not None else "")
+            "parts{combine_h_parts}").format(r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "", **c)
 
 
 def _phases(stamps, n_prog, n_push, n_chunks, layout):

@@ -91,7 +91,9 @@ def _run(mode, T, H, E, K, dtype_name, align, seed, config=None, repeats=1):
     scale = _expert_scale(E)[r * el:(r + 1) * el].to(torch.float32)
     out = (res.x.float() * scale.to(dev)[res.expert_ids.clamp(min=0).long()][:, None]).to(dtype)
     out[res.expert_ids < 0] = float("nan")
-    ys = [ep_combine(out, res.handle, config=config).cpu() for _ in range(repeats)]
+    # repeats: combines of one handle, back to back, with the expert outputs scaled by 2**i (exact): y_i must be
+    # 2**i * y_0 bitwise (catches a rank running ahead into partials a peer still reads)
+    ys = [ep_combine(out * 2.0**i, res.handle, config=config).cpu() for i in range(repeats)]
     ref = torch.zeros(x.shape, dtype=torch.float64)
     gs = _expert_scale(E)
     for t in range(x.shape[0]):
@@ -102,10 +104,8 @@ def _run(mode, T, H, E, K, dtype_name, align, seed, config=None, repeats=1):
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     if x.shape[0] and not torch.allclose(ys[0].double(), ref, rtol=tol, atol=tol):
         problems.append(f"combine off by {(ys[0].double() - ref).abs().max().item():.3g}")
-    if any(not torch.equal(y.view(torch.uint8) if y.dtype != torch.float32 else y.view(torch.int32),
-                           ys[0].view(torch.uint8) if y.dtype != torch.float32 else ys[0].view(torch.int32))
-           for y in ys[1:]):
-        problems.append("combine not bitwise reproducible")
+    if any(not torch.equal(y.view(torch.uint8), (ys[0] * 2.0**i).view(torch.uint8)) for i, y in enumerate(ys)):
+        problems.append("repeated combines differ (bitwise) from the first one scaled")
     return problems
 
 
@@ -113,32 +113,30 @@ def _run(mode, T, H, E, K, dtype_name, align, seed, config=None, repeats=1):
                                                 ("local", 6, 1, "float32"), ("zero", 5, 2, "float16"),
                                                 ("holes", 9, 1, "float32"), ("random", 1, 1, "bfloat16")])
 def test_dispatch_combine_2_ranks(ranks, mode, T, align, dtype):
-    for problems in ranks(2, _run, mode, T, 16, 8, 3, dtype, align, 1):
+    for problems in ranks(2, _run, mode, T, 16, 8, 3, dtype, align, 1, None, 3 if mode == "zero" else 1):
         assert problems == []
 
 
 @pytest.mark.parametrize("mode,T", [("zero", 5)])  # ranks 0-2 random routing, rank 3 no tokens
 def test_dispatch_combine_4_ranks(ranks, mode, T):
-    for problems in ranks(4, _run, mode, T, 8, 8, 3, "float32", 2, 2):
+    for problems in ranks(4, _run, mode, T, 8, 8, 3, "float32", 2, 2, None, 3):
         assert problems == []
 
 
 # Configs of the tests below. They run under torchrun on GPUs too, where the defaults they override differ
 # (test_configs_are_valid_with_gpu_defaults keeps them valid there).
 CFG_8_RANKS = {"fused_layout": False, "num_chunks": 3, "block_h": 4, "h_parts": 2, "combine_block_h": 4,
-               "combine_h_parts": 2, "push_parts": 2, "combine_push_parts": 3, "combine_push_split_last": 1}
+               "combine_h_parts": 2}
 CFG_TWO_LAUNCH = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "num_programs": 3, "push_programs": 2,
                   "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3,
-                  "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3, "push_parts": 3,
-                  "push_split_last": 2, "combine_push_parts": 2}
+                  "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3}
 CFG_LONG_CHUNKS = {"fused_layout": False, "num_chunks": 2, "block_tokens": 64, "block_h": 8}
 CFG_RECOVERY = {"fused_layout": False}
 
 
 def cfg_back_to_back(i):
     return {"fused_layout": bool(i % 2), "block_h": 4, "h_parts": 1 + i % 3, "combine_block_h": 4,
-            "combine_h_parts": 1 + (i + 1) % 3, "combine_programs": 2 + i % 2, "combine_push": 1,
-            "push_parts": 1 + (i + 2) % 3, "combine_push_parts": 1 + i % 2}
+            "combine_h_parts": 1 + (i + 1) % 3, "combine_programs": 2 + i % 2, "combine_push": 1}
 
 
 @pytest.mark.parametrize("config", [None, CFG_8_RANKS])
@@ -153,8 +151,7 @@ def test_two_launch_layout_and_uneven_chunks(ranks):
     """The layout launch (default for max_tokens > 256; one chunk per layout program here: the look-back over 5
     odd-sized chunks takes two steps of 4 on CPU); 2 senders + 1 receiver copying each chunk's 32 columns in 2
     parts; combine with its own knobs (3 senders + 1 receiver, 4-token blocks, each chunk's columns taken in 3
-    parts: 16, 16 and an empty one). Senders split chunks by columns too: dispatch's last 2 chunks in 3 parts
-    (16, 16, empty), combine's every chunk in 2 (its last part raises the chunk's flag)."""
+    parts: 16, 16 and an empty one)."""
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, CFG_TWO_LAUNCH):
         assert problems == []
 
@@ -218,11 +215,9 @@ def test_back_to_back_calls(ranks):
 
 
 def _recovers_after_a_failed_call():
-    """Rank 1 skips a combine: rank 0's waits time out with an error naming a flag of the combine (on a GPU its
-    senders' wait for ``ep.combine_ready`` and its receivers' wait for ``ep.combined`` run at once: the first to
-    give up writes the record; under the interpreter the senders run first); after ``td.shmem.reset()``
-    (collective) both ranks dispatch and combine correctly again (two-launch layout: its look-back flags and the
-    receivers' work counters are reset too)."""
+    """Rank 1 skips a combine: rank 0's receivers' waits for ``ep.combined`` time out with an error naming it;
+    after ``td.shmem.reset()`` (collective) both ranks dispatch and combine correctly again (two-launch layout:
+    its look-back flags and the receivers' work counters are reset too)."""
     dev = td.shmem.device()
     cfg = CFG_RECOVERY
 
@@ -258,7 +253,7 @@ def test_recovers_after_a_failed_call(ranks):
     (ok0, message), (ok1, none) = ranks(2, _recovers_after_a_failed_call)
     assert ok0 and ok1 and none is None
     assert message is not None and "rank 0" in message, message
-    assert "ep.combine_ready" in message or "ep.combined" in message, message
+    assert "ep.combined" in message, message
 
 
 def _bad_input():
@@ -281,8 +276,6 @@ def _bad_input():
         lambda: ep_dispatch(x, idx, w, config={"num_chunk": 4}, **kw),                # unknown knob (typo)
         lambda: ep_dispatch(x, idx, w, config={"num_programs": 2, "push_programs": 2}, **kw),  # no receiver
         lambda: ep_dispatch(x, idx, w, config={"h_parts": 0}, **kw),                  # no column part
-        lambda: ep_dispatch(x, idx, w, config={"push_parts": 0}, **kw),               # no sender part
-        lambda: ep_dispatch(x, idx, w, config={"push_split_last": -1}, **kw),         # split chunks < 0
     ]
     res = ep_dispatch(x, idx, w, **kw)
     cases += [lambda: ep_combine(res.x.half(), res.handle),                            # dtype of expert_out
@@ -304,7 +297,7 @@ def test_rejects_bad_input(ranks):
     for errors in ranks(2, _bad_input):
         assert errors == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
                           "ValueError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
-                          "ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "stale"]
+                          "TypeError", "ValueError", "ValueError", "stale"]
 
 
 def _torch_ops():
@@ -481,39 +474,41 @@ def test_gpu_cuda_graph_replay(ranks):
 # ----------------------------------------------------------------------------------------------------- sm_90
 _DISPATCH_SIG = dict(
     x="*bf16", topk_idx="*i32", topk_weights="*fp32", T="i32", H="i32", E="i32", align="i32", max_tokens="i32",
-    max_rows="i32", n_chunks="i32", h_parts="i32", n_push="i32", push_parts="i32", split_last="i32",
-    recv_x="*bf16", recv_slots="*i32",
+    max_rows="i32", n_chunks="i32", h_parts="i32", n_push="i32", recv_x="*bf16",
+    recv_slots="*i32",
     recv_w="*fp32", recv_span="*i32", all_counts="*i32", counts_ready="*i32", arrived="*i32",
     recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32", expert_offsets="*i32", token_pos="*i32",
-    chunk_prefix="*i32", claims="*i32", parts_done="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr",
+    chunk_prefix="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr",
     EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
     RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr", SENDERS_HELP="constexpr",
-    TIMELINE="constexpr")
+    TIMELINE="constexpr", PDL="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
                   MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused,
-                  TIMELINE=not fused)  # with and without helping senders and stamps
+                  TIMELINE=not fused, PDL=not fused)  # with and without helping senders, stamps, early launch
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
     assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers and local duplicates)
     assert ops.get("atom.global.sys.release.exch.b32", 0) > 0, ops  # dl.signal
     assert any("acquire" in k for k in ops), ops  # dl.wait
+    assert ops.get("griddepcontrol.wait", 0) == (0 if fused else 1), ops  # dl.wait_prior_kernel
 
 
 def test_layout_and_combine_compile_for_sm90():
     sig = dict(topk_idx="*i32", chunk_counts="*i32", chunk_prefix="*i32", counted="*i32", all_counts="*i32",
                counts_ready="*i32", state="*i32", T="i32", E="i32", n_chunks="i32", ctx="*i64", timeline="*i64",
                K="constexpr", EL="constexpr", TB="constexpr", K_PAD="constexpr", EL_PAD="constexpr",
-               W_PAD="constexpr", CG="constexpr", QB="constexpr", TIMELINE="constexpr")
-    compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
-                 dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=16, QB=16, TIMELINE=True))
+               W_PAD="constexpr", CG="constexpr", QB="constexpr", TIMELINE="constexpr", PDL="constexpr")
+    ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
+                       dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=16, QB=16, TIMELINE=True,
+                            PDL=True))["ops"]
+    assert ops.get("griddepcontrol.launch_dependents", 0) == 1, ops  # dl.launch_dependents
     sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32",
-               n_push="i32", push_parts="i32", split_last="i32", recv_slots="*i32", recv_w="*fp32",
-               recv_span="*i32", token_pos="*i32", partials="*bf16", ready="*i32", combined="*i32", claims="*i32",
-               parts_done="*i32", state="*i32", ctx="*i64",
+               n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
+               partials="*bf16", combined="*i32", claims="*i32", state="*i32", ctx="*i64",
                timeline="*i64", K="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", W_PAD="constexpr",
                MAXC="constexpr", SENDERS_HELP="constexpr", TIMELINE="constexpr")
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_combine_kernel", sig,

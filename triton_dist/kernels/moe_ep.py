@@ -39,10 +39,11 @@ rest), so receivers work on early chunks while senders still push later ones.
                   never cross the link).
     combine   (one launch)  sender, chunk c of every PEER s: partial = sum over the token's slots on this rank,
               in slot order, of w * out[slot row] (fp32, rounded to the dtype) -> one row pushed back to s into
-              partials[(me - s - 1) mod W, pos] (s keeps one block per peer); flag combined[me, c].
+              partials[call parity, (me - s - 1) mod W, pos] (s keeps one block per peer, two sets for odd and
+              even calls); flag combined[me, c].
               receiver, chunk c of my tokens: this rank's own partial computed the same way in registers (never
-              stored), then wait combined[d, c] for every peer d and y[t] = sum over d = 0..W-1 of partial_d(t)
-              (fp32, rank order). Receivers take (chunk, column part) units in order from a per-call counter,
+              stored), then wait combined[d, c] for every peer d (also for a chunk without tokens) and
+              y[t] = sum over d = 0..W-1 of partial_d(t) (fp32, rank order). Receivers take (chunk, column part) units in order from a per-call counter,
               and on a GPU the senders join them once their own chunks are out (the receivers' side is longer).
 Every sum runs in a FIXED order (slots in top-k order within a rank, then ranks in order), whoever's message lands
 first, so y is bitwise identical run to run. Dispatch moves each token at most once per destination rank, and
@@ -50,8 +51,11 @@ combine returns one row per (token, destination rank).
 
 Flags carry per-call epochs (``dl.call_epoch``): no resets between calls. The exchange of counts is also the
 "ready" handshake of dispatch: a rank pushes rows into d only after d published this call's counts, i.e. after d
-finished everything it queued before (its experts and combine of the previous call). Combine has its own ``ready``
-flags. Outputs are views of a cached workspace, valid until the next ep_dispatch with the same shapes.
+finished everything it queued before (its experts and combine of the previous call). Combine needs no handshake:
+its partials alternate between two sets by call parity, and rank r writes the set of call n into s only after its
+own call n-1 waited for every flag of s's call n-1, so s is done with call n-2, the last reader of that set
+(combines may repeat on one handle, with no dispatch in between). Outputs are views of a cached workspace, valid
+until the next ep_dispatch with the same shapes.
 
 Low-latency mode, decode sizes (max_tokens <= 256): small chunks over every SM, and an eager ep_dispatch replays
 its launches from a cached CUDA graph (inputs copied in; ``replay.py``): there the Python launch cost, not the
@@ -81,7 +85,7 @@ from .replay import GraphCache
 MAX_CHUNKS = 1024  # flags and chunk tables are sized for this many token chunks per call
 # Optional phase timeline (``timeline=`` of ep_dispatch / ep_combine: int64 [TIMELINE_SLOTS], GPU only): GPU-clock
 # ns at each phase boundary, for tuning. Per program p: [TL_PROGRAM + 4p + i], i = 0 start, 1 counts known (dispatch)
-# / peers ready (combine senders), 2 all chunks sent (senders) / expert ids marked (dispatch receivers), 3 end.
+# / sending starts (combine senders), 2 all chunks sent (senders) / expert ids marked (dispatch receivers), 3 end.
 # Per chunk c: [TL_CHUNK + 4c + i], i = 0 sent and flagged, 1 its flags seen by a receiver, 2 received and done.
 # Layout program g (dispatch's timeline): [TL_LAYOUT + 4g + i], i = 0 start, 1 its chunks counted, 2 prefix known
 # (look-back done), 3 end.
@@ -198,47 +202,12 @@ def _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP: tl.constexp
 
 
 @triton.jit
-def _columns(part, parts, H, BH: tl.constexpr):
-    """Columns [first, end) of part ``part`` of ``parts``: whole BH tiles (the last part may be short or empty)."""
-    part_h = tl.cdiv(tl.cdiv(H, BH), parts) * BH
-    h_first = part * part_h
-    return h_first, tl.minimum(h_first + part_h, H)
-
-
-@triton.jit
 def _unit(u, h_parts, H, BH: tl.constexpr):
     """Unit ``u`` of the receivers' work: (chunk, first column, end column); a chunk's columns come in h_parts
-    parts."""
-    h_first, h_end = _columns(u % h_parts, h_parts, H, BH)
-    return u // h_parts, h_first, h_end
-
-
-@triton.jit
-def _send_unit(u, n_chunks, parts, split_last, H, BH: tl.constexpr):
-    """Unit ``u`` of the senders' work: (chunk, first column, end column, parts of that chunk). The first
-    n_chunks - split_last chunks are one unit each, the last split_last come in ``parts`` column parts: when the
-    chunks run out, the units still in flight are short, so the link stays busy to the end (a sender's time per
-    unit is set by its number of copy steps, not by its tokens)."""
-    n_whole = n_chunks - split_last
-    v = tl.maximum(u - n_whole, 0)
-    whole = u < n_whole
-    p = tl.where(whole, 1, parts)
-    h_first, h_end = _columns(tl.where(whole, 0, v % parts), p, H, BH)
-    return tl.where(whole, u, n_whole + v // parts), h_first, h_end, p
-
-
-@triton.jit
-def _last_part(parts_done, c, parts):
-    """Count a finished column part of chunk ``c``; True for the chunk's last part (which then raises the chunk's
-    flags and resets the count for the next call). The count is a release at system scope: every store of this
-    part, to peers too, is visible before the part counts, so the last part's flag covers all of them."""
-    last = parts == 1
-    if parts > 1:
-        n = tl.atomic_add(parts_done + c, 1, sem="acq_rel", scope="sys")
-        last = n == parts - 1
-        if last:
-            tl.atomic_xchg(parts_done + c, 0, sem="relaxed", scope="gpu")
-    return last
+    parts of whole BH tiles (the last part may be short or empty)."""
+    part_h = tl.cdiv(tl.cdiv(H, BH), h_parts) * BH
+    h_first = (u % h_parts) * part_h
+    return u // h_parts, h_first, tl.minimum(h_first + part_h, H)
 
 
 @triton.jit
@@ -259,7 +228,7 @@ def _end_claims(claims, u, n_units, claimers):
 def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, state, T, E, n_chunks,
                      ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr, K_PAD: tl.constexpr,
                      EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr, QB: tl.constexpr,
-                     TIMELINE: tl.constexpr):
+                     TIMELINE: tl.constexpr, PDL: tl.constexpr):
     """Program g counts the CG token chunks [g * CG, g * CG + CG) in one pass (histograms keyed by chunk and
     padded expert / destination rank: every token of the group loaded at once), writes each chunk's offset
     inside the group, stores the group's totals into chunk_counts[g] and raises counted[g]; then it waits for
@@ -272,6 +241,7 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
     EP: tl.constexpr = W_PAD * EL_PAD
     ROW: tl.constexpr = EP + W_PAD
     epoch = dl.call_epoch(state)
+    dl.launch_dependents(PDL)  # the dispatch launch may start now (its programs wait for the counts anyway)
     chunk = tl.cdiv(T, n_chunks)
     dv = tl.arange(0, W_PAD)
     i = tl.arange(0, CG * TB) // TB  # (chunk i of the group, token j of its block): [CG * TB] at once
@@ -319,13 +289,13 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
 
 @triton.jit
 def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, h_parts, n_push,
-                       push_parts, split_last, recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready,
-                       arrived, recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_prefix,
-                       claims, parts_done, state, ctx, timeline,
+                       recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready, arrived,
+                       recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_prefix,
+                       claims, state, ctx, timeline,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
-                       SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr):
+                       SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr):
     """Programs [0, n_push) send chunks in order (taken from a per-call counter: claims[1]); the others receive:
     they mark the rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks
     land."""
@@ -367,12 +337,10 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
     if pid < n_push:
         # SEND: one row per (token, remote rank) to the token's first slot row there, plus its slot record;
-        # rows for this rank go straight into all their slot rows. Units (a chunk, or a column part of one of the
-        # last split_last chunks) are taken in order from a per-call counter: faster programs take more.
-        n_send = n_chunks - split_last + split_last * push_parts
-        u = _next_claim(claims + 1)
-        while u < n_send:
-            c, h_first, h_end, parts = _send_unit(u, n_chunks, push_parts, split_last, H, BH)
+        # rows for this rank go straight into all their slot rows
+        dl.wait_prior_kernel(PDL)  # the layout launch's chunk_prefix (started early: launched with launch_pdl)
+        c = _next_claim(claims + 1)  # senders take chunks in order: faster programs take more
+        while c < n_chunks:
             c0 = tl.minimum(c * chunk, T)
             c1 = tl.minimum(c0 + chunk, T)
             if FUSED_LAYOUT:
@@ -396,23 +364,21 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 rpos = tl.cumsum(goes, axis=0) - goes + carry_r[None, :]
                 carry_r += tl.sum(goes, axis=0)
                 first = tl.min(tl.where(at, slot[:, :, None], _BIG), axis=1)  # [BT, W_PAD]
+                tl.store(token_pos + t[:, None] * world + dv[None, :], tl.where(goes > 0, rpos, -1),
+                         mask=tm[:, None] & (dv[None, :] < world))
+                kmask = tm[:, None] & (kk[None, :] < K)
+                w = tl.load(topk_weights + t[:, None] * K + kk[None, :], mask=kmask, other=0.0).to(tl.float32)
                 here = tl.where(owner == me, slot, -1)
-                if h_first == 0:  # a chunk's first column part writes its tokens' records
-                    tl.store(token_pos + t[:, None] * world + dv[None, :], tl.where(goes > 0, rpos, -1),
-                             mask=tm[:, None] & (dv[None, :] < world))
-                    kmask = tm[:, None] & (kk[None, :] < K)
-                    w = tl.load(topk_weights + t[:, None] * K + kk[None, :], mask=kmask, other=0.0).to(tl.float32)
-                    tl.store(recv_weights + here, w, mask=here >= 0)
-                    for i in range(world):
-                        d = (me + 1 + i) % world  # peers first, this rank last
-                        go_d = _column(goes, d, dv) > 0
-                        rec = (me * max_tokens + _column(rpos, d, dv)) * K
-                        m = go_d[:, None] & (kk[None, :] < K)
-                        dl.put(recv_slots + rec[:, None] + kk[None, :], tl.where(owner == d, slot, -1), d, ctx,
-                               mask=m)
-                        dl.put(recv_w + rec[:, None] + kk[None, :], w, d, ctx, mask=m)
+                tl.store(recv_weights + here, w, mask=here >= 0)
+                for i in range(world):
+                    d = (me + 1 + i) % world  # peers first, this rank last
+                    go_d = _column(goes, d, dv) > 0
+                    rec = (me * max_tokens + _column(rpos, d, dv)) * K
+                    m = go_d[:, None] & (kk[None, :] < K)
+                    dl.put(recv_slots + rec[:, None] + kk[None, :], tl.where(owner == d, slot, -1), d, ctx, mask=m)
+                    dl.put(recv_w + rec[:, None] + kk[None, :], w, d, ctx, mask=m)
                 src = x + t[:, None].to(tl.int64) * H
-                for h0 in range(h_first, h_end, BH):
+                for h0 in range(0, H, BH):
                     hh = h0 + tl.arange(0, BH)
                     hm = hh[None, :] < H
                     tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm)
@@ -423,18 +389,16 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                         dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
                     _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
             span = tl.arange(0, 2)
-            if h_first == 0:
-                for i in range(world):
-                    d = (me + 1 + i) % world
-                    ends = tl.where(span == 0, tl.sum(tl.where(dv == d, r_first, 0)),
-                                    tl.sum(tl.where(dv == d, carry_r, 0)))
-                    dl.put(recv_span + (me * MAXC + c) * 2 + span, ends, d, ctx)
-            if _last_part(parts_done, c, parts):
-                for i in range(world - 1):
-                    dl.signal(arrived + me * MAXC + c, epoch, (me + 1 + i) % world, ctx)
-                _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
-            u = _next_claim(claims + 1)
-        _end_claims(claims + 1, u, n_send, n_push)
+            for i in range(world):
+                d = (me + 1 + i) % world
+                ends = tl.where(span == 0, tl.sum(tl.where(dv == d, r_first, 0)),
+                                tl.sum(tl.where(dv == d, carry_r, 0)))
+                dl.put(recv_span + (me * MAXC + c) * 2 + span, ends, d, ctx)
+                if d != me:
+                    dl.signal(arrived + me * MAXC + c, epoch, d, ctx)
+            _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
+            c = _next_claim(claims + 1)
+        _end_claims(claims + 1, c, n_chunks, n_push)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     else:
         # RECEIVE: expert id of every row (-1 = padding), zero weights on padding ...
@@ -484,9 +448,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
 
 @triton.jit
-def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push, push_parts, split_last, recv_slots,
-                      recv_w, recv_span, token_pos, partials, ready, combined, claims, parts_done, state, ctx,
-                      timeline,
+def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push, recv_slots, recv_w, recv_span,
+                      token_pos, partials, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr,
                       TIMELINE: tl.constexpr):
@@ -503,18 +466,12 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
     epoch = dl.call_epoch(state)
     dv = tl.arange(0, W_PAD)
     kk = tl.arange(0, K_PAD)
-    if pid == 0:  # our `partials` is free again (the previous combine finished reading it)
-        for peer in range(world):
-            dl.signal(ready + me, epoch, peer, ctx)
+    # this call's set of partials (see the module docstring: two sets, so no handshake before pushing)
+    partials += (epoch % 2).to(tl.int64) * tl.maximum(world - 1, 1) * max_tokens * H
     if pid < n_push:
-        dl.wait(ready + dv, epoch, ctx, mask=(dv < world) & (dv != me))
         _stamp(timeline, TL_PROGRAM + 4 * pid + 1, TIMELINE)
-        # units (a chunk, or a column part of one of the last split_last chunks) in order from a per-call
-        # counter: faster programs take more
-        n_send = n_chunks - split_last + split_last * push_parts
-        u = _next_claim(claims + 1)
-        while u < n_send:
-            c, h_first, h_end, parts = _send_unit(u, n_chunks, push_parts, split_last, H, BH)
+        c = _next_claim(claims + 1)  # senders take chunks in order: faster programs take more
+        while c < n_chunks:
             for i in range(world - 1):  # peers only: this rank's own partials are summed by its receivers
                 s = (me + 1 + i) % world
                 p0 = tl.load(recv_span + (s * MAXC + c) * 2)
@@ -528,17 +485,15 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
                     w = tl.load(recv_w + rec, mask=m, other=0.0)
                     block = (me - s - 1 + world) % world  # s keeps one block of partials per peer
                     dst = partials + (block * max_tokens + pos[:, None]).to(tl.int64) * H
-                    for h0 in range(h_first, h_end, BH):
+                    for h0 in range(0, H, BH):
                         hh = h0 + tl.arange(0, BH)
                         hm = hh[None, :] < H
                         acc = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH)
                         dl.put(dst + hh[None, :], acc.to(partials.dtype.element_ty), s, ctx, mask=pm[:, None] & hm)
-            if _last_part(parts_done, c, parts):
-                for i in range(world - 1):
-                    dl.signal(combined + me * MAXC + c, epoch, (me + 1 + i) % world, ctx)
-                _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
-            u = _next_claim(claims + 1)
-        _end_claims(claims + 1, u, n_send, n_push)
+                dl.signal(combined + me * MAXC + c, epoch, s, ctx)
+            _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
+            c = _next_claim(claims + 1)
+        _end_claims(claims + 1, c, n_chunks, n_push)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     # RECEIVE, every program (senders once their chunks are out): take units (chunk c, column part) of this rank's
     # tokens in order, one at a time, from a per-call counter, so that senders that finish early share the
@@ -580,6 +535,8 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
                         acc += v.to(tl.float32)
                 tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
                          mask=tm[:, None] & hm)
+        if (c0 == c1) & (h_first == 0):  # no tokens here: the flags are still awaited (partials' double buffer)
+            dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
         _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
         u = _next_claim(claims)
     _end_claims(claims, u, n_units, claimers)
@@ -621,10 +578,9 @@ class _Workspace:
         self.recv_span = shmem.zeros((w, MAX_CHUNKS, 2), torch.int32, name=name + "recv_span")
         self.all_counts = shmem.zeros((2, w, ep), torch.int32, name=name + "counts")
         # one block per peer (this rank's own partial never leaves the registers of combine's receivers)
-        self.partials = shmem.empty((max(w - 1, 1), max_tokens, hidden), dtype, name=name + "partials")
+        self.partials = shmem.empty((2, max(w - 1, 1), max_tokens, hidden), dtype, name=name + "partials")
         self.counts_ready = shmem.signals((w,), name=name + "counts_ready")
         self.arrived = shmem.signals((w * MAX_CHUNKS,), name=name + "arrived")
-        self.ready = shmem.signals((w,), name=name + "combine_ready")
         self.combined = shmem.signals((w * MAX_CHUNKS,), name=name + "combined")
         # local
         self.expert_ids = torch.full((self.max_rows,), -1, dtype=torch.int32, device=dev)
@@ -641,9 +597,6 @@ class _Workspace:
         # td.shmem.reset() zeroes them after a failed call)
         self.combine_claims = shmem.counters(2, name=name + "combine_claims")
         self.dispatch_claims = shmem.counters(2, name=name + "dispatch_claims")
-        # column parts of a chunk sent so far (chunks the senders split; reset by each chunk's last part)
-        self.dispatch_parts = shmem.counters(MAX_CHUNKS, name=name + "dispatch_parts")
-        self.combine_parts = shmem.counters(MAX_CHUNKS, name=name + "combine_parts")
         self.calls = 0  # host count of dispatches: a handle from an older one is stale
         self.last = None  # the EpHandle of the latest dispatch, for the torch op's combine
         shmem.barrier()  # peers write into these only after every rank zeroed them
@@ -672,8 +625,8 @@ def default_config(max_tokens, hidden, device_type):
     maxnreg (a register cap per thread, None = the compiler's choice; lets two programs share an SM),
     eager_graph (an eager dispatch replays its launches from a cached CUDA graph: host-bound decode sizes),
     h_parts (the receivers' unit of work: a chunk's columns in this many parts), layout_chunks (chunks counted
-    by one program of the layout launch), push_parts / push_split_last (the senders' units: the last
-    push_split_last chunks, None = all, are sent in push_parts column parts).
+    by one program of the layout launch), pdl (on GPUs of compute capability 9.0+: the dispatch launch starts
+    while the layout launch runs, programmatic dependent launch).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -692,8 +645,8 @@ def default_config(max_tokens, hidden, device_type):
                "num_warps": 8, "fused_layout": False, "h_parts": 4, "combine_programs": 128, "combine_push": 52,
                "combine_warps": 16, "combine_h_parts": 2}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
-            "combine_h_parts": 1, "push_parts": 1, "push_split_last": None, "combine_push_parts": 1,
-            "combine_push_split_last": None,
+            "pdl": True,
+            "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
             "combine_warps": cfg["num_warps"], **cfg}
@@ -772,15 +725,12 @@ def _checked(max_tokens, hidden, device_type, config):
     for prog, push in (("num_programs", "push_programs"), ("combine_programs", "combine_push")):
         if not 1 <= int(cfg[push]) < int(cfg[prog]):
             raise ValueError(f"need 1 <= {push} < {prog}, got {cfg[push]}, {cfg[prog]}")
-    for name in ("h_parts", "combine_h_parts", "push_parts", "combine_push_parts"):
+    for name in ("h_parts", "combine_h_parts"):
         if not isinstance(cfg[name], int) or not 1 <= cfg[name] <= 2**20:
             raise ValueError(f"{name} must be an int in [1, 2**20], got {cfg[name]!r}")
     for name in ("layout_chunks", "block_tokens", "block_h", "combine_block_tokens", "combine_block_h"):
         if int(cfg[name]) < 1:
             raise ValueError(f"{name} must be >= 1, got {cfg[name]}")
-    for name in ("push_split_last", "combine_push_split_last"):
-        if cfg[name] is not None and (not isinstance(cfg[name], int) or cfg[name] < 0):
-            raise ValueError(f"{name} must be None (every chunk) or an int >= 0, got {cfg[name]!r}")
     return cfg
 
 
@@ -790,11 +740,14 @@ def _senders_help(n_prog, t):
     return t.is_cuda and n_prog <= num_sms(t.device.index)
 
 
-def _send_split(parts, split_last, n_chunks):
-    """The senders' (column parts, chunks split) launch arguments: the last ``split_last`` chunks (None: all) in
-    ``parts`` parts."""
-    split = n_chunks if split_last is None else min(int(split_last), n_chunks)
-    return (int(parts), split) if int(parts) > 1 and split > 0 else (1, 0)
+def _pdl_capable(t):
+    """Whether t's device runs programmatic dependent launch (a GPU of compute capability 9.0 or newer)."""
+    return t.is_cuda and _compute_major(t.device.index) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _compute_major(index):
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def _register_cap(maxnreg, t):
@@ -861,6 +814,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     common = dict(K=K, EL=ws.local, BT=bt, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
     shmem.raise_pending_errors()
     fused = bool(cfg["fused_layout"])
+    pdl = not fused and _pdl_capable(x) and bool(cfg["pdl"])
 
     def launch(x, idx, wts):
         if not fused:
@@ -868,16 +822,16 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
                 idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
                 num_experts, n_chunks, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
                 QB=min(triton.next_power_of_2(n_groups), 128 if x.device.type == "cuda" else 4),
-                TIMELINE=timeline is not None, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad, EL_PAD=ws.el_pad,
-                W_PAD=ws.w_pad)
+                TIMELINE=timeline is not None, PDL=pdl, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad,
+                EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
         ep_dispatch_kernel[(n_prog,)](
             x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts, n_push,
-            *_send_split(cfg["push_parts"], cfg["push_split_last"], n_chunks),
             ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
             ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
-            ws.dispatch_claims, ws.dispatch_parts, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
+            ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
             RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
-            SENDERS_HELP=_senders_help(n_prog, x), TIMELINE=timeline is not None, num_warps=int(cfg["num_warps"]),
+            SENDERS_HELP=_senders_help(n_prog, x), TIMELINE=timeline is not None, PDL=pdl,
+            num_warps=int(cfg["num_warps"]), **({"launch_pdl": True} if pdl else {}),
             **_register_cap(cfg["maxnreg"], x), **common)
         return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
 
@@ -940,10 +894,8 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     _check_timeline(timeline, expert_out.device, n_prog)
     h_parts = cfg["combine_h_parts"]
     ep_combine_kernel[(n_prog,)](
-        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push,
-        *_send_split(cfg["combine_push_parts"], cfg["combine_push_split_last"], handle.num_chunks), ws.recv_slots,
-        ws.recv_w, ws.recv_span, tp, ws.partials, ws.ready, ws.combined, ws.combine_claims, ws.combine_parts,
-        ws.combine_state,
+        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push, ws.recv_slots, ws.recv_w,
+        ws.recv_span, tp, ws.partials, ws.combined, ws.combine_claims, ws.combine_state,
         shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
         SENDERS_HELP=_senders_help(n_prog, expert_out), TIMELINE=timeline is not None,

@@ -31,6 +31,7 @@ from .primitives import (  # noqa: F401
     fence,
     finish_call,
     get,
+    launch_dependents,
     num_ranks,
     put,
     rank,
@@ -38,4 +39,5 @@ from .primitives import (  # noqa: F401
     symm_at,
     timestamp,
     wait,
+    wait_prior_kernel,
 )

@@ -212,6 +212,23 @@ def finish_call(state, epoch, num_programs):
 
 
 @triton.jit
+def launch_dependents(ON: tl.constexpr):
+    """Programmatic dependent launch: the stream's next kernel, if launched with ``launch_pdl=True``, may start
+    once every program of this one has called this (or ended). That kernel must ``wait_prior_kernel`` before it
+    reads anything this one writes. ``ON=False`` (the interpreter runs no inline assembly): nothing."""
+    if ON:
+        _cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def wait_prior_kernel(ON: tl.constexpr):
+    """In a kernel launched with ``launch_pdl=True``: wait until the stream's previous kernel has ended, its
+    writes visible. ``ON=False``: nothing (a kernel launched normally starts after it anyway)."""
+    if ON:
+        _cuda.gdc_wait()
+
+
+@triton.jit
 def timestamp():
     """Nanoseconds of the GPU's global timer (``%globaltimer``): comparable across the programs and launches on
     one GPU. For phase timelines while tuning; GPU only (the interpreter runs no inline assembly)."""
