@@ -118,10 +118,10 @@ def _knobs(default, keys, entry):
 
 def _dispatch_name(c):
     return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
-            "parts{h_parts}{lay}{pdl}").format(f=" fused" if c["fused_layout"] else "",
-                                               pdl="" if c["pdl"] else " no-pdl",
-                                          r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
-                                          lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "", **c)
+            "parts{h_parts}{lay}{early}").format(f=" fused" if c["fused_layout"] else "",
+                                                 r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
+                                                 lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "",
+                                                 early="" if c["pdl"] else " no-pdl", **c)
 
 
 def _combine_name(c):
