@@ -33,7 +33,9 @@ SWEEP = [("no defer", {"DEFER_SIGNAL": False}), ("fp32 partials", {"partial": "f
          ("128x256 s4 subtile", {"BLOCK_M": 128, "BLOCK_N": 256, "num_stages": 4, "EPILOGUE_SUBTILE": True}),
          ("128x128 s4", {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 4, "num_warps": 8}),
          ("GROUP_M=4", {"GROUP_M": 4}), ("GROUP_M=16", {"GROUP_M": 16}), ("no TMA", {"use_tma": False}),
-         ("programs-4", {"num_programs": -4})]
+         ("programs-4", {"num_programs": -4}), ("remote TMA", {"remote_tma": True}),
+         ("remote TMA 128x256 s4 subtile", {"remote_tma": True, "BLOCK_M": 128, "BLOCK_N": 256, "num_stages": 4,
+                                            "EPILOGUE_SUBTILE": True})]
 
 
 def _async_tp(a, w_t, group_name):
@@ -79,7 +81,7 @@ def main():
         t_replay = time_us(lambda: gemm_rs(a, w, config={**over, "path": "graph"})) if m <= 2048 else float("nan")
         t_graph = graph_us_or_nan(lambda: torch.ops.triton_dist.gemm_rs(a, w), "graph replay")  # NaN: table goes on
         t_gemm = time_us(lambda: torch.matmul(a, w.T))
-        if (m, n, k_total) in ((8192, 8192, 8192), (2048, 8192, 8192)):
+        if (m, n, k_total) in ((8192, 8192, 8192), (2048, 8192, 8192), (8192, 28672, 8192)):
             sweep = {"default": t_over, **knob_sweep(lambda cfg: gemm_rs(a, w, config=cfg), over, SWEEP, a.device)}
             sweep_rows.append({"M": m, "N": n, "K": k_total, **{kk: round(v, 1) for kk, v in sweep.items()}})
         t_nccl = time_us(nccl_cublas)

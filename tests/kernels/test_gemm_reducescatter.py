@@ -187,6 +187,9 @@ def _check_bf16_fresh_repeats(m, n, k, config, repeats):
     (1024, 2048, 4096, {"path": "overlap", "num_programs": 0}),  # one program per tile
     (512, 4096, 1024, {}),  # small M: default decides (fallback or kernel)
     (2048, 5000, 1000, {"path": "overlap", "partial": "fp32"}),  # ragged N, K; fp32 partials
+    (4099, 3072, 1536, {"path": "overlap", "remote_tma": True}),  # partials by TMA, clipped to the peer's rows
+    (2048, 4096, 1024, {"path": "overlap", "remote_tma": True, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
+                        "num_stages": 4, "num_warps": 8, "EPILOGUE_SUBTILE": True}),  # half-tile TMA stores
 ])
 def test_gemm_rs_bf16_100_fresh_repeats(ranks, m, n, k, config):
     assert ranks(2, _check_bf16_fresh_repeats, m, n, k, config, 100) == [[]] * 2
@@ -285,29 +288,37 @@ def test_gemm_rs_bitwise_reproducible(ranks):
 
 
 # ----------------------------------------------------------------------------------------------- sm_90
-SIGNATURE = dict(a="*bf16", w="*bf16", out="*bf16", recv="*bf16", arrived="*i32", ready="*i32", state="*i32",
+SIGNATURE = dict(a="*bf16", w="*bf16", out="*bf16", recv="*bf16", recv_peer="*bf16", arrived="*i32", ready="*i32", state="*i32",
                  M="i32", N="i32", K="i32", stride_am="i32", stride_wn="i32", own_rows="i32", ctx="*i64",
                  BLOCK_M="constexpr", BLOCK_N="constexpr", BLOCK_K="constexpr", GROUP_M="constexpr",
                  USE_TMA="constexpr", EPILOGUE_SUBTILE="constexpr", DEFER_SIGNAL="constexpr",
-                 DOT_PRECISION="constexpr", SLOTS_BLOCK="constexpr")
+                 DOT_PRECISION="constexpr", SLOTS_BLOCK="constexpr", REMOTE_TMA="constexpr")
 
 
-@pytest.mark.parametrize("dtype,partial,slots,tma", [("bf16", "bf16", 1, True), ("fp16", "fp32", 4, False)])
-def test_gemm_rs_compiles_for_sm90(dtype, partial, slots, tma):
+@pytest.mark.parametrize("dtype,partial,slots,tma,remote_tma", [("bf16", "bf16", 1, True, False),
+                                                                ("fp16", "fp32", 4, False, False),
+                                                                ("bf16", "bf16", 1, True, True)])
+def test_gemm_rs_compiles_for_sm90(dtype, partial, slots, tma, remote_tma):
     bm, bn, bk = 128, 256, 64
-    sig = {**SIGNATURE, "a": f"*{dtype}", "w": f"*{dtype}", "out": f"*{dtype}", "recv": f"*{partial}"}
+    sig = {**SIGNATURE, "a": f"*{dtype}", "w": f"*{dtype}", "out": f"*{dtype}", "recv": f"*{partial}",
+           "recv_peer": f"*{partial}"}
     if tma:
         sig.update(a=f"tensordesc<{dtype}[{bm},{bk}]>", w=f"tensordesc<{dtype}[{bn},{bk}]>",
                    out=f"tensordesc<{dtype}[1,{bm},{bn // 2}]>")
+    if remote_tma:
+        sig.update(recv_peer=f"tensordesc<{partial}[1,{bm},{bn // 2}]>")
     res = compile_sm90("triton_dist.kernels.gemm_reducescatter", "gemm_rs_kernel", sig,
                        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": tma,
                         "EPILOGUE_SUBTILE": tma, "DEFER_SIGNAL": True, "DOT_PRECISION": "tf32",
-                        "SLOTS_BLOCK": slots},
+                        "SLOTS_BLOCK": slots, "REMOTE_TMA": remote_tma},
                        aligned=("recv", "N", "K", "stride_am", "stride_wn") + (() if tma else ("a", "w", "out")))
     ops = res["ops"]
     assert any(op.startswith("wgmma.mma_async") for op in ops), ops  # Hopper tensor cores
     assert ops.get("atom.global.sys.release.exch.b32", 0) > 0, ops  # dl.signal: release at system scope
     assert any("acquire" in op and "sys" in op for op in ops), ops  # dl.wait: acquire polls
-    assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte stores of partial tiles (to the peer)
+    if remote_tma:  # partial tiles by TMA, published after the bulk stores completed
+        assert ops.get("cp.async.bulk.wait_group", 0) > 0, ops
+    else:
+        assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte stores of partial tiles (to the peer)
     if tma:
         assert any(op.startswith("cp.async.bulk.tensor") for op in ops), ops  # TMA loads / output stores

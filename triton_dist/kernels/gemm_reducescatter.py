@@ -65,14 +65,16 @@ SMALL_M_ROWS = 64
 
 # ----------------------------------------------------------------------------------------------- device side
 @triton.jit
-def gemm_rs_kernel(a, w, out, recv, arrived, ready, state, M, N, K, stride_am, stride_wn, own_rows, ctx,
+def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, M, N, K, stride_am, stride_wn, own_rows, ctx,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DEFER_SIGNAL: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, SLOTS_BLOCK: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, SLOTS_BLOCK: tl.constexpr, REMOTE_TMA: tl.constexpr):
     """One launch = one gemm_rs call on this rank. ``a`` [M, K], ``w`` [N, K] and ``out`` [1, own_rows, N]:
     tensor descriptors (USE_TMA) or pointers to contiguous tensors. ``recv``: symmetric [W-1, rows_max, N]
     partial sums from the peers (slot of source q on rank d: (q - d - 1) mod W); ``arrived``: symmetric int32
-    [W-1, tiles_per_dest]; ``ready``: symmetric int32 [W]; ``state``: this rank's int32[2] epoch counter."""
+    [W-1, tiles_per_dest]; ``ready``: symmetric int32 [W]; ``state``: this rank's int32[2] epoch counter.
+    REMOTE_TMA (W = 2): partials go to the peer by TMA stores through ``recv_peer``, a descriptor of the peer's
+    recv [1, its rows, N] (asynchronous: the program computes on while they cross)."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     me = dl.rank(ctx)
@@ -106,6 +108,7 @@ def gemm_rs_kernel(a, w, out, recv, arrived, ready, state, M, N, K, stride_am, s
                               BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
 
         if pending_peer >= 0:  # the previous push had a whole tile of compute to drain: publish it now
+            dl.bulk_stores_done(REMOTE_TMA)
             dl.signal(arrived + pending_flag, epoch, pending_peer, ctx)
             pending_peer = -1
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # rows inside the destination's block of rows
@@ -117,11 +120,17 @@ def gemm_rs_kernel(a, w, out, recv, arrived, ready, state, M, N, K, stride_am, s
                 dl.wait(ready + dest, epoch, ctx)
                 ready_peer = dest
             slot = (me - dest - 1 + world) % world
-            dl.put(recv + slot * slot_elems + tile_offsets, acc.to(recv.dtype.element_ty), dest, ctx, mask=tile_ok)
+            if REMOTE_TMA:
+                tile_store(recv_peer, acc, 0, pid_m * BLOCK_M, pid_n * BLOCK_N, dest_rows, N, 0, N, BLOCK_M,
+                           BLOCK_N, True, EPILOGUE_SUBTILE)
+            else:
+                dl.put(recv + slot * slot_elems + tile_offsets, acc.to(recv.dtype.element_ty), dest, ctx,
+                       mask=tile_ok)
             if DEFER_SIGNAL:
                 pending_flag = slot * tiles_per_dest + tile
                 pending_peer = dest
             else:
+                dl.bulk_stores_done(REMOTE_TMA)
                 dl.signal(arrived + slot * tiles_per_dest + tile, epoch, dest, ctx)
         else:
             slots = tl.arange(0, SLOTS_BLOCK)
@@ -134,6 +143,7 @@ def gemm_rs_kernel(a, w, out, recv, arrived, ready, state, M, N, K, stride_am, s
             tile_store(out, acc, own_segment, pid_m * BLOCK_M, pid_n * BLOCK_N, own_rows, N, own_rows * N, N,
                        BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
     if pending_peer >= 0:
+        dl.bulk_stores_done(REMOTE_TMA)
         dl.signal(arrived + pending_flag, epoch, pending_peer, ctx)
     dl.finish_call(state, epoch, n_programs)
 
@@ -196,10 +206,18 @@ def _run_overlapped(a, w, out, cfg):
     # has no output to describe
     use_tma = cfg.get("use_tma") is not False and tma_compatible(a, w, out3) and own_rows > 0
     subtile = bool(cfg["EPILOGUE_SUBTILE"]) and use_tma
+    # partials by TMA stores into the peer's recv: 2 ranks (one peer, one descriptor), TMA on
+    peer_rows = rows_of_rank(m, world, 1 - shmem.rank())[1] if world == 2 else 0
+    remote_tma = bool(cfg.get("remote_tma")) and use_tma and peer_rows > 0
+    recv_peer = ws.recv
     if use_tma:
         a_arg = TensorDescriptor(a, list(a.shape), list(a.stride()), [bm, bk])
         w_arg = TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, bk])
-        out_arg = TensorDescriptor(out3, list(out3.shape), list(out3.stride()), [1, bm, bn // 2 if subtile else bn])
+        c_block = [1, bm, bn // 2 if subtile else bn]
+        out_arg = TensorDescriptor(out3, list(out3.shape), list(out3.stride()), c_block)
+        if remote_tma:
+            view = shmem.peer_view(ws.recv, 1 - shmem.rank())[:peer_rows * n].view(1, peer_rows, n)
+            recv_peer = TensorDescriptor(view, list(view.shape), list(view.stride()), c_block)
     else:
         a_arg, w_arg, out_arg = a, w, out3
     n_items = world * tiles_per_dest
@@ -209,11 +227,11 @@ def _run_overlapped(a, w, out, cfg):
     programs = n_items if programs == 0 else max(1, min(int(programs), n_items))
     shmem.raise_pending_errors()
     gemm_rs_kernel[(programs,)](
-        a_arg, w_arg, out_arg, ws.recv, ws.arrived, ws.ready, ws.state, m, n, k, a.stride(0), w.stride(0),
+        a_arg, w_arg, out_arg, ws.recv, recv_peer, ws.arrived, ws.ready, ws.state, m, n, k, a.stride(0), w.stride(0),
         own_rows, shmem.context(),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], USE_TMA=use_tma, EPILOGUE_SUBTILE=subtile,
         DEFER_SIGNAL=bool(cfg["DEFER_SIGNAL"]), DOT_PRECISION=dot_precision(a.dtype),
-        SLOTS_BLOCK=triton.next_power_of_2(max(world - 1, 1)),
+        SLOTS_BLOCK=triton.next_power_of_2(max(world - 1, 1)), REMOTE_TMA=remote_tma,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out
 
@@ -253,13 +271,14 @@ def default_config(m, n, k, dtype, device, world):
     path ("overlap" | "graph": the overlapped kernel replayed from a cached CUDA graph, see ``replay.py`` |
     "fallback"), partial ("out": peers' partial sums travel in the output dtype, like
     matmul + reduce_scatter; "fp32": exact partials at twice the traffic), DEFER_SIGNAL (publish a pushed tile
-    after the program's next tile is computed, so the release never waits for NVLink), num_programs (None: one
-    per SM on GPU, one per tile under the interpreter; 0: one per tile)."""
+    after the program's next tile is computed, so the release never waits for NVLink), remote_tma (2 ranks, TMA
+    on: partial tiles go to the peer by TMA stores, asynchronous to the program, instead of stores from
+    registers), num_programs (None: one per SM on GPU, one per tile under the interpreter; 0: one per tile)."""
     rows_max = triton.cdiv(m, world)
     cfg = gemm_config(rows_max, n, k, dtype, device)
     # FLATTEN / WARP_SPECIALIZE stay off: the tile loop's body waits and signals between tiles
     cfg.update(path=choose_path(m, world, device.type), partial="out", DEFER_SIGNAL=True, FLATTEN=False,
-               WARP_SPECIALIZE=False)
+               WARP_SPECIALIZE=False, remote_tma=False)
     if device.type == "cuda" and rows_max <= 64:  # 128-row tiles would be mostly padding
         cfg.update(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4)
     return cfg

@@ -27,6 +27,7 @@ from .primitives import (  # noqa: F401
     NE,
     SET,
     barrier_all,
+    bulk_stores_done,
     call_epoch,
     fence,
     finish_call,

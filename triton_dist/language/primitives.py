@@ -212,6 +212,16 @@ def finish_call(state, epoch, num_programs):
 
 
 @triton.jit
+def bulk_stores_done(ON: tl.constexpr):
+    """Wait until this program's TMA (tensor-descriptor) stores have been written, to peers too, and order them
+    before its later generic accesses: call it before a ``signal`` that publishes such stores (``signal`` alone
+    covers plain stores only). ``ON=False`` (no descriptor stores, or the interpreter): nothing."""
+    if ON:
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, 0;", "=r",
+                                  [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def launch_dependents(ON: tl.constexpr):
     """Programmatic dependent launch: the stream's next kernel, if launched with ``launch_pdl=True``, may start
     once every program of this one has called this (or ended). That kernel must ``wait_prior_kernel`` before it
