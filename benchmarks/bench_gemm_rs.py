@@ -9,6 +9,7 @@
   graph us       the op replayed from a CUDA graph (no Python, no launch gaps)
   GEMM only      torch.matmul of the local shapes alone: the floor for any overlap
   sweep          (8192^3 and 2048 only) the overlapped kernel, default config + one knob
+  remote TMA A/B (M = 8192) partial tiles by TMA stores vs stores from registers, the variants timed in turn
   NCCL+cuBLAS    torch.matmul then dist.reduce_scatter_tensor
   async-TP       torch.ops.symm_mem.fused_matmul_reduce_scatter (torch symmetric memory, CUDA backend)
 Shapes (M, N, K) are full sizes; each rank has a [M, K/W] and w [N, K/W]; the result is [M/W, N] per rank.
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import knob_sweep, record
+from harness import interleaved_ab, knob_sweep, record
 from triton_dist.timing import graph_us_or_nan, time_us, time_us_or_nan
 from triton_dist.kernels import gemm_rs
 from triton_dist.kernels.gemm_reducescatter import default_config
@@ -33,9 +34,11 @@ SWEEP = [("no defer", {"DEFER_SIGNAL": False}), ("fp32 partials", {"partial": "f
          ("128x256 s4 subtile", {"BLOCK_M": 128, "BLOCK_N": 256, "num_stages": 4, "EPILOGUE_SUBTILE": True}),
          ("128x128 s4", {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 4, "num_warps": 8}),
          ("GROUP_M=4", {"GROUP_M": 4}), ("GROUP_M=16", {"GROUP_M": 16}), ("no TMA", {"use_tma": False}),
-         ("programs-4", {"num_programs": -4}), ("remote TMA", {"remote_tma": True}),
-         ("remote TMA 128x256 s4 subtile", {"remote_tma": True, "BLOCK_M": 128, "BLOCK_N": 256, "num_stages": 4,
-                                            "EPILOGUE_SUBTILE": True})]
+         ("programs-4", {"num_programs": -4})]
+# Partial tiles by TMA stores into the peer (remote_tma) against stores from registers, timed in turn (run46's
+# one-after-another sweep: 3058 vs 3117-3240 us at N = 28672, 842 vs 848-893 at 8192^3, within the GPU's drift)
+REMOTE_AB = [("stores", {}), ("remote TMA", {"remote_tma": True}), ("stores, programs-4", {"num_programs": -4}),
+             ("remote TMA, programs-4", {"remote_tma": True, "num_programs": -4})]
 
 
 def _async_tp(a, w_t, group_name):
@@ -54,7 +57,7 @@ def main():
     td.init(backend="cuda", heap_size=6 << 30)
     world, rank = td.world_size(), td.rank()
     group_name = dist.group.WORLD.group_name
-    rows, sweep_rows = [], []
+    rows, sweep_rows, ab_rows = [], [], []
     for m, n, k_total in SHAPES:
         k = k_total // world
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -81,9 +84,12 @@ def main():
         t_replay = time_us(lambda: gemm_rs(a, w, config={**over, "path": "graph"})) if m <= 2048 else float("nan")
         t_graph = graph_us_or_nan(lambda: torch.ops.triton_dist.gemm_rs(a, w), "graph replay")  # NaN: table goes on
         t_gemm = time_us(lambda: torch.matmul(a, w.T))
-        if (m, n, k_total) in ((8192, 8192, 8192), (2048, 8192, 8192), (8192, 28672, 8192)):
+        if (m, n, k_total) in ((8192, 8192, 8192), (2048, 8192, 8192)):
             sweep = {"default": t_over, **knob_sweep(lambda cfg: gemm_rs(a, w, config=cfg), over, SWEEP, a.device)}
             sweep_rows.append({"M": m, "N": n, "K": k_total, **{kk: round(v, 1) for kk, v in sweep.items()}})
+        if m == 8192:
+            ab = interleaved_ab(lambda cfg: gemm_rs(a, w, config=cfg), over, REMOTE_AB, a.device)
+            ab_rows.append({"M": m, "N": n, "K": k_total, **{kk: round(v, 1) for kk, v in ab.items()}})
         t_nccl = time_us(nccl_cublas)
         t_tp = time_us_or_nan(_async_tp(a, w.T, group_name), "async-TP")
         tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731
@@ -98,6 +104,8 @@ def main():
     record("gemm_rs", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call")
     record("gemm_rs_sweep", sweep_rows,
            notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
+    record("gemm_rs_remote_tma_ab", ab_rows,
+           notes="overlapped kernel, default config + knobs, timed in turn: median of 5 rounds of 10 iterations")
     td.finalize()
 
 

@@ -75,6 +75,26 @@ def knob_sweep(run, base, sweep, device):
     return times
 
 
+def interleaved_ab(run, base, variants, device, rounds=5):
+    """``{label: µs}`` like ``knob_sweep``, but the variants are timed in turn, ``rounds`` times over (10
+    iterations each), and each keeps the median of its rounds: a GPU at its power limit drifts by several percent
+    within a run, which a one-after-another sweep mistakes for differences between configs."""
+    from triton_dist.kernels.gemm import default_num_programs
+    from triton_dist.timing import time_us_or_nan
+
+    cfgs = {}
+    for label, knobs in variants:
+        cfg = {**base, **knobs}
+        if cfg.get("num_programs") is not None and cfg["num_programs"] < 0:
+            cfg["num_programs"] = default_num_programs(device) + cfg["num_programs"]
+        cfgs[label] = cfg
+    rounds_us = {label: [] for label in cfgs}
+    for _ in range(rounds):
+        for label, cfg in cfgs.items():
+            rounds_us[label].append(time_us_or_nan(lambda: run(cfg), f"A/B {label}", iters=10, warmup=2))
+    return {label: sorted(v)[len(v) // 2] for label, v in rounds_us.items()}
+
+
 def clocks_during(fn, iters=40):
     """Run ``fn`` ``iters`` times back to back while NVML samples this GPU every ~2 ms: median SM clock (MHz),
     mean board power (W) and the clock-throttle reasons seen (NVML bit names), this rank only. Tells a
