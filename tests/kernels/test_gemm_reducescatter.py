@@ -241,11 +241,10 @@ def test_gemm_rs_straggler_rank(ranks):
     assert ranks(2, _check_straggler) == [True] * 2
 
 
-def _check_graph_replay():
+def _check_graph_replay(cfg):
     m, n, k = 2050, 4096, 2048
     a, w = _inputs(m, n, k, torch.bfloat16, 0)
     out = torch.empty(rows_of_rank(m, td.world_size(), td.rank())[1], n, dtype=a.dtype, device=a.device)
-    cfg = {"path": "overlap"}
     gemm_rs(a, w, cfg, out=out)  # compile + workspace outside the capture
     op_out = torch.ops.triton_dist.gemm_rs(a, w)
     torch.cuda.synchronize()
@@ -268,8 +267,9 @@ def _check_graph_replay():
 
 
 @gpu_only
-def test_gemm_rs_cuda_graph_replay(ranks):
-    assert ranks(2, _check_graph_replay) == [True] * 2
+@pytest.mark.parametrize("cfg", [{"path": "overlap"}, {"path": "overlap", "remote_tma": True}])
+def test_gemm_rs_cuda_graph_replay(ranks, cfg):
+    assert ranks(2, _check_graph_replay, cfg) == [True] * 2
 
 
 def _check_bitwise_reproducible():
@@ -278,6 +278,7 @@ def _check_bitwise_reproducible():
     same = all(torch.equal(first, gemm_rs(a, w, {"path": "overlap"})) for _ in range(10))
     schedules = all(torch.equal(first, gemm_rs(a, w, {"path": "overlap", "num_programs": p}))
                     for p in (0, 7, 64))
+    schedules &= torch.equal(first, gemm_rs(a, w, {"path": "overlap", "remote_tma": True}))  # same partials
     compiled = torch.compile(lambda x, y: gemm_rs(x, y), fullgraph=True)(a, w)
     return same, schedules, torch.equal(compiled, gemm_rs(a, w))
 
