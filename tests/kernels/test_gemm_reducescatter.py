@@ -289,8 +289,8 @@ def test_gemm_rs_bitwise_reproducible(ranks):
 
 
 # ----------------------------------------------------------------------------------------------- sm_90
-SIGNATURE = dict(a="*bf16", w="*bf16", out="*bf16", recv="*bf16", recv_peer="*bf16", arrived="*i32", ready="*i32", state="*i32",
-                 M="i32", N="i32", K="i32", stride_am="i32", stride_wn="i32", own_rows="i32", ctx="*i64",
+SIGNATURE = dict(a="*bf16", w="*bf16", out="*bf16", recv="*bf16", recv_peer="*bf16", arrived="*i32", ready="*i32",
+                 state="*i32", M="i32", N="i32", K="i32", stride_am="i32", stride_wn="i32", own_rows="i32", ctx="*i64",
                  BLOCK_M="constexpr", BLOCK_N="constexpr", BLOCK_K="constexpr", GROUP_M="constexpr",
                  USE_TMA="constexpr", EPILOGUE_SUBTILE="constexpr", DEFER_SIGNAL="constexpr",
                  DOT_PRECISION="constexpr", SLOTS_BLOCK="constexpr", REMOTE_TMA="constexpr")

@@ -43,8 +43,9 @@ rest), so receivers work on early chunks while senders still push later ones.
               even calls); flag combined[me, c].
               receiver, chunk c of my tokens: this rank's own partial computed the same way in registers (never
               stored), then wait combined[d, c] for every peer d (also for a chunk without tokens) and
-              y[t] = sum over d = 0..W-1 of partial_d(t) (fp32, rank order). Receivers take (chunk, column part) units in order from a per-call counter,
-              and on a GPU the senders join them once their own chunks are out (the receivers' side is longer).
+              y[t] = sum over d = 0..W-1 of partial_d(t) (fp32, rank order). Receivers take (chunk, column
+              part) units in order from a per-call counter, and on a GPU the senders join them once their own
+              chunks are out (the receivers' side is longer).
 Every sum runs in a FIXED order (slots in top-k order within a rank, then ranks in order), whoever's message lands
 first, so y is bitwise identical run to run. Dispatch moves each token at most once per destination rank, and
 combine returns one row per (token, destination rank).
