@@ -5,8 +5,9 @@
 # Set SUITE_SKIP_TESTS=1 or SUITE_SKIP_BENCH=1 to run half of it; SUITE_BENCH="allgather gemm_rs:120 ..." to pick
 # benchmarks (with an optional time limit each; SUITE_STEP_TIMEOUT is the default limit of every step).
 # Tests print their names (-v): a run cut by a time limit still shows which test was running.
-# Durations on 2xH200 (runs 32-33): the tests on one backend ~450 s (so a step limit below ~500 s cuts them),
-# every benchmark ~260 s: where one call may last 600 s, run the tests and the benchmarks as two calls.
+# Durations on 2xH200: the tests on one backend 450 s (runs 32-33) to ~800 s (run48: a fresh node, cut at 70 %
+# by a 560 s limit), every benchmark ~260 s. Where one call may last 600 s, run the benchmarks as one call and the
+# tests as two, e.g. "tests/kernels/test_[a-g]*.py" then the rest (run48 + run49).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
