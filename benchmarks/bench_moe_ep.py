@@ -77,11 +77,14 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # The dispatch launch started early (programmatic dependent launch: its programs wait for the counts
            # while the layout runs): the default; without.
            {"pdl": False},
+           # A sender raises a chunk's flags once it has routed its next chunk (the release no longer waits for the
+           # chunk's last stores: gemm_rs's deferred signal): the default; without.
+           {"defer_signal": False},
            ],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
-    128: [(132, 66, 32, 1024, 4, 8, False), (128, 64, 64, 1024, 2, 8, False)],
+    128: [(132, 66, 32, 1024, 4, 8, False), (128, 64, 64, 1024, 2, 8, False), {"defer_signal": False}],
 }
 COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps
     # [, maxnreg, h_parts]),
@@ -101,9 +104,11 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run31: the receivers' own partials of the first 32 / 64 / 128 chunks computed first (into y, read back for
     # the sum) while the peers' first partials are on the link: 215 / 214 / 231 us (default 215): dropped.
     # run39: 48 / 52 / 56 senders 218 / 212 / 221 us; 3 / 4 column parts 212 / 216 (2: 212).
-    4096: [{"combine_push": 56}, {"combine_h_parts": 3}],
+    # Flags raised once the next chunk's first tile is reduced (deferred signal).
+    4096: [{"combine_h_parts": 3}, {"combine_defer_signal": False},
+           {"combine_defer_signal": False, "combine_h_parts": 3}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
-    128: [(128, 64, 1024, 2, 16)],
+    128: [(128, 64, 1024, 2, 16), {"combine_defer_signal": False}],
 }  # (an entry may also be a dict of knobs)
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
                   "fused_layout", "maxnreg", "h_parts")
@@ -118,15 +123,16 @@ def _knobs(default, keys, entry):
 
 def _dispatch_name(c):
     return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
-            "parts{h_parts}{lay}{early}").format(f=" fused" if c["fused_layout"] else "",
-                                                 r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
-                                                 lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "",
-                                                 early="" if c["pdl"] else " no-pdl", **c)
+            "parts{h_parts}{lay}{early}{late}").format(
+                f=" fused" if c["fused_layout"] else "", r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
+                lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "",
+                early="" if c["pdl"] else " no-pdl", late=" defer" if c["defer_signal"] else "", **c)
 
 
 def _combine_name(c):
     return ("p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}{r} "
-            "parts{combine_h_parts}").format(r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "", **c)
+            "parts{combine_h_parts}{late}").format(r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "",
+                                                  late=" defer" if c["combine_defer_signal"] else "", **c)
 
 
 def _phases(stamps, n_prog, n_push, n_chunks, layout):

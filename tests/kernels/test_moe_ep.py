@@ -126,17 +126,19 @@ def test_dispatch_combine_4_ranks(ranks, mode, T):
 # Configs of the tests below. They run under torchrun on GPUs too, where the defaults they override differ
 # (test_configs_are_valid_with_gpu_defaults keeps them valid there).
 CFG_8_RANKS = {"fused_layout": False, "num_chunks": 3, "block_h": 4, "h_parts": 2, "combine_block_h": 4,
-               "combine_h_parts": 2}
+               "combine_h_parts": 2, "defer_signal": True, "combine_defer_signal": True}
 CFG_TWO_LAUNCH = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "num_programs": 3, "push_programs": 2,
                   "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3,
-                  "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3}
+                  "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3, "defer_signal": True,
+                  "combine_defer_signal": True}
 CFG_LONG_CHUNKS = {"fused_layout": False, "num_chunks": 2, "block_tokens": 64, "block_h": 8}
 CFG_RECOVERY = {"fused_layout": False}
 
 
 def cfg_back_to_back(i):
     return {"fused_layout": bool(i % 2), "block_h": 4, "h_parts": 1 + i % 3, "combine_block_h": 4,
-            "combine_h_parts": 1 + (i + 1) % 3, "combine_programs": 2 + i % 2, "combine_push": 1}
+            "combine_h_parts": 1 + (i + 1) % 3, "combine_programs": 2 + i % 2, "combine_push": 1,
+            "defer_signal": i % 2 == 0, "combine_defer_signal": i % 2 == 1}
 
 
 @pytest.mark.parametrize("config", [None, CFG_8_RANKS])
@@ -481,14 +483,15 @@ _DISPATCH_SIG = dict(
     chunk_prefix="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr",
     EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
     RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr", SENDERS_HELP="constexpr",
-    TIMELINE="constexpr", PDL="constexpr")
+    TIMELINE="constexpr", PDL="constexpr", DEFER_SIGNAL="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
                   MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused,
-                  TIMELINE=not fused, PDL=not fused)  # with and without helping senders, stamps, early launch
+                  TIMELINE=not fused, PDL=not fused,
+                  DEFER_SIGNAL=fused)  # with and without helping senders, stamps, early launch, deferred flags
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
     assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers and local duplicates)
@@ -510,8 +513,9 @@ def test_layout_and_combine_compile_for_sm90():
                n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
                partials="*bf16", combined="*i32", claims="*i32", state="*i32", ctx="*i64",
                timeline="*i64", K="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", W_PAD="constexpr",
-               MAXC="constexpr", SENDERS_HELP="constexpr", TIMELINE="constexpr")
+               MAXC="constexpr", SENDERS_HELP="constexpr", TIMELINE="constexpr", DEFER_SIGNAL="constexpr")
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_combine_kernel", sig,
-                       dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, SENDERS_HELP=True, TIMELINE=False),
+                       dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, SENDERS_HELP=True, TIMELINE=False,
+                            DEFER_SIGNAL=True),
                        aligned=("expert_out", "y", "partials", "H"))["ops"]
     assert ops.get("ld.global.v4.b32", 0) > 0 and ops.get("st.global.v4.b32", 0) > 0, ops

@@ -191,6 +191,17 @@ def _slot_sum(expert_out, slots, w, hh, H, K: tl.constexpr, K_PAD: tl.constexpr,
 
 
 @triton.jit
+def _flag_chunk(flags, c, epoch, ctx, timeline, MAXC: tl.constexpr, TIMELINE: tl.constexpr):
+    """Raise flags[me, c] = epoch on every peer (after every earlier store of this program: dl.signal's release)
+    and stamp the chunk as sent."""
+    me = dl.rank(ctx)
+    world = dl.num_ranks(ctx)
+    for i in range(world - 1):
+        dl.signal(flags + me * MAXC + c, epoch, (me + 1 + i) % world, ctx)
+    _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
+
+
+@triton.jit
 def _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP: tl.constexpr):
     """Receivers (and with SENDERS_HELP the senders, programs [0, n_push)) take units of work in order from a
     per-call counter: (this program's first unit, number of programs taking part). A program that takes no part
@@ -296,10 +307,12 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
-                       SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr):
+                       SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
+                       DEFER_SIGNAL: tl.constexpr):
     """Programs [0, n_push) send chunks in order (taken from a per-call counter: claims[1]); the others receive:
     they mark the rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks
-    land."""
+    land. DEFER_SIGNAL: a sender raises a chunk's flags once it has routed its next chunk (the release then finds
+    the chunk's last stores drained instead of waiting for them)."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     _stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
@@ -341,6 +354,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
         # rows for this rank go straight into all their slot rows
         dl.wait_prior_kernel(PDL)  # the layout launch's chunk_prefix (started early: launched with launch_pdl)
         c = _next_claim(claims + 1)  # senders take chunks in order: faster programs take more
+        pending = tl.full((), -1, tl.int32)  # DEFER_SIGNAL: the sent chunk whose flags are not raised yet
         while c < n_chunks:
             c0 = tl.minimum(c * chunk, T)
             c1 = tl.minimum(c0 + chunk, T)
@@ -365,6 +379,9 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 rpos = tl.cumsum(goes, axis=0) - goes + carry_r[None, :]
                 carry_r += tl.sum(goes, axis=0)
                 first = tl.min(tl.where(at, slot[:, :, None], _BIG), axis=1)  # [BT, W_PAD]
+                if pending >= 0:  # (DEFER_SIGNAL) the previous chunk's stores drained while this one was routed
+                    _flag_chunk(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
+                    pending = -1
                 tl.store(token_pos + t[:, None] * world + dv[None, :], tl.where(goes > 0, rpos, -1),
                          mask=tm[:, None] & (dv[None, :] < world))
                 kmask = tm[:, None] & (kk[None, :] < K)
@@ -395,10 +412,15 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 ends = tl.where(span == 0, tl.sum(tl.where(dv == d, r_first, 0)),
                                 tl.sum(tl.where(dv == d, carry_r, 0)))
                 dl.put(recv_span + (me * MAXC + c) * 2 + span, ends, d, ctx)
-                if d != me:
-                    dl.signal(arrived + me * MAXC + c, epoch, d, ctx)
-            _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
+            if pending >= 0:  # a chunk without tokens came between: flag the one before it now
+                _flag_chunk(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
+            if DEFER_SIGNAL:
+                pending = c
+            else:
+                _flag_chunk(arrived, c, epoch, ctx, timeline, MAXC, TIMELINE)
             c = _next_claim(claims + 1)
+        if pending >= 0:
+            _flag_chunk(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
         _end_claims(claims + 1, c, n_chunks, n_push)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     else:
@@ -453,12 +475,13 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
                       token_pos, partials, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr,
-                      TIMELINE: tl.constexpr):
+                      TIMELINE: tl.constexpr, DEFER_SIGNAL: tl.constexpr):
     """Programs [0, n_push) reduce the tokens received from peers over their slots and push one partial row
     back per token; then the others (and with SENDERS_HELP the senders too, once done) take chunks of this rank's
     tokens from the ``claims`` counter, reduce the slots held here, wait for the peers' partials and sum all of
     them in rank order. SENDERS_HELP needs every program resident at once (a sender that waits must not keep a
-    peer's sender off the GPU), so never under the interpreter, whose programs run one after another."""
+    peer's sender off the GPU), so never under the interpreter, whose programs run one after another.
+    DEFER_SIGNAL: a sender raises a chunk's flags once it has reduced the first tile of its next chunk."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     _stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
@@ -472,6 +495,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
     if pid < n_push:
         _stamp(timeline, TL_PROGRAM + 4 * pid + 1, TIMELINE)
         c = _next_claim(claims + 1)  # senders take chunks in order: faster programs take more
+        pending = tl.full((), -1, tl.int32)  # DEFER_SIGNAL: the sent chunk whose flags are not raised yet
         while c < n_chunks:
             for i in range(world - 1):  # peers only: this rank's own partials are summed by its receivers
                 s = (me + 1 + i) % world
@@ -490,10 +514,19 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
                         hh = h0 + tl.arange(0, BH)
                         hm = hh[None, :] < H
                         acc = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH)
+                        if pending >= 0:  # (DEFER_SIGNAL) the previous chunk's pushes drained meanwhile
+                            _flag_chunk(combined, pending, epoch, ctx, timeline, MAXC, TIMELINE)
+                            pending = -1
                         dl.put(dst + hh[None, :], acc.to(partials.dtype.element_ty), s, ctx, mask=pm[:, None] & hm)
-                dl.signal(combined + me * MAXC + c, epoch, s, ctx)
-            _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
+            if pending >= 0:  # a chunk without tokens came between: flag the one before it now
+                _flag_chunk(combined, pending, epoch, ctx, timeline, MAXC, TIMELINE)
+            if DEFER_SIGNAL:
+                pending = c
+            else:
+                _flag_chunk(combined, c, epoch, ctx, timeline, MAXC, TIMELINE)
             c = _next_claim(claims + 1)
+        if pending >= 0:
+            _flag_chunk(combined, pending, epoch, ctx, timeline, MAXC, TIMELINE)
         _end_claims(claims + 1, c, n_chunks, n_push)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     # RECEIVE, every program (senders once their chunks are out): take units (chunk c, column part) of this rank's
@@ -627,7 +660,8 @@ def default_config(max_tokens, hidden, device_type):
     eager_graph (an eager dispatch replays its launches from a cached CUDA graph: host-bound decode sizes),
     h_parts (the receivers' unit of work: a chunk's columns in this many parts), layout_chunks (chunks counted
     by one program of the layout launch), pdl (on GPUs of compute capability 9.0+: the dispatch launch starts
-    while the layout launch runs, programmatic dependent launch).
+    while the layout launch runs, programmatic dependent launch), defer_signal (a sender raises a chunk's flags
+    after starting its next chunk, when the chunk's stores have drained).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -646,7 +680,7 @@ def default_config(max_tokens, hidden, device_type):
                "num_warps": 8, "fused_layout": False, "h_parts": 4, "combine_programs": 128, "combine_push": 52,
                "combine_warps": 16, "combine_h_parts": 2}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
-            "pdl": True,
+            "pdl": True, "defer_signal": True, "combine_defer_signal": True,
             "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
@@ -832,6 +866,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
             ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
             RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
             SENDERS_HELP=_senders_help(n_prog, x), TIMELINE=timeline is not None, PDL=pdl,
+            DEFER_SIGNAL=bool(cfg["defer_signal"]),
             num_warps=int(cfg["num_warps"]), **({"launch_pdl": True} if pdl else {}),
             **_register_cap(cfg["maxnreg"], x), **common)
         return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
@@ -900,6 +935,7 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
         shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
         SENDERS_HELP=_senders_help(n_prog, expert_out), TIMELINE=timeline is not None,
+        DEFER_SIGNAL=bool(cfg["combine_defer_signal"]),
         num_warps=int(cfg["combine_warps"]), **_register_cap(cfg["combine_maxnreg"], expert_out))
     return y
 
