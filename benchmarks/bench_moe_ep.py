@@ -78,7 +78,7 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # while the layout runs): the default; without.
            {"pdl": False},
            # A sender raises a chunk's flags once it has routed its next chunk (the release no longer waits for the
-           # chunk's last stores: gemm_rs's deferred signal): the default; without.
+           # chunk's last stores: gemm_rs's deferred signal): the default; without. run50: 214.1 / 216.3 us.
            {"defer_signal": False},
            ],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
@@ -104,7 +104,8 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run31: the receivers' own partials of the first 32 / 64 / 128 chunks computed first (into y, read back for
     # the sum) while the peers' first partials are on the link: 215 / 214 / 231 us (default 215): dropped.
     # run39: 48 / 52 / 56 senders 218 / 212 / 221 us; 3 / 4 column parts 212 / 216 (2: 212).
-    # Flags raised once the next chunk's first tile is reduced (deferred signal).
+    # Flags raised once the next chunk's first tile is reduced (deferred signal; run50: 208.7 us, without 210.5;
+    # T=128 21.8 / 25.3).
     4096: [{"combine_h_parts": 3}, {"combine_defer_signal": False},
            {"combine_defer_signal": False, "combine_h_parts": 3}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
