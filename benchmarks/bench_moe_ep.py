@@ -80,6 +80,11 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # A sender raises a chunk's flags once it has routed its next chunk (the release no longer waits for the
            # chunk's last stores: gemm_rs's deferred signal): the default; without. run50: 214.1 / 216.3 us.
            {"defer_signal": False},
+           # run50 timeline: the last chunk is sent at ~194 us and received by ~207. Finer receiver units for the
+           # last chunks only (their columns in 8 parts instead of 4): the work left after the last push shrinks,
+           # at the cost of a few more units (prepared in the seventh session, not yet run).
+           {"tail_chunks": 16, "tail_parts": 8}, {"tail_chunks": 32, "tail_parts": 8},
+           {"tail_chunks": 64, "tail_parts": 8}, {"tail_chunks": 16, "tail_parts": 16},
            ],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
@@ -106,8 +111,12 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run39: 48 / 52 / 56 senders 218 / 212 / 221 us; 3 / 4 column parts 212 / 216 (2: 212).
     # Flags raised once the next chunk's first tile is reduced (deferred signal; run50: 208.7 us, without 210.5;
     # T=128 21.8 / 25.3).
+    # run50 timeline: the last partials land at ~182 us, the receivers end at ~200: finer units for the last
+    # chunks only (prepared, not yet run).
     4096: [{"combine_h_parts": 3}, {"combine_defer_signal": False},
-           {"combine_defer_signal": False, "combine_h_parts": 3}],
+           {"combine_defer_signal": False, "combine_h_parts": 3},
+           {"combine_tail_chunks": 16, "combine_tail_parts": 4}, {"combine_tail_chunks": 32, "combine_tail_parts": 4},
+           {"combine_tail_chunks": 16, "combine_tail_parts": 7}, {"combine_tail_chunks": 64, "combine_tail_parts": 4}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16), {"combine_defer_signal": False}],
 }  # (an entry may also be a dict of knobs)
@@ -124,16 +133,20 @@ def _knobs(default, keys, entry):
 
 def _dispatch_name(c):
     return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
-            "parts{h_parts}{lay}{early}{late}").format(
+            "parts{h_parts}{lay}{early}{late}{tail}").format(
                 f=" fused" if c["fused_layout"] else "", r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
                 lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "",
-                early="" if c["pdl"] else " no-pdl", late=" defer" if c["defer_signal"] else "", **c)
+                early="" if c["pdl"] else " no-pdl", late=" defer" if c["defer_signal"] else "",
+                tail=f" tail{c['tail_chunks']}/{c['tail_parts']}" if c["tail_chunks"] else "", **c)
 
 
 def _combine_name(c):
     return ("p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}{r} "
-            "parts{combine_h_parts}{late}").format(r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "",
-                                                  late=" defer" if c["combine_defer_signal"] else "", **c)
+            "parts{combine_h_parts}{late}{tail}").format(
+                r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "",
+                late=" defer" if c["combine_defer_signal"] else "",
+                tail=(f" tail{c['combine_tail_chunks']}/{c['combine_tail_parts']}" if c["combine_tail_chunks"]
+                      else ""), **c)
 
 
 def _phases(stamps, n_prog, n_push, n_chunks, layout):

@@ -126,11 +126,13 @@ def test_dispatch_combine_4_ranks(ranks, mode, T):
 # Configs of the tests below. They run under torchrun on GPUs too, where the defaults they override differ
 # (test_configs_are_valid_with_gpu_defaults keeps them valid there).
 CFG_8_RANKS = {"fused_layout": False, "num_chunks": 3, "block_h": 4, "h_parts": 2, "combine_block_h": 4,
-               "combine_h_parts": 2, "defer_signal": True, "combine_defer_signal": True}
+               "combine_h_parts": 2, "defer_signal": True, "combine_defer_signal": True, "tail_chunks": 1,
+               "tail_parts": 4, "combine_tail_chunks": 2, "combine_tail_parts": 3}
 CFG_TWO_LAUNCH = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "num_programs": 3, "push_programs": 2,
                   "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3,
                   "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3, "defer_signal": True,
-                  "combine_defer_signal": True}
+                  "combine_defer_signal": True, "tail_chunks": 2, "tail_parts": 3, "combine_tail_chunks": 9,
+                  "combine_tail_parts": 4}
 CFG_LONG_CHUNKS = {"fused_layout": False, "num_chunks": 2, "block_tokens": 64, "block_h": 8}
 CFG_RECOVERY = {"fused_layout": False}
 
@@ -152,8 +154,9 @@ def test_dispatch_combine_8_ranks(ranks, config):
 def test_two_launch_layout_and_uneven_chunks(ranks):
     """The layout launch (default for max_tokens > 256; one chunk per layout program here: the look-back over 5
     odd-sized chunks takes two steps of 4 on CPU); 2 senders + 1 receiver copying each chunk's 32 columns in 2
-    parts; combine with its own knobs (3 senders + 1 receiver, 4-token blocks, each chunk's columns taken in 3
-    parts: 16, 16 and an empty one)."""
+    parts (the last 2 chunks in 3 parts); combine with its own knobs (3 senders + 1 receiver, 4-token blocks,
+    each chunk's columns taken in 3 parts: 16, 16 and an empty one; a tail of 9 chunks, more than there are, in
+    4). Senders raise each chunk's flags late (deferred) in both."""
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, CFG_TWO_LAUNCH):
         assert problems == []
 
@@ -278,6 +281,7 @@ def _bad_input():
         lambda: ep_dispatch(x, idx, w, config={"num_chunk": 4}, **kw),                # unknown knob (typo)
         lambda: ep_dispatch(x, idx, w, config={"num_programs": 2, "push_programs": 2}, **kw),  # no receiver
         lambda: ep_dispatch(x, idx, w, config={"h_parts": 0}, **kw),                  # no column part
+        lambda: ep_dispatch(x, idx, w, config={"tail_chunks": -1}, **kw),             # tail of < 0 chunks
     ]
     res = ep_dispatch(x, idx, w, **kw)
     cases += [lambda: ep_combine(res.x.half(), res.handle),                            # dtype of expert_out
@@ -299,7 +303,7 @@ def test_rejects_bad_input(ranks):
     for errors in ranks(2, _bad_input):
         assert errors == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
                           "ValueError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
-                          "TypeError", "ValueError", "ValueError", "stale"]
+                          "ValueError", "TypeError", "ValueError", "ValueError", "stale"]
 
 
 def _torch_ops():
@@ -476,7 +480,7 @@ def test_gpu_cuda_graph_replay(ranks):
 # ----------------------------------------------------------------------------------------------------- sm_90
 _DISPATCH_SIG = dict(
     x="*bf16", topk_idx="*i32", topk_weights="*fp32", T="i32", H="i32", E="i32", align="i32", max_tokens="i32",
-    max_rows="i32", n_chunks="i32", h_parts="i32", n_push="i32", recv_x="*bf16",
+    max_rows="i32", n_chunks="i32", h_parts="i32", tail="i32", tail_parts="i32", n_push="i32", recv_x="*bf16",
     recv_slots="*i32",
     recv_w="*fp32", recv_span="*i32", all_counts="*i32", counts_ready="*i32", arrived="*i32",
     recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32", expert_offsets="*i32", token_pos="*i32",
@@ -510,7 +514,7 @@ def test_layout_and_combine_compile_for_sm90():
                             PDL=True))["ops"]
     assert ops.get("griddepcontrol.launch_dependents", 0) == 1, ops  # dl.launch_dependents
     sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32",
-               n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
+               tail="i32", tail_parts="i32", n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
                partials="*bf16", combined="*i32", claims="*i32", state="*i32", ctx="*i64",
                timeline="*i64", K="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", W_PAD="constexpr",
                MAXC="constexpr", SENDERS_HELP="constexpr", TIMELINE="constexpr", DEFER_SIGNAL="constexpr")

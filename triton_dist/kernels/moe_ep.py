@@ -214,12 +214,24 @@ def _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP: tl.constexp
 
 
 @triton.jit
-def _unit(u, h_parts, H, BH: tl.constexpr):
-    """Unit ``u`` of the receivers' work: (chunk, first column, end column); a chunk's columns come in h_parts
-    parts of whole BH tiles (the last part may be short or empty)."""
-    part_h = tl.cdiv(tl.cdiv(H, BH), h_parts) * BH
-    h_first = (u % h_parts) * part_h
-    return u // h_parts, h_first, tl.minimum(h_first + part_h, H)
+def _n_units(n_chunks, h_parts, tail, tail_parts):
+    """Units of the receivers' work (see ``_unit``)."""
+    return (n_chunks - tail) * h_parts + tail * tail_parts
+
+
+@triton.jit
+def _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH: tl.constexpr):
+    """Unit ``u`` of the receivers' work: (chunk, first column, end column). A chunk's columns come in h_parts
+    parts of whole BH tiles (the last part may be short or empty), those of the last ``tail`` chunks in
+    tail_parts: finer units there shorten the work left once the last chunk lands."""
+    n_head = (n_chunks - tail) * h_parts
+    head = u < n_head
+    v = tl.maximum(u - n_head, 0)
+    parts = tl.where(head, h_parts, tail_parts)
+    part = tl.where(head, u % h_parts, v % tail_parts)
+    part_h = tl.cdiv(tl.cdiv(H, BH), parts) * BH
+    h_first = part * part_h
+    return tl.where(head, u // h_parts, n_chunks - tail + v // tail_parts), h_first, tl.minimum(h_first + part_h, H)
 
 
 @triton.jit
@@ -300,10 +312,10 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
 
 
 @triton.jit
-def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, h_parts, n_push,
-                       recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready, arrived,
-                       recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos, chunk_prefix,
-                       claims, state, ctx, timeline,
+def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, h_parts, tail,
+                       tail_parts, n_push, recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready,
+                       arrived, recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos,
+                       chunk_prefix, claims, state, ctx, timeline,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
@@ -439,10 +451,10 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     # ... then, (chunk, column part) units in order as they land, taken from a per-call counter (on a GPU the
     # senders join once their own chunks are out): copy each row from a peer into the token's other slot rows
-    n_units = n_chunks * h_parts
+    n_units = _n_units(n_chunks, h_parts, tail, tail_parts)
     u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
-        c, h_first, h_end = _unit(u, h_parts, H, BH)
+        c, h_first, h_end = _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
         dl.wait(arrived + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
         _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
         for i in range(world - 1):
@@ -471,8 +483,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
 
 @triton.jit
-def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push, recv_slots, recv_w, recv_span,
-                      token_pos, partials, combined, claims, state, ctx, timeline,
+def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, tail_parts, n_push, recv_slots,
+                      recv_w, recv_span, token_pos, partials, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr,
                       TIMELINE: tl.constexpr, DEFER_SIGNAL: tl.constexpr):
@@ -533,10 +545,10 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, n_push
     # tokens in order, one at a time, from a per-call counter, so that senders that finish early share the
     # receivers' remaining work; column parts keep the last units short (the tail after the last chunk lands)
     chunk = tl.cdiv(T, n_chunks)
-    n_units = n_chunks * h_parts
+    n_units = _n_units(n_chunks, h_parts, tail, tail_parts)
     u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
-        c, h_first, h_end = _unit(u, h_parts, H, BH)
+        c, h_first, h_end = _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
         c0 = tl.minimum(c * chunk, T)
         c1 = tl.minimum(c0 + chunk, T)
         for t0 in range(c0, c1, BT):
@@ -662,7 +674,8 @@ def default_config(max_tokens, hidden, device_type):
     by one program of the layout launch), pdl (on GPUs of compute capability 9.0+: the dispatch launch starts
     while the layout launch runs, programmatic dependent launch), defer_signal / combine_defer_signal (a sender
     raises a chunk's flags after starting its next chunk, when the chunk's stores have drained; run50: 2 us less
-    per T=4096 call, and 3.5 us less for a T=128 combine).
+    per T=4096 call, and 3.5 us less for a T=128 combine), tail_chunks / tail_parts (the receivers' units of the
+    last tail_chunks chunks: their columns in tail_parts parts instead of h_parts).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -683,7 +696,8 @@ def default_config(max_tokens, hidden, device_type):
                "num_warps": 8, "fused_layout": False, "h_parts": 4, "combine_programs": 128, "combine_push": 52,
                "combine_warps": 16, "combine_h_parts": 2}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
-            "pdl": True, "defer_signal": True, "combine_defer_signal": True,
+            "pdl": True, "defer_signal": True, "combine_defer_signal": True, "tail_chunks": 0, "tail_parts": 1,
+            "combine_tail_chunks": 0, "combine_tail_parts": 1,
             "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
@@ -763,12 +777,15 @@ def _checked(max_tokens, hidden, device_type, config):
     for prog, push in (("num_programs", "push_programs"), ("combine_programs", "combine_push")):
         if not 1 <= int(cfg[push]) < int(cfg[prog]):
             raise ValueError(f"need 1 <= {push} < {prog}, got {cfg[push]}, {cfg[prog]}")
-    for name in ("h_parts", "combine_h_parts"):
+    for name in ("h_parts", "combine_h_parts", "tail_parts", "combine_tail_parts"):
         if not isinstance(cfg[name], int) or not 1 <= cfg[name] <= 2**20:
             raise ValueError(f"{name} must be an int in [1, 2**20], got {cfg[name]!r}")
     for name in ("layout_chunks", "block_tokens", "block_h", "combine_block_tokens", "combine_block_h"):
         if int(cfg[name]) < 1:
             raise ValueError(f"{name} must be >= 1, got {cfg[name]}")
+    for name in ("tail_chunks", "combine_tail_chunks"):
+        if not isinstance(cfg[name], int) or cfg[name] < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {cfg[name]!r}")
     return cfg
 
 
@@ -776,6 +793,12 @@ def _senders_help(n_prog, t):
     """Whether a launch's senders may join its receivers: on a GPU, with every program resident at once (a
     waiting sender must not keep a peer's sender off the GPU); never under the interpreter."""
     return t.is_cuda and n_prog <= num_sms(t.device.index)
+
+
+def _tail(tail_chunks, tail_parts, n_chunks):
+    """The receivers' (tail, tail_parts) launch arguments: the last tail_chunks chunks (at most all) in
+    tail_parts column parts."""
+    return min(int(tail_chunks), n_chunks), int(tail_parts)
 
 
 def _pdl_capable(t):
@@ -863,7 +886,8 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
                 TIMELINE=timeline is not None, PDL=pdl, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad,
                 EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
         ep_dispatch_kernel[(n_prog,)](
-            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts, n_push,
+            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts,
+            *_tail(cfg["tail_chunks"], cfg["tail_parts"], n_chunks), n_push,
             ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
             ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
             ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
@@ -933,8 +957,9 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     _check_timeline(timeline, expert_out.device, n_prog)
     h_parts = cfg["combine_h_parts"]
     ep_combine_kernel[(n_prog,)](
-        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts, n_push, ws.recv_slots, ws.recv_w,
-        ws.recv_span, tp, ws.partials, ws.combined, ws.combine_claims, ws.combine_state,
+        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts,
+        *_tail(cfg["combine_tail_chunks"], cfg["combine_tail_parts"], handle.num_chunks), n_push, ws.recv_slots,
+        ws.recv_w, ws.recv_span, tp, ws.partials, ws.combined, ws.combine_claims, ws.combine_state,
         shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
         SENDERS_HELP=_senders_help(n_prog, expert_out), TIMELINE=timeline is not None,
