@@ -8,11 +8,13 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+import triton
+import triton.language as tl
 
 import triton_dist as td
-from triton_dist.kernels.moe_ep import ep_combine, ep_dispatch
+from triton_dist.kernels.moe_ep import _n_units, _unit, ep_combine, ep_dispatch
 
-from ..conftest import error_names, gpu_only
+from ..conftest import ON_GPU_RANKS, error_names, gpu_only
 from ..sm90 import compile_sm90
 
 
@@ -165,6 +167,34 @@ def test_layout_counts_long_chunks_in_steps(ranks):
     """Chunks of more than 256 tokens: the layout counts them in steps of 256 (here 301 and 299 tokens)."""
     for problems in ranks(2, _run, "random", 600, 8, 8, 2, "float32", 1, 5, CFG_LONG_CHUNKS):
         assert problems == []
+
+
+@triton.jit
+def _units_kernel(out, n_chunks, h_parts, tail, tail_parts, H, BH: tl.constexpr):
+    u = tl.program_id(0)
+    c, h_first, h_end = _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
+    tl.store(out + 3 * u, c)
+    tl.store(out + 3 * u + 1, h_first)
+    tl.store(out + 3 * u + 2, h_end)
+    tl.store(out + 3 * tl.num_programs(0), _n_units(n_chunks, h_parts, tail, tail_parts))
+
+
+@pytest.mark.parametrize("n_chunks,h_parts,tail,tail_parts,H,BH", [
+    (5, 2, 0, 1, 70, 16), (5, 2, 2, 3, 70, 16), (4, 1, 4, 4, 64, 16), (3, 4, 1, 16, 100, 8), (6, 3, 6, 1, 33, 32)])
+def test_receiver_units_cover_every_column_once(n_chunks, h_parts, tail, tail_parts, H, BH):
+    """The receivers' units (chunk, column part; the last ``tail`` chunks in tail_parts parts): every column of
+    every chunk in exactly one unit, parts of whole BH tiles, in chunk order."""
+    n = (n_chunks - tail) * h_parts + tail * tail_parts
+    out = torch.full((3 * n + 1,), -7, dtype=torch.int32, device="cuda" if ON_GPU_RANKS else "cpu")
+    _units_kernel[(n,)](out, n_chunks, h_parts, tail, tail_parts, H, BH=BH)
+    units = out[:-1].view(n, 3).tolist()
+    assert int(out[-1]) == n
+    assert [c for c, _, _ in units] == sorted(c for c, _, _ in units)
+    for chunk in range(n_chunks):
+        spans = [(h0, h1) for c, h0, h1 in units if c == chunk and h1 > h0]
+        covered = sorted(col for h0, h1 in spans for col in range(h0, h1))
+        assert covered == list(range(H)), (chunk, spans)
+        assert all(h0 % BH == 0 for h0, _ in spans)
 
 
 @pytest.mark.parametrize("max_tokens", [8, 4096])  # the decode-size and the large GPU defaults
