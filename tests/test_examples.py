@@ -1,0 +1,29 @@
+"""Every example, started as a user without a GPU starts it (``python examples/<name>.py``: two CPU ranks),
+runs to the end with its own checks (assertions against a torch reference on every rank) passing. A rank that
+fails makes the launcher raise, so the process exits non-zero."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import cpu_only
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py"))
+
+
+def test_every_example_is_listed():
+    assert {"allgather", "ag_gemm", "gemm_rs", "tp_mlp", "moe_ep", "flash_decode"} <= set(EXAMPLES), EXAMPLES
+
+
+@cpu_only
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_runs_on_two_cpu_ranks(name):
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
+    env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, os.path.join("examples", f"{name}.py")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert "cpu x2" in proc.stdout or "rank 1" in proc.stdout, proc.stdout[-2000:]
