@@ -25,22 +25,25 @@ rest), so receivers work on early chunks while senders still push later ones.
               at once (histograms keyed by chunk), then sums the counts of the programs before it (a look-back
               at earlier programs, all in parallel: no serial pass) = where each of its chunks starts; the last
               program pushes the totals row counts[me, :] to every rank.
-    dispatch  (one launch)  everyone waits for every rank's counts -> group offsets on every rank.
+    dispatch  (one launch; on sm_90+ it starts while the layout runs: programmatic dependent launch, its senders
+              ``dl.wait_prior_kernel`` before reading the chunk prefixes) everyone waits for every rank's counts
+              -> group offsets on every rank.
               sender, chunk c: prefix + cumsum inside the chunk = position of every (token, slot) in its expert
                   group and of every token in each destination's receive list. For each token and REMOTE rank d
                   it has experts on: ONE row crosses the link, to the token's first slot row on d, plus a small
                   record (its slot rows on d and their weights) at recv_slots[me, pos] on d; then the chunk's
-                  span of positions and a flag arrived[me, c] = epoch. Rows for this rank go straight into all
-                  their slot rows, tile by tile with the pushes (measured faster than flagging the peers first
-                  and writing them after, and than leaving them to the receivers).
+                  span of positions and a flag arrived[me, c] = epoch, raised once the sender has routed its
+                  next chunk (deferred: the release then finds the chunk's stores drained). Rows for this rank go
+                  straight into all their slot rows, tile by tile with the pushes (measured faster than flagging
+                  the peers first and writing them after, and than leaving them to the receivers).
               receiver: expert ids of all rows (-1 on padding); then (chunk c, column part) units in order from
-                  a per-call counter (on a GPU the senders join once their chunks are out): wait arrived[s, c]
+                  a per-call counter (``_unit``: optionally finer parts for the last chunks) (on a GPU the senders join once their chunks are out): wait arrived[s, c]
                   for every peer s and copy each arrived row into the token's other slot rows here (duplicates
                   never cross the link).
     combine   (one launch)  sender, chunk c of every PEER s: partial = sum over the token's slots on this rank,
               in slot order, of w * out[slot row] (fp32, rounded to the dtype) -> one row pushed back to s into
               partials[call parity, (me - s - 1) mod W, pos] (s keeps one block per peer, two sets for odd and
-              even calls); flag combined[me, c].
+              even calls); flag combined[me, c] (deferred like dispatch's: after the next chunk's first tile).
               receiver, chunk c of my tokens: this rank's own partial computed the same way in registers (never
               stored), then wait combined[d, c] for every peer d (also for a chunk without tokens) and
               y[t] = sum over d = 0..W-1 of partial_d(t) (fp32, rank order). Receivers take (chunk, column
