@@ -37,9 +37,9 @@ rest), so receivers work on early chunks while senders still push later ones.
                   straight into all their slot rows, tile by tile with the pushes (measured faster than flagging
                   the peers first and writing them after, and than leaving them to the receivers).
               receiver: expert ids of all rows (-1 on padding); then (chunk c, column part) units in order from
-                  a per-call counter (``_unit``: optionally finer parts for the last chunks) (on a GPU the senders join once their chunks are out): wait arrived[s, c]
-                  for every peer s and copy each arrived row into the token's other slot rows here (duplicates
-                  never cross the link).
+                  a per-call counter (``_unit``; optionally finer parts for the last chunks; on a GPU the senders
+                  join once their chunks are out): wait arrived[s, c] for every peer s and copy each arrived row
+                  into the token's other slot rows here (duplicates never cross the link).
     combine   (one launch)  sender, chunk c of every PEER s: partial = sum over the token's slots on this rank,
               in slot order, of w * out[slot row] (fp32, rounded to the dtype) -> one row pushed back to s into
               partials[call parity, (me - s - 1) mod W, pos] (s keeps one block per peer, two sets for odd and
