@@ -9,6 +9,8 @@ import triton.language as tl
 import triton_dist as td
 import triton_dist.language as dl
 
+from ..conftest import ON_GPU_RANKS
+
 WORLDS = [2, 4]
 
 
@@ -277,6 +279,22 @@ def test_rank_and_num_ranks(ranks, world):
     assert ranks(world, _check_rank) == [[r, world] for r in range(world)]
 
 
+@triton.jit
+def _launch_control_kernel(out, ON: tl.constexpr):
+    dl.launch_dependents(ON)
+    dl.wait_prior_kernel(ON)
+    tl.store(out, 1)
+    dl.bulk_stores_done(ON)
+
+
+def test_launch_control_primitives_are_no_ops_when_off():
+    """launch_dependents / wait_prior_kernel / bulk_stores_done with ON=False: nothing (the interpreter runs no
+    inline assembly, and the kernels pass ON=False there); the kernel around them still runs."""
+    out = torch.zeros(1, dtype=torch.int32, device="cuda" if ON_GPU_RANKS else "cpu")
+    _launch_control_kernel[(1,)](out, ON=False)
+    assert int(out[0]) == 1
+
+
 _SM90_CASES = {
     "_put_ring_kernel": (dict(src="*fp32", dst="*fp32", n="i32", ctx="*i64", BLOCK="constexpr"), {"BLOCK": 64}),
     "_get_all_kernel": (dict(src="*fp16", dst="*fp16", n="i32", ctx="*i64", BLOCK="constexpr"), {"BLOCK": 64}),
@@ -288,6 +306,7 @@ _SM90_CASES = {
     "_barrier_exchange_kernel": (dict(buf="*i32", iters="i32", ctx="*i64"), {}),
     "_fence_publish_kernel": (dict(data="*i32", flag="*i32", ctx="*i64"), {}),
     "_epoch_kernel": (dict(state="*i32", log="*i32", ctx="*i64"), {}),
+    "_launch_control_kernel": (dict(out="*i32", ON="constexpr"), {"ON": True}),
 }
 
 
@@ -299,3 +318,5 @@ def test_primitives_compile_for_sm90(kernel):
     ops = compile_sm90("tests.language.test_primitives", kernel, signature, constexprs)["ops"]
     if "wait" in kernel or "barrier" in kernel or "fence" in kernel:
         assert any("acquire" in op for op in ops), ops
+    if kernel == "_launch_control_kernel":  # programmatic dependent launch and the bulk-store wait, emitted
+        assert {"griddepcontrol.launch_dependents", "griddepcontrol.wait", "cp.async.bulk.wait_group"} <= set(ops), ops
