@@ -205,6 +205,28 @@ def _flag_chunk(flags, c, epoch, ctx, timeline, MAXC: tl.constexpr, TIMELINE: tl
 
 
 @triton.jit
+def _flag_pending(flags, pending, epoch, ctx, timeline, MAXC: tl.constexpr, TIMELINE: tl.constexpr):
+    """Raise the flags of chunk ``pending`` if there is one (>= 0); the new pending chunk: none (-1)."""
+    if pending >= 0:
+        _flag_chunk(flags, pending, epoch, ctx, timeline, MAXC, TIMELINE)
+    return tl.full((), -1, tl.int32)
+
+
+@triton.jit
+def _chunk_sent(flags, c, pending, epoch, ctx, timeline, MAXC: tl.constexpr, TIMELINE: tl.constexpr,
+                DEFER_SIGNAL: tl.constexpr):
+    """A sender has sent chunk ``c``: raise the flags of a chunk still pending (a chunk without tokens came
+    between, so nothing flagged it), then those of ``c`` now, or with DEFER_SIGNAL once the next chunk is under
+    way. Returns the pending chunk (-1: none)."""
+    pending = _flag_pending(flags, pending, epoch, ctx, timeline, MAXC, TIMELINE)
+    if DEFER_SIGNAL:
+        pending = c
+    else:
+        _flag_chunk(flags, c, epoch, ctx, timeline, MAXC, TIMELINE)
+    return pending
+
+
+@triton.jit
 def _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP: tl.constexpr):
     """Receivers (and with SENDERS_HELP the senders, programs [0, n_push)) take units of work in order from a
     per-call counter: (this program's first unit, number of programs taking part). A program that takes no part
@@ -394,9 +416,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 rpos = tl.cumsum(goes, axis=0) - goes + carry_r[None, :]
                 carry_r += tl.sum(goes, axis=0)
                 first = tl.min(tl.where(at, slot[:, :, None], _BIG), axis=1)  # [BT, W_PAD]
-                if pending >= 0:  # (DEFER_SIGNAL) the previous chunk's stores drained while this one was routed
-                    _flag_chunk(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
-                    pending = -1
+                # (DEFER_SIGNAL) the previous chunk's stores drained while this one was routed: flag it
+                pending = _flag_pending(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
                 tl.store(token_pos + t[:, None] * world + dv[None, :], tl.where(goes > 0, rpos, -1),
                          mask=tm[:, None] & (dv[None, :] < world))
                 kmask = tm[:, None] & (kk[None, :] < K)
@@ -427,15 +448,9 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 ends = tl.where(span == 0, tl.sum(tl.where(dv == d, r_first, 0)),
                                 tl.sum(tl.where(dv == d, carry_r, 0)))
                 dl.put(recv_span + (me * MAXC + c) * 2 + span, ends, d, ctx)
-            if pending >= 0:  # a chunk without tokens came between: flag the one before it now
-                _flag_chunk(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
-            if DEFER_SIGNAL:
-                pending = c
-            else:
-                _flag_chunk(arrived, c, epoch, ctx, timeline, MAXC, TIMELINE)
+            pending = _chunk_sent(arrived, c, pending, epoch, ctx, timeline, MAXC, TIMELINE, DEFER_SIGNAL)
             c = _next_claim(claims + 1)
-        if pending >= 0:
-            _flag_chunk(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
+        _flag_pending(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
         _end_claims(claims + 1, c, n_chunks, n_push)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     else:
@@ -529,19 +544,12 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
                         hh = h0 + tl.arange(0, BH)
                         hm = hh[None, :] < H
                         acc = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH)
-                        if pending >= 0:  # (DEFER_SIGNAL) the previous chunk's pushes drained meanwhile
-                            _flag_chunk(combined, pending, epoch, ctx, timeline, MAXC, TIMELINE)
-                            pending = -1
+                        # (DEFER_SIGNAL) the previous chunk's pushes drained meanwhile: flag it
+                        pending = _flag_pending(combined, pending, epoch, ctx, timeline, MAXC, TIMELINE)
                         dl.put(dst + hh[None, :], acc.to(partials.dtype.element_ty), s, ctx, mask=pm[:, None] & hm)
-            if pending >= 0:  # a chunk without tokens came between: flag the one before it now
-                _flag_chunk(combined, pending, epoch, ctx, timeline, MAXC, TIMELINE)
-            if DEFER_SIGNAL:
-                pending = c
-            else:
-                _flag_chunk(combined, c, epoch, ctx, timeline, MAXC, TIMELINE)
+            pending = _chunk_sent(combined, c, pending, epoch, ctx, timeline, MAXC, TIMELINE, DEFER_SIGNAL)
             c = _next_claim(claims + 1)
-        if pending >= 0:
-            _flag_chunk(combined, pending, epoch, ctx, timeline, MAXC, TIMELINE)
+        _flag_pending(combined, pending, epoch, ctx, timeline, MAXC, TIMELINE)
         _end_claims(claims + 1, c, n_chunks, n_push)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     # RECEIVE, every program (senders once their chunks are out): take units (chunk c, column part) of this rank's
