@@ -131,6 +131,16 @@ def roles_kernel(x, dst, out, rows, T, H, n_push, ctx, LOCAL: tl.constexpr, BT: 
 
 
 @triton.jit
+def _copy_chunk_into_rows(src, out, rows, c, T, H, first, N: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+    """Tokens [c * BT, c * BT + BT) of src [T, H], tile by tile, into out's rows rows[t, first .. first + N)."""
+    t = c * BT + tl.arange(0, BT)
+    for h0 in range(0, H, BH):
+        hh = h0 + tl.arange(0, BH)
+        tile = tl.load(src + t[:, None].to(tl.int64) * H + hh[None, :], mask=t[:, None] < T)
+        _store_into_rows(out, tile, rows, t, T, hh, H, first, N)
+
+
+@triton.jit
 def dispatch_skeleton_kernel(x, recv, out, rows, flags, state, T, H, n_push, n_local, ctx, BT: tl.constexpr,
                              BH: tl.constexpr, SENDERS_WRITE_LOCAL: tl.constexpr):
     """Programs [0, n_push) push (and write the 4 local rows when SENDERS_WRITE_LOCAL), the next n_local write the
@@ -153,21 +163,11 @@ def dispatch_skeleton_kernel(x, recv, out, rows, flags, state, T, H, n_push, n_l
             dl.signal(flags + c, epoch, peer, ctx)
     elif pid < n_push + n_local:
         for c in range(pid - n_push, n_chunks, n_local):
-            t = c * BT + tl.arange(0, BT)
-            tm = t[:, None] < T
-            for h0 in range(0, H, BH):
-                hh = h0 + tl.arange(0, BH)
-                tile = tl.load(x + t[:, None].to(tl.int64) * H + hh[None, :], mask=tm)
-                _store_into_rows(out, tile, rows, t, T, hh, H, 0, 4)
+            _copy_chunk_into_rows(x, out, rows, c, T, H, 0, 4, BT, BH)
     else:
         for c in range(pid - n_push - n_local, n_chunks, n_prog - n_push - n_local):
             dl.wait(flags + c, epoch, ctx)
-            t = c * BT + tl.arange(0, BT)
-            tm = t[:, None] < T
-            for h0 in range(0, H, BH):
-                hh = h0 + tl.arange(0, BH)
-                tile = tl.load(recv + t[:, None].to(tl.int64) * H + hh[None, :], mask=tm)
-                _store_into_rows(out, tile, rows, t, T, hh, H, 4, 3)
+            _copy_chunk_into_rows(recv, out, rows, c, T, H, 4, 3, BT, BH)
     dl.finish_call(state, epoch, n_prog)
 
 
