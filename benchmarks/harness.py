@@ -61,21 +61,13 @@ def host_us(fn, calls=50, profile=None):
 
 
 def knob_sweep(run, base, sweep, device):
-    """``{label: µs}`` of ``run(config)`` for ``base`` with each ``(label, knobs)`` of ``sweep`` applied (median
-    of 10, max over ranks; NaN if a variant fails). A negative ``num_programs`` means that many fewer than SMs."""
-    from triton_dist.kernels.gemm import default_num_programs
-    from triton_dist.timing import time_us_or_nan
-
-    times = {}
-    for label, knobs in sweep:
-        cfg = {**base, **knobs}
-        if cfg.get("num_programs") is not None and cfg["num_programs"] < 0:
-            cfg["num_programs"] = default_num_programs(device) + cfg["num_programs"]
-        times[label] = time_us_or_nan(lambda: run(cfg), f"sweep {label}", iters=10, warmup=2)
-    return times
+    """``{label: µs}`` of ``run(config)`` for ``base`` with each ``(label, knobs)`` of ``sweep`` applied, one after
+    another (median of 10, max over ranks; NaN if a variant fails). A negative ``num_programs`` means that many
+    fewer than SMs."""
+    return interleaved_ab(run, base, sweep, device, rounds=1, what="sweep")
 
 
-def interleaved_ab(run, base, variants, device, rounds=5):
+def interleaved_ab(run, base, variants, device, rounds=5, what="A/B"):
     """``{label: µs}`` like ``knob_sweep``, but the variants are timed in turn, ``rounds`` times over (10
     iterations each), and each keeps the median of its rounds: a GPU at its power limit drifts by several percent
     within a run, which a one-after-another sweep mistakes for differences between configs."""
@@ -91,7 +83,7 @@ def interleaved_ab(run, base, variants, device, rounds=5):
     rounds_us = {label: [] for label in cfgs}
     for _ in range(rounds):
         for label, cfg in cfgs.items():
-            rounds_us[label].append(time_us_or_nan(lambda: run(cfg), f"A/B {label}", iters=10, warmup=2))
+            rounds_us[label].append(time_us_or_nan(lambda: run(cfg), f"{what} {label}", iters=10, warmup=2))
     return {label: sorted(v)[len(v) // 2] for label, v in rounds_us.items()}
 
 
