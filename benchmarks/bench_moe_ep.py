@@ -81,10 +81,11 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # chunk's last stores: gemm_rs's deferred signal): the default; without. run50: 214.1 / 216.3 us.
            {"defer_signal": False},
            # run50 timeline: the last chunk is sent at ~194 us and received by ~207. Finer receiver units for the
-           # last chunks only (their columns in 8 parts instead of 4): the work left after the last push shrinks,
-           # at the cost of a few more units (prepared in the seventh session, not yet run).
-           {"tail_chunks": 16, "tail_parts": 8}, {"tail_chunks": 32, "tail_parts": 8},
-           {"tail_chunks": 64, "tail_parts": 8}, {"tail_chunks": 16, "tail_parts": 16},
+           # last chunks only (their columns in 8 parts instead of 4): the work left after the last push shrinks.
+           # run51: the last 16 / 32 / 64 chunks in 8 parts 210.9 / 211.6 / 212.2 us, 16 in 16 parts 211.2
+           # (none: 212.2): 16 in 8 is the default now; without it, and finer or shorter tails.
+           {"tail_chunks": 0}, {"tail_chunks": 8, "tail_parts": 8}, {"tail_chunks": 16, "tail_parts": 14},
+           {"tail_chunks": 24, "tail_parts": 7},
            ],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
@@ -112,11 +113,12 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # Flags raised once the next chunk's first tile is reduced (deferred signal; run50: 208.7 us, without 210.5;
     # T=128 21.8 / 25.3).
     # run50 timeline: the last partials land at ~182 us, the receivers end at ~200: finer units for the last
-    # chunks only (prepared, not yet run).
-    4096: [{"combine_h_parts": 3}, {"combine_defer_signal": False},
-           {"combine_defer_signal": False, "combine_h_parts": 3},
-           {"combine_tail_chunks": 16, "combine_tail_parts": 4}, {"combine_tail_chunks": 32, "combine_tail_parts": 4},
-           {"combine_tail_chunks": 16, "combine_tail_parts": 7}, {"combine_tail_chunks": 64, "combine_tail_parts": 4}],
+    # chunks only. run51: the last 16 / 32 / 64 chunks in 4 parts 204.2 / 206.6 / 209.7 us, 16 in 7 parts
+    # 204.1 (none: 207.8; 3 parts everywhere 212.9, no deferred flags 209.8): 16 in 4 is the default now;
+    # without it, and shorter tails.
+    4096: [{"combine_tail_chunks": 0}, {"combine_defer_signal": False},
+           {"combine_tail_chunks": 8, "combine_tail_parts": 4}, {"combine_tail_chunks": 8, "combine_tail_parts": 7},
+           {"combine_tail_chunks": 16, "combine_tail_parts": 14}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16), {"combine_defer_signal": False}],
 }  # (an entry may also be a dict of knobs)

@@ -702,10 +702,12 @@ def default_config(max_tokens, hidden, device_type):
         # programs send to start with, 16x512 tiles, 16 warps (more loads in flight per SM): 210-215 us (runs
         # 27-31; 64 senders 216-222, 8 warps 237-242, 264 programs 250-336, 7 column parts 237). With the
         # deferred chunk flags and the early dispatch launch (run50): dispatch 214 / combine 209 us per graph,
-        # 209 / 204 per call in a graph of 20.
+        # 209 / 204 per call in a graph of 20. The receivers' units of the last 16 chunks in finer column parts
+        # (8 for dispatch, 4 for combine; run51): 210.9 / 204.2 us per graph against 212.2 / 207.8.
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
-               "num_warps": 8, "fused_layout": False, "h_parts": 4, "combine_programs": 128, "combine_push": 52,
-               "combine_warps": 16, "combine_h_parts": 2}
+               "num_warps": 8, "fused_layout": False, "h_parts": 4, "tail_chunks": 16, "tail_parts": 8,
+               "combine_programs": 128, "combine_push": 52, "combine_warps": 16, "combine_h_parts": 2,
+               "combine_tail_chunks": 16, "combine_tail_parts": 4}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
             "pdl": True, "defer_signal": True, "combine_defer_signal": True, "tail_chunks": 0, "tail_parts": 1,
             "combine_tail_chunks": 0, "combine_tail_parts": 1,
