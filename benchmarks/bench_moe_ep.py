@@ -86,11 +86,11 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # (none: 212.2): 16 in 8 is the default now; without it, and finer or shorter tails.
            {"tail_chunks": 0}, {"tail_chunks": 8, "tail_parts": 8}, {"tail_chunks": 16, "tail_parts": 14},
            {"tail_chunks": 24, "tail_parts": 7},
-           # The same timeline: senders finish between ~157 and ~197 us, a chunk's push (~40 us) apart, as the
-           # last chunks are taken one by one. The senders' last chunks in column pieces, each flagged on its own
-           # (receivers await the pieces holding their columns; run43 tried pieces that flag the chunk together).
-           {"send_tail_chunks": 16, "send_tail_parts": 2}, {"send_tail_chunks": 32, "send_tail_parts": 2},
-           {"send_tail_chunks": 64, "send_tail_parts": 2}, {"send_tail_chunks": 32, "send_tail_parts": 7},
+           # run52-53 timeline: senders finish between ~157 and ~197 us, one chunk's push (~40 us) apart. run53
+           # (ad78775): the senders' last 16 / 32 / 64 chunks in 2 column pieces, each flagged on its own (flags
+           # per (chunk, part); receivers awaiting only the pieces holding their columns) 213.6 / 214.6 / 215.9
+           # us, 32 in 7 pieces 225.6 (default 212.3); combine the same way 234.5-246.8 (default 206.6): a
+           # piece costs its sender the chunk's routing and records again. Dropped (reverted), like run43's.
            ],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
@@ -123,12 +123,7 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # without it, and shorter tails.
     4096: [{"combine_tail_chunks": 0}, {"combine_defer_signal": False},
            {"combine_tail_chunks": 8, "combine_tail_parts": 4}, {"combine_tail_chunks": 8, "combine_tail_parts": 7},
-           {"combine_tail_chunks": 16, "combine_tail_parts": 14},
-           # senders finish between ~156 and ~182 us: their last chunks in column pieces (as in dispatch)
-           {"combine_send_tail_chunks": 16, "combine_send_tail_parts": 2},
-           {"combine_send_tail_chunks": 32, "combine_send_tail_parts": 2},
-           {"combine_send_tail_chunks": 64, "combine_send_tail_parts": 2},
-           {"combine_send_tail_chunks": 32, "combine_send_tail_parts": 7}],
+           {"combine_tail_chunks": 16, "combine_tail_parts": 14}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16), {"combine_defer_signal": False}],
 }  # (an entry may also be a dict of knobs)
@@ -145,23 +140,20 @@ def _knobs(default, keys, entry):
 
 def _dispatch_name(c):
     return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
-            "parts{h_parts}{lay}{early}{late}{tail}{send}").format(
+            "parts{h_parts}{lay}{early}{late}{tail}").format(
                 f=" fused" if c["fused_layout"] else "", r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
                 lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "",
                 early="" if c["pdl"] else " no-pdl", late=" defer" if c["defer_signal"] else "",
-                tail=f" tail{c['tail_chunks']}/{c['tail_parts']}" if c["tail_chunks"] else "",
-                send=f" send{c['send_tail_chunks']}/{c['send_tail_parts']}" if c["send_tail_chunks"] else "", **c)
+                tail=f" tail{c['tail_chunks']}/{c['tail_parts']}" if c["tail_chunks"] else "", **c)
 
 
 def _combine_name(c):
     return ("p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}{r} "
-            "parts{combine_h_parts}{late}{tail}{send}").format(
+            "parts{combine_h_parts}{late}{tail}").format(
                 r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "",
                 late=" defer" if c["combine_defer_signal"] else "",
                 tail=(f" tail{c['combine_tail_chunks']}/{c['combine_tail_parts']}" if c["combine_tail_chunks"]
-                      else ""),
-                send=(f" send{c['combine_send_tail_chunks']}/{c['combine_send_tail_parts']}"
-                      if c["combine_send_tail_chunks"] else ""), **c)
+                      else ""), **c)
 
 
 def _phases(stamps, n_prog, n_push, n_chunks, layout):

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 import triton_dist as td
-from triton_dist.kernels.moe_ep import MAX_SEND_PARTS, _n_units, _pieces_holding, _unit, ep_combine, ep_dispatch
+from triton_dist.kernels.moe_ep import _n_units, _unit, ep_combine, ep_dispatch
 
 from ..conftest import ON_GPU_RANKS, error_names, gpu_only
 from ..sm90 import compile_sm90
@@ -129,14 +129,12 @@ def test_dispatch_combine_4_ranks(ranks, mode, T):
 # (test_configs_are_valid_with_gpu_defaults keeps them valid there).
 CFG_8_RANKS = {"fused_layout": False, "num_chunks": 3, "block_h": 4, "h_parts": 2, "combine_block_h": 4,
                "combine_h_parts": 2, "defer_signal": True, "combine_defer_signal": True, "tail_chunks": 1,
-               "tail_parts": 4, "combine_tail_chunks": 2, "combine_tail_parts": 3, "send_tail_chunks": 2,
-               "send_tail_parts": 3, "combine_send_tail_chunks": 1, "combine_send_tail_parts": 2}
+               "tail_parts": 4, "combine_tail_chunks": 2, "combine_tail_parts": 3}
 CFG_TWO_LAUNCH = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "num_programs": 3, "push_programs": 2,
                   "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3,
                   "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3, "defer_signal": True,
                   "combine_defer_signal": True, "tail_chunks": 2, "tail_parts": 3, "combine_tail_chunks": 9,
-                  "combine_tail_parts": 4, "send_tail_chunks": 9, "send_tail_parts": 2, "combine_send_tail_chunks": 2,
-                  "combine_send_tail_parts": 5}
+                  "combine_tail_parts": 4}
 CFG_LONG_CHUNKS = {"fused_layout": False, "num_chunks": 2, "block_tokens": 64, "block_h": 8}
 CFG_RECOVERY = {"fused_layout": False}
 
@@ -144,9 +142,7 @@ CFG_RECOVERY = {"fused_layout": False}
 def cfg_back_to_back(i):
     return {"fused_layout": bool(i % 2), "block_h": 4, "h_parts": 1 + i % 3, "combine_block_h": 4,
             "combine_h_parts": 1 + (i + 1) % 3, "combine_programs": 2 + i % 2, "combine_push": 1,
-            "defer_signal": i % 2 == 0, "combine_defer_signal": i % 2 == 1,
-            "send_tail_chunks": i % 3, "send_tail_parts": 1 + i % 4,  # pieces' flags change shape between calls
-            "combine_send_tail_chunks": (i + 1) % 3, "combine_send_tail_parts": 1 + (i + 2) % 4}
+            "defer_signal": i % 2 == 0, "combine_defer_signal": i % 2 == 1}
 
 
 @pytest.mark.parametrize("config", [None, CFG_8_RANKS])
@@ -162,8 +158,7 @@ def test_two_launch_layout_and_uneven_chunks(ranks):
     odd-sized chunks takes two steps of 4 on CPU); 2 senders + 1 receiver copying each chunk's 32 columns in 2
     parts (the last 2 chunks in 3 parts); combine with its own knobs (3 senders + 1 receiver, 4-token blocks,
     each chunk's columns taken in 3 parts: 16, 16 and an empty one; a tail of 9 chunks, more than there are, in
-    4). Senders raise each piece's flags late (deferred) in both; dispatch's senders send every chunk in 2
-    column pieces, combine's the last 2 in 5 (8-column parts: two of them empty)."""
+    4). Senders raise each chunk's flags late (deferred) in both."""
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, CFG_TWO_LAUNCH):
         assert problems == []
 
@@ -177,64 +172,29 @@ def test_layout_counts_long_chunks_in_steps(ranks):
 @triton.jit
 def _units_kernel(out, n_chunks, h_parts, tail, tail_parts, H, BH: tl.constexpr):
     u = tl.program_id(0)
-    c, h_first, h_end, part = _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
-    tl.store(out + 4 * u, c)
-    tl.store(out + 4 * u + 1, h_first)
-    tl.store(out + 4 * u + 2, h_end)
-    tl.store(out + 4 * u + 3, part)
-    tl.store(out + 4 * tl.num_programs(0), _n_units(n_chunks, h_parts, tail, tail_parts))
-
-
-def _units(n_chunks, h_parts, tail, tail_parts, H, BH):
-    """[(chunk, first column, end column, part)] of every unit, from the kernels' own ``_unit``."""
-    n = (n_chunks - tail) * h_parts + tail * tail_parts
-    out = torch.full((4 * n + 1,), -7, dtype=torch.int32, device="cuda" if ON_GPU_RANKS else "cpu")
-    _units_kernel[(n,)](out, n_chunks, h_parts, tail, tail_parts, H, BH=BH)
-    assert int(out[-1]) == n
-    return [tuple(u) for u in out[:-1].view(n, 4).tolist()]
+    c, h_first, h_end = _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
+    tl.store(out + 3 * u, c)
+    tl.store(out + 3 * u + 1, h_first)
+    tl.store(out + 3 * u + 2, h_end)
+    tl.store(out + 3 * tl.num_programs(0), _n_units(n_chunks, h_parts, tail, tail_parts))
 
 
 @pytest.mark.parametrize("n_chunks,h_parts,tail,tail_parts,H,BH", [
     (5, 2, 0, 1, 70, 16), (5, 2, 2, 3, 70, 16), (4, 1, 4, 4, 64, 16), (3, 4, 1, 16, 100, 8), (6, 3, 6, 1, 33, 32)])
 def test_receiver_units_cover_every_column_once(n_chunks, h_parts, tail, tail_parts, H, BH):
     """The receivers' units (chunk, column part; the last ``tail`` chunks in tail_parts parts): every column of
-    every chunk in exactly one unit, parts of whole BH tiles, in chunk order, numbered 0, 1, ... per chunk."""
-    units = _units(n_chunks, h_parts, tail, tail_parts, H, BH)
-    assert [u[0] for u in units] == sorted(u[0] for u in units)
+    every chunk in exactly one unit, parts of whole BH tiles, in chunk order."""
+    n = (n_chunks - tail) * h_parts + tail * tail_parts
+    out = torch.full((3 * n + 1,), -7, dtype=torch.int32, device="cuda" if ON_GPU_RANKS else "cpu")
+    _units_kernel[(n,)](out, n_chunks, h_parts, tail, tail_parts, H, BH=BH)
+    units = out[:-1].view(n, 3).tolist()
+    assert int(out[-1]) == n
+    assert [c for c, _, _ in units] == sorted(c for c, _, _ in units)
     for chunk in range(n_chunks):
-        mine = [u for u in units if u[0] == chunk]
-        assert [u[3] for u in mine] == list(range(len(mine)))
-        spans = [(h0, h1) for _, h0, h1, _ in mine if h1 > h0]
+        spans = [(h0, h1) for c, h0, h1 in units if c == chunk and h1 > h0]
         covered = sorted(col for h0, h1 in spans for col in range(h0, h1))
         assert covered == list(range(H)), (chunk, spans)
         assert all(h0 % BH == 0 for h0, _ in spans)
-
-
-@triton.jit
-def _held_kernel(out, n_chunks, h_parts, tail, tail_parts, send_tail, send_parts, H, BH: tl.constexpr,
-                 NP: tl.constexpr):
-    u = tl.program_id(0)
-    c, h_first, h_end, _ = _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
-    q = tl.arange(0, NP)
-    held = _pieces_holding(q, c, h_first, h_end, n_chunks, send_tail, send_parts, H, BH)
-    tl.store(out + u * NP + q, held.to(tl.int32))
-
-
-@pytest.mark.parametrize("n_chunks,h_parts,tail,tail_parts,send_tail,send_parts,H,BH", [
-    (5, 2, 2, 3, 2, 2, 70, 16), (4, 4, 1, 8, 4, 3, 100, 8), (3, 2, 0, 1, 3, 8, 64, 16), (3, 1, 3, 5, 1, 5, 40, 8)])
-def test_receivers_await_exactly_the_pieces_holding_their_columns(n_chunks, h_parts, tail, tail_parts, send_tail,
-                                                                   send_parts, H, BH):
-    """A receiver's unit awaits the flags of the senders' pieces (chunks; the last send_tail chunks in send_parts
-    column parts) that hold a column of it, and no others."""
-    units = _units(n_chunks, h_parts, tail, tail_parts, H, BH)
-    pieces = _units(n_chunks, 1, send_tail, send_parts, H, BH)
-    out = torch.full((len(units) * MAX_SEND_PARTS,), -7, dtype=torch.int32, device="cuda" if ON_GPU_RANKS else "cpu")
-    _held_kernel[(len(units),)](out, n_chunks, h_parts, tail, tail_parts, send_tail, send_parts, H, BH=BH,
-                                NP=MAX_SEND_PARTS)
-    held = out.view(len(units), MAX_SEND_PARTS).tolist()
-    for (c, h0, h1, _), mask in zip(units, held):
-        want = {p for pc, p0, p1, p in pieces if pc == c and max(p0, h0) < min(p1, h1)}
-        assert {q for q in range(MAX_SEND_PARTS) if mask[q]} == want, (c, h0, h1, mask)
 
 
 @pytest.mark.parametrize("max_tokens", [8, 4096])  # the decode-size and the large GPU defaults
@@ -352,7 +312,6 @@ def _bad_input():
         lambda: ep_dispatch(x, idx, w, config={"num_programs": 2, "push_programs": 2}, **kw),  # no receiver
         lambda: ep_dispatch(x, idx, w, config={"h_parts": 0}, **kw),                  # no column part
         lambda: ep_dispatch(x, idx, w, config={"tail_chunks": -1}, **kw),             # tail of < 0 chunks
-        lambda: ep_dispatch(x, idx, w, config={"send_tail_parts": 9}, **kw),          # more pieces than flags
     ]
     res = ep_dispatch(x, idx, w, **kw)
     cases += [lambda: ep_combine(res.x.half(), res.handle),                            # dtype of expert_out
@@ -374,7 +333,7 @@ def test_rejects_bad_input(ranks):
     for errors in ranks(2, _bad_input):
         assert errors == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
                           "ValueError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
-                          "ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "stale"]
+                          "ValueError", "TypeError", "ValueError", "ValueError", "stale"]
 
 
 def _torch_ops():
@@ -551,8 +510,7 @@ def test_gpu_cuda_graph_replay(ranks):
 # ----------------------------------------------------------------------------------------------------- sm_90
 _DISPATCH_SIG = dict(
     x="*bf16", topk_idx="*i32", topk_weights="*fp32", T="i32", H="i32", E="i32", align="i32", max_tokens="i32",
-    max_rows="i32", n_chunks="i32", h_parts="i32", tail="i32", tail_parts="i32", send_tail="i32",
-    send_parts="i32", n_push="i32", recv_x="*bf16",
+    max_rows="i32", n_chunks="i32", h_parts="i32", tail="i32", tail_parts="i32", n_push="i32", recv_x="*bf16",
     recv_slots="*i32",
     recv_w="*fp32", recv_span="*i32", all_counts="*i32", counts_ready="*i32", arrived="*i32",
     recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32", expert_offsets="*i32", token_pos="*i32",
@@ -586,8 +544,7 @@ def test_layout_and_combine_compile_for_sm90():
                             PDL=True))["ops"]
     assert ops.get("griddepcontrol.launch_dependents", 0) == 1, ops  # dl.launch_dependents
     sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32",
-               tail="i32", tail_parts="i32", send_tail="i32", send_parts="i32", n_push="i32", recv_slots="*i32",
-               recv_w="*fp32", recv_span="*i32", token_pos="*i32",
+               tail="i32", tail_parts="i32", n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
                partials="*bf16", combined="*i32", claims="*i32", state="*i32", ctx="*i64",
                timeline="*i64", K="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", W_PAD="constexpr",
                MAXC="constexpr", SENDERS_HELP="constexpr", TIMELINE="constexpr", DEFER_SIGNAL="constexpr")

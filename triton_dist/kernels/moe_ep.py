@@ -33,16 +33,13 @@ rest), so receivers work on early chunks while senders still push later ones.
                   it has experts on: ONE row crosses the link, to the token's first slot row on d, plus a small
                   record (its slot rows on d and their weights) at recv_slots[me, pos] on d; then the chunk's
                   span of positions and a flag arrived[me, c] = epoch, raised once the sender has routed its
-                  next chunk (deferred: the release then finds the chunk's stores drained). Optionally the last
-                  chunks go in column parts (pieces, each with its own flag arrived[me, c, part]): smaller
-                  pieces at the end, so that the senders run out of work closer together. Rows for this rank go
+                  next chunk (deferred: the release then finds the chunk's stores drained). Rows for this rank go
                   straight into all their slot rows, tile by tile with the pushes (measured faster than flagging
                   the peers first and writing them after, and than leaving them to the receivers).
               receiver: expert ids of all rows (-1 on padding); then (chunk c, column part) units in order from
                   a per-call counter (``_unit``; optionally finer parts for the last chunks; on a GPU the senders
                   join once their chunks are out): wait arrived[s, c] for every peer s and copy each arrived row
-                  into the token's other slot rows here (duplicates never cross the link); a unit waits for
-                  the pieces that hold its columns.
+                  into the token's other slot rows here (duplicates never cross the link).
     combine   (one launch)  sender, chunk c of every PEER s: partial = sum over the token's slots on this rank,
               in slot order, of w * out[slot row] (fp32, rounded to the dtype) -> one row pushed back to s into
               partials[call parity, (me - s - 1) mod W, pos] (s keeps one block per peer, two sets for odd and
@@ -90,8 +87,6 @@ from .gemm import num_sms
 from .replay import GraphCache
 
 MAX_CHUNKS = 1024  # flags and chunk tables are sized for this many token chunks per call
-MAX_SEND_PARTS = 8  # a sender's column parts of one chunk (send_tail_parts): a flag per (chunk, part)
-NP = tl.constexpr(MAX_SEND_PARTS)
 # Optional phase timeline (``timeline=`` of ep_dispatch / ep_combine: int64 [TIMELINE_SLOTS], GPU only): GPU-clock
 # ns at each phase boundary, for tuning. Per program p: [TL_PROGRAM + 4p + i], i = 0 start, 1 counts known (dispatch)
 # / sending starts (combine senders), 2 all chunks sent (senders) / expert ids marked (dispatch receivers), 3 end.
@@ -199,59 +194,36 @@ def _slot_sum(expert_out, slots, w, hh, H, K: tl.constexpr, K_PAD: tl.constexpr,
 
 
 @triton.jit
-def _flag_chunk(flags, piece, epoch, ctx, timeline, MAXC: tl.constexpr, TIMELINE: tl.constexpr):
-    """Raise flags[me, piece] = epoch on every peer (after every earlier store of this program: dl.signal's
-    release) and stamp the chunk as sent. ``piece`` = chunk * NP + column part (a sender's unit)."""
+def _flag_chunk(flags, c, epoch, ctx, timeline, MAXC: tl.constexpr, TIMELINE: tl.constexpr):
+    """Raise flags[me, c] = epoch on every peer (after every earlier store of this program: dl.signal's release)
+    and stamp the chunk as sent."""
     me = dl.rank(ctx)
     world = dl.num_ranks(ctx)
     for i in range(world - 1):
-        dl.signal(flags + me * MAXC * NP + piece, epoch, (me + 1 + i) % world, ctx)
-    _stamp(timeline, TL_CHUNK + 4 * (piece // NP), TIMELINE)
+        dl.signal(flags + me * MAXC + c, epoch, (me + 1 + i) % world, ctx)
+    _stamp(timeline, TL_CHUNK + 4 * c, TIMELINE)
 
 
 @triton.jit
 def _flag_pending(flags, pending, epoch, ctx, timeline, MAXC: tl.constexpr, TIMELINE: tl.constexpr):
-    """Raise the flags of piece ``pending`` if there is one (>= 0); the new pending piece: none (-1)."""
+    """Raise the flags of chunk ``pending`` if there is one (>= 0); the new pending chunk: none (-1)."""
     if pending >= 0:
         _flag_chunk(flags, pending, epoch, ctx, timeline, MAXC, TIMELINE)
     return tl.full((), -1, tl.int32)
 
 
 @triton.jit
-def _chunk_sent(flags, piece, pending, epoch, ctx, timeline, MAXC: tl.constexpr, TIMELINE: tl.constexpr,
+def _chunk_sent(flags, c, pending, epoch, ctx, timeline, MAXC: tl.constexpr, TIMELINE: tl.constexpr,
                 DEFER_SIGNAL: tl.constexpr):
-    """A sender has sent ``piece`` (chunk * NP + column part): raise the flags of a piece still pending (one
-    without tokens came between, so nothing flagged it), then those of ``piece`` now, or with DEFER_SIGNAL once
-    the next one is under way. Returns the pending piece (-1: none)."""
+    """A sender has sent chunk ``c``: raise the flags of a chunk still pending (a chunk without tokens came
+    between, so nothing flagged it), then those of ``c`` now, or with DEFER_SIGNAL once the next chunk is under
+    way. Returns the pending chunk (-1: none)."""
     pending = _flag_pending(flags, pending, epoch, ctx, timeline, MAXC, TIMELINE)
     if DEFER_SIGNAL:
-        pending = piece
+        pending = c
     else:
-        _flag_chunk(flags, piece, epoch, ctx, timeline, MAXC, TIMELINE)
+        _flag_chunk(flags, c, epoch, ctx, timeline, MAXC, TIMELINE)
     return pending
-
-
-@triton.jit
-def _pieces_holding(q, c, h_first, h_end, n_chunks, send_tail, send_parts, H, BH: tl.constexpr):
-    """Whether the senders' column part(s) ``q`` of chunk ``c`` hold a column of [h_first, h_end) (one part, the
-    whole chunk, unless c is among the last send_tail chunks; part bounds as in ``_unit``)."""
-    parts = tl.where(c >= n_chunks - send_tail, send_parts, 1)
-    part_h = tl.cdiv(tl.cdiv(H, BH), parts) * BH
-    # (intervals overlap as one tensor test: the interpreter turns `bool tensor & bool scalar` into int32)
-    return (q < parts) & (tl.maximum(q * part_h, h_first) < tl.minimum((q + 1) * part_h, h_end))
-
-
-@triton.jit
-def _await_chunk(flags, c, h_first, h_end, n_chunks, send_tail, send_parts, H, epoch, ctx, BH: tl.constexpr,
-                 W_PAD: tl.constexpr, MAXC: tl.constexpr):
-    """Wait until every peer has flagged the pieces of its chunk ``c`` that hold columns [h_first, h_end)."""
-    me = dl.rank(ctx)
-    world = dl.num_ranks(ctx)
-    i = tl.arange(0, W_PAD * NP)  # (peer d, part q) flattened
-    d = i // NP
-    q = i % NP
-    m = (d < world) & (d != me) & _pieces_holding(q, c, h_first, h_end, n_chunks, send_tail, send_parts, H, BH)
-    dl.wait(flags + (d * MAXC + c) * NP + q, epoch, ctx, mask=m)
 
 
 @triton.jit
@@ -274,9 +246,9 @@ def _n_units(n_chunks, h_parts, tail, tail_parts):
 
 @triton.jit
 def _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH: tl.constexpr):
-    """Unit ``u`` of the receivers' (or senders') work: (chunk, first column, end column, part). A chunk's
-    columns come in h_parts parts of whole BH tiles (the last part may be short or empty), those of the last
-    ``tail`` chunks in tail_parts: finer units there shorten the work left once the last chunk lands."""
+    """Unit ``u`` of the receivers' work: (chunk, first column, end column). A chunk's columns come in h_parts
+    parts of whole BH tiles (the last part may be short or empty), those of the last ``tail`` chunks in
+    tail_parts: finer units there shorten the work left once the last chunk lands."""
     n_head = (n_chunks - tail) * h_parts
     head = u < n_head
     v = tl.maximum(u - n_head, 0)
@@ -284,8 +256,7 @@ def _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH: tl.constexpr):
     part = tl.where(head, u % h_parts, v % tail_parts)
     part_h = tl.cdiv(tl.cdiv(H, BH), parts) * BH
     h_first = part * part_h
-    c = tl.where(head, u // h_parts, n_chunks - tail + v // tail_parts)
-    return c, h_first, tl.minimum(h_first + part_h, H), part
+    return tl.where(head, u // h_parts, n_chunks - tail + v // tail_parts), h_first, tl.minimum(h_first + part_h, H)
 
 
 @triton.jit
@@ -367,7 +338,7 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
 
 @triton.jit
 def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, h_parts, tail,
-                       tail_parts, send_tail, send_parts, n_push, recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready,
+                       tail_parts, n_push, recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready,
                        arrived, recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos,
                        chunk_prefix, claims, state, ctx, timeline,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
@@ -375,11 +346,10 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
                        SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
                        DEFER_SIGNAL: tl.constexpr):
-    """Programs [0, n_push) send chunks in order (taken from a per-call counter: claims[1]; the last send_tail
-    chunks in send_parts column parts, each flagged on its own); the others receive: they mark the rows' expert
-    ids and copy every arrived row into its other slot rows, chunk by chunk as chunks land. DEFER_SIGNAL: a
-    sender raises a piece's flags once it has routed its next one (the release then finds the piece's last stores
-    drained instead of waiting for them)."""
+    """Programs [0, n_push) send chunks in order (taken from a per-call counter: claims[1]); the others receive:
+    they mark the rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks
+    land. DEFER_SIGNAL: a sender raises a chunk's flags once it has routed its next chunk (the release then finds
+    the chunk's last stores drained instead of waiting for them)."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     _stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
@@ -420,13 +390,9 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
         # SEND: one row per (token, remote rank) to the token's first slot row there, plus its slot record;
         # rows for this rank go straight into all their slot rows
         dl.wait_prior_kernel(PDL)  # the layout launch's chunk_prefix (started early: launched with launch_pdl)
-        # senders take pieces (a chunk, or a column part of one of the last send_tail chunks: smaller pieces
-        # at the end even out when the senders finish) in order: faster programs take more
-        n_pieces = _n_units(n_chunks, 1, send_tail, send_parts)
-        u = _next_claim(claims + 1)
-        pending = tl.full((), -1, tl.int32)  # DEFER_SIGNAL: the sent piece whose flags are not raised yet
-        while u < n_pieces:
-            c, h_first, h_end, part = _unit(u, n_chunks, 1, send_tail, send_parts, H, BH)
+        c = _next_claim(claims + 1)  # senders take chunks in order: faster programs take more
+        pending = tl.full((), -1, tl.int32)  # DEFER_SIGNAL: the sent chunk whose flags are not raised yet
+        while c < n_chunks:
             c0 = tl.minimum(c * chunk, T)
             c1 = tl.minimum(c0 + chunk, T)
             if FUSED_LAYOUT:
@@ -450,15 +416,14 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 rpos = tl.cumsum(goes, axis=0) - goes + carry_r[None, :]
                 carry_r += tl.sum(goes, axis=0)
                 first = tl.min(tl.where(at, slot[:, :, None], _BIG), axis=1)  # [BT, W_PAD]
-                # (DEFER_SIGNAL) the previous piece's stores drained while this one was routed: flag it
+                # (DEFER_SIGNAL) the previous chunk's stores drained while this one was routed: flag it
                 pending = _flag_pending(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
+                tl.store(token_pos + t[:, None] * world + dv[None, :], tl.where(goes > 0, rpos, -1),
+                         mask=tm[:, None] & (dv[None, :] < world))
                 kmask = tm[:, None] & (kk[None, :] < K)
                 w = tl.load(topk_weights + t[:, None] * K + kk[None, :], mask=kmask, other=0.0).to(tl.float32)
                 here = tl.where(owner == me, slot, -1)
-                if part == 0:  # this rank's own records: once; the peers' with every piece (each flag covers them)
-                    tl.store(token_pos + t[:, None] * world + dv[None, :], tl.where(goes > 0, rpos, -1),
-                             mask=tm[:, None] & (dv[None, :] < world))
-                    tl.store(recv_weights + here, w, mask=here >= 0)
+                tl.store(recv_weights + here, w, mask=here >= 0)
                 for i in range(world):
                     d = (me + 1 + i) % world  # peers first, this rank last
                     go_d = _column(goes, d, dv) > 0
@@ -467,7 +432,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                     dl.put(recv_slots + rec[:, None] + kk[None, :], tl.where(owner == d, slot, -1), d, ctx, mask=m)
                     dl.put(recv_w + rec[:, None] + kk[None, :], w, d, ctx, mask=m)
                 src = x + t[:, None].to(tl.int64) * H
-                for h0 in range(h_first, h_end, BH):
+                for h0 in range(0, H, BH):
                     hh = h0 + tl.arange(0, BH)
                     hm = hh[None, :] < H
                     tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm)
@@ -483,11 +448,10 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 ends = tl.where(span == 0, tl.sum(tl.where(dv == d, r_first, 0)),
                                 tl.sum(tl.where(dv == d, carry_r, 0)))
                 dl.put(recv_span + (me * MAXC + c) * 2 + span, ends, d, ctx)
-            pending = _chunk_sent(arrived, c * NP + part, pending, epoch, ctx, timeline, MAXC, TIMELINE,
-                                  DEFER_SIGNAL)
-            u = _next_claim(claims + 1)
+            pending = _chunk_sent(arrived, c, pending, epoch, ctx, timeline, MAXC, TIMELINE, DEFER_SIGNAL)
+            c = _next_claim(claims + 1)
         _flag_pending(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
-        _end_claims(claims + 1, u, n_pieces, n_push)
+        _end_claims(claims + 1, c, n_chunks, n_push)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     else:
         # RECEIVE: expert id of every row (-1 = padding), zero weights on padding ...
@@ -508,8 +472,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     n_units = _n_units(n_chunks, h_parts, tail, tail_parts)
     u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
-        c, h_first, h_end, _ = _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
-        _await_chunk(arrived, c, h_first, h_end, n_chunks, send_tail, send_parts, H, epoch, ctx, BH, W_PAD, MAXC)
+        c, h_first, h_end = _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
+        dl.wait(arrived + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
         _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
         for i in range(world - 1):
             s = (me + 1 + i) % world
@@ -537,8 +501,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
 
 @triton.jit
-def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, tail_parts, send_tail, send_parts,
-                      n_push, recv_slots,
+def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, tail_parts, n_push, recv_slots,
                       recv_w, recv_span, token_pos, partials, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr,
@@ -546,10 +509,9 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
     """Programs [0, n_push) reduce the tokens received from peers over their slots and push one partial row
     back per token; then the others (and with SENDERS_HELP the senders too, once done) take chunks of this rank's
     tokens from the ``claims`` counter, reduce the slots held here, wait for the peers' partials and sum all of
-    them in rank order. Senders take pieces: chunks, and the last send_tail chunks in send_parts column parts,
-    each flagged on its own. SENDERS_HELP needs every program resident at once (a sender that waits must not keep a
+    them in rank order. SENDERS_HELP needs every program resident at once (a sender that waits must not keep a
     peer's sender off the GPU), so never under the interpreter, whose programs run one after another.
-    DEFER_SIGNAL: a sender raises a piece's flags once it has reduced the first tile of its next piece."""
+    DEFER_SIGNAL: a sender raises a chunk's flags once it has reduced the first tile of its next chunk."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     _stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
@@ -562,11 +524,9 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
     partials += (epoch % 2).to(tl.int64) * tl.maximum(world - 1, 1) * max_tokens * H
     if pid < n_push:
         _stamp(timeline, TL_PROGRAM + 4 * pid + 1, TIMELINE)
-        n_pieces = _n_units(n_chunks, 1, send_tail, send_parts)
-        u = _next_claim(claims + 1)  # senders take pieces in order: faster programs take more
-        pending = tl.full((), -1, tl.int32)  # DEFER_SIGNAL: the sent piece whose flags are not raised yet
-        while u < n_pieces:
-            c, h_first, h_end, part = _unit(u, n_chunks, 1, send_tail, send_parts, H, BH)
+        c = _next_claim(claims + 1)  # senders take chunks in order: faster programs take more
+        pending = tl.full((), -1, tl.int32)  # DEFER_SIGNAL: the sent chunk whose flags are not raised yet
+        while c < n_chunks:
             for i in range(world - 1):  # peers only: this rank's own partials are summed by its receivers
                 s = (me + 1 + i) % world
                 p0 = tl.load(recv_span + (s * MAXC + c) * 2)
@@ -580,18 +540,17 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
                     w = tl.load(recv_w + rec, mask=m, other=0.0)
                     block = (me - s - 1 + world) % world  # s keeps one block of partials per peer
                     dst = partials + (block * max_tokens + pos[:, None]).to(tl.int64) * H
-                    for h0 in range(h_first, h_end, BH):
+                    for h0 in range(0, H, BH):
                         hh = h0 + tl.arange(0, BH)
                         hm = hh[None, :] < H
                         acc = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH)
-                        # (DEFER_SIGNAL) the previous piece's pushes drained meanwhile: flag it
+                        # (DEFER_SIGNAL) the previous chunk's pushes drained meanwhile: flag it
                         pending = _flag_pending(combined, pending, epoch, ctx, timeline, MAXC, TIMELINE)
                         dl.put(dst + hh[None, :], acc.to(partials.dtype.element_ty), s, ctx, mask=pm[:, None] & hm)
-            pending = _chunk_sent(combined, c * NP + part, pending, epoch, ctx, timeline, MAXC, TIMELINE,
-                                  DEFER_SIGNAL)
-            u = _next_claim(claims + 1)
+            pending = _chunk_sent(combined, c, pending, epoch, ctx, timeline, MAXC, TIMELINE, DEFER_SIGNAL)
+            c = _next_claim(claims + 1)
         _flag_pending(combined, pending, epoch, ctx, timeline, MAXC, TIMELINE)
-        _end_claims(claims + 1, u, n_pieces, n_push)
+        _end_claims(claims + 1, c, n_chunks, n_push)
         _stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
     # RECEIVE, every program (senders once their chunks are out): take units (chunk c, column part) of this rank's
     # tokens in order, one at a time, from a per-call counter, so that senders that finish early share the
@@ -600,7 +559,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
     n_units = _n_units(n_chunks, h_parts, tail, tail_parts)
     u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
-        c, h_first, h_end, _ = _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
+        c, h_first, h_end = _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
         c0 = tl.minimum(c * chunk, T)
         c1 = tl.minimum(c0 + chunk, T)
         for t0 in range(c0, c1, BT):
@@ -619,8 +578,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
                 # this rank's partial, rounded like the partials that crossed the link
                 own = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH).to(partials.dtype.element_ty)
                 if (t0 == c0) & (h0 == h_first):  # the peers' partials are awaited with the first own tile in hand
-                    _await_chunk(combined, c, h_first, h_end, n_chunks, send_tail, send_parts, H, epoch, ctx, BH,
-                                 W_PAD, MAXC)
+                    dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
                     _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
                 acc = tl.zeros([BT, BH], dtype=tl.float32)
                 for d in range(world):  # FIXED order: rank order
@@ -635,8 +593,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
                 tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
                          mask=tm[:, None] & hm)
         if (c0 == c1) & (h_first == 0):  # no tokens here: the flags are still awaited (partials' double buffer)
-            _await_chunk(combined, c, h_first, h_end, n_chunks, send_tail, send_parts, H, epoch, ctx, BH, W_PAD,
-                         MAXC)
+            dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
         _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
         u = _next_claim(claims)
     _end_claims(claims, u, n_units, claimers)
@@ -680,8 +637,8 @@ class _Workspace:
         # one block per peer (this rank's own partial never leaves the registers of combine's receivers)
         self.partials = shmem.empty((2, max(w - 1, 1), max_tokens, hidden), dtype, name=name + "partials")
         self.counts_ready = shmem.signals((w,), name=name + "counts_ready")
-        self.arrived = shmem.signals((w * MAX_CHUNKS * MAX_SEND_PARTS,), name=name + "arrived")  # [rank, chunk, part]
-        self.combined = shmem.signals((w * MAX_CHUNKS * MAX_SEND_PARTS,), name=name + "combined")
+        self.arrived = shmem.signals((w * MAX_CHUNKS,), name=name + "arrived")
+        self.combined = shmem.signals((w * MAX_CHUNKS,), name=name + "combined")
         # local
         self.expert_ids = torch.full((self.max_rows,), -1, dtype=torch.int32, device=dev)
         self.weights = torch.zeros((self.max_rows,), dtype=torch.float32, device=dev)
@@ -729,9 +686,7 @@ def default_config(max_tokens, hidden, device_type):
     while the layout launch runs, programmatic dependent launch), defer_signal / combine_defer_signal (a sender
     raises a chunk's flags after starting its next chunk, when the chunk's stores have drained; run50: 2 us less
     per T=4096 call, and 3.5 us less for a T=128 combine), tail_chunks / tail_parts (the receivers' units of the
-    last tail_chunks chunks: their columns in tail_parts parts instead of h_parts), send_tail_chunks /
-    send_tail_parts (the senders' pieces: the last send_tail_chunks chunks in send_tail_parts column parts, at
-    most MAX_SEND_PARTS, each flagged on its own, so that the senders run out of work closer together).
+    last tail_chunks chunks: their columns in tail_parts parts instead of h_parts).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -755,8 +710,7 @@ def default_config(max_tokens, hidden, device_type):
                "combine_tail_chunks": 16, "combine_tail_parts": 4}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
             "pdl": True, "defer_signal": True, "combine_defer_signal": True, "tail_chunks": 0, "tail_parts": 1,
-            "combine_tail_chunks": 0, "combine_tail_parts": 1, "send_tail_chunks": 0, "send_tail_parts": 1,
-            "combine_send_tail_chunks": 0, "combine_send_tail_parts": 1,
+            "combine_tail_chunks": 0, "combine_tail_parts": 1,
             "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
             "combine_block_h": cfg["block_h"], "combine_block_tokens": cfg["block_tokens"],
@@ -842,10 +796,7 @@ def _checked(max_tokens, hidden, device_type, config):
     for name in ("layout_chunks", "block_tokens", "block_h", "combine_block_tokens", "combine_block_h"):
         if int(cfg[name]) < 1:
             raise ValueError(f"{name} must be >= 1, got {cfg[name]}")
-    for name in ("send_tail_parts", "combine_send_tail_parts"):
-        if not isinstance(cfg[name], int) or not 1 <= cfg[name] <= MAX_SEND_PARTS:
-            raise ValueError(f"{name} must be an int in [1, {MAX_SEND_PARTS}], got {cfg[name]!r}")
-    for name in ("tail_chunks", "combine_tail_chunks", "send_tail_chunks", "combine_send_tail_chunks"):
+    for name in ("tail_chunks", "combine_tail_chunks"):
         if not isinstance(cfg[name], int) or cfg[name] < 0:
             raise ValueError(f"{name} must be an int >= 0, got {cfg[name]!r}")
     return cfg
@@ -858,8 +809,8 @@ def _senders_help(n_prog, t):
 
 
 def _tail(tail_chunks, tail_parts, n_chunks):
-    """The (tail, parts) launch arguments of the receivers' units or the senders' pieces: the last tail_chunks
-    chunks (at most all) in tail_parts column parts."""
+    """The receivers' (tail, tail_parts) launch arguments: the last tail_chunks chunks (at most all) in
+    tail_parts column parts."""
     return min(int(tail_chunks), n_chunks), int(tail_parts)
 
 
@@ -949,8 +900,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
                 EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
         ep_dispatch_kernel[(n_prog,)](
             x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts,
-            *_tail(cfg["tail_chunks"], cfg["tail_parts"], n_chunks),
-            *_tail(cfg["send_tail_chunks"], cfg["send_tail_parts"], n_chunks), n_push,
+            *_tail(cfg["tail_chunks"], cfg["tail_parts"], n_chunks), n_push,
             ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
             ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
             ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
@@ -1021,9 +971,7 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     h_parts = cfg["combine_h_parts"]
     ep_combine_kernel[(n_prog,)](
         expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts,
-        *_tail(cfg["combine_tail_chunks"], cfg["combine_tail_parts"], handle.num_chunks),
-        *_tail(cfg["combine_send_tail_chunks"], cfg["combine_send_tail_parts"], handle.num_chunks), n_push,
-        ws.recv_slots,
+        *_tail(cfg["combine_tail_chunks"], cfg["combine_tail_parts"], handle.num_chunks), n_push, ws.recv_slots,
         ws.recv_w, ws.recv_span, tp, ws.partials, ws.combined, ws.combine_claims, ws.combine_state,
         shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
