@@ -12,6 +12,8 @@
   remote TMA A/B (M = 8192) partial tiles by TMA stores vs stores from registers, the variants timed in turn
   NCCL+cuBLAS    torch.matmul then dist.reduce_scatter_tensor
   async-TP       torch.ops.symm_mem.fused_matmul_reduce_scatter (torch symmetric memory, CUDA backend)
+  in turn        ours, NCCL+cuBLAS, async-TP and the GEMM alone again, timed in turn over 5 rounds: the fair
+                 comparison on a power-capped GPU whose speed drifts within a run
 Shapes (M, N, K) are full sizes; each rank has a [M, K/W] and w [N, K/W]; the result is [M/W, N] per rank.
 TFLOP/s per GPU = 2*M*N*(K/W) / time.
 """
@@ -22,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import interleaved_ab, knob_sweep, record
+from harness import in_turn, interleaved_ab, knob_sweep, record
 from triton_dist.timing import graph_us_or_nan, time_us, time_us_or_nan
 from triton_dist.kernels import gemm_rs
 from triton_dist.kernels.gemm_reducescatter import default_config
@@ -92,16 +94,24 @@ def main():
             ab_rows.append({"M": m, "N": n, "K": k_total, **{kk: round(v, 1) for kk, v in ab.items()}})
         t_nccl = time_us(nccl_cublas)
         t_tp = time_us_or_nan(_async_tp(a, w.T, group_name), "async-TP")
+        # head to head timed in turn: each sees the same mix of the power-capped GPU's states (run56: the tuner
+        # timed 2820 us at N = 28672 in a burst, sustained calls 3313-3487 later in the run)
+        turn = in_turn({"ours": lambda: gemm_rs(a, w), "NCCL+cuBLAS": nccl_cublas,
+                        "async-TP": _async_tp(a, w.T, group_name), "GEMM": lambda: torch.matmul(a, w.T)})
         tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m, "N": n, "K": k_total, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
                      "op us": t_op, "graph us": t_graph, "ours fallback us": t_fb, "ours overlap us": t_over,
                      "ours graph-path us": t_replay,
                      "GEMM only us": t_gemm, "NCCL+cuBLAS us": t_nccl, "async-TP us": t_tp,
-                     "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours, "max rel err": err,
+                     "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours,
+                     **{f"in turn: {kk} us": v for kk, v in turn.items()},
+                     "in turn vs NCCL+cuBLAS": turn["NCCL+cuBLAS"] / turn["ours"],
+                     "in turn vs async-TP": turn["async-TP"] / turn["ours"], "max rel err": err,
                      "bitwise repeat": bitwise})
         del a, w, out, rs_out
         torch.cuda.empty_cache()
-    record("gemm_rs", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call")
+    record("gemm_rs", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call; "
+           "'in turn': ours, the baselines and the GEMM alone timed in turn, median of 5 rounds of 10 iterations")
     record("gemm_rs_sweep", sweep_rows,
            notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
     record("gemm_rs_remote_tma_ab", ab_rows,

@@ -1,10 +1,12 @@
 """Recording for the multi-GPU benchmarks (run under torchrun); timing lives in ``triton_dist.timing``
 (fixed iterations on every rank, CUDA events, median per rank, max over ranks). Ours and the baselines run in the
-same process, one after another, on the same inputs.
+same process on the same inputs, one after another or, where the GPU's power-state drift matters, in turn
+(``in_turn``).
 """
 
 import cProfile
 import datetime
+import functools
 import json
 import os
 import subprocess
@@ -68,22 +70,30 @@ def knob_sweep(run, base, sweep, device):
 
 
 def interleaved_ab(run, base, variants, device, rounds=5, what="A/B"):
-    """``{label: µs}`` like ``knob_sweep``, but the variants are timed in turn, ``rounds`` times over (10
-    iterations each), and each keeps the median of its rounds: a GPU at its power limit drifts by several percent
-    within a run, which a one-after-another sweep mistakes for differences between configs."""
+    """``{label: µs}`` like ``knob_sweep``, but the variants are timed in turn (``in_turn``): a GPU at its
+    power limit drifts by several percent within a run, which a one-after-another sweep mistakes for
+    differences between configs."""
     from triton_dist.kernels.gemm import default_num_programs
-    from triton_dist.timing import time_us_or_nan
 
-    cfgs = {}
+    calls = {}
     for label, knobs in variants:
         cfg = {**base, **knobs}
         if cfg.get("num_programs") is not None and cfg["num_programs"] < 0:
             cfg["num_programs"] = default_num_programs(device) + cfg["num_programs"]
-        cfgs[label] = cfg
-    rounds_us = {label: [] for label in cfgs}
+        calls[label] = functools.partial(run, cfg)
+    return in_turn(calls, rounds, what)
+
+
+def in_turn(calls, rounds=5, what="in turn"):
+    """``{label: µs}`` of ``calls`` ({label: fn}) timed in turn, ``rounds`` times over (10 iterations each, the
+    same count on every rank), each keeping the median of its rounds: every contender sees the same mix of the
+    GPU's power states (NaN for one that fails)."""
+    from triton_dist.timing import time_us_or_nan
+
+    rounds_us = {label: [] for label in calls}
     for _ in range(rounds):
-        for label, cfg in cfgs.items():
-            rounds_us[label].append(time_us_or_nan(lambda: run(cfg), f"{what} {label}", iters=10, warmup=2))
+        for label, fn in calls.items():
+            rounds_us[label].append(time_us_or_nan(fn, f"{what} {label}", iters=10, warmup=2))
     return {label: sorted(v)[len(v) // 2] for label, v in rounds_us.items()}
 
 

@@ -40,6 +40,9 @@ fi
 if [ "${SUITE_SKIP_BENCH:-0}" != 1 ]; then
   for b in ${SUITE_BENCH:-$(ls benchmarks/bench_*.py | sed 's#benchmarks/bench_##; s#\.py##')}; do
     name=${b%%:*}  # "name" or "name:seconds" (a per-benchmark time limit)
+    if [ ! -f "benchmarks/bench_$name.py" ]; then
+      echo "== bench $name: no benchmarks/bench_$name.py" | tee -a "$LOG"; status=1; continue
+    fi
     if [ "$name" != "$b" ]; then
       SUITE_STEP_TIMEOUT=${b#*:} run "bench $name x$NGPU" $TR "benchmarks/bench_$name.py"
     else
