@@ -96,7 +96,7 @@ def main():
                      "in turn vs async-TP": turn["async-TP"] / turn["ours"], "max rel err": err})
         del a, w, full, out, ref
     record("ag_gemm", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call; "
-           "'in turn': ours, the baselines and the GEMM alone timed in turn, median of 5 rounds of 10 iterations")
+           "'in turn': ours, the baselines and the GEMM alone timed in turn, median of 5 rounds of 10 iterations, each round starting one contender later")
     record("ag_gemm_sweep", sweep_rows, notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
     td.finalize()
 

@@ -111,11 +111,11 @@ def main():
         del a, w, out, rs_out
         torch.cuda.empty_cache()
     record("gemm_rs", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call; "
-           "'in turn': ours, the baselines and the GEMM alone timed in turn, median of 5 rounds of 10 iterations")
+           "'in turn': ours, the baselines and the GEMM alone timed in turn, median of 5 rounds of 10 iterations, each round starting one contender later")
     record("gemm_rs_sweep", sweep_rows,
            notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
     record("gemm_rs_remote_tma_ab", ab_rows,
-           notes="overlapped kernel, default config + knobs, timed in turn: median of 5 rounds of 10 iterations")
+           notes="overlapped kernel, default config + knobs, timed in turn: median of 5 rounds of 10 iterations, each round starting one contender later")
     td.finalize()
 
 

@@ -87,13 +87,15 @@ def interleaved_ab(run, base, variants, device, rounds=5, what="A/B"):
 def in_turn(calls, rounds=5, what="in turn"):
     """``{label: µs}`` of ``calls`` ({label: fn}) timed in turn, ``rounds`` times over (10 iterations each, the
     same count on every rank), each keeping the median of its rounds: every contender sees the same mix of the
-    GPU's power states (NaN for one that fails)."""
+    GPU's power states (NaN for one that fails). Each round starts one contender later, so that none always
+    runs right after the same one (a GEMM after a communication-bound call starts with power headroom: run57)."""
     from triton_dist.timing import time_us_or_nan
 
-    rounds_us = {label: [] for label in calls}
-    for _ in range(rounds):
-        for label, fn in calls.items():
-            rounds_us[label].append(time_us_or_nan(fn, f"{what} {label}", iters=10, warmup=2))
+    labels = list(calls)
+    rounds_us = {label: [] for label in labels}
+    for r in range(rounds):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            rounds_us[label].append(time_us_or_nan(calls[label], f"{what} {label}", iters=10, warmup=2))
     return {label: sorted(v)[len(v) // 2] for label, v in rounds_us.items()}
 
 
