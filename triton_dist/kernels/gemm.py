@@ -167,6 +167,12 @@ def _sm_count(device_index):  # ops ask per call; the properties do not change
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def compute_major(device_index):
+    """Major compute capability of a CUDA device (9: Hopper); ops ask per call, so it is cached."""
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
 def default_num_programs(device):
     """One persistent program per SM on GPU; a couple under the interpreter (programs run one after another)."""
     return num_sms(device.index) if device.type == "cuda" else 2

@@ -83,7 +83,7 @@ import triton.language as tl
 from .. import autotune, shmem
 from .. import language as dl
 from . import library
-from .gemm import num_sms
+from .gemm import compute_major, num_sms
 from .replay import GraphCache
 
 MAX_CHUNKS = 1024  # flags and chunk tables are sized for this many token chunks per call
@@ -816,12 +816,7 @@ def _tail(tail_chunks, tail_parts, n_chunks):
 
 def _pdl_capable(t):
     """Whether t's device runs programmatic dependent launch (a GPU of compute capability 9.0 or newer)."""
-    return t.is_cuda and _compute_major(t.device.index) >= 9
-
-
-@functools.lru_cache(maxsize=None)
-def _compute_major(index):
-    return torch.cuda.get_device_capability(index)[0]
+    return t.is_cuda and compute_major(t.device.index) >= 9
 
 
 def _register_cap(maxnreg, t):
