@@ -6,6 +6,9 @@ power-capped, which bounds every kernel alike.
   ours tuned     triton_dist.kernels.gemm.gemm, autotuned per shape (persistent, TMA, pipelined)
   each knob      the sweep's candidates, so the best levers on this GPU are visible
   cuBLAS         torch.matmul(a, w.T)
+  in turn        (M >= 4096) ours and cuBLAS again, timed in turn over 5 rounds, each also as two GEMMs over the
+                 halves of M (async-TP's per-shard GEMMs at W = 2 beat one cuBLAS GEMM over the whole M in run58:
+                 is it the split?)
 Device times replay one call from a CUDA graph (small shapes are otherwise host-bound); the eager columns time
 Python calls.
 """
@@ -15,7 +18,7 @@ import os
 import torch
 
 import triton_dist as td
-from harness import clocks_during, record
+from harness import clocks_during, in_turn, record
 from triton_dist.timing import graph_us_or_nan, time_us
 from triton_dist.kernels import gemm as core
 
@@ -65,11 +68,27 @@ def main():
                                                                      _label(c), iters=10, warmup=2)
         clk_ours = clocks_during(lambda: core.gemm(a, w, out=out))
         clk_cublas = clocks_during(lambda: torch.matmul(a, w.T, out=out))
+        turn = {}
+        if m >= 4096:
+            h = m // 2
+            halves = [(a[:h], out[:h]), (a[h:], out[h:])]
+            core.gemm(a[:h], w, out=out[:h])  # tunes the half shape once
+
+            def ours_halves():
+                for a_, o_ in halves:
+                    core.gemm(a_, w, out=o_)
+
+            def cublas_halves():
+                for a_, o_ in halves:
+                    torch.matmul(a_, w.T, out=o_)
+            turn = in_turn({"ours": lambda: core.gemm(a, w, out=out), "cuBLAS": lambda: torch.matmul(a, w.T, out=out),
+                            "ours halves": ours_halves, "cuBLAS halves": cublas_halves}, what="GEMM in turn")
         best = min(knobs, key=knobs.get)
         tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m, "N": n, "K": k, "ours us": t_tuned_dev, "ours TFLOP/s": tflops(t_tuned_dev),
                      "cuBLAS us": t_cublas_dev, "cuBLAS TFLOP/s": tflops(t_cublas_dev),
                      "ours/cuBLAS": t_cublas_dev / t_tuned_dev, "ours eager us": t_tuned, "cuBLAS eager us": t_cublas,
+                     **{f"in turn: {kk} us": v for kk, v in turn.items()},
                      "best knob": best, "best knob us": knobs[best],
                      "all knobs": "; ".join(f"{k_}: {v:.0f}" for k_, v in knobs.items()), "max rel err": err,
                      "ours MHz / W": f"{clk_ours['MHz']} / {clk_ours['W']:.0f}",
@@ -77,7 +96,7 @@ def main():
                      "throttle (ours; cuBLAS)": f"{clk_ours['throttle']}; {clk_cublas['throttle']}"})
     record("gemm_core", rows, notes="bf16 per-rank GEMM a[M,K] @ w[N,K].T; median of 20, max over ranks; "
            "ours / cuBLAS / knobs: device time (CUDA-graph replay); eager columns: Python calls (host cost included); "
-           "MHz / W: median SM clock and mean board power over 40 back-to-back calls (rank 0's GPU)")
+           "in turn: eager calls timed in rotation, median of 5 rounds of 10; MHz / W: median SM clock and mean board power over 40 back-to-back calls (rank 0's GPU)")
     td.finalize()
 
 
