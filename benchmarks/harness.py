@@ -152,7 +152,7 @@ def format_table(doc):
     rows = doc["rows"]
     if not rows:
         return f"## {doc['benchmark']}: no rows"
-    cols = list(rows[0])
+    cols = list(dict.fromkeys(c for r in rows for c in r))  # every row's columns, in order of appearance
     lines = [f"## {doc['benchmark']} — {doc['gpu']} x{doc['world_size']}, {doc['date']}, commit {doc['commit']}",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
