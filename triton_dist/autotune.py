@@ -15,13 +15,19 @@ What it guarantees:
 * **Never at the wrong time.** No tuning (and no collective) under the Triton interpreter, during CUDA-graph
   capture or while torch.compile traces: those get the cached choice if there is one, else ``default``
   (identical on every rank, as the memory caches are). ``TRITON_DIST_AUTOTUNE=0`` turns tuning off.
-* **Visible.** Rank 0 prints one line per candidate while tuning.
+* **Fair on a power-capped GPU.** Candidates are timed in turn, ``rounds`` times over, each round starting at a
+  different candidate, and each keeps the median of its rounds: an H200 at its power limit drifts by several
+  percent within a second, which one-after-another timing mistakes for differences between candidates (run56:
+  gemm_rs at N = 28672 chose 128 programs on a 2820 us burst figure, where interleaved A/Bs in runs 56-57
+  measured the default 132 programs 3-6 % faster).
+* **Visible.** Rank 0 prints one line per candidate and round while tuning.
 A candidate that fails (e.g. too much shared memory) fails on every rank alike (same GPU, same software) and
 scores infinity.
 """
 
 import hashlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -147,7 +153,23 @@ def time_candidate(run, cfg, iters=10, warmup=2, collective=True, group=None):
     return float(t.item())
 
 
-def choose(op, key, candidates, make_runner, default, collective=True, iters=10):
+def in_turn(n, rounds, time_one):
+    """Median over ``rounds`` rounds of ``time_one(i)`` for every candidate i < n, timed in turn: round r starts
+    at candidate r * n // rounds, so that each candidate is timed early, midway and late in a round. A candidate
+    that fails (inf) in its first round is not timed again. The order depends only on n and rounds: collective
+    timings stay in step across ranks."""
+    times = [[] for _ in range(n)]
+    for r in range(rounds):
+        first = r * n // rounds
+        for j in range(n):
+            i = (first + j) % n
+            if times[i] and math.isinf(times[i][0]):
+                continue
+            times[i].append(time_one(i))
+    return [statistics.median(t) for t in times]
+
+
+def choose(op, key, candidates, make_runner, default, collective=True, iters=10, rounds=3):
     """The configuration to use for ``op`` at ``key`` (see the module docstring)."""
     fkey = full_key(op, key, collective, candidates)
     if fkey in _CHOSEN:
@@ -163,18 +185,24 @@ def choose(op, key, candidates, make_runner, default, collective=True, iters=10)
     t0 = time.time()
     if rank == 0:
         print(f"triton_dist autotune {op} {key}: {len(candidates)} candidates", file=sys.stderr, flush=True)
-    timings = []
-    for i, cfg in enumerate(candidates):
-        t = time_candidate(run, cfg, iters=iters, collective=collective, group=group)
-        timings.append(t)
+    done = [0] * len(candidates)
+
+    def time_one(i):
+        t = time_candidate(run, candidates[i], iters=iters, collective=collective, group=group)
+        done[i] += 1
         if rank == 0:
-            print(f"  [{i + 1}/{len(candidates)}] {t:10.1f} us  {_short(cfg)}", file=sys.stderr, flush=True)
+            print(f"  [{i + 1}/{len(candidates)}] round {done[i]}/{rounds} {t:10.1f} us  {_short(candidates[i])}",
+                  file=sys.stderr, flush=True)
+        return t
+
+    timings = in_turn(len(candidates), rounds, time_one)
     best = min(range(len(candidates)), key=lambda i: timings[i])
     best = _broadcast(best, group, world, rank)  # belt and braces: rank 0's pick wins
     cfg = candidates[best]
     _CHOSEN[fkey] = cfg
     if rank == 0:
-        print(f"triton_dist autotune {op}: chose [{best + 1}] {_short(cfg)} ({time.time() - t0:.1f} s)",
+        print(f"triton_dist autotune {op}: chose [{best + 1}] {_short(cfg)}, median {timings[best]:.1f} us "
+              f"({time.time() - t0:.1f} s)",
               file=sys.stderr, flush=True)
         _write_disk(op, fkey, cfg, timings)
     return cfg

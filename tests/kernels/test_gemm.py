@@ -1,11 +1,9 @@
-"""The GEMM core (``triton_dist.kernels.gemm``) and the autotuner's bookkeeping.
+"""The GEMM core (``triton_dist.kernels.gemm``) and its ``config=`` overrides.
 
 CPU: both data paths (TMA descriptors, masks) under the interpreter on odd shapes, segment order, bad input,
-the autotuner's keys / disk cache / no-tuning-under-interpreter rule. GPU: bf16/fp16 against fp32 for every
+misspelt config knobs (the autotuner's own rules: tests/test_autotune.py). GPU: bf16/fp16 against fp32 for every
 tuning candidate. sm_90: the TMA + wgmma code the core must produce, with and without epilogue sub-tiling.
 """
-
-import json
 
 import pytest
 import torch
@@ -56,24 +54,6 @@ def test_gemm_rejects_bad_input():
                      ((a.t(), torch.randn(3, 4)), ValueError), ((a.reshape(-1), a), ValueError), (([1], a), TypeError)]:
         with pytest.raises(exc):
             core.gemm(*bad)
-
-
-@cpu_only  # on GPU ranks tuning is allowed, so the no-tuning rule does not apply
-def test_autotune_keys_cache_and_interpreter_rule(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRITON_DIST_CACHE_DIR", str(tmp_path))
-    key = autotune.full_key("demo", {"m": 1, "dtype": "bfloat16"}, collective=False)
-    fields = json.loads(key)
-    for field in ("gpu", "world", "m", "dtype", "triton_dist", "triton", "torch"):
-        assert field in fields
-    with_cands = [autotune.full_key("demo", {"m": 1}, False, cands) for cands in ([{"x": 1}], [{"x": 1}, {"x": 2}])]
-    assert with_cands[0] != with_cands[1]  # new candidates: tuned again, not a stale choice from the old list
-    assert with_cands[0] == autotune.full_key("demo", {"m": 1}, False, [{"x": 1}])
-    autotune._write_disk("demo", key, {"BLOCK_M": 64}, [1.0, 2.0])
-    assert autotune._read_disk("demo", key) == {"BLOCK_M": 64}
-    calls = []
-    cfg = autotune.choose("demo", {"m": 1}, [{"x": 1}, {"x": 2}], lambda: calls.append(1), default={"x": 0},
-                          collective=False)
-    assert cfg == {"x": 0} and not calls  # interpreter / no GPU: never tunes, same default everywhere
 
 
 def test_config_overrides_reject_unknown_knobs():

@@ -1,0 +1,88 @@
+"""The autotuner (``triton_dist.autotune``): cache keys, the disk cache, the no-tuning rule under the interpreter,
+and timing candidates in turn so that a GPU drifting within the tuning (power cap) picks the fastest candidate."""
+
+import json
+
+import pytest
+
+from triton_dist import autotune
+
+from .conftest import cpu_only
+
+
+@cpu_only  # on GPU ranks tuning is allowed, so the no-tuning rule does not apply
+def test_keys_cache_and_interpreter_rule(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_DIST_CACHE_DIR", str(tmp_path))
+    key = autotune.full_key("demo", {"m": 1, "dtype": "bfloat16"}, collective=False)
+    fields = json.loads(key)
+    for field in ("gpu", "world", "m", "dtype", "triton_dist", "triton", "torch"):
+        assert field in fields
+    with_cands = [autotune.full_key("demo", {"m": 1}, False, cands) for cands in ([{"x": 1}], [{"x": 1}, {"x": 2}])]
+    assert with_cands[0] != with_cands[1]  # new candidates: tuned again, not a stale choice from the old list
+    assert with_cands[0] == autotune.full_key("demo", {"m": 1}, False, [{"x": 1}])
+    autotune._write_disk("demo", key, {"BLOCK_M": 64}, [1.0, 2.0])
+    assert autotune._read_disk("demo", key) == {"BLOCK_M": 64}
+    calls = []
+    cfg = autotune.choose("demo", {"m": 1}, [{"x": 1}, {"x": 2}], lambda: calls.append(1), default={"x": 0},
+                          collective=False)
+    assert cfg == {"x": 0} and not calls  # interpreter / no GPU: never tunes, same default everywhere
+
+
+class BurstyGPU:
+    """Fake timings: candidate i takes true[i] us, but the first ``burst`` calls of the tuning run 10 % fast (a
+    GPU below its power limit at first). Records the order of calls."""
+
+    def __init__(self, true, burst=1):
+        self.true, self.burst, self.order = true, burst, []
+
+    def __call__(self, i):
+        self.order.append(i)
+        return self.true[i] * (0.9 if len(self.order) <= self.burst else 1.0)
+
+
+def test_in_turn_is_not_fooled_by_a_burst():
+    """One after another, candidate 0 wins on a burst figure; in turn (each round starting elsewhere, median of
+    the rounds) the truly fastest candidate wins, every candidate is timed once per round."""
+    gpu = BurstyGPU([100.0, 97.0, 100.0, 99.0])
+    once = autotune.in_turn(4, 1, gpu)
+    assert min(range(4), key=once.__getitem__) == 0  # fooled
+    gpu = BurstyGPU([100.0, 97.0, 100.0, 99.0])
+    medians = autotune.in_turn(4, 3, gpu)
+    assert medians == [100.0, 97.0, 100.0, 99.0]
+    assert sorted(gpu.order) == sorted(list(range(4)) * 3)
+    assert [gpu.order[4 * r] for r in range(3)] == [0, 1, 2]  # round r starts at candidate r * n // rounds
+
+
+def test_in_turn_times_a_failed_candidate_once():
+    gpu = BurstyGPU([50.0, float("inf"), 60.0], burst=0)
+    assert autotune.in_turn(3, 3, gpu) == [50.0, float("inf"), 60.0]
+    assert gpu.order.count(1) == 1 and gpu.order.count(0) == 3
+
+
+def test_choose_tunes_in_turn_and_caches(tmp_path, monkeypatch):
+    """choose() with tuning allowed (faked here: no GPU needed): candidates timed in turn, the fastest by median
+    chosen, the medians written to the disk cache, a second call served from memory without timing."""
+    monkeypatch.setenv("TRITON_DIST_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "tuning_allowed", lambda: True)
+    gpu = BurstyGPU([100.0, 97.0, 100.0])
+    candidates = [{"x": 1}, {"x": 2}, {"x": 3}]
+    monkeypatch.setattr(autotune, "time_candidate",
+                        lambda run, cfg, **kw: gpu(candidates.index(cfg)))
+    key = {"m": 7, "test": "choose-in-turn"}
+    cfg = autotune.choose("demo_turn", key, candidates, lambda: None, default=candidates[0], collective=False)
+    assert cfg == {"x": 2} and len(gpu.order) == 9
+    doc = json.loads((tmp_path / "demo_turn.json").read_text())
+    fkey = autotune.full_key("demo_turn", key, False, candidates)
+    assert doc[fkey] == {"x": 2} and doc["_timings_us"][fkey] == [100.0, 97.0, 100.0]
+    assert autotune.choose("demo_turn", key, candidates, lambda: None, default=candidates[0],
+                           collective=False) == {"x": 2} and len(gpu.order) == 9
+    autotune._CHOSEN.pop(fkey)
+
+
+@pytest.mark.parametrize("n,rounds", [(1, 3), (5, 1), (11, 3), (3, 5)])
+def test_in_turn_order_depends_only_on_the_counts(n, rounds):
+    """Ranks time collectively in the same order: the order is a function of (n, rounds) alone."""
+    a, b = BurstyGPU([1.0] * n), BurstyGPU([2.0] * n)
+    autotune.in_turn(n, rounds, a)
+    autotune.in_turn(n, rounds, b)
+    assert a.order == b.order and len(a.order) == n * rounds
