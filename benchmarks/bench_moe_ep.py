@@ -83,9 +83,12 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # run50 timeline: the last chunk is sent at ~194 us and received by ~207. Finer receiver units for the
            # last chunks only (their columns in 8 parts instead of 4): the work left after the last push shrinks.
            # run51: the last 16 / 32 / 64 chunks in 8 parts 210.9 / 211.6 / 212.2 us, 16 in 16 parts 211.2
-           # (none: 212.2): 16 in 8 is the default now; without it, and finer or shorter tails.
-           {"tail_chunks": 0}, {"tail_chunks": 8, "tail_parts": 8}, {"tail_chunks": 16, "tail_parts": 14},
-           {"tail_chunks": 24, "tail_parts": 7},
+           # (none: 212.2): 16 in 8 is the default now. run52-53: 8 in 8 parts 211.4 / 212.0, 16 in 14
+           # 211.7 / 212.6, 24 in 7 211.0 / 212.9 (default 211.6 / 212.3): all within noise. Without it:
+           {"tail_chunks": 0},
+           # The balance of senders and receivers re-measured with the tails (run21-23: 60 senders 244-246 us
+           # against 229-233 then, before the counters and the tails):
+           {"push_programs": 60}, {"push_programs": 68},
            # run52-53 timeline: senders finish between ~157 and ~197 us, one chunk's push (~40 us) apart. run53
            # (ad78775): the senders' last 16 / 32 / 64 chunks in 2 column pieces, each flagged on its own (flags
            # per (chunk, part); receivers awaiting only the pieces holding their columns) 213.6 / 214.6 / 215.9
@@ -120,10 +123,13 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run50 timeline: the last partials land at ~182 us, the receivers end at ~200: finer units for the last
     # chunks only. run51: the last 16 / 32 / 64 chunks in 4 parts 204.2 / 206.6 / 209.7 us, 16 in 7 parts
     # 204.1 (none: 207.8; 3 parts everywhere 212.9, no deferred flags 209.8): 16 in 4 is the default now;
-    # without it, and shorter tails.
-    4096: [{"combine_tail_chunks": 0}, {"combine_defer_signal": False},
-           {"combine_tail_chunks": 8, "combine_tail_parts": 4}, {"combine_tail_chunks": 8, "combine_tail_parts": 7},
-           {"combine_tail_chunks": 16, "combine_tail_parts": 14}],
+    # run52-53: 8 in 4 parts 205.1 / 208.0, 8 in 7 205.9 / 206.9, 16 in 14 205.8 / 208.7 (default 205.2 /
+    # 206.6). Without the tail and without deferred flags, then the senders' share re-measured with the tails
+    # (run52-53 timeline: the last partials are pushed at ~182 us and seen ~8-10 us later, when the receivers
+    # reach them: the receivers' backlog, not the link, sets the end; run39 without tails: 48 / 56 senders
+    # 218 / 221 against 212).
+    4096: [{"combine_tail_chunks": 0}, {"combine_defer_signal": False}, {"combine_push": 48},
+           {"combine_push": 56}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16), {"combine_defer_signal": False}],
 }  # (an entry may also be a dict of knobs)
