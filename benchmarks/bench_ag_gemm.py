@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import host_us, in_turn, knob_sweep, record
+from harness import head_to_head, host_us, knob_sweep, record
 from triton_dist.timing import time_us, time_us_or_nan
 from triton_dist.kernels import ag_gemm
 from triton_dist.kernels.allgather_gemm import default_config
@@ -83,17 +83,14 @@ def main():
         t_nccl = time_us(nccl_cublas)
         t_tp = time_us_or_nan(_async_tp(a, w.T, group_name), "async-TP")
         # head to head timed in turn: each sees the same mix of the power-capped GPU's states
-        turn = in_turn({"ours": lambda: ag_gemm(a, w), "NCCL+cuBLAS": nccl_cublas,
-                        "async-TP": _async_tp(a, w.T, group_name), "GEMM": lambda: torch.matmul(full, w.T)})
+        turn = head_to_head(lambda: ag_gemm(a, w), {"NCCL+cuBLAS": nccl_cublas,
+                            "async-TP": _async_tp(a, w.T, group_name)}, {"GEMM": lambda: torch.matmul(full, w.T)})
         tflops = lambda t: 2 * m_total * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m_total, "N": n_total, "K": k, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
                      "op us": t_op, "ours fallback us": t_fb, "ours overlap us": t_over,
                      "ours graph-path us": t_replay, "host us/call": h_ours,
                      "NCCL+cuBLAS us": t_nccl, "async-TP us": t_tp,
-                     "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours,
-                     **{f"in turn: {kk} us": v for kk, v in turn.items()},
-                     "in turn vs NCCL+cuBLAS": turn["NCCL+cuBLAS"] / turn["ours"],
-                     "in turn vs async-TP": turn["async-TP"] / turn["ours"], "max rel err": err})
+                     "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours, **turn, "max rel err": err})
         del a, w, full, out, ref
     record("ag_gemm", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call; "
            "'in turn': ours, the baselines and the GEMM alone timed in turn, median of 5 rounds of 10 iterations, each round starting one contender later")

@@ -18,7 +18,7 @@ import os
 import torch
 
 import triton_dist as td
-from harness import clocks_during, in_turn, record
+from harness import clocks_during, head_to_head, record
 from triton_dist.timing import graph_us_or_nan, time_us
 from triton_dist.kernels import gemm as core
 
@@ -81,14 +81,14 @@ def main():
             def cublas_halves():
                 for a_, o_ in halves:
                     torch.matmul(a_, w.T, out=o_)
-            turn = in_turn({"ours": lambda: core.gemm(a, w, out=out), "cuBLAS": lambda: torch.matmul(a, w.T, out=out),
-                            "ours halves": ours_halves, "cuBLAS halves": cublas_halves}, what="GEMM in turn")
+            turn = head_to_head(lambda: core.gemm(a, w, out=out), {"cuBLAS": lambda: torch.matmul(a, w.T, out=out)},
+                                {"ours halves": ours_halves, "cuBLAS halves": cublas_halves})
         best = min(knobs, key=knobs.get)
         tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m, "N": n, "K": k, "ours us": t_tuned_dev, "ours TFLOP/s": tflops(t_tuned_dev),
                      "cuBLAS us": t_cublas_dev, "cuBLAS TFLOP/s": tflops(t_cublas_dev),
                      "ours/cuBLAS": t_cublas_dev / t_tuned_dev, "ours eager us": t_tuned, "cuBLAS eager us": t_cublas,
-                     **{f"in turn: {kk} us": v for kk, v in turn.items()},
+                     **turn,
                      "best knob": best, "best knob us": knobs[best],
                      "all knobs": "; ".join(f"{k_}: {v:.0f}" for k_, v in knobs.items()), "max rel err": err,
                      "ours MHz / W": f"{clk_ours['MHz']} / {clk_ours['W']:.0f}",

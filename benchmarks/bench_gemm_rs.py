@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import in_turn, interleaved_ab, knob_sweep, record
+from harness import head_to_head, interleaved_ab, knob_sweep, record
 from triton_dist.timing import graph_us_or_nan, time_us, time_us_or_nan
 from triton_dist.kernels import gemm_rs
 from triton_dist.kernels.gemm_reducescatter import default_config
@@ -96,17 +96,14 @@ def main():
         t_tp = time_us_or_nan(_async_tp(a, w.T, group_name), "async-TP")
         # head to head timed in turn: each sees the same mix of the power-capped GPU's states (run56: the tuner
         # timed 2820 us at N = 28672 in a burst, sustained calls 3313-3487 later in the run)
-        turn = in_turn({"ours": lambda: gemm_rs(a, w), "NCCL+cuBLAS": nccl_cublas,
-                        "async-TP": _async_tp(a, w.T, group_name), "GEMM": lambda: torch.matmul(a, w.T)})
+        turn = head_to_head(lambda: gemm_rs(a, w), {"NCCL+cuBLAS": nccl_cublas,
+                            "async-TP": _async_tp(a, w.T, group_name)}, {"GEMM": lambda: torch.matmul(a, w.T)})
         tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m, "N": n, "K": k_total, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
                      "op us": t_op, "graph us": t_graph, "ours fallback us": t_fb, "ours overlap us": t_over,
                      "ours graph-path us": t_replay,
                      "GEMM only us": t_gemm, "NCCL+cuBLAS us": t_nccl, "async-TP us": t_tp,
-                     "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours,
-                     **{f"in turn: {kk} us": v for kk, v in turn.items()},
-                     "in turn vs NCCL+cuBLAS": turn["NCCL+cuBLAS"] / turn["ours"],
-                     "in turn vs async-TP": turn["async-TP"] / turn["ours"], "max rel err": err,
+                     "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours, **turn, "max rel err": err,
                      "bitwise repeat": bitwise})
         del a, w, out, rs_out
         torch.cuda.empty_cache()

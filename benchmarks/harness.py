@@ -99,6 +99,15 @@ def in_turn(calls, rounds=5, what="in turn"):
     return {label: sorted(v)[len(v) // 2] for label, v in rounds_us.items()}
 
 
+def head_to_head(ours, baselines, others=None, rounds=5):
+    """Table columns for ``ours`` against ``baselines`` ({label: fn}), all timed in turn (``in_turn``) with
+    ``others`` (e.g. the GEMM alone, no ratio): ``in turn: <label> us`` for each and ``in turn vs <baseline>``
+    (baseline µs / ours µs: above 1, ours is faster)."""
+    turn = in_turn({"ours": ours, **baselines, **(others or {})}, rounds)
+    return {**{f"in turn: {label} us": v for label, v in turn.items()},
+            **{f"in turn vs {label}": turn[label] / turn["ours"] for label in baselines}}
+
+
 def clocks_during(fn, iters=40):
     """Run ``fn`` ``iters`` times back to back while NVML samples this GPU every ~2 ms: median SM clock (MHz),
     mean board power (W) and the clock-throttle reasons seen (NVML bit names), this rank only. Tells a
