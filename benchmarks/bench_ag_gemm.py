@@ -12,8 +12,9 @@
                  GROUP_M, tile shape, one program fewer than SMs
   NCCL+cuBLAS    dist.all_gather_into_tensor then torch.matmul
   async-TP       torch.ops.symm_mem.fused_all_gather_matmul (torch symmetric memory, CUDA backend)
-  in turn        ours, NCCL+cuBLAS, async-TP and the GEMM alone (full [M, K] @ w.T) again, timed in turn over 5
-                 rounds: the fair comparison on a power-capped GPU whose speed drifts within a run
+  in turn        ours, NCCL+cuBLAS, async-TP and the GEMM alone (full [M, K] @ w.T by cuBLAS, and by our GEMM
+                 core: what the overlap adds to it) again, timed in turn over 5 rounds: the fair comparison on a
+                 power-capped GPU whose speed drifts within a run
 Shapes (M, N, K) are full sizes; each rank has a [M/W, K] and w [N/W, K]. TFLOP/s per GPU = 2*M*(N/W)*K / time.
 """
 
@@ -26,6 +27,7 @@ import triton_dist as td
 from harness import head_to_head, host_us, knob_sweep, record
 from triton_dist.timing import time_us, time_us_or_nan
 from triton_dist.kernels import ag_gemm
+from triton_dist.kernels import gemm as core
 from triton_dist.kernels.allgather_gemm import default_config
 
 SWEEP = [("n_chunks=1", {}), ("n_chunks=2", {"n_chunks": 2}), ("n_chunks=4", {"n_chunks": 4}),
@@ -84,7 +86,8 @@ def main():
         t_tp = time_us_or_nan(_async_tp(a, w.T, group_name), "async-TP")
         # head to head timed in turn: each sees the same mix of the power-capped GPU's states
         turn = head_to_head(lambda: ag_gemm(a, w), {"NCCL+cuBLAS": nccl_cublas,
-                            "async-TP": _async_tp(a, w.T, group_name)}, {"GEMM": lambda: torch.matmul(full, w.T)})
+                            "async-TP": _async_tp(a, w.T, group_name)},
+                            {"GEMM": lambda: torch.matmul(full, w.T), "our GEMM": lambda: core.gemm(full, w)})
         tflops = lambda t: 2 * m_total * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m_total, "N": n_total, "K": k, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
                      "op us": t_op, "ours fallback us": t_fb, "ours overlap us": t_over,

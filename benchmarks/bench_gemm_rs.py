@@ -12,8 +12,9 @@
   remote TMA A/B (M = 8192) partial tiles by TMA stores vs stores from registers, the variants timed in turn
   NCCL+cuBLAS    torch.matmul then dist.reduce_scatter_tensor
   async-TP       torch.ops.symm_mem.fused_matmul_reduce_scatter (torch symmetric memory, CUDA backend)
-  in turn        ours, NCCL+cuBLAS, async-TP and the GEMM alone again, timed in turn over 5 rounds: the fair
-                 comparison on a power-capped GPU whose speed drifts within a run
+  in turn        ours, NCCL+cuBLAS, async-TP and the GEMM alone (by cuBLAS, and by our GEMM core: what the
+                 overlap adds to it) again, timed in turn over 5 rounds: the fair comparison on a power-capped GPU
+                 whose speed drifts within a run
 Shapes (M, N, K) are full sizes; each rank has a [M, K/W] and w [N, K/W]; the result is [M/W, N] per rank.
 TFLOP/s per GPU = 2*M*N*(K/W) / time.
 """
@@ -26,6 +27,7 @@ import torch.distributed as dist
 import triton_dist as td
 from harness import head_to_head, interleaved_ab, knob_sweep, record
 from triton_dist.timing import graph_us_or_nan, time_us, time_us_or_nan
+from triton_dist.kernels import gemm as core
 from triton_dist.kernels import gemm_rs
 from triton_dist.kernels.gemm_reducescatter import default_config
 
@@ -97,7 +99,8 @@ def main():
         # head to head timed in turn: each sees the same mix of the power-capped GPU's states (run56: the tuner
         # timed 2820 us at N = 28672 in a burst, sustained calls 3313-3487 later in the run)
         turn = head_to_head(lambda: gemm_rs(a, w), {"NCCL+cuBLAS": nccl_cublas,
-                            "async-TP": _async_tp(a, w.T, group_name)}, {"GEMM": lambda: torch.matmul(a, w.T)})
+                            "async-TP": _async_tp(a, w.T, group_name)},
+                            {"GEMM": lambda: torch.matmul(a, w.T), "our GEMM": lambda: core.gemm(a, w)})
         tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m, "N": n, "K": k_total, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
                      "op us": t_op, "graph us": t_graph, "ours fallback us": t_fb, "ours overlap us": t_over,
