@@ -59,7 +59,6 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import autotune, shmem
 from .. import language as dl
@@ -187,8 +186,7 @@ def flash_decode_split_kernel(
         GROUP_P2: tl.constexpr, N_SPLITS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PAGE_SIZE: tl.constexpr,
         MODE: tl.constexpr, WORLD: tl.constexpr, WORLD_PAD: tl.constexpr, RANK_CHUNK: tl.constexpr,
         FP32_DOT: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # the merge launch may start once every split program is running (none of them can be starved)
-        gdc_launch_dependents()
+    dl.launch_dependents(PDL)  # the merge launch may start once every split program is running (none starved)
     split = tl.program_id(0)
     bk = tl.program_id(1)  # (b, kv head)
     b = bk // HKV
@@ -280,8 +278,7 @@ def flash_decode_merge_kernel(recv_o, recv_lse, flags, out, state, ctx, stride_o
     tl.store(out + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + d[None, :], o.to(out.dtype.element_ty),
              mask=(g < GROUP)[:, None])  # a sequence with no tokens anywhere gives 0
     dl.finish_call(state, epoch, tl.num_programs(0))
-    if PDL:  # complete only after the split grid has: whatever follows in the stream sees both finished
-        gdc_wait()
+    dl.wait_prior_kernel(PDL)  # complete only after the split grid has: what follows sees both finished
 
 
 # ----------------------------------------------------------------------------------------------- launcher
