@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import head_to_head, host_us, knob_sweep, record
+from harness import IN_TURN, head_to_head, host_us, knob_sweep, record
 from triton_dist.timing import time_us, time_us_or_nan
 from triton_dist.kernels import ag_gemm
 from triton_dist.kernels import gemm as core
@@ -96,7 +96,7 @@ def main():
                      "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours, **turn, "max rel err": err})
         del a, w, full, out, ref
     record("ag_gemm", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call; "
-           "'in turn': ours, the baselines and the GEMM alone timed in turn, median of 5 rounds of 10 iterations, each round starting one contender later")
+           f"'in turn': ours, the baselines and the GEMM alone {IN_TURN}")
     record("ag_gemm_sweep", sweep_rows, notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
     td.finalize()
 

@@ -18,7 +18,7 @@ import os
 import torch
 
 import triton_dist as td
-from harness import clocks_during, head_to_head, record
+from harness import IN_TURN, clocks_during, head_to_head, record
 from triton_dist.timing import graph_us_or_nan, time_us
 from triton_dist.kernels import gemm as core
 
@@ -96,7 +96,8 @@ def main():
                      "throttle (ours; cuBLAS)": f"{clk_ours['throttle']}; {clk_cublas['throttle']}"})
     record("gemm_core", rows, notes="bf16 per-rank GEMM a[M,K] @ w[N,K].T; median of 20, max over ranks; "
            "ours / cuBLAS / knobs: device time (CUDA-graph replay); eager columns: Python calls (host cost included); "
-           "in turn: eager calls timed in rotation, median of 5 rounds of 10; MHz / W: median SM clock and mean board power over 40 back-to-back calls (rank 0's GPU)")
+           f"in turn: eager calls {IN_TURN}; MHz / W: median SM clock and mean board power over 40 back-to-back "
+           "calls (rank 0's GPU)")
     td.finalize()
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import head_to_head, interleaved_ab, knob_sweep, record
+from harness import IN_TURN, head_to_head, interleaved_ab, knob_sweep, record
 from triton_dist.timing import graph_us_or_nan, time_us, time_us_or_nan
 from triton_dist.kernels import gemm as core
 from triton_dist.kernels import gemm_rs
@@ -111,11 +111,11 @@ def main():
         del a, w, out, rs_out
         torch.cuda.empty_cache()
     record("gemm_rs", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call; "
-           "'in turn': ours, the baselines and the GEMM alone timed in turn, median of 5 rounds of 10 iterations, each round starting one contender later")
+           f"'in turn': ours, the baselines and the GEMM alone {IN_TURN}")
     record("gemm_rs_sweep", sweep_rows,
            notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
     record("gemm_rs_remote_tma_ab", ab_rows,
-           notes="overlapped kernel, default config + knobs, timed in turn: median of 5 rounds of 10 iterations, each round starting one contender later")
+           notes=f"overlapped kernel, default config + knobs, {IN_TURN}")
     td.finalize()
 
 

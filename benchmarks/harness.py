@@ -84,19 +84,22 @@ def interleaved_ab(run, base, variants, device, rounds=5, what="A/B"):
     return in_turn(calls, rounds, what)
 
 
+IN_TURN = "timed in turn: median of 5 rounds of 10 iterations, each round starting at another contender"
+
+
 def in_turn(calls, rounds=5, what="in turn"):
-    """``{label: µs}`` of ``calls`` ({label: fn}) timed in turn, ``rounds`` times over (10 iterations each, the
-    same count on every rank), each keeping the median of its rounds: every contender sees the same mix of the
-    GPU's power states (NaN for one that fails). Each round starts one contender later, so that none always
-    runs right after the same one (a GEMM after a communication-bound call starts with power headroom: run57)."""
+    """``{label: µs}`` of ``calls`` ({label: fn}) timed in turn as the autotuner times candidates
+    (``autotune.in_turn``): ``rounds`` times over (10 iterations each, the same count on every rank), each round
+    starting at a different contender, each keeping the median of its rounds: every contender sees the same mix
+    of the GPU's power states and none always runs right after the same one (a GEMM after a communication-bound
+    call starts with power headroom: run57). NaN for one that fails."""
+    from triton_dist import autotune
     from triton_dist.timing import time_us_or_nan
 
     labels = list(calls)
-    rounds_us = {label: [] for label in labels}
-    for r in range(rounds):
-        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-            rounds_us[label].append(time_us_or_nan(calls[label], f"{what} {label}", iters=10, warmup=2))
-    return {label: sorted(v)[len(v) // 2] for label, v in rounds_us.items()}
+    medians = autotune.in_turn(len(labels), rounds, lambda i: time_us_or_nan(
+        calls[labels[i]], f"{what} {labels[i]}", iters=10, warmup=2))
+    return dict(zip(labels, medians))
 
 
 def head_to_head(ours, baselines, others=None, rounds=5):
