@@ -190,6 +190,8 @@ def _check_bf16_fresh_repeats(m, n, k, config, repeats):
     (4099, 3072, 1536, {"path": "overlap", "remote_tma": True}),  # partials by TMA, clipped to the peer's rows
     (2048, 4096, 1024, {"path": "overlap", "remote_tma": True, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
                         "num_stages": 4, "num_warps": 8, "EPILOGUE_SUBTILE": True}),  # half-tile TMA stores
+    (520, 4096, 1000, {"path": "graph", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 4,
+                       "num_warps": 8, "EPILOGUE_SUBTILE": True}),  # small M: one wave of 128x256 tiles, replayed
 ])
 def test_gemm_rs_bf16_100_fresh_repeats(ranks, m, n, k, config):
     assert ranks(2, _check_bf16_fresh_repeats, m, n, k, config, 100) == [[]] * 2
