@@ -287,6 +287,7 @@ def default_config(m, n, k, dtype, device, world):
 def candidate_configs(m, n, k, dtype, device, world):
     """The small sweep the autotuner runs once per shape on GPU (both paths; the partial dtype never changes)."""
     base = default_config(m, n, k, dtype, device, world)
+    rows_max = triton.cdiv(m, world)
     cands = [{**base, "path": "fallback"}]
     if world > 1 and m >= world:
         over = {**base, "path": "overlap"}
@@ -300,10 +301,11 @@ def candidate_configs(m, n, k, dtype, device, world):
         if m <= 2048 and device.type == "cuda":  # host-bound sizes: replay from a CUDA graph, or launch with
             # plain pointers (half the host time of three TMA descriptors)
             small = [over, {**over, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 8},
-                     {**over, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 4},
-                     # 128x256: at M = 512 one wave of tiles (the own tiles' programs wait for partials computed
-                     # alongside, not a wave later); the GEMM core's best tile there (run59: 50 vs 58 us)
-                     {**over, **big, "EPILOGUE_SUBTILE": True, "num_stages": 4}]
+                     {**over, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 4}]
+            if rows_max > 64:  # 128x256: at M = 512 one wave of tiles (the own tiles' programs wait for partials
+                # computed alongside, not a wave later), the GEMM core's best tile there (run59: 50 vs 58 us);
+                # run60: 68.6 vs 79.2 us per graph. With 64 rows per rank half of each tile would be padding.
+                small.append({**over, **big, "EPILOGUE_SUBTILE": True, "num_stages": 4})
             if m <= 512:
                 small += [{**over, **c} for c in skinny_configs(dtype)]
             cands += [{**c, "path": "graph"} for c in small] + [{**c, "use_tma": False} for c in small[::2]]

@@ -697,16 +697,17 @@ def default_config(max_tokens, hidden, device_type):
                "num_warps": 8, "fused_layout": False, "eager_graph": True}
     else:  # 2xH200, T=4096: dispatch 211-220 us with these (runs 25-39; receivers' units are (chunk, column
         # quarter), the senders help once done; 4 parts 211-220 us against 216-218 with 2, runs 34-39).
-        # Combine: senders reduce and push the peers' tokens,
-        # then help the receivers (this rank's own slots + the sum) in (chunk, column-half) units; 52 of 128
-        # programs send to start with, 16x512 tiles, 16 warps (more loads in flight per SM): 210-215 us (runs
-        # 27-31; 64 senders 216-222, 8 warps 237-242, 264 programs 250-336, 7 column parts 237). With the
-        # deferred chunk flags and the early dispatch launch (run50): dispatch 214 / combine 209 us per graph,
-        # 209 / 204 per call in a graph of 20. The receivers' units of the last 16 chunks in finer column parts
-        # (8 for dispatch, 4 for combine; run51): 210.9 / 204.2 us per graph against 212.2 / 207.8.
+        # Combine: senders reduce and push the peers' tokens, then help the receivers (this rank's own slots + the sum)
+        # in (chunk, column-half) units; 52 of 128 programs sent to start with (48 now, below), 16x512 tiles, 16 warps
+        # (more loads in flight per SM): 210-215 us (runs 27-31; 64 senders 216-222, 8 warps 237-242, 264 programs
+        # 250-336, 7 column parts 237). With the deferred chunk flags and the early dispatch launch (run50): dispatch
+        # 214 / combine 209 us per graph, 209 / 204 per call in a graph of 20. The receivers' units of the last 16
+        # chunks in finer column parts (8 for dispatch, 4 for combine; run51): 210.9 / 204.2 us per graph against 212.2
+        # / 207.8. With the tails, 48 combine senders (runs 59-60; timed in turn, per call in graphs of 20: 198.2 us
+        # against 200.5 with 52, 44: 200.1, 40: 208.1; dispatch senders 64 / 60 / 68: 206.0 / 210.9 / 207.5).
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "h_parts": 4, "tail_chunks": 16, "tail_parts": 8,
-               "combine_programs": 128, "combine_push": 52, "combine_warps": 16, "combine_h_parts": 2,
+               "combine_programs": 128, "combine_push": 48, "combine_warps": 16, "combine_h_parts": 2,
                "combine_tail_chunks": 16, "combine_tail_parts": 4}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
             "pdl": True, "defer_signal": True, "combine_defer_signal": True, "tail_chunks": 0, "tail_parts": 1,
