@@ -132,15 +132,15 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # (run52-53 timeline: the last partials are pushed at ~182 us and seen ~8-10 us later, when the receivers
     # reach them: the receivers' backlog, not the link, sets the end; run39 without tails: 48 / 56 senders
     # 218 / 221 against 212).
-    # run59: 48 / 56 senders 202.7 / 211.7 us (52: 207.5); run60 in turn (per call, graphs of 20) 48 / 44 / 40
+    # run60: 48 / 56 senders 202.7 / 211.7 us (52: 207.5); run61 in turn (per call, graphs of 20) 48 / 44 / 40
     # senders 198.2 / 200.1 / 208.1 against 200.5 with 52: 48 is the default now.
     4096: [{"combine_tail_chunks": 0}, {"combine_defer_signal": False}, {"combine_push": 52},
            {"combine_push": 44}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16), {"combine_defer_signal": False}],
 }  # (an entry may also be a dict of knobs)
-# The senders' share, timed in turn at T=4096 (run59, one after another: combine with 48 senders 202.7 us per
-# graph against 207.5 with 52, 56: 211.7; dispatch 60 / 68 senders 215.3 / 212.1 against 210.3 with 64; run60
+# The senders' share, timed in turn at T=4096 (run60, one after another: combine with 48 senders 202.7 us per
+# graph against 207.5 with 52, 56: 211.7; dispatch 60 / 68 senders 215.3 / 212.1 against 210.3 with 64; run61
 # in turn: see default_config).
 PUSH_IN_TURN = {4096: {"dispatch": ("push_programs", (64, 60, 68)),
                        "combine": ("combine_push", (48, 52, 44))}}

@@ -303,8 +303,8 @@ def candidate_configs(m, n, k, dtype, device, world):
             small = [over, {**over, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 8},
                      {**over, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 4}]
             if rows_max > 64:  # 128x256: at M = 512 one wave of tiles (the own tiles' programs wait for partials
-                # computed alongside, not a wave later), the GEMM core's best tile there (run59: 50 vs 58 us);
-                # run60: 68.6 vs 79.2 us per graph. With 64 rows per rank half of each tile would be padding.
+                # computed alongside, not a wave later), the GEMM core's best tile there (run60: 50 vs 58 us);
+                # run61: 68.6 vs 79.2 us per graph. With 64 rows per rank half of each tile would be padding.
                 small.append({**over, **big, "EPILOGUE_SUBTILE": True, "num_stages": 4})
             if m <= 512:
                 small += [{**over, **c} for c in skinny_configs(dtype)]
