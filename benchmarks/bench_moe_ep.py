@@ -16,8 +16,6 @@ Link bytes = rows this rank sends to the other rank * H * 2 bytes (one row per (
 metadata not counted); GB/s = link bytes / time (per direction; max time over ranks, max bytes over ranks).
 A sweep of configs at each T (dispatch knobs, then combine knobs after a default dispatch) finds the best; the
 default config is the one ep_dispatch / ep_combine use without `config`.
-Split in turn (T=4096): the senders' last chunks split into shorter ones (split_chunks / split_parts), dispatch
-alone and dispatch + combine per call from graphs of 20, replayed in turn.
 Senders in turn (T=4096): the senders' share (push programs of 128) of each kernel, graphs of 20 calls per count
 replayed in turn (rotating rounds): one-after-another sweeps drift by several µs on the power-capped GPU.
 Timeline: one dispatch + combine of the default config replayed from a CUDA graph with the kernels' phase stamps on
@@ -98,6 +96,11 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # per (chunk, part); receivers awaiting only the pieces holding their columns) 213.6 / 214.6 / 215.9
            # us, 32 in 7 pieces 225.6 (default 212.3); combine the same way 234.5-246.8 (default 206.6): a
            # piece costs its sender the chunk's routing and records again. Dropped (reverted), like run43's.
+           # run62 (6abe3fa): the senders' last 16 / 32 base chunks split in 2 shorter chunks (token halves, each
+           # its own chunk: own routing, flags, receiver units), 16 in 4: timed in turn, per call in graphs of
+           # 20, dispatch 212.7 / 219.0 / 219.3 us against 207.4, combine after it 204.7 / 208.9 / 215.8 against
+           # 199.7 (32 in 2 with receivers' tails of 32: 219.2 / 210.0). More, shorter chunks cost more than the
+           # senders' even ends gain. Dropped (reverted).
            ],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
@@ -144,12 +147,6 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
 # in turn: see default_config).
 PUSH_IN_TURN = {4096: {"dispatch": ("push_programs", (64, 60, 68)),
                        "combine": ("combine_push", (48, 52, 44))}}
-# The senders' tail (split_chunks / split_parts): the run52-60 timelines show the senders ending one chunk's push
-# (~40 us at ~5.7 GB/s per SM, whatever the number of senders still pushing) apart, from ~152 to ~197 us: shorter
-# last chunks should bring the last sender's end closer to the average.
-SPLIT_IN_TURN = {4096: [{}, {"split_chunks": 16, "split_parts": 2}, {"split_chunks": 32, "split_parts": 2},
-                        {"split_chunks": 16, "split_parts": 4}, {"split_chunks": 32, "split_parts": 2,
-                                                                 "tail_chunks": 32, "combine_tail_chunks": 32}]}
 CALLS_PER_GRAPH = 20
 
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
@@ -165,12 +162,11 @@ def _knobs(default, keys, entry):
 
 def _dispatch_name(c):
     return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
-            "parts{h_parts}{lay}{early}{late}{tail}{split}").format(
+            "parts{h_parts}{lay}{early}{late}{tail}").format(
                 f=" fused" if c["fused_layout"] else "", r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
                 lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "",
                 early="" if c["pdl"] else " no-pdl", late=" defer" if c["defer_signal"] else "",
-                tail=f" tail{c['tail_chunks']}/{c['tail_parts']}" if c["tail_chunks"] else "",
-                split=f" split{c['split_chunks']}/{c['split_parts']}" if c["split_chunks"] else "", **c)
+                tail=f" tail{c['tail_chunks']}/{c['tail_parts']}" if c["tail_chunks"] else "", **c)
 
 
 def _combine_name(c):
@@ -237,29 +233,6 @@ def senders_in_turn(T, phase, call, default):
         "us/call in turn": us / CALLS_PER_GRAPH} for n, us in turn.items()]
 
 
-def split_in_turn(T, dispatch_call, default):
-    """Rows for each ``SPLIT_IN_TURN[T]`` config: µs per call of the dispatch alone and of dispatch + combine
-    (graphs of ``CALLS_PER_GRAPH``, all timed in turn); combine = the difference (its chunks are the dispatch's,
-    so it cannot be timed alone on another chunking)."""
-    def pair(c):
-        def run():
-            res = dispatch_call(c)()
-            ep_combine(res.x, res.handle, config=c)
-        return run
-    configs = [{**default, **knobs} for knobs in SPLIT_IN_TURN[T]]
-    graphs = {}
-    for i, c in enumerate(configs):
-        graphs[("dispatch", i)] = graph_of(dispatch_call(c), CALLS_PER_GRAPH)
-        graphs[("pair", i)] = graph_of(pair(c), CALLS_PER_GRAPH)
-    turn = in_turn({key: g.replay for key, g in graphs.items()}, what="split")
-    rows = []
-    for i, knobs in enumerate(SPLIT_IN_TURN[T]):
-        d, p = turn[("dispatch", i)] / CALLS_PER_GRAPH, turn[("pair", i)] / CALLS_PER_GRAPH
-        rows.append({"T": T, "knobs": " ".join(f"{k}={v}" for k, v in knobs.items()) or "default",
-                     "dispatch us/call": d, "dispatch + combine us/call": p, "combine us/call (difference)": p - d})
-    return rows
-
-
 def nccl_dispatch(x, idx, weights):
     w, el = dist.get_world_size(), E // dist.get_world_size()
     goes = torch.zeros(x.shape[0], w, dtype=torch.bool, device=x.device)
@@ -293,7 +266,7 @@ def main():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     td.init(backend="cuda", heap_size=4 << 30)
     r, w = td.rank(), td.world_size()
-    rows, turn_rows, split_rows = [], [], []
+    rows, turn_rows = [], []
     for T in (4096, 128):
         g = torch.Generator(device="cuda").manual_seed(r)
         x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
@@ -349,8 +322,6 @@ def main():
             res = dispatch_call(default)()
             turn_rows += senders_in_turn(T, "combine", lambda c: lambda: ep_combine(res.x, res.handle, config=c),
                                          default)
-        if T in SPLIT_IN_TURN:
-            split_rows += split_in_turn(T, dispatch_call, default)
         best_d = min(dispatch_results, key=lambda q: q[2])
         best_c = min(combine_results, key=lambda q: q[2])
         _, d_e, d_g, ok_d, _ = dispatch_results[0]
@@ -382,8 +353,6 @@ def main():
         del res, base
     record("moe_ep_senders_in_turn", turn_rows, notes=f"graphs of {CALLS_PER_GRAPH} calls per sender count, "
            f"{IN_TURN}; max over ranks")
-    record("moe_ep_split_in_turn", split_rows, notes=f"the senders' tail chunks split; graphs of {CALLS_PER_GRAPH} "
-           f"calls, {IN_TURN}; max over ranks")
     record("moe_ep", rows, notes=(
         f"2 ranks, H={H}, top-{K} of {E}, bf16. Link bytes = rows sent to the other rank * H * 2 B (one per "
         "(token, remote rank)); GB/s per direction. NCCL baseline returns rank-major rows (no expert grouping) "

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 import triton_dist as td
-from triton_dist.kernels.moe_ep import _chunk_tokens, _chunking, _n_units, _unit, ep_combine, ep_dispatch
+from triton_dist.kernels.moe_ep import _n_units, _unit, ep_combine, ep_dispatch
 
 from ..conftest import ON_GPU_RANKS, error_names, gpu_only
 from ..sm90 import compile_sm90
@@ -135,10 +135,6 @@ CFG_TWO_LAUNCH = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "n
                   "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3, "defer_signal": True,
                   "combine_defer_signal": True, "tail_chunks": 2, "tail_parts": 3, "combine_tail_chunks": 9,
                   "combine_tail_parts": 4}
-CFG_SPLIT = {"fused_layout": False, "num_chunks": 4, "split_chunks": 2, "split_parts": 3, "layout_chunks": 2,
-             "num_programs": 3, "push_programs": 2, "block_tokens": 2, "block_h": 16, "h_parts": 2, "tail_chunks": 3,
-             "tail_parts": 3, "combine_programs": 3, "combine_push": 1, "combine_block_tokens": 2,
-             "combine_block_h": 8, "combine_tail_chunks": 4, "combine_tail_parts": 2}
 CFG_LONG_CHUNKS = {"fused_layout": False, "num_chunks": 2, "block_tokens": 64, "block_h": 8}
 CFG_RECOVERY = {"fused_layout": False}
 
@@ -164,15 +160,6 @@ def test_two_launch_layout_and_uneven_chunks(ranks):
     each chunk's columns taken in 3 parts: 16, 16 and an empty one; a tail of 9 chunks, more than there are, in
     4). Senders raise each chunk's flags late (deferred) in both."""
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, CFG_TWO_LAUNCH):
-        assert problems == []
-
-
-@pytest.mark.parametrize("fused", [False, True])
-def test_split_sender_tail(ranks, fused):
-    """The senders' tail: of 4 base chunks of 4 tokens (13 tokens), the last 2 come as 3 chunks each (2, 2 and 0
-    tokens, then 1, 0 and 0): 8 chunks, empty ones among them, counted by the layout launch (2 chunks per
-    program) or by the senders themselves (fused); receivers' and combine's tails over the split chunks."""
-    for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, {**CFG_SPLIT, "fused_layout": fused}):
         assert problems == []
 
 
@@ -210,39 +197,13 @@ def test_receiver_units_cover_every_column_once(n_chunks, h_parts, tail, tail_pa
         assert all(h0 % BH == 0 for h0, _ in spans)
 
 
-@triton.jit
-def _chunks_kernel(out, T, n_chunks, n_head, split):
-    c = tl.program_id(0)
-    start, end = _chunk_tokens(c, T, n_chunks, n_head, split)
-    tl.store(out + 2 * c, start)
-    tl.store(out + 2 * c + 1, end)
-
-
-@pytest.mark.parametrize("T,num_chunks,split_chunks,split_parts", [
-    (4096, 256, 0, 1), (4096, 256, 16, 2), (4096, 256, 32, 4), (13, 4, 2, 3), (5, 8, 3, 2), (100, 7, 7, 3),
-    (0, 4, 2, 2), (1000, 1, 1, 5)])
-def test_chunks_cover_every_token_once(T, num_chunks, split_chunks, split_parts):
-    """Chunk c's tokens [start, end) (``_chunk_tokens``): in order, back to back from 0 to T, none longer than a
-    base chunk, the split ones no longer than a split_parts-th of it."""
-    n, n_head, split = _chunking({"num_chunks": num_chunks, "split_chunks": split_chunks,
-                                  "split_parts": split_parts})
-    assert n == num_chunks + min(split_chunks, num_chunks) * (split_parts - 1)
-    out = torch.full((2 * n,), -7, dtype=torch.int32, device="cuda" if ON_GPU_RANKS else "cpu")
-    _chunks_kernel[(n,)](out, T, n, n_head, split)
-    spans = out.view(n, 2).tolist()
-    base = triton.cdiv(T, num_chunks)
-    assert spans[0][0] == 0 and spans[-1][1] == T
-    assert all(spans[c][1] == spans[c + 1][0] for c in range(n - 1)), spans
-    assert all(0 <= e - s <= (base if c < n_head else triton.cdiv(base, split)) for c, (s, e) in enumerate(spans))
-
-
 @pytest.mark.parametrize("max_tokens", [8, 4096])  # the decode-size and the large GPU defaults
 def test_configs_are_valid_with_gpu_defaults(max_tokens):
     """Every config these tests pass also runs with the GPU defaults it overrides (run33: a test that gave 2
     combine programs and left 66 senders to the GPU default failed there only)."""
     from triton_dist.kernels import moe_ep
 
-    for cfg in [CFG_8_RANKS, CFG_TWO_LAUNCH, CFG_SPLIT, CFG_LONG_CHUNKS, CFG_RECOVERY] + [cfg_back_to_back(i) for i in range(4)]:
+    for cfg in [CFG_8_RANKS, CFG_TWO_LAUNCH, CFG_LONG_CHUNKS, CFG_RECOVERY] + [cfg_back_to_back(i) for i in range(4)]:
         moe_ep.resolve_config(max_tokens, 16, "cuda", cfg)  # raises ValueError when not
 
 
@@ -351,9 +312,6 @@ def _bad_input():
         lambda: ep_dispatch(x, idx, w, config={"num_programs": 2, "push_programs": 2}, **kw),  # no receiver
         lambda: ep_dispatch(x, idx, w, config={"h_parts": 0}, **kw),                  # no column part
         lambda: ep_dispatch(x, idx, w, config={"tail_chunks": -1}, **kw),             # tail of < 0 chunks
-        lambda: ep_dispatch(x, idx, w, config={"split_parts": 0}, **kw),              # a chunk in 0 parts
-        lambda: ep_dispatch(x, idx, w, config={"num_chunks": 1000, "split_chunks": 100, "split_parts": 2},
-                            **kw),                                                    # > MAX_CHUNKS chunks
     ]
     res = ep_dispatch(x, idx, w, **kw)
     cases += [lambda: ep_combine(res.x.half(), res.handle),                            # dtype of expert_out
@@ -375,8 +333,7 @@ def test_rejects_bad_input(ranks):
     for errors in ranks(2, _bad_input):
         assert errors == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
                           "ValueError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
-                          "ValueError", "ValueError", "ValueError", "TypeError", "ValueError", "ValueError",
-                          "stale"]
+                          "ValueError", "TypeError", "ValueError", "ValueError", "stale"]
 
 
 def _torch_ops():
@@ -553,7 +510,7 @@ def test_gpu_cuda_graph_replay(ranks):
 # ----------------------------------------------------------------------------------------------------- sm_90
 _DISPATCH_SIG = dict(
     x="*bf16", topk_idx="*i32", topk_weights="*fp32", T="i32", H="i32", E="i32", align="i32", max_tokens="i32",
-    max_rows="i32", n_chunks="i32", n_head="i32", split="i32", h_parts="i32", tail="i32", tail_parts="i32", n_push="i32", recv_x="*bf16",
+    max_rows="i32", n_chunks="i32", h_parts="i32", tail="i32", tail_parts="i32", n_push="i32", recv_x="*bf16",
     recv_slots="*i32",
     recv_w="*fp32", recv_span="*i32", all_counts="*i32", counts_ready="*i32", arrived="*i32",
     recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32", expert_offsets="*i32", token_pos="*i32",
@@ -579,17 +536,15 @@ def test_dispatch_compiles_for_sm90(fused):
 
 def test_layout_and_combine_compile_for_sm90():
     sig = dict(topk_idx="*i32", chunk_counts="*i32", chunk_prefix="*i32", counted="*i32", all_counts="*i32",
-               counts_ready="*i32", state="*i32", T="i32", E="i32", n_chunks="i32", n_head="i32", split="i32",
-               ctx="*i64", timeline="*i64",
+               counts_ready="*i32", state="*i32", T="i32", E="i32", n_chunks="i32", ctx="*i64", timeline="*i64",
                K="constexpr", EL="constexpr", TB="constexpr", K_PAD="constexpr", EL_PAD="constexpr",
                W_PAD="constexpr", CG="constexpr", QB="constexpr", TIMELINE="constexpr", PDL="constexpr")
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
                        dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=16, QB=16, TIMELINE=True,
                             PDL=True))["ops"]
     assert ops.get("griddepcontrol.launch_dependents", 0) == 1, ops  # dl.launch_dependents
-    sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", n_head="i32",
-               split="i32", h_parts="i32", tail="i32", tail_parts="i32", n_push="i32", recv_slots="*i32",
-               recv_w="*fp32", recv_span="*i32", token_pos="*i32",
+    sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32",
+               tail="i32", tail_parts="i32", n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
                partials="*bf16", combined="*i32", claims="*i32", state="*i32", ctx="*i64",
                timeline="*i64", K="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", W_PAD="constexpr",
                MAXC="constexpr", SENDERS_HELP="constexpr", TIMELINE="constexpr", DEFER_SIGNAL="constexpr")

@@ -227,23 +227,6 @@ def _chunk_sent(flags, c, pending, epoch, ctx, timeline, MAXC: tl.constexpr, TIM
 
 
 @triton.jit
-def _chunk_tokens(c, T, n_chunks, n_head, split):
-    """Tokens [start, end) of chunk ``c`` (a scalar or a tensor) of a call's T tokens. Chunks [0, n_head) are
-    base chunks of cdiv(T, base chunks) tokens; every later base chunk comes as ``split`` chunks of a ``split``-th
-    of that: the senders' last units are short, so that senders taking chunks from the counter finish closer
-    together (a sender pushes one chunk at a time, at a rate set by its SM, not by the link)."""
-    n_base = n_head + (n_chunks - n_head) // split
-    chunk = tl.cdiv(T, n_base)
-    head = c < n_head
-    v = tl.maximum(c - n_head, 0)
-    base = tl.where(head, c, n_head + v // split)
-    piece = tl.cdiv(chunk, split)
-    start = base * chunk + tl.where(head, 0, (v % split) * piece)
-    end = tl.where(head, start + chunk, tl.minimum(start + piece, base * chunk + chunk))
-    return tl.minimum(start, T), tl.minimum(end, T)
-
-
-@triton.jit
 def _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP: tl.constexpr):
     """Receivers (and with SENDERS_HELP the senders, programs [0, n_push)) take units of work in order from a
     per-call counter: (this program's first unit, number of programs taking part). A program that takes no part
@@ -292,8 +275,8 @@ def _end_claims(claims, u, n_units, claimers):
 # ----------------------------------------------------------------------------------------------------- kernels
 @triton.jit
 def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, state, T, E, n_chunks,
-                     n_head, split, ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr,
-                     K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr, QB: tl.constexpr,
+                     ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr, K_PAD: tl.constexpr,
+                     EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr, QB: tl.constexpr,
                      TIMELINE: tl.constexpr, PDL: tl.constexpr):
     """Program g counts the CG token chunks [g * CG, g * CG + CG) in one pass (histograms keyed by chunk and
     padded expert / destination rank: every token of the group loaded at once), writes each chunk's offset
@@ -308,15 +291,16 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
     ROW: tl.constexpr = EP + W_PAD
     epoch = dl.call_epoch(state)
     dl.launch_dependents(PDL)  # the dispatch launch may start now (its programs wait for the counts anyway)
+    chunk = tl.cdiv(T, n_chunks)
     dv = tl.arange(0, W_PAD)
     i = tl.arange(0, CG * TB) // TB  # (chunk i of the group, token j of its block): [CG * TB] at once
     j = tl.arange(0, CG * TB) % TB
-    c0, c1 = _chunk_tokens(g * CG + i, T, n_chunks, n_head, split)
     per_expert = tl.zeros([CG, EP], dtype=tl.int32)
     per_rank = tl.zeros([CG, W_PAD], dtype=tl.int32)
-    for j0 in range(0, tl.max(c1 - c0, axis=0), TB):  # one step unless a chunk has more than TB tokens
-        t = c0 + j0 + j
-        ep, owner = _route_at(topk_idx, t, (t < c1) & (g * CG + i < n_chunks), E, K, EL, K_PAD, EL_PAD)
+    for j0 in range(0, chunk, TB):  # one step unless a chunk has more than TB tokens
+        t = (g * CG + i) * chunk + j0 + j
+        ep, owner = _route_at(topk_idx, t, (j0 + j < chunk) & (g * CG + i < n_chunks) & (t < T), E, K, EL, K_PAD,
+                              EL_PAD)
         ok = ep >= 0
         key_e = tl.where(ok, i[:, None] * EP + ep, 0)  # (chunk, padded expert)
         per_expert += tl.reshape(tl.histogram(tl.reshape(key_e, (CG * TB * K_PAD,)), CG * EP,
@@ -353,9 +337,9 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
 
 
 @triton.jit
-def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, n_head, split,
-                       h_parts, tail, tail_parts, n_push, recv_x, recv_slots, recv_w, recv_span, all_counts,
-                       counts_ready, arrived, recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos,
+def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, h_parts, tail,
+                       tail_parts, n_push, recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready,
+                       arrived, recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos,
                        chunk_prefix, claims, state, ctx, timeline,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
@@ -378,6 +362,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     ev = tl.arange(0, EP)
     dv = tl.arange(0, W_PAD)
     kk = tl.arange(0, K_PAD)
+    chunk = tl.cdiv(T, n_chunks)
     if FUSED_LAYOUT:
         if pid == 0:
             total, _ = _count(topk_idx, 0, T, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
@@ -408,7 +393,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
         c = _next_claim(claims + 1)  # senders take chunks in order: faster programs take more
         pending = tl.full((), -1, tl.int32)  # DEFER_SIGNAL: the sent chunk whose flags are not raised yet
         while c < n_chunks:
-            c0, c1 = _chunk_tokens(c, T, n_chunks, n_head, split)
+            c0 = tl.minimum(c * chunk, T)
+            c1 = tl.minimum(c0 + chunk, T)
             if FUSED_LAYOUT:
                 # counting takes wide blocks of tokens (BT_COUNT): it is a serial loop over every earlier token
                 carry_e, carry_r = _count(topk_idx, 0, c0, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
@@ -515,8 +501,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
 
 @triton.jit
-def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_head, split, h_parts, tail, tail_parts, n_push,
-                      recv_slots, recv_w, recv_span, token_pos, partials, combined, claims, state, ctx, timeline,
+def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, tail_parts, n_push, recv_slots,
+                      recv_w, recv_span, token_pos, partials, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr,
                       TIMELINE: tl.constexpr, DEFER_SIGNAL: tl.constexpr):
@@ -569,11 +555,13 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, n_head, split, 
     # RECEIVE, every program (senders once their chunks are out): take units (chunk c, column part) of this rank's
     # tokens in order, one at a time, from a per-call counter, so that senders that finish early share the
     # receivers' remaining work; column parts keep the last units short (the tail after the last chunk lands)
+    chunk = tl.cdiv(T, n_chunks)
     n_units = _n_units(n_chunks, h_parts, tail, tail_parts)
     u, claimers = _first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
         c, h_first, h_end = _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
-        c0, c1 = _chunk_tokens(c, T, n_chunks, n_head, split)
+        c0 = tl.minimum(c * chunk, T)
+        c1 = tl.minimum(c0 + chunk, T)
         for t0 in range(c0, c1, BT):
             t = t0 + tl.arange(0, BT)
             tm = t < c1
@@ -698,9 +686,7 @@ def default_config(max_tokens, hidden, device_type):
     while the layout launch runs, programmatic dependent launch), defer_signal / combine_defer_signal (a sender
     raises a chunk's flags after starting its next chunk, when the chunk's stores have drained; run50: 2 us less
     per T=4096 call, and 3.5 us less for a T=128 combine), tail_chunks / tail_parts (the receivers' units of the
-    last tail_chunks chunks: their columns in tail_parts parts instead of h_parts), split_chunks / split_parts
-    (the senders' tail: the last split_chunks of the num_chunks token chunks each come as split_parts chunks of
-    fewer tokens; tail_chunks counts the chunks after the split).
+    last tail_chunks chunks: their columns in tail_parts parts instead of h_parts).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -725,7 +711,6 @@ def default_config(max_tokens, hidden, device_type):
                "combine_tail_chunks": 16, "combine_tail_parts": 4}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
             "pdl": True, "defer_signal": True, "combine_defer_signal": True, "tail_chunks": 0, "tail_parts": 1,
-            "split_chunks": 0, "split_parts": 1,
             "combine_tail_chunks": 0, "combine_tail_parts": 1,
             "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
@@ -740,7 +725,7 @@ class EpHandle:
     workspace: _Workspace
     call: int
     num_tokens: int
-    chunking: tuple  # (chunks, chunks before the split ones, split parts): ``_chunking``
+    num_chunks: int
     token_pos: torch.Tensor  # [T, W] int32: position of token t in rank d's receive list (-1: not sent)
 
 
@@ -803,12 +788,6 @@ def _checked(max_tokens, hidden, device_type, config):
     cfg = autotune.with_overrides(default_config(max_tokens, hidden, device_type), config)
     if not 1 <= int(cfg["num_chunks"]) <= MAX_CHUNKS:
         raise ValueError(f"num_chunks must be in [1, {MAX_CHUNKS}], got {cfg['num_chunks']}")
-    for name, least in (("split_chunks", 0), ("split_parts", 1)):
-        if not isinstance(cfg[name], int) or cfg[name] < least:
-            raise ValueError(f"{name} must be an int >= {least}, got {cfg[name]!r}")
-    if _chunking(cfg)[0] > MAX_CHUNKS:
-        raise ValueError(f"num_chunks={cfg['num_chunks']} with split_chunks={cfg['split_chunks']} in "
-                         f"split_parts={cfg['split_parts']} makes {_chunking(cfg)[0]} chunks, more than {MAX_CHUNKS}")
     for prog, push in (("num_programs", "push_programs"), ("combine_programs", "combine_push")):
         if not 1 <= int(cfg[push]) < int(cfg[prog]):
             raise ValueError(f"need 1 <= {push} < {prog}, got {cfg[push]}, {cfg[prog]}")
@@ -822,14 +801,6 @@ def _checked(max_tokens, hidden, device_type, config):
         if not isinstance(cfg[name], int) or cfg[name] < 0:
             raise ValueError(f"{name} must be an int >= 0, got {cfg[name]!r}")
     return cfg
-
-
-def _chunking(cfg):
-    """(chunks of a call, chunks before the split ones, parts per split chunk): the last split_chunks of the
-    num_chunks token chunks come as split_parts chunks each (``_chunk_tokens``)."""
-    n_base, split = int(cfg["num_chunks"]), int(cfg["split_parts"])
-    n_split = min(int(cfg["split_chunks"]), n_base)
-    return n_base + n_split * (split - 1), n_base - n_split, split
 
 
 def _senders_help(n_prog, t):
@@ -889,17 +860,16 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     K = topk_idx.shape[1]
     ws = _Workspace.get(num_experts, K, max_tokens, H, x.dtype, align)
     cfg = resolve_config(max_tokens, H, x.device.type, config)
-    chunking = _chunking(cfg)
-    n_chunks, n_prog, n_push = chunking[0], int(cfg["num_programs"]), int(cfg["push_programs"])
+    n_chunks, n_prog, n_push = int(cfg["num_chunks"]), int(cfg["num_programs"]), int(cfg["push_programs"])
     _check_timeline(timeline, x.device, n_prog)
     h_parts = cfg["h_parts"]
     k_pad = triton.next_power_of_2(K)
     ep = ws.w_pad * ws.el_pad
-    chunk_max = triton.cdiv(max_tokens, int(cfg["num_chunks"]))  # tokens of a base chunk (split ones: fewer)
-    bt = triton.next_power_of_2(max(1, min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), chunk_max)))
+    bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
+    bt = triton.next_power_of_2(max(1, bt))
     bt_count = triton.next_power_of_2(max(1, min(8192 // (k_pad * ep), max_tokens)))  # tokens per counting step
     # layout programs: cg chunks each, counted tb tokens of every chunk at a time (at most 4096 tokens per step)
-    tb_layout = min(triton.next_power_of_2(chunk_max), 256)
+    tb_layout = min(triton.next_power_of_2(triton.cdiv(max_tokens, n_chunks)), 256)
     cg = min(triton.next_power_of_2(min(int(cfg["layout_chunks"]), n_chunks)), 4096 // tb_layout)
     n_groups = triton.cdiv(n_chunks, cg)
     bh = min(triton.next_power_of_2(int(cfg["block_h"])), triton.next_power_of_2(H))
@@ -920,12 +890,12 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         if not fused:
             ep_layout_kernel[(n_groups,)](
                 idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
-                num_experts, *chunking, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
+                num_experts, n_chunks, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
                 QB=min(triton.next_power_of_2(n_groups), 128 if x.device.type == "cuda" else 4),
                 TIMELINE=timeline is not None, PDL=pdl, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad,
                 EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
         ep_dispatch_kernel[(n_prog,)](
-            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, *chunking, h_parts,
+            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts,
             *_tail(cfg["tail_chunks"], cfg["tail_parts"], n_chunks), n_push,
             ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
             ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
@@ -946,7 +916,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     if not replayed:
         launch(x, idx, wts)
     ws.calls += 1
-    handle = EpHandle(ws, ws.calls, T, chunking, ws.token_pos[:T])
+    handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
     ws.last = handle
     rows = ws.max_rows
     if exact:
@@ -984,9 +954,8 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
         raise ValueError(f"out must be a contiguous {ws.dtype} tensor [{T}, {H}]")
     cfg = resolve_config(ws.max_tokens, H, expert_out.device.type, config)
     bh = min(triton.next_power_of_2(int(cfg["combine_block_h"])), triton.next_power_of_2(H))
-    n_chunks, n_head, split = handle.chunking
-    chunk_max = triton.cdiv(ws.max_tokens, n_head + (n_chunks - n_head) // split)  # tokens of a base chunk
-    bt = triton.next_power_of_2(max(1, min(int(cfg["combine_block_tokens"]), chunk_max)))
+    bt = triton.next_power_of_2(max(1, min(int(cfg["combine_block_tokens"]),
+                                           triton.cdiv(ws.max_tokens, handle.num_chunks))))
     expert_out = expert_out.contiguous()
     if expert_out.shape[0] == 0:
         expert_out = torch.zeros((1, H), dtype=ws.dtype, device=expert_out.device)
@@ -997,8 +966,8 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     _check_timeline(timeline, expert_out.device, n_prog)
     h_parts = cfg["combine_h_parts"]
     ep_combine_kernel[(n_prog,)](
-        expert_out, y_arg, T, H, ws.max_tokens, *handle.chunking, h_parts,
-        *_tail(cfg["combine_tail_chunks"], cfg["combine_tail_parts"], n_chunks), n_push, ws.recv_slots,
+        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, h_parts,
+        *_tail(cfg["combine_tail_chunks"], cfg["combine_tail_parts"], handle.num_chunks), n_push, ws.recv_slots,
         ws.recv_w, ws.recv_span, tp, ws.partials, ws.combined, ws.combine_claims, ws.combine_state,
         shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
