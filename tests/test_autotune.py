@@ -79,6 +79,25 @@ def test_choose_tunes_in_turn_and_caches(tmp_path, monkeypatch):
     autotune._CHOSEN.pop(fkey)
 
 
+def test_short_candidates_get_more_calls_after_their_first_round(tmp_path, monkeypatch):
+    """Later rounds time enough calls to span SPAN_US (at most MAX_ITERS, never fewer than iters), counted from
+    the candidate's own first-round figure: a 100-us candidate 50 calls, a 1-ms one stays at 10."""
+    monkeypatch.setenv("TRITON_DIST_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "tuning_allowed", lambda: True)
+    candidates = [{"us": 100.0}, {"us": 1000.0}, {"us": 20.0}]
+    counts = {0: [], 1: [], 2: []}
+
+    def fake_time(run, cfg, iters, **kw):
+        counts[candidates.index(cfg)].append(iters)
+        return cfg["us"]
+    monkeypatch.setattr(autotune, "time_candidate", fake_time)
+    autotune.choose("demo_iters", {"test": "iters"}, candidates, lambda: None, default=candidates[0],
+                    collective=False, iters=10, rounds=3)
+    assert counts == {0: [10, 50, 50], 1: [10, 10, 10], 2: [10, 100, 100]}
+    assert autotune.iters_after(None, 10) == 10 and autotune.iters_after(float("inf"), 10) == 10
+    autotune._CHOSEN.clear()
+
+
 @pytest.mark.parametrize("n,rounds", [(1, 3), (5, 1), (11, 3), (3, 5)])
 def test_in_turn_order_depends_only_on_the_counts(n, rounds):
     """Ranks time collectively in the same order: the order is a function of (n, rounds) alone."""

@@ -20,6 +20,11 @@ What it guarantees:
   percent within a second, which one-after-another timing mistakes for differences between candidates (run56:
   gemm_rs at N = 28672 chose 128 programs on a 2820 us burst figure, where interleaved A/Bs in runs 56-57
   measured the default 132 programs 3-6 % faster).
+* **Enough samples for short calls.** A candidate's first round times ``iters`` calls; its later rounds time
+  enough calls to span ``SPAN_US`` (at most ``MAX_ITERS``), counted from the first round's figure, which is the
+  same on every rank (the max over ranks), so ranks stay in step. Small problems are host-bound, and the host's
+  jitter swamped a 10-call median (run62: gemm_rs at M = 512 timed its graph-path tiles 102-148 us eager, for
+  68-92 us of GPU work, and picked on noise).
 * **Visible.** Rank 0 prints one line per candidate and round while tuning.
 A candidate that fails (e.g. too much shared memory) fails on every rank alike (same GPU, same software) and
 scores infinity.
@@ -37,6 +42,8 @@ import torch
 import torch.distributed as dist
 
 _CHOSEN = {}  # full key -> config (identical on every rank)
+SPAN_US = 5000.0  # later rounds time a candidate over about this long ...
+MAX_ITERS = 100  # ... in at most this many calls
 
 
 def cache_dir():
@@ -169,6 +176,14 @@ def in_turn(n, rounds, time_one):
     return [statistics.median(t) for t in times]
 
 
+def iters_after(first_us, iters):
+    """Calls to time in a candidate's later rounds: enough to span SPAN_US (MAX_ITERS at most), never fewer than
+    ``iters`` (also the count of the first round, ``first_us`` None). A function of numbers every rank shares."""
+    if first_us is None or not first_us > 0 or math.isinf(first_us):
+        return iters
+    return max(iters, min(MAX_ITERS, int(SPAN_US / first_us)))
+
+
 def choose(op, key, candidates, make_runner, default, collective=True, iters=10, rounds=3):
     """The configuration to use for ``op`` at ``key`` (see the module docstring)."""
     fkey = full_key(op, key, collective, candidates)
@@ -186,9 +201,12 @@ def choose(op, key, candidates, make_runner, default, collective=True, iters=10,
     if rank == 0:
         print(f"triton_dist autotune {op} {key}: {len(candidates)} candidates", file=sys.stderr, flush=True)
     done = [0] * len(candidates)
+    first = [None] * len(candidates)  # each candidate's first-round figure: sets its later rounds' call count
 
     def time_one(i):
-        t = time_candidate(run, candidates[i], iters=iters, collective=collective, group=group)
+        t = time_candidate(run, candidates[i], iters=iters_after(first[i], iters), collective=collective,
+                           group=group)
+        first[i] = t if first[i] is None else first[i]
         done[i] += 1
         if rank == 0:
             print(f"  [{i + 1}/{len(candidates)}] round {done[i]}/{rounds} {t:10.1f} us  {_short(candidates[i])}",
