@@ -2,6 +2,8 @@
 # The whole GPU suite in one call: tests under torchrun on every GPU of the node, then every benchmark.
 # Writes $OUT/suite.log, $OUT/results.json (every benchmark) and $OUT/table.md (short tables).
 #   usage: OUT=/some/dir GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_suite.sh [test paths / pytest args]
+# (GIT_COMMIT expanded in YOUR checkout: a copy of the tree on a lent machine may carry a stale .git; run62
+# recorded the session's first commit that way.)
 # Set SUITE_SKIP_TESTS=1 or SUITE_SKIP_BENCH=1 to run half of it; SUITE_BENCH="allgather gemm_rs:120 ..." to pick
 # benchmarks (with an optional time limit each; SUITE_STEP_TIMEOUT is the default limit of every step).
 # Tests print their names (-v): a run cut by a time limit still shows which test was running.
