@@ -704,7 +704,8 @@ def default_config(max_tokens, hidden, device_type):
         # 214 / combine 209 us per graph, 209 / 204 per call in a graph of 20. The receivers' units of the last 16
         # chunks in finer column parts (8 for dispatch, 4 for combine; run51): 210.9 / 204.2 us per graph against 212.2
         # / 207.8. With the tails, 48 combine senders (runs 60-61; timed in turn, per call in graphs of 20: 198.2 us
-        # against 200.5 with 52, 44: 200.1, 40: 208.1; dispatch senders 64 / 60 / 68: 206.0 / 210.9 / 207.5).
+        # against 200.5 with 52, 44: 200.1, 40: 208.1; dispatch senders 64 / 60 / 68: 206.0 / 210.9 / 207.5; run62
+        # again: 197.9 against 203.1 with 52).
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "h_parts": 4, "tail_chunks": 16, "tail_parts": 8,
                "combine_programs": 128, "combine_push": 48, "combine_warps": 16, "combine_h_parts": 2,
