@@ -206,7 +206,8 @@ def choose(op, key, candidates, make_runner, default, collective=True, iters=10,
     def time_one(i):
         t = time_candidate(run, candidates[i], iters=iters_after(first[i], iters), collective=collective,
                            group=group)
-        first[i] = t if first[i] is None else first[i]
+        if first[i] is None:
+            first[i] = t
         done[i] += 1
         if rank == 0:
             print(f"  [{i + 1}/{len(candidates)}] round {done[i]}/{rounds} {t:10.1f} us  {_short(candidates[i])}",
