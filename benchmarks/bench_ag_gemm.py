@@ -36,7 +36,11 @@ SWEEP = [("n_chunks=1", {}), ("n_chunks=2", {"n_chunks": 2}), ("n_chunks=4", {"n
          ("flatten", {"FLATTEN": True}), ("subtile s4", {"EPILOGUE_SUBTILE": True, "num_stages": 4}),
          ("GROUP_M=16", {"GROUP_M": 16}), ("GROUP_M=4", {"GROUP_M": 4}),
          ("128x128 s4", {"BLOCK_N": 128, "num_stages": 4}), ("programs-1", {"num_programs": -1})]
-STREAM_K_AB = [("no stream-K", {}), ("stream-K 1", {"STREAM_K": 1}), ("stream-K 2", {"STREAM_K": 2})]
+SUBTILE = {"EPILOGUE_SUBTILE": True, "num_stages": 4}
+STREAM_K_AB = [("no stream-K", {}), ("stream-K 1", {"STREAM_K": 1}), ("stream-K 2", {"STREAM_K": 2}),
+               ("subtile s4", SUBTILE), ("subtile s4, stream-K 1", {**SUBTILE, "STREAM_K": 1}),
+               ("subtile s4, stream-K 2", {**SUBTILE, "STREAM_K": 2})]
+AB_ROUNDS = 9  # run65: slow spells of ~0.1 s at the 28672 shapes; 5 rounds of 10 calls left ~4 % of noise
 
 
 SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8192, 8192), (512, 8192, 8192),
@@ -83,7 +87,7 @@ def main():
             float("nan")
         h_ours = host_us(lambda: ag_gemm(a, w), calls=20)
         if m_total >= 8192:  # stream-K's last wave (gemm.streamk_tiles), A/B in turn on the default tiles
-            sk = interleaved_ab(lambda cfg: ag_gemm(a, w, config=cfg), over, STREAM_K_AB, a.device)
+            sk = interleaved_ab(lambda cfg: ag_gemm(a, w, config=cfg), over, STREAM_K_AB, a.device, AB_ROUNDS)
             streamk_rows.append({"M": m_total, "N": n_total, "K": k, **{kk: round(v, 1) for kk, v in sk.items()}})
         if (m_total, n_total, k) in ((8192, 8192, 8192), (2048, 8192, 8192)):
             sweep = knob_sweep(lambda cfg: ag_gemm(a, w, config=cfg), over, SWEEP, a.device)
@@ -104,8 +108,9 @@ def main():
     record("ag_gemm", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call; "
            f"'in turn': ours, the baselines and the GEMM alone {IN_TURN}")
     record("ag_gemm_sweep", sweep_rows, notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
-    record("ag_gemm_streamk", streamk_rows, notes="overlapped kernel, default config with STREAM_K 0 / 1 / 2, "
-           "timed in turn (5 rounds of 10), max over ranks")
+    record("ag_gemm_streamk", streamk_rows, notes="overlapped kernel, default config (128x256 s3) and the "
+           f"sub-tiled s4 one, each with STREAM_K 0 / 1 / 2, timed in turn ({AB_ROUNDS} rounds of 10), max over "
+           "ranks")
     td.finalize()
 
 

@@ -70,12 +70,12 @@ def test_choose_tunes_in_turn_and_caches(tmp_path, monkeypatch):
                         lambda run, cfg, **kw: gpu(candidates.index(cfg)))
     key = {"m": 7, "test": "choose-in-turn"}
     cfg = autotune.choose("demo_turn", key, candidates, lambda: None, default=candidates[0], collective=False)
-    assert cfg == {"x": 2} and len(gpu.order) == 9
+    assert cfg == {"x": 2} and len(gpu.order) == 15  # 3 candidates, 5 rounds
     doc = json.loads((tmp_path / "demo_turn.json").read_text())
     fkey = autotune.full_key("demo_turn", key, False, candidates)
     assert doc[fkey] == {"x": 2} and doc["_timings_us"][fkey] == [100.0, 97.0, 100.0]
     assert autotune.choose("demo_turn", key, candidates, lambda: None, default=candidates[0],
-                           collective=False) == {"x": 2} and len(gpu.order) == 9
+                           collective=False) == {"x": 2} and len(gpu.order) == 15
     autotune._CHOSEN.pop(fkey)
 
 

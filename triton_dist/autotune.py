@@ -19,7 +19,8 @@ What it guarantees:
   different candidate, and each keeps the median of its rounds: an H200 at its power limit drifts by several
   percent within a second, which one-after-another timing mistakes for differences between candidates (run56:
   gemm_rs at N = 28672 chose 128 programs on a 2820 us burst figure, where interleaved A/Bs in runs 56-57
-  measured the default 132 programs 3-6 % faster).
+  measured the default 132 programs 3-6 % faster). Five rounds: at N = 28672 (2.8 ms calls) one candidate's
+  rounds read 2748 / 3432 / 3039 us (run65: slow spells of ~0.1 s), a median of three still follows them.
 * **Enough samples for short calls.** A candidate's first round times ``iters`` calls; its later rounds time
   enough calls to span ``SPAN_US`` (at most ``MAX_ITERS``), counted from the first round's figure, which is the
   same on every rank (the max over ranks), so ranks stay in step. Small problems are host-bound, and the host's
@@ -184,7 +185,7 @@ def iters_after(first_us, iters):
     return max(iters, min(MAX_ITERS, int(SPAN_US / first_us)))
 
 
-def choose(op, key, candidates, make_runner, default, collective=True, iters=10, rounds=3):
+def choose(op, key, candidates, make_runner, default, collective=True, iters=10, rounds=5):
     """The configuration to use for ``op`` at ``key`` (see the module docstring)."""
     fkey = full_key(op, key, collective, candidates)
     if fkey in _CHOSEN:

@@ -90,7 +90,10 @@ def _check_streamk(m, n, k, dtype_name, config):
     return worst, gathered_ok, [p.sk_tiles for p in plans]
 
 
-@pytest.mark.parametrize("world,m,n,k,dtype,config", [
+SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_stages": 1, "num_warps": 4}
+
+
+@pytest.mark.parametrize("world,m,n,k,dtype,config", [  # the CPU's tiles on GPUs too: the same stream-K split
     (2, 17, 24, 40, "float16", {**CPU_CE, "STREAM_K": 1}),   # 8 tiles on 3 programs: the last 2, 2 steps each
     (2, 17, 24, 40, "float32", {**CPU_C1, "num_programs": 3, "STREAM_K": 2}),  # 4 tiles cut in 3 ranges
     (2, 13, 23, 37, "float32", {**CPU_C3, "num_programs": 3, "STREAM_K": 2}),  # masked path, ragged K steps
@@ -99,7 +102,7 @@ def _check_streamk(m, n, k, dtype_name, config):
 ])
 def test_ag_gemm_stream_k(ranks, world, m, n, k, dtype, config):
     """The last tiles shared out by K steps: partials added by the owner, tiles cut across several programs."""
-    for worst, gathered_ok, sk_tiles in ranks(world, _check_streamk, m, n, k, dtype, config):
+    for worst, gathered_ok, sk_tiles in ranks(world, _check_streamk, m, n, k, dtype, {**SMALL_TILES, **config}):
         assert sk_tiles and all(t > 0 for t in sk_tiles), sk_tiles
         assert gathered_ok
         assert worst < (2e-3 if dtype == "float16" else 1e-6), worst
