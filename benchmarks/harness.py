@@ -84,21 +84,23 @@ def interleaved_ab(run, base, variants, device, rounds=5, what="A/B"):
     return in_turn(calls, rounds, what)
 
 
-IN_TURN = "timed in turn: median of 5 rounds of 10 iterations, each round starting at another contender"
+IN_TURN = ("timed in turn: median of 5 rounds of 10 iterations after ~50 ms of warm-up, each round starting "
+           "at another contender and in another order")
 
 
 def in_turn(calls, rounds=5, what="in turn"):
     """``{label: µs}`` of ``calls`` ({label: fn}) timed in turn as the autotuner times candidates
-    (``autotune.in_turn``): ``rounds`` times over (10 iterations each, the same count on every rank), each round
-    starting at a different contender, each keeping the median of its rounds: every contender sees the same mix
-    of the GPU's power states and none always runs right after the same one (a GEMM after a communication-bound
-    call starts with power headroom: run57). NaN for one that fails."""
+    (``autotune.in_turn``): ``rounds`` times over (10 iterations each after ~50 ms of warm-up, the same counts on
+    every rank), each round starting at a different contender and in a different order, each keeping the median
+    of its rounds: every contender sees the same mix of the GPU's power states and none always runs right after
+    the same one (a GEMM after a communication-bound call starts with power headroom: run57, run66). NaN for
+    one that fails."""
     from triton_dist import autotune
     from triton_dist.timing import time_us_or_nan
 
     labels = list(calls)
     medians = autotune.in_turn(len(labels), rounds, lambda i: time_us_or_nan(
-        calls[labels[i]], f"{what} {labels[i]}", iters=10, warmup=2))
+        calls[labels[i]], f"{what} {labels[i]}", iters=10, warmup=2, warmup_us=autotune.WARMUP_US))
     return dict(zip(labels, medians))
 
 

@@ -53,6 +53,32 @@ def test_in_turn_is_not_fooled_by_a_burst():
     assert [gpu.order[4 * r] for r in range(3)] == [0, 1, 2]  # round r starts at candidate r * n // rounds
 
 
+class HeadroomGPU:
+    """Fake timings: candidate i takes true[i] us, 10 % less right after candidate ``light`` (a communication-bound
+    call leaves the power-capped GPU headroom for the next one)."""
+
+    def __init__(self, true, light):
+        self.true, self.light, self.order = true, light, []
+
+    def __call__(self, i):
+        boost = 0.9 if self.order and self.order[-1] == self.light else 1.0
+        self.order.append(i)
+        return self.true[i] * boost
+
+
+def test_in_turn_varies_each_candidates_predecessor():
+    """In a fixed cyclic order candidate 1 would always follow the light candidate 0 and win on its headroom;
+    with the stride changing per round its predecessor changes, and the truly fastest one wins."""
+    gpu = HeadroomGPU([150.0, 100.0, 99.0, 100.0, 101.0], light=0)
+    medians = autotune.in_turn(5, 5, gpu)
+    assert min(range(5), key=medians.__getitem__) == 2, medians
+    for n, rounds in ((5, 5), (9, 5), (4, 3), (7, 7)):
+        orders = [autotune.turn_order(n, r, rounds) for r in range(rounds)]
+        assert all(sorted(o) == list(range(n)) for o in orders)  # every candidate once per round
+        predecessors = {i: {o[o.index(i) - 1] for o in orders if o.index(i) > 0} for i in range(n)}
+        assert all(len(p) >= min(2, rounds - 1) for p in predecessors.values()), predecessors
+
+
 def test_in_turn_times_a_failed_candidate_once():
     gpu = BurstyGPU([50.0, float("inf"), 60.0], burst=0)
     assert autotune.in_turn(3, 3, gpu) == [50.0, float("inf"), 60.0]

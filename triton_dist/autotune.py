@@ -42,9 +42,12 @@ import time
 import torch
 import torch.distributed as dist
 
+from .timing import warm_up
+
 _CHOSEN = {}  # full key -> config (identical on every rank)
 SPAN_US = 5000.0  # later rounds time a candidate over about this long ...
 MAX_ITERS = 100  # ... in at most this many calls
+WARMUP_US = 50000.0  # each timing starts after ~50 ms of the candidate itself (timing.warm_up)
 
 
 def cache_dir():
@@ -129,14 +132,13 @@ def _broadcast(obj, group, world, rank):
     return box[0]
 
 
-def time_candidate(run, cfg, iters=10, warmup=2, collective=True, group=None):
-    """Median µs of ``run(cfg)`` on this rank (max over ranks if collective); inf if it raises."""
+def time_candidate(run, cfg, iters=10, warmup=2, collective=True, group=None, warmup_us=0.0):
+    """Median µs of ``run(cfg)`` on this rank (max over ranks if collective); inf if it raises. Warm-up:
+    ``warmup`` calls, then more up to ``warmup_us`` (``timing.warm_up``)."""
     failed = 0.0
     times = []
     try:
-        for _ in range(warmup):
-            run(cfg)
-        torch.cuda.synchronize()
+        warm_up(lambda: run(cfg), warmup, warmup_us, group, collective)
         if collective:
             dist.barrier(group=group)
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
@@ -161,16 +163,27 @@ def time_candidate(run, cfg, iters=10, warmup=2, collective=True, group=None):
     return float(t.item())
 
 
+def turn_order(n, r, rounds):
+    """The candidates of round r in the order they are timed: starting at r * n // rounds (each candidate is
+    timed early, midway and late in a round), then stepping by a stride that changes from round to round
+    (1, 2, 3, ... modulo the smallest prime p >= n, skipping the numbers >= n), so that a candidate's
+    predecessor changes too: one that always ran right after a light, communication-bound candidate would
+    always start with the power headroom it left (run66)."""
+    p = max(n, 2)
+    while any(p % d == 0 for d in range(2, int(p ** 0.5) + 1)):
+        p += 1
+    stride = 1 + r % (p - 1)
+    first = r * n // rounds
+    return [i for i in ((first + j * stride) % p for j in range(p)) if i < n]
+
+
 def in_turn(n, rounds, time_one):
-    """Median over ``rounds`` rounds of ``time_one(i)`` for every candidate i < n, timed in turn: round r starts
-    at candidate r * n // rounds, so that each candidate is timed early, midway and late in a round. A candidate
-    that fails (inf) in its first round is not timed again. The order depends only on n and rounds: collective
-    timings stay in step across ranks."""
+    """Median over ``rounds`` rounds of ``time_one(i)`` for every candidate i < n, timed in turn
+    (``turn_order``). A candidate that fails (inf) in its first round is not timed again. The order depends
+    only on n and rounds: collective timings stay in step across ranks."""
     times = [[] for _ in range(n)]
     for r in range(rounds):
-        first = r * n // rounds
-        for j in range(n):
-            i = (first + j) % n
+        for i in turn_order(n, r, rounds):
             if times[i] and math.isinf(times[i][0]):
                 continue
             times[i].append(time_one(i))
@@ -206,7 +219,7 @@ def choose(op, key, candidates, make_runner, default, collective=True, iters=10,
 
     def time_one(i):
         t = time_candidate(run, candidates[i], iters=iters_after(first[i], iters), collective=collective,
-                           group=group)
+                           group=group, warmup_us=WARMUP_US)
         if first[i] is None:
             first[i] = t
         done[i] += 1

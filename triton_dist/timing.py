@@ -5,17 +5,39 @@ and the collectives deadlock); each call is timed with CUDA events; a rank repor
 the max over ranks. Used by the examples and the benchmarks.
 """
 
+import math
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
 
 
-def time_us(fn, iters=20, warmup=5):
-    """Median µs of ``fn()`` over ``iters`` timed calls on this rank, max over ranks (GPU ranks)."""
-    for _ in range(warmup):
+def warm_up(fn, calls, span_us=0.0, group=None, collective=True):
+    """``calls`` calls of ``fn``, then more until about ``span_us`` of them have run: a power-capped GPU that
+    just ran something light (communication) has headroom for a while, and a short warm-up lets the next op
+    borrow it (run66: the tuner's candidate right after the NCCL fallback timed 2605 us where in-turn A/Bs
+    measured 2909). ``collective``: the extra count is the max over the ranks of ``group`` (collective ops stay
+    in step); every rank of it must call."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
         fn()
     torch.cuda.synchronize()
+    if span_us <= 0:
+        return
+    per_call = (time.perf_counter() - t0) * 1e6 / max(calls, 1)
+    extra = torch.tensor([math.ceil(max(span_us - per_call * calls, 0.0) / max(per_call, 1.0))], device="cuda")
+    if collective and dist.is_initialized():
+        dist.all_reduce(extra, op=dist.ReduceOp.MAX, group=group)
+    for _ in range(int(extra.item())):
+        fn()
+    torch.cuda.synchronize()
+
+
+def time_us(fn, iters=20, warmup=5, warmup_us=0.0):
+    """Median µs of ``fn()`` over ``iters`` timed calls on this rank, max over ranks (GPU ranks), after
+    ``warmup`` calls and more up to ``warmup_us`` of warm-up (``warm_up``)."""
+    warm_up(fn, warmup, warmup_us)
     dist.barrier()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     for start, end in events:
