@@ -10,8 +10,6 @@
                  5 batches of 20 calls, max over ranks: harness.host_us)
   sweep          (8192^3 and 2048 only) the overlapped kernel per knob: n_chunks, FLATTEN, EPILOGUE_SUBTILE,
                  GROUP_M, tile shape, one program fewer than SMs
-  stream-K       (M = 8192) the overlapped kernel's default config with its last wave of tiles shared out by K
-                 steps (STREAM_K 1, 2) against without, timed in turn
   NCCL+cuBLAS    dist.all_gather_into_tensor then torch.matmul
   async-TP       torch.ops.symm_mem.fused_all_gather_matmul (torch symmetric memory, CUDA backend)
   in turn        ours, NCCL+cuBLAS, async-TP and the GEMM alone (full [M, K] @ w.T by cuBLAS, and by our GEMM
@@ -26,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import IN_TURN, head_to_head, host_us, interleaved_ab, knob_sweep, record
+from harness import IN_TURN, head_to_head, host_us, knob_sweep, record
 from triton_dist.timing import time_us, time_us_or_nan
 from triton_dist.kernels import ag_gemm
 from triton_dist.kernels import gemm as core
@@ -36,11 +34,13 @@ SWEEP = [("n_chunks=1", {}), ("n_chunks=2", {"n_chunks": 2}), ("n_chunks=4", {"n
          ("flatten", {"FLATTEN": True}), ("subtile s4", {"EPILOGUE_SUBTILE": True, "num_stages": 4}),
          ("GROUP_M=16", {"GROUP_M": 16}), ("GROUP_M=4", {"GROUP_M": 4}),
          ("128x128 s4", {"BLOCK_N": 128, "num_stages": 4}), ("programs-1", {"num_programs": -1})]
-SUBTILE = {"EPILOGUE_SUBTILE": True, "num_stages": 4}
-STREAM_K_AB = [("no stream-K", {}), ("stream-K 1", {"STREAM_K": 1}), ("stream-K 2", {"STREAM_K": 2}),
-               ("subtile s4", SUBTILE), ("subtile s4, stream-K 1", {**SUBTILE, "STREAM_K": 1}),
-               ("subtile s4, stream-K 2", {**SUBTILE, "STREAM_K": 2})]
-AB_ROUNDS = 9  # run65: slow spells of ~0.1 s at the 28672 shapes; 5 rounds of 10 calls left ~4 % of noise
+# Tried and dropped (commit c6bec7a, reverted; runs 65-67): stream-K's last wave, the last partial wave of tiles
+# (e.g. 20 of 3584 on 132 SMs) or that plus one full wave shared out over every program by K steps, owners adding
+# the partials in program order (GPU-tested: 100 fresh repeats, ragged M/K, TMA and masked). In-turn A/Bs with
+# ~50 ms of warm-up (run67, 9 rounds; none / last wave / plus one wave): 848.9 / 850.1 / 883.3 us at 8192^3,
+# 2906.6 / 2913.2 / 2891.6 at N = 28672, 2875.6 / 2876.7 / 3048.5 at K = 28672. Without the warm-up (runs 65-66)
+# the last-wave variant read 4 % faster at K = 28672, a power-state artefact: at the power cap the idle SMs of a
+# short last wave let the busy ones clock up, so the wave costs little, and the partials cost energy.
 
 
 SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8192, 8192), (512, 8192, 8192),
@@ -63,7 +63,7 @@ def main():
     td.init(backend="cuda", heap_size=4 << 30)
     world = td.world_size()
     group_name = dist.group.WORLD.group_name
-    rows, sweep_rows, streamk_rows = [], [], []
+    rows, sweep_rows = [], []
     for m_total, n_total, k in SHAPES:
         m, n = m_total // world, n_total // world
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -86,9 +86,6 @@ def main():
         t_replay = time_us(lambda: ag_gemm(a, w, config={**over, "path": "graph"})) if m_total <= 2048 else \
             float("nan")
         h_ours = host_us(lambda: ag_gemm(a, w), calls=20)
-        if m_total >= 8192:  # stream-K's last wave (gemm.streamk_tiles), A/B in turn on the default tiles
-            sk = interleaved_ab(lambda cfg: ag_gemm(a, w, config=cfg), over, STREAM_K_AB, a.device, AB_ROUNDS)
-            streamk_rows.append({"M": m_total, "N": n_total, "K": k, **{kk: round(v, 1) for kk, v in sk.items()}})
         if (m_total, n_total, k) in ((8192, 8192, 8192), (2048, 8192, 8192)):
             sweep = knob_sweep(lambda cfg: ag_gemm(a, w, config=cfg), over, SWEEP, a.device)
             sweep_rows.append({"M": m_total, "N": n_total, "K": k, **{kk: round(v, 1) for kk, v in sweep.items()}})
@@ -108,9 +105,6 @@ def main():
     record("ag_gemm", rows, notes=f"bf16, W={world}; median of 20, max over ranks; ours = autotuned eager call; "
            f"'in turn': ours, the baselines and the GEMM alone {IN_TURN}")
     record("ag_gemm_sweep", sweep_rows, notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
-    record("ag_gemm_streamk", streamk_rows, notes="overlapped kernel, default config (128x256 s3) and the "
-           f"sub-tiled s4 one, each with STREAM_K 0 / 1 / 2, timed in turn ({AB_ROUNDS} rounds of 10), max over "
-           "ranks")
     td.finalize()
 
 

@@ -9,8 +9,7 @@
   graph us       the op replayed from a CUDA graph (no Python, no launch gaps)
   GEMM only      torch.matmul of the local shapes alone: the floor for any overlap
   sweep          (8192^3 and 2048 only) the overlapped kernel, default config + one knob
-  A/B            (M = 8192) partial tiles by TMA stores vs stores from registers, 4 SMs fewer, stream-K's last
-                 wave: the variants timed in turn
+  remote TMA A/B (M = 8192) partial tiles by TMA stores vs stores from registers, the variants timed in turn
   NCCL+cuBLAS    torch.matmul then dist.reduce_scatter_tensor
   async-TP       torch.ops.symm_mem.fused_matmul_reduce_scatter (torch symmetric memory, CUDA backend)
   in turn        ours, NCCL+cuBLAS, async-TP and the GEMM alone (by cuBLAS, and by our GEMM core: what the
@@ -40,13 +39,14 @@ SWEEP = [("no defer", {"DEFER_SIGNAL": False}), ("fp32 partials", {"partial": "f
          ("128x128 s4", {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 4, "num_warps": 8}),
          ("GROUP_M=4", {"GROUP_M": 4}), ("GROUP_M=16", {"GROUP_M": 16}), ("no TMA", {"use_tma": False}),
          ("programs-4", {"num_programs": -4})]
-# Timed in turn at M = 8192: partial tiles by TMA stores into the peer (remote_tma) against stores from registers
-# (run46's one-after-another sweep: 3058 vs 3117-3240 us at N = 28672, 842 vs 848-893 at 8192^3, within the GPU's
-# drift; run47 in turn: 0.3-1.5 % for TMA); 4 SMs fewer (run63's tuner picked 128 programs: 7168 tiles = 56 whole
-# waves) against stream-K's last wave on all 132 (gemm.streamk_tiles).
-AB = [("stores", {}), ("remote TMA", {"remote_tma": True}), ("stores, programs-4", {"num_programs": -4}),
-      ("remote TMA, programs-4", {"remote_tma": True, "num_programs": -4}), ("stream-K 1", {"STREAM_K": 1}),
-      ("stream-K 2", {"STREAM_K": 2}), ("remote TMA, stream-K 1", {"remote_tma": True, "STREAM_K": 1})]
+# Partial tiles by TMA stores into the peer (remote_tma) against stores from registers, timed in turn (run46's
+# one-after-another sweep: 3058 vs 3117-3240 us at N = 28672, 842 vs 848-893 at 8192^3, within the GPU's drift)
+# run67 in turn (9 rounds, ~50 ms of warm-up each): stores / remote TMA / programs-4 / remote TMA programs-4
+# 956.8 / 950.5 / 937.6 / 934.9 us at 8192^3, 3252.9 / 3243.0 / 3220.5 / 3189.0 at N = 28672, 3024.7 / 3010.6 /
+# 3007.5 / 2997.5 at K = 28672 (the tuner's pick at all three). Stream-K's last wave of own tiles (commit c6bec7a,
+# reverted): 1-3 % slower than stores at every shape in runs 66-67.
+REMOTE_AB = [("stores", {}), ("remote TMA", {"remote_tma": True}), ("stores, programs-4", {"num_programs": -4}),
+             ("remote TMA, programs-4", {"remote_tma": True, "num_programs": -4})]
 AB_ROUNDS = 9  # run65: 5 rounds of 10 calls left ~3 % of noise at N = 28672
 
 
@@ -97,7 +97,7 @@ def main():
             sweep = {"default": t_over, **knob_sweep(lambda cfg: gemm_rs(a, w, config=cfg), over, SWEEP, a.device)}
             sweep_rows.append({"M": m, "N": n, "K": k_total, **{kk: round(v, 1) for kk, v in sweep.items()}})
         if m == 8192:
-            ab = interleaved_ab(lambda cfg: gemm_rs(a, w, config=cfg), over, AB, a.device, AB_ROUNDS)
+            ab = interleaved_ab(lambda cfg: gemm_rs(a, w, config=cfg), over, REMOTE_AB, a.device, AB_ROUNDS)
             ab_rows.append({"M": m, "N": n, "K": k_total, **{kk: round(v, 1) for kk, v in ab.items()}})
         t_nccl = time_us(nccl_cublas)
         t_tp = time_us_or_nan(_async_tp(a, w.T, group_name), "async-TP")
@@ -119,9 +119,8 @@ def main():
            f"'in turn': ours, the baselines and the GEMM alone {IN_TURN}")
     record("gemm_rs_sweep", sweep_rows,
            notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
-    record("gemm_rs_ab", ab_rows,
-           notes=f"overlapped kernel, default config + knobs, timed in turn ({AB_ROUNDS} rounds of 10), max over "
-                 "ranks")
+    record("gemm_rs_remote_tma_ab", ab_rows,
+           notes=f"overlapped kernel, default config + knobs, {IN_TURN.replace('5 rounds', f'{AB_ROUNDS} rounds')}")
     td.finalize()
 
 

@@ -83,31 +83,6 @@ def test_ag_gemm_four_ranks(ranks, m, n, k, dtype, config):
         assert worst < (2e-3 if dtype == "float16" else 1e-6), worst
 
 
-def _check_streamk(m, n, k, dtype_name, config):
-    """_check, plus how many tiles the call's plan shared out by K steps (so a case cannot test nothing)."""
-    worst, gathered_ok = _check(m, n, k, dtype_name, config, 2)
-    plans = [p for key, p in agm._PLANS.items() if key[:3] == (m, n, k) and p.cfg.get("STREAM_K")]
-    return worst, gathered_ok, [p.sk_tiles for p in plans]
-
-
-SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_stages": 1, "num_warps": 4}
-
-
-@pytest.mark.parametrize("world,m,n,k,dtype,config", [  # the CPU's tiles on GPUs too: the same stream-K split
-    (2, 17, 24, 40, "float16", {**CPU_CE, "STREAM_K": 1}),   # 8 tiles on 3 programs: the last 2, 2 steps each
-    (2, 17, 24, 40, "float32", {**CPU_C1, "num_programs": 3, "STREAM_K": 2}),  # 4 tiles cut in 3 ranges
-    (2, 13, 23, 37, "float32", {**CPU_C3, "num_programs": 3, "STREAM_K": 2}),  # masked path, ragged K steps
-    (2, 33, 24, 72, "float16", {**CPU_C1, "num_programs": 5, "STREAM_K": 1}),  # a tile over 3-4 programs
-    (4, 7, 24, 40, "float16", {**CPU_CE, "STREAM_K": 2}),
-])
-def test_ag_gemm_stream_k(ranks, world, m, n, k, dtype, config):
-    """The last tiles shared out by K steps: partials added by the owner, tiles cut across several programs."""
-    for worst, gathered_ok, sk_tiles in ranks(world, _check_streamk, m, n, k, dtype, {**SMALL_TILES, **config}):
-        assert sk_tiles and all(t > 0 for t in sk_tiles), sk_tiles
-        assert gathered_ok
-        assert worst < (2e-3 if dtype == "float16" else 1e-6), worst
-
-
 def test_ag_gemm_eight_ranks(ranks):
     """Seven peer segments, copy pushes to every peer, one wait per chunk over all of them."""
     for worst, gathered_ok in ranks(8, _check, 3, 16, 24, "float16", CPU_CE, 1):
@@ -265,17 +240,6 @@ def test_ag_gemm_gpu_every_candidate(ranks, m, n, k):
             assert gathered_ok and worst < 1e-2, (cfg, worst)
 
 
-@gpu_only
-@pytest.mark.parametrize("stream_k,use_tma", [(1, None), (2, None), (2, False)])
-def test_ag_gemm_gpu_stream_k(ranks, stream_k, use_tma):
-    """The last wave shared out by K steps on the GPU (256 tiles of 128x256 on 132 SMs: the last 124, or all 128
-    of the peer rows; ragged M and K), 100 fresh repeats: owners add partials other SMs raced to publish."""
-    cfg = {"path": "overlap", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 3, "num_warps": 8,
-           "STREAM_K": stream_k, "use_tma": use_tma}
-    for worst, gathered_ok in ranks(td.world_size(), _check_gpu, 1000, 4096, 4104, cfg, 100):
-        assert gathered_ok and worst < 1e-2, worst
-
-
 def _check_graph_path(m, n, k):
     """Path "graph": fresh activations every call, a weight updated in place, then more distinct weights than
     the cache captures (those launch directly). Every result against the fp32 reference."""
@@ -358,20 +322,20 @@ def test_ag_gemm_gpu_torch_compile(ranks):
 # ----------------------------------------------------------------------------------------------- sm_90
 AG_SIGNATURE = dict(
     a_local="tensordesc<bf16[128,64]>", a_full="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>",
-    c="tensordesc<bf16[1,128,256]>", arrived="*i32", state="*i32", ctx="*i64", sk_partials="*fp32",
-    sk_flags="*i32", m_shard="i32", N="i32", K="i32", stride_al="i32", stride_af="i32", stride_bn="i32",
-    stride_cs="i32", stride_cm="i32", chunk_rows="i32", sk_tiles="i32",
+    c="tensordesc<bf16[1,128,256]>", arrived="*i32", state="*i32", ctx="*i64",
+    m_shard="i32", N="i32", K="i32", stride_al="i32", stride_af="i32", stride_bn="i32", stride_cs="i32",
+    stride_cm="i32", chunk_rows="i32",
     **{name: "constexpr" for name in ("N_CHUNKS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "USE_TMA",
                                       "EPILOGUE_SUBTILE", "FLATTEN", "WARP_SPECIALIZE", "FENCE_ASYNC_PROXY",
-                                      "DOT_PRECISION", "STREAM_K")})
+                                      "DOT_PRECISION")})
 
 
-@pytest.mark.parametrize("n_chunks,flatten,stream_k", [(1, False, False), (2, True, False), (1, False, True)])
-def test_ag_gemm_compiles_for_sm90_with_tma_and_wgmma(n_chunks, flatten, stream_k):
+@pytest.mark.parametrize("n_chunks,flatten", [(1, False), (2, True)])
+def test_ag_gemm_compiles_for_sm90_with_tma_and_wgmma(n_chunks, flatten):
     res = compile_sm90("triton_dist.kernels.allgather_gemm", "ag_gemm_kernel", AG_SIGNATURE,
                        dict(N_CHUNKS=n_chunks, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, USE_TMA=True,
                             EPILOGUE_SUBTILE=False, FLATTEN=flatten, WARP_SPECIALIZE=False, FENCE_ASYNC_PROXY=True,
-                            DOT_PRECISION="tf32", STREAM_K=stream_k), aligned=("K", "N"))
+                            DOT_PRECISION="tf32"), aligned=("K", "N"))
     ops = res["ops"]
     assert any(k.startswith("wgmma.mma_async") for k in ops), ops
     assert any(k.startswith("cp.async.bulk.tensor.2d") for k in ops), ops  # TMA loads of A and W

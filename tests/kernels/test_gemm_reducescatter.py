@@ -6,7 +6,6 @@ rank, CUDA-graph replay, bitwise reproducibility; code generation for sm_90."""
 import pytest
 import torch
 import torch.distributed as dist
-import triton
 
 import triton_dist as td
 from triton_dist.kernels import gemm_reducescatter as grs
@@ -75,23 +74,6 @@ CASES = {
 @pytest.mark.parametrize("world,case", [(w, c) for w, cases in CASES.items() for c in range(len(cases))])
 def test_gemm_rs_matches_fp64_reference(ranks, world, case):
     m, n, k, dtype, config = CASES[world][case]
-    assert ranks(world, _check_against_fp64, m, n, k, dtype, {**CPU_TILES, **config}, 2) == ["ok"] * world
-
-
-STREAM_K_CASES = [  # (world, m, n, k, dtype, config): programs chosen so that the own tiles' last wave is short
-    (2, 64, 32, 48, "float16", {"num_programs": 7, "STREAM_K": 1}),  # 8 tiles, the last one in 3 pieces
-    (2, 64, 32, 48, "float32", {"num_programs": 7, "STREAM_K": 2, "use_tma": True}),  # 4 own tiles, 3 programs
-    (2, 61, 45, 40, "float16", {"num_programs": 11, "STREAM_K": 1}),  # ragged; 3 K steps over 5 programs
-    (4, 37, 48, 40, "float32", {"num_programs": 11, "STREAM_K": 2}),  # 3 own tiles over 2 programs
-]
-
-
-@pytest.mark.parametrize("world,m,n,k,dtype,config", STREAM_K_CASES)
-def test_gemm_rs_stream_k(ranks, world, m, n, k, dtype, config):
-    """Own tiles shared out by K steps: partials of other programs added in program order, then the peers'."""
-    bm, bn = CPU_TILES["BLOCK_M"], CPU_TILES["BLOCK_N"]
-    tiles_per_dest = triton.cdiv(triton.cdiv(m, world), bm) * triton.cdiv(n, bn)
-    assert grs.streamk_split(world, tiles_per_dest, config["num_programs"], config["STREAM_K"], False)[0] > 0
     assert ranks(world, _check_against_fp64, m, n, k, dtype, {**CPU_TILES, **config}, 2) == ["ok"] * world
 
 
@@ -210,9 +192,6 @@ def _check_bf16_fresh_repeats(m, n, k, config, repeats):
                         "num_stages": 4, "num_warps": 8, "EPILOGUE_SUBTILE": True}),  # half-tile TMA stores
     (520, 4096, 1000, {"path": "graph", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 4,
                        "num_warps": 8, "EPILOGUE_SUBTILE": True}),  # small M: one wave of 128x256 tiles, replayed
-    (4099, 3072, 1544, {"path": "overlap", "STREAM_K": 1}),  # 408 tiles on 132 SMs: the last 12 by K steps
-    (4099, 3072, 1544, {"path": "overlap", "STREAM_K": 2, "remote_tma": True}),  # the last 144
-    (4099, 3072, 1544, {"path": "overlap", "STREAM_K": 2, "use_tma": False}),
 ])
 def test_gemm_rs_bf16_100_fresh_repeats(ranks, m, n, k, config):
     assert ranks(2, _check_bf16_fresh_repeats, m, n, k, config, 100) == [[]] * 2
@@ -290,8 +269,7 @@ def _check_graph_replay(cfg):
 
 
 @gpu_only
-@pytest.mark.parametrize("cfg", [{"path": "overlap"}, {"path": "overlap", "remote_tma": True},
-                                 {"path": "overlap", "STREAM_K": 2}])
+@pytest.mark.parametrize("cfg", [{"path": "overlap"}, {"path": "overlap", "remote_tma": True}])
 def test_gemm_rs_cuda_graph_replay(ranks, cfg):
     assert ranks(2, _check_graph_replay, cfg) == [True] * 2
 
@@ -303,8 +281,6 @@ def _check_bitwise_reproducible():
     schedules = all(torch.equal(first, gemm_rs(a, w, {"path": "overlap", "num_programs": p}))
                     for p in (0, 7, 64))
     schedules &= torch.equal(first, gemm_rs(a, w, {"path": "overlap", "remote_tma": True}))  # same partials
-    streamk = gemm_rs(a, w, {"path": "overlap", "STREAM_K": 2})  # its own K split: its own, fixed bits
-    same &= all(torch.equal(streamk, gemm_rs(a, w, {"path": "overlap", "STREAM_K": 2})) for _ in range(10))
     compiled = torch.compile(lambda x, y: gemm_rs(x, y), fullgraph=True)(a, w)
     return same, schedules, torch.equal(compiled, gemm_rs(a, w))
 
@@ -316,17 +292,16 @@ def test_gemm_rs_bitwise_reproducible(ranks):
 
 # ----------------------------------------------------------------------------------------------- sm_90
 SIGNATURE = dict(a="*bf16", w="*bf16", out="*bf16", recv="*bf16", recv_peer="*bf16", arrived="*i32", ready="*i32",
-                 state="*i32", sk_partials="*fp32", sk_flags="*i32", M="i32", N="i32", K="i32", stride_am="i32",
-                 stride_wn="i32", own_rows="i32", sk_tiles="i32", sk_first_program="i32", ctx="*i64",
+                 state="*i32", M="i32", N="i32", K="i32", stride_am="i32", stride_wn="i32", own_rows="i32", ctx="*i64",
                  BLOCK_M="constexpr", BLOCK_N="constexpr", BLOCK_K="constexpr", GROUP_M="constexpr",
                  USE_TMA="constexpr", EPILOGUE_SUBTILE="constexpr", DEFER_SIGNAL="constexpr",
-                 DOT_PRECISION="constexpr", SLOTS_BLOCK="constexpr", REMOTE_TMA="constexpr", STREAM_K="constexpr")
+                 DOT_PRECISION="constexpr", SLOTS_BLOCK="constexpr", REMOTE_TMA="constexpr")
 
 
-@pytest.mark.parametrize("dtype,partial,slots,tma,remote_tma,stream_k", [("bf16", "bf16", 1, True, False, False),
-                                                                         ("fp16", "fp32", 4, False, False, True),
-                                                                         ("bf16", "bf16", 1, True, True, True)])
-def test_gemm_rs_compiles_for_sm90(dtype, partial, slots, tma, remote_tma, stream_k):
+@pytest.mark.parametrize("dtype,partial,slots,tma,remote_tma", [("bf16", "bf16", 1, True, False),
+                                                                ("fp16", "fp32", 4, False, False),
+                                                                ("bf16", "bf16", 1, True, True)])
+def test_gemm_rs_compiles_for_sm90(dtype, partial, slots, tma, remote_tma):
     bm, bn, bk = 128, 256, 64
     sig = {**SIGNATURE, "a": f"*{dtype}", "w": f"*{dtype}", "out": f"*{dtype}", "recv": f"*{partial}",
            "recv_peer": f"*{partial}"}
@@ -338,7 +313,7 @@ def test_gemm_rs_compiles_for_sm90(dtype, partial, slots, tma, remote_tma, strea
     res = compile_sm90("triton_dist.kernels.gemm_reducescatter", "gemm_rs_kernel", sig,
                        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": tma,
                         "EPILOGUE_SUBTILE": tma, "DEFER_SIGNAL": True, "DOT_PRECISION": "tf32",
-                        "SLOTS_BLOCK": slots, "REMOTE_TMA": remote_tma, "STREAM_K": stream_k},
+                        "SLOTS_BLOCK": slots, "REMOTE_TMA": remote_tma},
                        aligned=("recv", "N", "K", "stride_am", "stride_wn") + (() if tma else ("a", "w", "out")))
     ops = res["ops"]
     assert any(op.startswith("wgmma.mma_async") for op in ops), ops  # Hopper tensor cores

@@ -50,8 +50,7 @@ from .. import autotune, shmem
 from .. import language as dl
 from . import library
 from .gemm import (check_launchable, check_matmul_operands, default_num_programs, describe_operands, dot_precision,
-                   gemm_candidates, gemm_config, interpreting, skinny_configs, StreamKScratch, streamk_fixup,
-                   streamk_piece, streamk_share, streamk_tiles, tile_accumulate, tile_accumulate_steps, tile_coords,
+                   gemm_candidates, gemm_config, interpreting, skinny_configs, tile_accumulate, tile_coords,
                    tile_store)
 from .replay import GraphCache
 
@@ -81,36 +80,27 @@ def _wait_chunk_of_peers(arrived, chunk, n_chunks, epoch, ctx, me, world, FENCE_
 
 
 @triton.jit
-def _phase_tile(t, tiles_m, tiles_n, num_segments, first_row_tile, me, world, m_shard,
-                REMOTE: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
-    """Tile t of a phase -> (output segment, first row of A, pid_m, pid_n). Local segment k is rank ``me``
-    (phase 0, REMOTE=False, A = ``a`` itself) or rank ``(me - 1 - k) mod world`` (REMOTE, A = a_full)."""
-    k, pid_m, pid_n = tile_coords(t, tiles_m, tiles_n, num_segments, 0, 1, GROUP_M)
-    pid_m += first_row_tile
-    if REMOTE:
-        seg = (me - 1 - k + 2 * world) % world
-        a_row = seg * m_shard + pid_m * BLOCK_M
-    else:
-        seg = me
-        a_row = pid_m * BLOCK_M
-    return seg, a_row, pid_m, pid_n
-
-
-@triton.jit
-def _gemm_tiles(a, b, c, a_rows, first_row_tile, tiles_m, num_segments, tiles_n, first_tile, left_to_streamk,
+def _gemm_tiles(a, b, c, a_rows, first_row_tile, tiles_m, num_segments, tiles_n, first_tile,
                 program, num_programs, me, world, m_shard, N, K, stride_am, stride_bn, stride_cs, stride_cm,
                 REMOTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
                 FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One phase: tile-rows [first_row_tile, first_row_tile + tiles_m) of ``num_segments`` segments, grouped-M
-    inside a segment, but for the phase's last ``left_to_streamk`` tiles. The phase's tiles are numbers
-    first_tile, first_tile + 1, ... of the whole launch; this program takes those congruent to ``program``
-    modulo ``num_programs`` (persistent, balanced across phases)."""
-    phase_tiles = num_segments * tiles_m * tiles_n - left_to_streamk
+    inside a segment. The phase's tiles are numbers first_tile, first_tile + 1, ... of the whole launch; this
+    program takes those congruent to ``program`` modulo ``num_programs`` (persistent, balanced across phases).
+    Local segment k is rank ``me`` (phase 0, REMOTE=False, A = ``a`` itself) or rank ``(me - 1 - k) mod world``
+    (REMOTE, A = a_full)."""
+    phase_tiles = num_segments * tiles_m * tiles_n
     start = ((program - first_tile) % num_programs + num_programs) % num_programs
     for t in tl.range(start, phase_tiles, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        seg, a_row, pid_m, pid_n = _phase_tile(t, tiles_m, tiles_n, num_segments, first_row_tile, me, world,
-                                               m_shard, REMOTE, BLOCK_M, GROUP_M)
+        k, pid_m, pid_n = tile_coords(t, tiles_m, tiles_n, num_segments, 0, 1, GROUP_M)
+        pid_m += first_row_tile
+        if REMOTE:
+            seg = (me - 1 - k + 2 * world) % world
+            a_row = seg * m_shard + pid_m * BLOCK_M
+        else:
+            seg = me
+            a_row = pid_m * BLOCK_M
         acc = tile_accumulate(a, b, a_row, pid_n * BLOCK_N, a_rows, N, K, stride_am, stride_bn,
                               BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
         tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, m_shard, N, stride_cs, stride_cm,
@@ -118,14 +108,12 @@ def _gemm_tiles(a, b, c, a_rows, first_row_tile, tiles_m, num_segments, tiles_n,
 
 
 @triton.jit
-def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx, sk_partials, sk_flags,
-                   m_shard, N, K, stride_al, stride_af, stride_bn, stride_cs, stride_cm, chunk_rows, sk_tiles,
+def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
+                   m_shard, N, K, stride_al, stride_af, stride_bn, stride_cs, stride_cm, chunk_rows,
                    N_CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
-                   WARP_SPECIALIZE: tl.constexpr, FENCE_ASYNC_PROXY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   STREAM_K: tl.constexpr):
-    """The consumer: own rows first (phase 0), then chunk by chunk the peers' rows as their flags arrive; with
-    STREAM_K, the last ``sk_tiles`` tiles of the last chunk shared out by K steps (``gemm.streamk_fixup``)."""
+                   WARP_SPECIALIZE: tl.constexpr, FENCE_ASYNC_PROXY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The consumer: own rows first (phase 0), then chunk by chunk the peers' rows as their flags arrive."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     me = dl.rank(ctx)
@@ -133,7 +121,7 @@ def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx, sk_partials, sk_f
     epoch = dl.call_epoch(state)
     tiles_m = tl.cdiv(m_shard, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    _gemm_tiles(a_local, b, c, m_shard, 0, tiles_m, 1, tiles_n, 0, 0, pid, n_programs, me, world,
+    _gemm_tiles(a_local, b, c, m_shard, 0, tiles_m, 1, tiles_n, 0, pid, n_programs, me, world,
                 m_shard, N, K, stride_al, stride_bn, stride_cs, stride_cm,
                 False, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE,
                 DOT_PRECISION)
@@ -145,28 +133,10 @@ def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx, sk_partials, sk_f
         rows_tiles = tl.minimum(tiles_m - first_row_tile, chunk_tiles)
         _wait_chunk_of_peers(arrived, chunk, N_CHUNKS, epoch, ctx, me, world, FENCE_ASYNC_PROXY)
         _gemm_tiles(a_full, b, c, world * m_shard, first_row_tile, rows_tiles, world - 1, tiles_n, done,
-                    sk_tiles if chunk == N_CHUNKS - 1 else 0,
                     pid, n_programs, me, world, m_shard, N, K, stride_af, stride_bn, stride_cs, stride_cm,
                     True, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, EPILOGUE_SUBTILE, FLATTEN,
                     WARP_SPECIALIZE, DOT_PRECISION)
         done += (world - 1) * rows_tiles * tiles_n
-    if STREAM_K:  # the last chunk's last sk_tiles tiles (its rows have arrived: waited for above)
-        first_row_tile = (N_CHUNKS - 1) * chunk_tiles
-        rows_tiles = tl.minimum(tiles_m - first_row_tile, chunk_tiles)
-        first_sk = (world - 1) * rows_tiles * tiles_n - sk_tiles
-        k_tiles = tl.cdiv(K, BLOCK_K)
-        lo, hi, pieces = streamk_share(pid, n_programs, sk_tiles, k_tiles)
-        for i in range(pieces):
-            tile, k_begin, k_end = streamk_piece(lo, hi, pieces, i, k_tiles)
-            seg, a_row, pid_m, pid_n = _phase_tile(first_sk + tile, rows_tiles, tiles_n, world - 1, first_row_tile,
-                                                   me, world, m_shard, True, BLOCK_M, GROUP_M)
-            acc = tile_accumulate_steps(a_full, b, a_row, pid_n * BLOCK_N, world * m_shard, N, K, k_begin, k_end,
-                                        stride_af, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
-            acc, finished = streamk_fixup(acc, sk_partials, sk_flags, pid, n_programs, tile, k_begin, k_end,
-                                          k_tiles, sk_tiles, epoch, ctx, BLOCK_M, BLOCK_N)
-            if finished:
-                tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, m_shard, N, stride_cs, stride_cm,
-                           BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
     dl.finish_call(state, epoch, n_programs)
 
 
@@ -203,7 +173,6 @@ class _Workspace:
         self.arrived_peers = shmem.peer_views(self.arrived)
         # one side stream per peer, so that every link is busy at once
         self.streams = {p: torch.cuda.Stream(dev) for p in range(world) if p != me} if dev.type == "cuda" else {}
-        self.streamk = StreamKScratch(dev)
         self.me, self.world, self.m_shard = me, world, m_shard
         shmem.barrier()  # peers signal into these flags only after everyone zeroed them
 
@@ -251,13 +220,8 @@ class _Plan:
                 items.append((lo, hi, ws.a_full_peers[peer][me * m_shard + lo: me * m_shard + hi],
                               ws.arrived_peers[peer][flag: flag + 1]))
             self.pushes.append((ws.streams.get(peer), items))
-        tiles_n = triton.cdiv(n, cfg["BLOCK_N"])
-        tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * tiles_n
+        tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
         self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device), tiles)),)
-        last_chunk_rows = m_shard - (self.n_chunks - 1) * self.chunk_rows
-        last_phase_tiles = (world - 1) * triton.cdiv(last_chunk_rows, cfg["BLOCK_M"]) * tiles_n
-        self.sk_tiles = streamk_tiles(tiles, self.grid[0], cfg.get("STREAM_K"), last_phase_tiles)
-        self.sk_partials, self.sk_flags = ws.streamk.reserve(self.grid[0], cfg["BLOCK_M"] * cfg["BLOCK_N"])
         self.ctx = shmem.context()
         self.fence = not interpreting()
         self.precision = dot_precision(dtype)
@@ -291,9 +255,9 @@ def _run_overlapped(a, w, plan, return_gathered):
     ready_handshake_kernel[(1,)](ws.ready, ws.state, ws.epoch, plan.ctx)
     _copy_engine_push(a, plan)
     ag_gemm_kernel[plan.grid](
-        a_arg, a_full_arg, b_arg, c_arg, ws.arrived, ws.state, plan.ctx, plan.sk_partials, plan.sk_flags,
+        a_arg, a_full_arg, b_arg, c_arg, ws.arrived, ws.state, plan.ctx,
         m_shard, n, k, a.stride(0), ws.a_full.stride(0), w.stride(0), m_shard * n, n,
-        plan.chunk_rows, plan.sk_tiles, N_CHUNKS=plan.n_chunks, STREAM_K=plan.sk_tiles > 0,
+        plan.chunk_rows, N_CHUNKS=plan.n_chunks,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],
         WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], FENCE_ASYNC_PROXY=use_tma and plan.fence,
@@ -337,11 +301,10 @@ def default_config(m_shard, n, k, dtype, device, world):
     """Keys: path ("overlap" / "graph": the overlapped kernels replayed from a cached CUDA graph, for host-bound
     small M, see ``replay.py`` / "fallback"), n_chunks (chunks per shard, flags per peer), and the GEMM core's
     (BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, use_tma,
-    num_programs; see ``gemm.gemm_config``), STREAM_K (0: off; 1: the last partial wave of tiles shared out
-    over every program by K steps, 2: one full wave more; ``gemm.streamk_tiles``)."""
+    num_programs; see ``gemm.gemm_config``)."""
     m_total = world * m_shard
     cfg = gemm_config(m_total, n, k, dtype, device)
-    cfg.update(path=choose_path(m_total, n, k, world, device.type), n_chunks=1, STREAM_K=0)
+    cfg.update(path=choose_path(m_total, n, k, world, device.type), n_chunks=1)
     if device.type != "cuda":
         cfg.update(n_chunks=2, num_programs=4)
     return cfg
@@ -364,11 +327,6 @@ def candidate_configs(m_shard, n, k, dtype, device, world):
             if g.get("WARP_SPECIALIZE"):  # triton 3.6's warp-specialisation pass rejects this kernel (TODO)
                 continue
             cands.append({**base, **g, "path": "overlap", "n_chunks": base["n_chunks"]})
-            programs = g.get("num_programs") or default_num_programs(device)
-            tiles = world * triton.cdiv(m_shard, g["BLOCK_M"]) * triton.cdiv(n, g["BLOCK_N"])
-            if g["BLOCK_N"] == 256 and not g.get("FLATTEN") and tiles > programs and tiles % programs:
-                # a last wave that leaves SMs idle (e.g. 3584 tiles on 132 SMs: 27 waves + 20 tiles)
-                cands += [{**cands[-1], "STREAM_K": waves} for waves in (1, 2)]
     unique = []
     for c in cands:
         if c not in unique:

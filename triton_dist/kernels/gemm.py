@@ -48,7 +48,6 @@ import triton
 import triton.language as tl
 
 from .. import autotune
-from .. import language as dl
 
 try:  # triton >= 3.4 (host-side TMA descriptors)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -85,19 +84,10 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
                     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr = "tf32"):
     """fp32 ``A[a_row : a_row + BLOCK_M, :] @ B[off_n : off_n + BLOCK_N, :].T`` (rows past ``a_rows`` and
     columns past ``N`` / ``K`` count as zeros). ``a``/``b``: tensor descriptors (USE_TMA) or pointers."""
-    return tile_accumulate_steps(a, b, a_row, off_n, a_rows, N, K, 0, tl.cdiv(K, BLOCK_K), stride_am, stride_bn,
-                                 BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
-
-
-@triton.jit
-def tile_accumulate_steps(a, b, a_row, off_n, a_rows, N, K, k_begin, k_end, stride_am, stride_bn,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """``tile_accumulate`` over the K steps ``[k_begin, k_end)`` only (step i covers columns
-    ``[i * BLOCK_K, (i + 1) * BLOCK_K)`` of A and B): a stream-K piece of a tile."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_tiles = tl.cdiv(K, BLOCK_K)
     if USE_TMA:
-        for ki in range(k_begin, k_end):
+        for ki in range(k_tiles):
             a_tile = a.load([a_row, ki * BLOCK_K])
             b_tile = b.load([off_n, ki * BLOCK_K])
             acc = tl.dot(a_tile, b_tile.T, acc, input_precision=DOT_PRECISION)
@@ -105,9 +95,9 @@ def tile_accumulate_steps(a, b, a_row, off_n, a_rows, N, K, k_begin, k_end, stri
         rows = a_row + tl.arange(0, BLOCK_M)
         cols = off_n + tl.arange(0, BLOCK_N)
         ks = tl.arange(0, BLOCK_K)
-        a_ptrs = a + rows.to(tl.int64)[:, None] * stride_am + k_begin * BLOCK_K + ks[None, :]
-        b_ptrs = b + cols.to(tl.int64)[:, None] * stride_bn + k_begin * BLOCK_K + ks[None, :]
-        for ki in range(k_begin, k_end):
+        a_ptrs = a + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
+        b_ptrs = b + cols.to(tl.int64)[:, None] * stride_bn + ks[None, :]
+        for ki in range(k_tiles):
             k_left = K - ki * BLOCK_K
             a_tile = tl.load(a_ptrs, mask=(rows[:, None] < a_rows) & (ks[None, :] < k_left), other=0.0)
             b_tile = tl.load(b_ptrs, mask=(cols[:, None] < N) & (ks[None, :] < k_left), other=0.0)
@@ -134,62 +124,8 @@ def tile_store(c, acc, seg, off_m, off_n, seg_rows, N, stride_cs, stride_cm,
     else:
         rows = off_m + tl.arange(0, BLOCK_M)
         cols = off_n + tl.arange(0, BLOCK_N)
-        ptrs = c + tl.cast(seg, tl.int64) * stride_cs + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
+        ptrs = c + seg.to(tl.int64) * stride_cs + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
         tl.store(ptrs, acc.to(c.dtype.element_ty), mask=(rows[:, None] < seg_rows) & (cols[None, :] < N))
-
-
-# Stream-K (for kernels with epochs and a context, see ``streamk_fixup``): a persistent launch of P programs over T
-# equal tiles ends in a last wave of T mod P tiles while the other SMs idle (3584 tiles of 128x256 on 132 SMs:
-# 27 full waves + 20 tiles, the 28th wave ~3 % of the GEMM). So the launch does its first tiles whole, one per
-# program per wave as usual, and shares the last ``sk_tiles`` out by their K steps: their
-# ``sk_tiles * k_tiles`` steps, numbered tile after tile, are cut into P contiguous near-equal ranges, one per
-# program. A tile cut between programs is finished by the program holding its LAST step (the "owner"): it adds
-# the others' fp32 partials in program order, so the sum is fixed by the configuration, not by timing. Each
-# program walks its range backwards (its last tile first): the piece another program is waiting for is computed
-# first, and a program's own finishing piece comes last, after its contributors computed theirs; a program
-# waits only for programs with smaller ids, which the interpreter has already run.
-@triton.jit
-def streamk_share(program, num_programs, sk_tiles, k_tiles):
-    """This program's range ``[lo, hi)`` of the stream-K steps (int64), and how many tiles it touches."""
-    total = tl.cast(sk_tiles, tl.int64) * k_tiles  # (tl.cast: an argument equal to 1 arrives as a constant)
-    lo = program * total // num_programs
-    hi = (program + 1) * total // num_programs
-    pieces = tl.where(hi > lo, (hi - 1) // k_tiles - lo // k_tiles + 1, 0)
-    return lo, hi, pieces
-
-
-@triton.jit
-def streamk_piece(lo, hi, pieces, i, k_tiles):
-    """The i-th piece a program computes (its last tile first): (stream-K tile, first K step, end K step)."""
-    tile = lo // k_tiles + pieces - 1 - i
-    k_begin = tl.maximum(lo - tile * k_tiles, 0)
-    k_end = tl.minimum(hi - tile * k_tiles, k_tiles)
-    return tile.to(tl.int32), k_begin.to(tl.int32), k_end.to(tl.int32)
-
-
-@triton.jit
-def streamk_fixup(acc, partials, flags, program, num_programs, tile, k_begin, k_end, k_tiles, sk_tiles, epoch, ctx,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """After a stream-K piece: returns (acc, finished). A piece without the tile's last K step goes to
-    ``partials[program]`` (fp32 [P, BLOCK_M * BLOCK_N]) and raises ``flags[program]`` to ``epoch`` (a program
-    stores at most one such piece per launch: the last tile of its range); the piece with the last step waits for
-    the programs holding the tile's earlier steps and adds their partials in program order: finished == True,
-    the caller stores the tile. Bounded waits (``dl.wait``): a missing partial ends in WaitTimeoutError."""
-    offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    finished = k_end == k_tiles
-    if k_end < k_tiles:
-        tl.store(partials + program.to(tl.int64) * (BLOCK_M * BLOCK_N) + offsets, acc)
-        dl.signal(flags + program, epoch, dl.rank(ctx), ctx)
-    elif k_begin > 0:
-        total = tl.cast(sk_tiles, tl.int64) * k_tiles  # (tl.cast: an argument equal to 1 arrives as a constant)
-        first_step = tile.to(tl.int64) * k_tiles
-        q = ((first_step + 1) * num_programs - 1) // total  # the program holding the tile's first step
-        while q < program:
-            if q * total // num_programs < (q + 1) * total // num_programs:  # (programs with no steps: none)
-                dl.wait(flags + q, epoch, ctx)
-                acc += tl.load(partials + q.to(tl.int64) * (BLOCK_M * BLOCK_N) + offsets)
-            q += 1
-    return acc, finished
 
 
 @triton.jit
@@ -306,37 +242,6 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1):
         WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(a.dtype),
         num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
     return c3
-
-
-def streamk_tiles(num_tiles, programs, waves, at_most):
-    """How many of a launch's last tiles stream-K shares out (``streamk_fixup``): none when ``waves`` is 0 or the
-    tiles fill whole waves; else the last partial wave (num_tiles mod programs) plus ``waves - 1`` full waves
-    before it (fewer programs per tile: fewer partials to add), at most ``at_most``."""
-    tail = num_tiles % programs
-    if not waves or tail == 0:
-        return 0
-    return min(tail + (int(waves) - 1) * programs, at_most)
-
-
-class StreamKScratch:
-    """``streamk_fixup``'s buffers for one op: fp32 partial tiles [programs * tile elements] and int32 flags
-    [programs] (they hold the op's call epochs, so ops never share them). Grown on first use of a larger launch;
-    not during CUDA-graph capture (call once before capturing, like the other workspaces)."""
-
-    def __init__(self, device):
-        self.partials = torch.empty(0, dtype=torch.float32, device=device)
-        self.flags = torch.zeros(0, dtype=torch.int32, device=device)
-
-    def reserve(self, programs, tile_elems):
-        if self.partials.numel() < programs * tile_elems or self.flags.numel() < programs:
-            if self.partials.is_cuda and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("stream-K buffers would grow during CUDA-graph capture: call the op once with "
-                                   "this configuration before capturing")
-            self.partials = torch.empty(max(programs * tile_elems, self.partials.numel()), dtype=torch.float32,
-                                        device=self.partials.device)
-            self.flags = torch.zeros(max(programs, self.flags.numel()), dtype=torch.int32,
-                                     device=self.flags.device)
-        return self.partials, self.flags
 
 
 def check_matmul_operands(a, b, what_a="a", what_b="w"):

@@ -29,9 +29,7 @@ d, d+1, ..., d-1 (mod W): ``((p_d + p_{d+1}) + p_{d+2}) + ...``, whatever the ti
 tile schedule. A peer's partial arrives rounded to the partial dtype (the output dtype by default, like
 torch.matmul + reduce_scatter; fp32 with ``partial="fp32"``); the own partial is the fp32 accumulator itself,
 which the peers' partials are added into (no second accumulator: the epilogue needs one extra tile of registers).
-No atomics touch data, so the same inputs give bitwise-identical outputs on every run. With ``STREAM_K`` the own
-partial of the last wave's tiles is itself a sum of K-step pieces from several programs, added in program order
-(``gemm.streamk_fixup``): still fixed, but by the configuration, so bits differ from those without it.
+No atomics touch data, so the same inputs give bitwise-identical outputs on every run.
 
 Flags carry the call's epoch (``dl.call_epoch``/``dl.finish_call``): no resets, no host syncs, CUDA-graph safe.
 ``recv`` on rank d is written by rank r only after d has entered the call (the ``ready`` handshake of
@@ -56,9 +54,8 @@ import triton.language as tl
 from .. import autotune, shmem
 from .. import language as dl
 from . import library
-from .gemm import (StreamKScratch, TensorDescriptor, default_num_programs, dot_precision, gemm_config, num_sms,
-                   output_like, skinny_configs, streamk_fixup, streamk_piece, streamk_share, streamk_tiles,
-                   tile_accumulate, tile_accumulate_steps, tile_coords, tile_store, tma_compatible)
+from .gemm import (TensorDescriptor, default_num_programs, dot_precision, gemm_config, num_sms, output_like,
+                   skinny_configs, tile_accumulate, tile_coords, tile_store, tma_compatible)
 from .replay import GraphCache
 
 # The crossover: below this many rows (M, all ranks together) the default path is torch.matmul + NCCL
@@ -68,39 +65,16 @@ SMALL_M_ROWS = 64
 
 # ----------------------------------------------------------------------------------------------- device side
 @triton.jit
-def _finish_own_tile(acc, out, recv, arrived, tile, pid_m, pid_n, own_rows, slot_elems, tiles_per_dest, N, epoch, ctx,
-                     world, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
-                     EPILOGUE_SUBTILE: tl.constexpr, SLOTS_BLOCK: tl.constexpr):
-    """An own tile: wait for the peers' partials of it, add them to this rank's fp32 ``acc`` in ring order, store."""
-    slots = tl.arange(0, SLOTS_BLOCK)
-    dl.wait(arrived + slots * tiles_per_dest + tile, epoch, ctx, mask=slots < world - 1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    tile_ok = (rows < own_rows)[:, None] & (cols < N)[None, :]
-    tile_offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    # the fixed summation order: own partial, then ranks me+1, me+2, ... (slot 0, 1, ...), added into the
-    # accumulator in place (one extra tile of registers, whatever W is)
-    for slot in range(world - 1):
-        acc += tl.load(recv + slot * slot_elems + tile_offsets, mask=tile_ok).to(tl.float32)
-    tile_store(out, acc, 0, pid_m * BLOCK_M, pid_n * BLOCK_N, own_rows, N, own_rows * N, N,
-               BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
-
-
-@triton.jit
-def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, sk_partials, sk_flags, M, N, K, stride_am,
-                   stride_wn, own_rows, sk_tiles, sk_first_program,
+def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, M, N, K, stride_am, stride_wn, own_rows,
                    ctx, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DEFER_SIGNAL: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, SLOTS_BLOCK: tl.constexpr, REMOTE_TMA: tl.constexpr,
-                   STREAM_K: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, SLOTS_BLOCK: tl.constexpr, REMOTE_TMA: tl.constexpr):
     """One launch = one gemm_rs call on this rank. ``a`` [M, K], ``w`` [N, K] and ``out`` [1, own_rows, N]:
     tensor descriptors (USE_TMA) or pointers to contiguous tensors. ``recv``: symmetric [W-1, rows_max, N]
     partial sums from the peers (slot of source q on rank d: (q - d - 1) mod W); ``arrived``: symmetric int32
     [W-1, tiles_per_dest]; ``ready``: symmetric int32 [W]; ``state``: this rank's int32[2] epoch counter.
     REMOTE_TMA (W = 2): partials go to the peer by TMA stores through ``recv_peer``, a descriptor of the peer's
-    recv [1, its rows, N] (asynchronous: the program computes on while they cross). STREAM_K: the last
-    ``sk_tiles`` own tiles are shared out by K steps (``gemm.streamk_fixup``) over the programs from
-    ``sk_first_program`` on (0 on GPUs; under the interpreter the programs after the pushing ones)."""
+    recv [1, its rows, N] (asynchronous: the program computes on while they cross)."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     me = dl.rank(ctx)
@@ -114,7 +88,6 @@ def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, sk_partial
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles_per_dest = tiles_m * tiles_n
     slot_elems = rows_max.to(tl.int64) * N
-    own_start = me * rows_base + tl.minimum(me, rows_extra)
 
     if pid == 0:  # every peer may now overwrite its partials in our recv (we are done with the last call's)
         for peer in range(world):
@@ -124,7 +97,7 @@ def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, sk_partial
     pending_peer = -1  # the deferred signal: (peer, flag index) of the last tile this program pushed
     pending_flag = 0
     ready_peer = -1  # the peer whose `ready` this program has already seen
-    for item in range(pid, world * tiles_per_dest - sk_tiles, n_programs):
+    for item in range(pid, world * tiles_per_dest, n_programs):
         # destinations in the order me+1, me+2, ..., me (own rows last); grouped-M order inside one
         dest, pid_m, pid_n = tile_coords(item, tiles_m, tiles_n, world, me + 1, 1, GROUP_M)
         tile = item % tiles_per_dest  # the flag of this tile (the same tile order on every rank)
@@ -138,6 +111,10 @@ def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, sk_partial
             dl.bulk_stores_done(REMOTE_TMA)
             dl.signal(arrived + pending_flag, epoch, pending_peer, ctx)
             pending_peer = -1
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # rows inside the destination's block of rows
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        tile_ok = (rows < dest_rows)[:, None] & (cols < N)[None, :]
+        tile_offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
         if dest != me:
             if ready_peer != dest:
                 dl.wait(ready + dest, epoch, ctx)
@@ -147,10 +124,6 @@ def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, sk_partial
                 tile_store(recv_peer, acc, 0, pid_m * BLOCK_M, pid_n * BLOCK_N, dest_rows, N, 0, N, BLOCK_M,
                            BLOCK_N, True, EPILOGUE_SUBTILE)
             else:
-                rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # rows inside the destination's block of rows
-                cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-                tile_ok = (rows < dest_rows)[:, None] & (cols < N)[None, :]
-                tile_offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
                 dl.put(recv + slot * slot_elems + tile_offsets, acc.to(recv.dtype.element_ty), dest, ctx,
                        mask=tile_ok)
             if DEFER_SIGNAL:
@@ -160,30 +133,18 @@ def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, sk_partial
                 dl.bulk_stores_done(REMOTE_TMA)
                 dl.signal(arrived + slot * tiles_per_dest + tile, epoch, dest, ctx)
         else:
-            _finish_own_tile(acc, out, recv, arrived, tile, pid_m, pid_n, own_rows, slot_elems, tiles_per_dest, N,
-                             epoch, ctx, world, BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE, SLOTS_BLOCK)
+            slots = tl.arange(0, SLOTS_BLOCK)
+            dl.wait(arrived + slots * tiles_per_dest + tile, epoch, ctx, mask=slots < world - 1)
+            # the fixed summation order: own partial, then ranks me+1, me+2, ... (slot 0, 1, ...), added into the
+            # accumulator in place (one extra tile of registers, whatever W is)
+            for slot in range(world - 1):
+                acc += tl.load(recv + slot * slot_elems + tile_offsets, mask=tile_ok).to(tl.float32)
+            own_segment = dest - me  # == 0: out is [1, own_rows, N], one segment
+            tile_store(out, acc, own_segment, pid_m * BLOCK_M, pid_n * BLOCK_N, own_rows, N, own_rows * N, N,
+                       BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
     if pending_peer >= 0:
         dl.bulk_stores_done(REMOTE_TMA)
         dl.signal(arrived + pending_flag, epoch, pending_peer, ctx)
-    if STREAM_K:  # the last sk_tiles own tiles, by K steps (the own rows come last: they are the last wave)
-        sk_program = pid - sk_first_program
-        if sk_program >= 0:
-            k_tiles = tl.cdiv(K, BLOCK_K)
-            n_sk_programs = n_programs - sk_first_program
-            lo, hi, pieces = streamk_share(sk_program, n_sk_programs, sk_tiles, k_tiles)
-            for i in range(pieces):
-                sk_tile, k_begin, k_end = streamk_piece(lo, hi, pieces, i, k_tiles)
-                tile = tiles_per_dest - sk_tiles + sk_tile
-                _, pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, 1, 0, 1, GROUP_M)
-                acc = tile_accumulate_steps(a, w, own_start + pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, k_begin,
-                                            k_end, stride_am, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
-                                            DOT_PRECISION)
-                acc, finished = streamk_fixup(acc, sk_partials, sk_flags, sk_program, n_sk_programs, sk_tile,
-                                              k_begin, k_end, k_tiles, sk_tiles, epoch, ctx, BLOCK_M, BLOCK_N)
-                if finished:
-                    _finish_own_tile(acc, out, recv, arrived, tile, pid_m, pid_n, own_rows, slot_elems,
-                                     tiles_per_dest, N, epoch, ctx, world, BLOCK_M, BLOCK_N, USE_TMA,
-                                     EPILOGUE_SUBTILE, SLOTS_BLOCK)
     dl.finish_call(state, epoch, n_programs)
 
 
@@ -208,7 +169,6 @@ class _Workspace:
         self.arrived = shmem.signals((max(n_flags, 1),), name="gemm_rs.arrived")
         self.ready = shmem.signals((world,), name="gemm_rs.ready")
         self.state = shmem.counters(2, name="gemm_rs.epoch")
-        self.streamk = StreamKScratch(shmem.device())
         shmem.barrier()  # peers signal into these flags only after everyone zeroed them
 
     @classmethod
@@ -230,16 +190,6 @@ def release_workspaces():
     """Free the cached symmetric buffers and CUDA graphs (collective: call it on every rank)."""
     _GRAPHS.clear()
     _Workspace._cache.clear()
-
-
-def streamk_split(world, tiles_per_dest, programs, waves, on_gpu):
-    """(own tiles shared out by K steps, first program taking a share) of a launch. Under the interpreter
-    (programs run one after another) only the programs after the pushing ones take a share, so that every push
-    of a rank precedes its first wait."""
-    first = 0 if on_gpu else (world - 1) * tiles_per_dest
-    if first >= programs:
-        return 0, 0
-    return streamk_tiles(world * tiles_per_dest, programs, waves, tiles_per_dest), first
 
 
 def _run_overlapped(a, w, out, cfg):
@@ -275,15 +225,13 @@ def _run_overlapped(a, w, out, cfg):
     if programs is None:
         programs = num_sms(a.device.index) if a.is_cuda else 0
     programs = n_items if programs == 0 else max(1, min(int(programs), n_items))
-    sk_tiles, sk_first = streamk_split(world, tiles_per_dest, programs, cfg.get("STREAM_K"), a.is_cuda)
-    sk_partials, sk_flags = ws.streamk.reserve(programs, bm * bn)
     shmem.raise_pending_errors()
     gemm_rs_kernel[(programs,)](
-        a_arg, w_arg, out_arg, ws.recv, recv_peer, ws.arrived, ws.ready, ws.state, sk_partials, sk_flags, m, n, k,
-        a.stride(0), w.stride(0), own_rows, sk_tiles, sk_first, shmem.context(),
+        a_arg, w_arg, out_arg, ws.recv, recv_peer, ws.arrived, ws.ready, ws.state, m, n, k, a.stride(0),
+        w.stride(0), own_rows, shmem.context(),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], USE_TMA=use_tma, EPILOGUE_SUBTILE=subtile,
         DEFER_SIGNAL=bool(cfg["DEFER_SIGNAL"]), DOT_PRECISION=dot_precision(a.dtype),
-        SLOTS_BLOCK=triton.next_power_of_2(max(world - 1, 1)), REMOTE_TMA=remote_tma, STREAM_K=sk_tiles > 0,
+        SLOTS_BLOCK=triton.next_power_of_2(max(world - 1, 1)), REMOTE_TMA=remote_tma,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out
 
@@ -325,14 +273,12 @@ def default_config(m, n, k, dtype, device, world):
     matmul + reduce_scatter; "fp32": exact partials at twice the traffic), DEFER_SIGNAL (publish a pushed tile
     after the program's next tile is computed, so the release never waits for NVLink), remote_tma (2 ranks, TMA
     on: partial tiles go to the peer by TMA stores, asynchronous to the program, instead of stores from
-    registers), num_programs (None: one per SM on GPU, one per tile under the interpreter; 0: one per tile),
-    STREAM_K (0: off; 1: the last partial wave of tiles, own tiles, shared out over every program by K steps; 2:
-    one full wave more; ``gemm.streamk_tiles``)."""
+    registers), num_programs (None: one per SM on GPU, one per tile under the interpreter; 0: one per tile)."""
     rows_max = triton.cdiv(m, world)
     cfg = gemm_config(rows_max, n, k, dtype, device)
     # FLATTEN / WARP_SPECIALIZE stay off: the tile loop's body waits and signals between tiles
     cfg.update(path=choose_path(m, world, device.type), partial="out", DEFER_SIGNAL=True, FLATTEN=False,
-               WARP_SPECIALIZE=False, remote_tma=False, STREAM_K=0)
+               WARP_SPECIALIZE=False, remote_tma=False)
     if device.type == "cuda" and rows_max <= 64:  # 128-row tiles would be mostly padding
         cfg.update(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4)
     return cfg
@@ -371,9 +317,6 @@ def candidate_configs(m, n, k, dtype, device, world):
             if world == 2 and shmem.backend() == "cuda":
                 cands += [{**over, **big, "remote_tma": True},
                           {**over, **big, "num_programs": sms - 4, "remote_tma": True}]
-            tiles = world * triton.cdiv(rows_max, big["BLOCK_M"]) * triton.cdiv(n, big["BLOCK_N"])
-            if tiles > sms and tiles % sms:  # a last wave that leaves SMs idle: share it out by K steps
-                cands += [{**over, **big, "STREAM_K": 1}, {**over, **big, "STREAM_K": 2}]
     unique = []
     for c in cands:
         if c not in unique:
