@@ -24,10 +24,11 @@ results: a shard summarised by its normalised output ``o_i`` and log-sum-exp ``l
     flash_decode_merge_kernel, grid (B * Hkv,)                                           [a few µs]
          waits until flag[r, b, kv head] >= epoch for every rank r (one vector poll), merges the world partials
          with the rule above and writes o in q's dtype. The second launch never holds an SM the splits need, so it
-         is safe for any B * Hkv. ``pdl=True`` launches it with programmatic dependent launch (Hopper+): the split
-         kernel lets it start once all split programs are running (griddepcontrol.launch_dependents), so its
-         launch latency hides under the splits' tail; it synchronises through the flags and only waits for the
-         split grid's completion at its very end (griddepcontrol.wait), so stream order is kept for what follows.
+         is safe for any B * Hkv. ``pdl=True`` launches it with programmatic dependent launch (Hopper+; ignored on
+         older GPUs): the split kernel lets it start once all split programs are running
+         (griddepcontrol.launch_dependents), so its launch latency hides under the splits' tail; it synchronises
+         through the flags and only waits for the split grid's completion at its very end (griddepcontrol.wait),
+         so stream order is kept for what follows.
     ``combine="auto"`` (default): "fused" when B * Hkv < SMs, else "kernel".
 
 Data movement per call and rank: the KV shard once from HBM; B * Hq * (D + 1) * 4 bytes to each peer over NVLink.
@@ -63,7 +64,7 @@ import triton.language as tl
 from .. import autotune, shmem
 from .. import language as dl
 from . import library
-from .gemm import num_sms
+from .gemm import num_sms, pdl_capable
 
 LOG2E = 1.4426950408889634  # kernels work in log2 units (exp2 is one instruction); lse leaves in natural log
 
@@ -455,7 +456,7 @@ def _resolve(dims, dtype, device, config, distributed):
         elif cfg["combine"] == "fused" and not fused_ok:
             raise ValueError(f"combine='fused' needs B * Hkv ({batch * kv_heads}) < the number of SMs ({real_sms}): "
                              f"waiting split programs could otherwise fill the GPU; use 'kernel' or 'auto'")
-    cfg["pdl"] = bool(cfg["pdl"]) and device.type == "cuda"
+    cfg["pdl"] = bool(cfg["pdl"]) and pdl_capable(device)  # before Hopper: launched without
     return cfg
 
 

@@ -173,6 +173,11 @@ def compute_major(device_index):
     return torch.cuda.get_device_capability(device_index)[0]
 
 
+def pdl_capable(device):
+    """Whether ``device`` runs programmatic dependent launch (a CUDA GPU of compute capability 9.0 or newer)."""
+    return device.type == "cuda" and compute_major(device.index) >= 9
+
+
 def default_num_programs(device):
     """One persistent program per SM on GPU; a couple under the interpreter (programs run one after another)."""
     return num_sms(device.index) if device.type == "cuda" else 2

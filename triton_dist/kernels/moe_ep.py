@@ -83,7 +83,7 @@ import triton.language as tl
 from .. import autotune, shmem
 from .. import language as dl
 from . import library
-from .gemm import compute_major, num_sms
+from .gemm import num_sms, pdl_capable
 from .replay import GraphCache
 
 MAX_CHUNKS = 1024  # flags and chunk tables are sized for this many token chunks per call
@@ -816,11 +816,6 @@ def _tail(tail_chunks, tail_parts, n_chunks):
     return min(int(tail_chunks), n_chunks), int(tail_parts)
 
 
-def _pdl_capable(t):
-    """Whether t's device runs programmatic dependent launch (a GPU of compute capability 9.0 or newer)."""
-    return t.is_cuda and compute_major(t.device.index) >= 9
-
-
 def _register_cap(maxnreg, t):
     """Launch options for a register cap per thread (GPU only; the interpreter has no registers)."""
     return {"maxnreg": int(maxnreg)} if maxnreg and t.device.type == "cuda" else {}
@@ -885,7 +880,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     common = dict(K=K, EL=ws.local, BT=bt, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
     shmem.raise_pending_errors()
     fused = bool(cfg["fused_layout"])
-    pdl = not fused and _pdl_capable(x) and bool(cfg["pdl"])
+    pdl = not fused and pdl_capable(x.device) and bool(cfg["pdl"])
 
     def launch(x, idx, wts):
         if not fused:
