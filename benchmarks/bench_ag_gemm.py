@@ -6,6 +6,8 @@
   ours overlap   our op forced onto the overlapped kernel with the default config
   graph-path     (M <= 2048) our op forced onto path "graph": the overlapped kernels replayed from a cached
                  CUDA graph by an eager call (copy in, replay, copy out)
+  gather-first   (M <= 512) path "graph" with gather_first: wait for every rank's rows, then one GEMM pass with
+                 128x64 tiles (the weight streamed once)
   host us/call   Python + launch cost of one eager call (GPU kept busy, so the host never waits; median of
                  5 batches of 20 calls, max over ranks: harness.host_us)
   sweep          (8192^3 and 2048 only) the overlapped kernel per knob: n_chunks, FLATTEN, EPILOGUE_SUBTILE,
@@ -85,6 +87,8 @@ def main():
         t_over = time_us(lambda: ag_gemm(a, w, config=over))
         t_replay = time_us(lambda: ag_gemm(a, w, config={**over, "path": "graph"})) if m_total <= 2048 else \
             float("nan")
+        gather_first = {**over, "path": "graph", "gather_first": True, **core.skinny_configs(a.dtype)[1]}
+        t_gather = time_us(lambda: ag_gemm(a, w, config=gather_first)) if m_total <= 512 else float("nan")
         h_ours = host_us(lambda: ag_gemm(a, w), calls=20)
         if (m_total, n_total, k) in ((8192, 8192, 8192), (2048, 8192, 8192)):
             sweep = knob_sweep(lambda cfg: ag_gemm(a, w, config=cfg), over, SWEEP, a.device)
@@ -98,7 +102,7 @@ def main():
         tflops = lambda t: 2 * m_total * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m_total, "N": n_total, "K": k, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
                      "op us": t_op, "ours fallback us": t_fb, "ours overlap us": t_over,
-                     "ours graph-path us": t_replay, "host us/call": h_ours,
+                     "ours graph-path us": t_replay, "gather-first graph us": t_gather, "host us/call": h_ours,
                      "NCCL+cuBLAS us": t_nccl, "async-TP us": t_tp,
                      "vs NCCL+cuBLAS": t_nccl / t_ours, "vs async-TP": t_tp / t_ours, **turn, "max rel err": err})
         del a, w, full, out, ref

@@ -66,6 +66,8 @@ CPU_CASES = [  # (m per rank, n, k, dtype, config): odd sizes, TMA-compatible an
     (9, 17, 19, "float16", {**CPU_CE, "use_tma": False}),
     (34, 24, 40, "float32", {**CPU_C3, "BLOCK_M": 32}),
     (17, 24, 40, "float16", {**CPU_C3, "path": "graph"}),  # no CUDA graphs on CPU: launched directly
+    (17, 24, 40, "float16", {**CPU_C3, "gather_first": True}),  # wait for all rows, then one GEMM pass
+    (13, 23, 37, "float32", {**CPU_CE, "gather_first": True}),  # masked path
 ]
 
 
@@ -76,7 +78,8 @@ def test_ag_gemm_two_ranks(ranks, m, n, k, dtype, config):
         assert worst < (2e-3 if dtype == "float16" else 1e-6), worst
 
 
-@pytest.mark.parametrize("m,n,k,dtype,config", [(7, 24, 40, "float16", CPU_CE), (5, 23, 37, "float32", CPU_C3)])
+@pytest.mark.parametrize("m,n,k,dtype,config", [(7, 24, 40, "float16", CPU_CE), (5, 23, 37, "float32", CPU_C3),
+                                                (7, 24, 40, "float16", {**CPU_CE, "gather_first": True})])
 def test_ag_gemm_four_ranks(ranks, m, n, k, dtype, config):
     for worst, gathered_ok in ranks(4, _check, m, n, k, dtype, config, 1):
         assert gathered_ok
@@ -99,7 +102,8 @@ def _check_back_to_back(calls):
     dev, r = td.shmem.device(), td.rank()
     ok = True
     for i in range(calls):
-        config = (CPU_C3, CPU_CE, CPU_C1)[i % 3]  # chunkings share the workspace and its epochs
+        # chunkings and the gather-first variant share the workspace and its epochs
+        config = (CPU_C3, CPU_CE, CPU_C1, {**CPU_CE, "gather_first": True})[i % 4]
         a = (torch.randn(11, 16) + 100 * r + i).to(dev)
         w = torch.randn(8, 16).to(dev)
         out = ag_gemm(a, w, config=config)
@@ -109,7 +113,7 @@ def _check_back_to_back(calls):
 
 
 def test_ag_gemm_back_to_back_calls(ranks):
-    assert ranks(2, _check_back_to_back, 6) == [True, True]
+    assert ranks(2, _check_back_to_back, 8) == [True, True]
 
 
 def _check_torch_op_and_compile():
@@ -268,10 +272,25 @@ def test_ag_gemm_gpu_graph_path(ranks, m, n, k):
 
 
 @gpu_only
-@pytest.mark.parametrize("n_chunks", [1, 4])
-def test_ag_gemm_gpu_straggler(ranks, n_chunks):
-    cfg = {"path": "overlap", "n_chunks": n_chunks}
+@pytest.mark.parametrize("n_chunks,gather_first", [(1, False), (4, False), (2, True)])
+def test_ag_gemm_gpu_straggler(ranks, n_chunks, gather_first):
+    cfg = {"path": "overlap", "n_chunks": n_chunks, "gather_first": gather_first}
     for worst, gathered_ok in ranks(td.world_size(), _check_gpu, 2048, 2048, 4096, cfg, 3, 0.3):
+        assert gathered_ok and worst < 1e-2, worst
+
+
+SKINNY = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_stages": 6, "num_warps": 4}
+
+
+@gpu_only
+@pytest.mark.parametrize("m,n,k,config", [
+    (64, 4096, 1000, {"path": "overlap", "gather_first": True}),  # M = 128 on 2 GPUs, ragged K
+    (64, 4096, 1000, {"path": "graph", "gather_first": True, **SKINNY}),  # replayed, 128-row tiles span ranks
+    (200, 1032, 1024, {"path": "overlap", "gather_first": True, "n_chunks": 3, "use_tma": False}),
+])
+def test_ag_gemm_gpu_gather_first(ranks, m, n, k, config):
+    """Small M, gather first then one GEMM pass: 100 fresh repeats, a_full poisoned before every call."""
+    for worst, gathered_ok in ranks(td.world_size(), _check_gpu, m, n, k, config, 100):
         assert gathered_ok and worst < 1e-2, worst
 
 
@@ -342,6 +361,15 @@ def test_ag_gemm_compiles_for_sm90_with_tma_and_wgmma(n_chunks, flatten):
     assert any(k.startswith("cp.async.bulk.tensor.3d") for k in ops), ops  # TMA store of the output tile
     assert any(k.startswith("atom.global.sys.acquire") or k.startswith("ld.global.sys.acquire") for k in ops), ops
     assert ops.get("fence.proxy.async.global", 0) == n_chunks, ops  # one fence per chunk wait, none per tile
+
+
+def test_gathered_kernel_compiles_for_sm90():
+    res = compile_sm90("triton_dist.kernels.allgather_gemm", "gathered_kernel",
+                       dict(arrived="*i32", state="*i32", ctx="*i64", N_CHUNKS="constexpr",
+                            FENCE_ASYNC_PROXY="constexpr"), dict(N_CHUNKS=2, FENCE_ASYNC_PROXY=True))
+    ops = res["ops"]
+    assert ops.get("ld.global.sys.acquire.b32", 0) > 0 or any("acquire" in k for k in ops), ops
+    assert ops.get("fence.proxy.async.global", 0) == 2, ops  # after each chunk's wait: the GEMM reads by TMA
 
 
 def test_ready_handshake_compiles_for_sm90():

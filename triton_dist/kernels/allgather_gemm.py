@@ -38,7 +38,9 @@ Small M: when the GEMM is too short to hide anything, the call goes to NCCL all_
 would eat the gain, to the same kernels replayed from a cached CUDA graph (path "graph", ``replay.py``); on GPU
 the autotuner times all of them per shape (eager calls, host cost included) and keeps the fastest. The
 choice is made once per (shape, dtype) and cached in a *plan*, so a call costs one dict lookup on the host on
-top of the launches.
+top of the launches. At decode sizes (a few hundred rows in all) the GEMM only streams the weight, and the phased
+kernel streams it once per phase: ``gather_first`` waits for every peer's rows (``gathered_kernel``, the copy
+engines still push them) and runs the GEMM core once over all rows, skinny tiles putting every SM on the stream.
 """
 
 import torch
@@ -50,8 +52,8 @@ from .. import autotune, shmem
 from .. import language as dl
 from . import library
 from .gemm import (check_launchable, check_matmul_operands, default_num_programs, describe_operands, dot_precision,
-                   gemm_candidates, gemm_config, interpreting, skinny_configs, tile_accumulate, tile_coords,
-                   tile_store)
+                   gemm_candidates, gemm_config, interpreting, launch_gemm, skinny_configs, tile_accumulate,
+                   tile_coords, tile_store)
 from .replay import GraphCache
 
 MAX_CHUNKS = 64  # per rank; sizes the `arrived` flags
@@ -138,6 +140,19 @@ def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
                     WARP_SPECIALIZE, DOT_PRECISION)
         done += (world - 1) * rows_tiles * tiles_n
     dl.finish_call(state, epoch, n_programs)
+
+
+@triton.jit
+def gathered_kernel(arrived, state, ctx, N_CHUNKS: tl.constexpr, FENCE_ASYNC_PROXY: tl.constexpr):
+    """Gather first (one program; small M): wait until every chunk of every peer has landed, then end the call's
+    epoch. The plain GEMM launched after it reads every rank's rows from a_full in one pass, so the weight is
+    streamed from HBM once, not once per phase."""
+    me = dl.rank(ctx)
+    world = dl.num_ranks(ctx)
+    epoch = dl.call_epoch(state)
+    for chunk in tl.static_range(N_CHUNKS):
+        _wait_chunk_of_peers(arrived, chunk, N_CHUNKS, epoch, ctx, me, world, FENCE_ASYNC_PROXY)
+    dl.finish_call(state, epoch, 1)
 
 
 @triton.jit
@@ -248,6 +263,8 @@ def _run_overlapped(a, w, plan, return_gathered):
     cfg, ws = plan.cfg, plan.ws
     world, me, m_shard, n, k = plan.world, plan.me, plan.m_shard, plan.n, plan.k
     out = torch.empty((world * m_shard, n), dtype=a.dtype, device=a.device)
+    if cfg["gather_first"]:
+        return _gather_first_gemm(a, w, plan, out, return_gathered)
     c3 = out.view(world, m_shard, n)
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, w, c3, cfg)
     a_full_arg = describe_operands(ws.a_full, w, c3, {**cfg, "use_tma": use_tma})[0]
@@ -273,6 +290,25 @@ def _run_overlapped(a, w, plan, return_gathered):
         rows = slice(r * m_shard, (r + 1) * m_shard)
         gathered[rows].copy_(a if r == me else ws.a_full[rows])
     return out, gathered
+
+
+def _gather_first_gemm(a, w, plan, out, return_gathered):
+    """Small M (config ``gather_first``): our rows into a_full too, wait for the peers' rows, then the GEMM core
+    over all W*m rows at once (a 128-row tile spans ranks: the weight is read once, where the phased kernel reads
+    it once per phase)."""
+    ws, me, m_shard = plan.ws, plan.me, plan.m_shard
+    shmem.raise_pending_errors()
+    ready_handshake_kernel[(1,)](ws.ready, ws.state, ws.epoch, plan.ctx)
+    _copy_engine_push(a, plan)
+    ws.a_full[me * m_shard:(me + 1) * m_shard].copy_(a)
+    gathered_kernel[(1,)](ws.arrived, ws.state, plan.ctx, N_CHUNKS=plan.n_chunks,
+                          FENCE_ASYNC_PROXY=plan.fence and a.is_cuda)
+    launch_gemm(ws.a_full, w, out.view(1, plan.world * m_shard, plan.n), plan.cfg)
+    if a.is_cuda:
+        main = torch.cuda.current_stream()
+        for stream, _ in plan.pushes:
+            main.wait_stream(stream)
+    return out, (ws.a_full.clone() if return_gathered else None)
 
 
 def _run_gather_then_matmul(a, w, plan, return_gathered):
@@ -301,10 +337,11 @@ def default_config(m_shard, n, k, dtype, device, world):
     """Keys: path ("overlap" / "graph": the overlapped kernels replayed from a cached CUDA graph, for host-bound
     small M, see ``replay.py`` / "fallback"), n_chunks (chunks per shard, flags per peer), and the GEMM core's
     (BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, use_tma,
-    num_programs; see ``gemm.gemm_config``)."""
+    num_programs; see ``gemm.gemm_config``), gather_first (small M: wait for every peer's rows, then one GEMM pass
+    over all of them, ``gathered_kernel``)."""
     m_total = world * m_shard
     cfg = gemm_config(m_total, n, k, dtype, device)
-    cfg.update(path=choose_path(m_total, n, k, world, device.type), n_chunks=1)
+    cfg.update(path=choose_path(m_total, n, k, world, device.type), n_chunks=1, gather_first=False)
     if device.type != "cuda":
         cfg.update(n_chunks=2, num_programs=4)
     return cfg
@@ -322,6 +359,9 @@ def candidate_configs(m_shard, n, k, dtype, device, world):
                                                            "num_warps": 4}]
         if m_total <= 512:
             cands += [{**base, **small, **c, "path": "graph"} for c in skinny_configs(dtype)]
+            # one GEMM pass after the gather: the weight read once (M = 128: twice, 64 rows a phase, otherwise)
+            cands += [{**base, **small, **c, "path": "graph", "gather_first": True}
+                      for c in [{}] + skinny_configs(dtype)]
     if m_total > 256 and world > 1:
         for g in gemm_candidates(m_total, n, k, dtype, device):
             if g.get("WARP_SPECIALIZE"):  # triton 3.6's warp-specialisation pass rejects this kernel (TODO)
