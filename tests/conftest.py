@@ -31,14 +31,18 @@ def _pools():
 
 @pytest.fixture
 def ranks(_pools):
+    if ON_GPU_RANKS:  # initialised before the test body runs: a test may ask td.world_size() first
+        import triton_dist as td
+
+        if not td.shmem.is_initialized():
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+            td.init(backend=os.environ.get("TRITON_DIST_BACKEND", "auto"))
+            td.shmem.set_wait_timeout(20)
+
     def run(world, fn, *args, timeout=600, **kwargs):
         if ON_GPU_RANKS:
             import triton_dist as td
 
-            if not td.shmem.is_initialized():
-                torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-                td.init(backend=os.environ.get("TRITON_DIST_BACKEND", "auto"))
-                td.shmem.set_wait_timeout(20)
             if world != td.world_size():
                 pytest.skip(f"needs {world} ranks, this run has {td.world_size()}")
             try:
