@@ -16,7 +16,9 @@ What it guarantees:
   capture or while torch.compile traces: those get the cached choice if there is one, else ``default``
   (identical on every rank, as the memory caches are). ``TRITON_DIST_AUTOTUNE=0`` turns tuning off.
 * **Fair on a power-capped GPU.** Candidates are timed in turn, ``rounds`` times over, each round starting at a
-  different candidate, and each keeps the median of its rounds: an H200 at its power limit drifts by several
+  different candidate and visiting them in a different order (``turn_order``), each timing after ~50 ms of the
+  candidate itself (``WARMUP_US``: a candidate that follows a light one would borrow the headroom it left,
+  run66), and each keeps the median of its rounds: an H200 at its power limit drifts by several
   percent within a second, which one-after-another timing mistakes for differences between candidates (run56:
   gemm_rs at N = 28672 chose 128 programs on a 2820 us burst figure, where interleaved A/Bs in runs 56-57
   measured the default 132 programs 3-6 % faster). Five rounds: at N = 28672 (2.8 ms calls) one candidate's
