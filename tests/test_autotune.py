@@ -83,6 +83,10 @@ def test_in_turn_times_a_failed_candidate_once():
     gpu = BurstyGPU([50.0, float("inf"), 60.0], burst=0)
     assert autotune.in_turn(3, 3, gpu) == [50.0, float("inf"), 60.0]
     assert gpu.order.count(1) == 1 and gpu.order.count(0) == 3
+    gpu = BurstyGPU([50.0, float("nan"), 60.0], burst=0)  # the benchmarks' harness reports a failure as NaN
+    medians = autotune.in_turn(3, 3, gpu)
+    assert medians[0] == 50.0 and medians[2] == 60.0 and medians[1] != medians[1]
+    assert gpu.order.count(1) == 1
 
 
 def test_choose_tunes_in_turn_and_caches(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ What it guarantees:
   percent within a second, which one-after-another timing mistakes for differences between candidates (run56:
   gemm_rs at N = 28672 chose 128 programs on a 2820 us burst figure, where interleaved A/Bs in runs 56-57
   measured the default 132 programs 3-6 % faster). Five rounds: at N = 28672 (2.8 ms calls) one candidate's
-  rounds read 2748 / 3432 / 3039 us (run65: slow spells of ~0.1 s), a median of three still follows them.
+  rounds read 2748 / 3432 / 3039 us (run65: slow spells of ~0.1 s), which a median of three still followed.
 * **Enough samples for short calls.** A candidate's first round times ``iters`` calls; its later rounds time
   enough calls to span ``SPAN_US`` (at most ``MAX_ITERS``), counted from the first round's figure, which is the
   same on every rank (the max over ranks), so ranks stay in step. Small problems are host-bound, and the host's
@@ -181,12 +181,13 @@ def turn_order(n, r, rounds):
 
 def in_turn(n, rounds, time_one):
     """Median over ``rounds`` rounds of ``time_one(i)`` for every candidate i < n, timed in turn
-    (``turn_order``). A candidate that fails (inf) in its first round is not timed again. The order depends
+    (``turn_order``). A candidate that fails in its first round (inf here, NaN in the benchmarks' harness) is
+    not timed again. The order depends
     only on n and rounds: collective timings stay in step across ranks."""
     times = [[] for _ in range(n)]
     for r in range(rounds):
         for i in turn_order(n, r, rounds):
-            if times[i] and math.isinf(times[i][0]):
+            if times[i] and not math.isfinite(times[i][0]):
                 continue
             times[i].append(time_one(i))
     return [statistics.median(t) for t in times]
