@@ -260,17 +260,42 @@ def _copy_engine_push(a, plan):
 
 
 def _run_overlapped(a, w, plan, return_gathered):
+    """A call on the kernels: the GEMM (phased, or gather first), then the side streams joined back."""
+    ws, world, me, m_shard = plan.ws, plan.world, plan.me, plan.m_shard
+    out = torch.empty((world * m_shard, plan.n), dtype=a.dtype, device=a.device)
+    if plan.cfg["gather_first"]:
+        _gather_first_gemm(a, w, plan, out)
+    else:
+        _phased_gemm(a, w, plan, out)
+    if a.is_cuda:
+        main = torch.cuda.current_stream()
+        for stream, _ in plan.pushes:
+            main.wait_stream(stream)
+    if not return_gathered:
+        return out, None
+    gathered = torch.empty((world * m_shard, plan.k), dtype=a.dtype, device=a.device)
+    for r in range(world):  # peers' rows from a_full (they arrived during the GEMM), our own rows from a
+        rows = slice(r * m_shard, (r + 1) * m_shard)
+        gathered[rows].copy_(a if r == me else ws.a_full[rows])
+    return out, gathered
+
+
+def _start_call(a, plan):
+    """The ready handshake (this call's epoch), then our shard pushed into every peer by the copy engines."""
+    shmem.raise_pending_errors()
+    ready_handshake_kernel[(1,)](plan.ws.ready, plan.ws.state, plan.ws.epoch, plan.ctx)
+    _copy_engine_push(a, plan)
+
+
+def _phased_gemm(a, w, plan, out):
+    """The overlapped kernel: own rows first, then each chunk of the peers' rows as it lands. Its descriptors are
+    built before anything is launched."""
     cfg, ws = plan.cfg, plan.ws
-    world, me, m_shard, n, k = plan.world, plan.me, plan.m_shard, plan.n, plan.k
-    out = torch.empty((world * m_shard, n), dtype=a.dtype, device=a.device)
-    if cfg["gather_first"]:
-        return _gather_first_gemm(a, w, plan, out, return_gathered)
+    world, m_shard, n, k = plan.world, plan.m_shard, plan.n, plan.k
     c3 = out.view(world, m_shard, n)
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, w, c3, cfg)
     a_full_arg = describe_operands(ws.a_full, w, c3, {**cfg, "use_tma": use_tma})[0]
-    shmem.raise_pending_errors()
-    ready_handshake_kernel[(1,)](ws.ready, ws.state, ws.epoch, plan.ctx)
-    _copy_engine_push(a, plan)
+    _start_call(a, plan)
     ag_gemm_kernel[plan.grid](
         a_arg, a_full_arg, b_arg, c_arg, ws.arrived, ws.state, plan.ctx,
         m_shard, n, k, a.stride(0), ws.a_full.stride(0), w.stride(0), m_shard * n, n,
@@ -279,36 +304,18 @@ def _run_overlapped(a, w, plan, return_gathered):
         USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],
         WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], FENCE_ASYNC_PROXY=use_tma and plan.fence,
         DOT_PRECISION=plan.precision, num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
-    if a.is_cuda:
-        main = torch.cuda.current_stream()
-        for stream, _ in plan.pushes:
-            main.wait_stream(stream)
-    if not return_gathered:
-        return out, None
-    gathered = torch.empty((world * m_shard, k), dtype=a.dtype, device=a.device)
-    for r in range(world):  # peers' rows from a_full (they arrived during the GEMM), our own rows from a
-        rows = slice(r * m_shard, (r + 1) * m_shard)
-        gathered[rows].copy_(a if r == me else ws.a_full[rows])
-    return out, gathered
 
 
-def _gather_first_gemm(a, w, plan, out, return_gathered):
+def _gather_first_gemm(a, w, plan, out):
     """Small M (config ``gather_first``): our rows into a_full too, wait for the peers' rows, then the GEMM core
     over all W*m rows at once (a 128-row tile spans ranks: the weight is read once, where the phased kernel reads
     it once per phase)."""
     ws, me, m_shard = plan.ws, plan.me, plan.m_shard
-    shmem.raise_pending_errors()
-    ready_handshake_kernel[(1,)](ws.ready, ws.state, ws.epoch, plan.ctx)
-    _copy_engine_push(a, plan)
+    _start_call(a, plan)
     ws.a_full[me * m_shard:(me + 1) * m_shard].copy_(a)
     gathered_kernel[(1,)](ws.arrived, ws.state, plan.ctx, N_CHUNKS=plan.n_chunks,
                           FENCE_ASYNC_PROXY=plan.fence and a.is_cuda)
     launch_gemm(ws.a_full, w, out.view(1, plan.world * m_shard, plan.n), plan.cfg)
-    if a.is_cuda:
-        main = torch.cuda.current_stream()
-        for stream, _ in plan.pushes:
-            main.wait_stream(stream)
-    return out, (ws.a_full.clone() if return_gathered else None)
 
 
 def _run_gather_then_matmul(a, w, plan, return_gathered):
