@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import IN_TURN, head_to_head, interleaved_ab, knob_sweep, record
+from harness import IN_TURN, head_to_head, in_turn_note, interleaved_ab, knob_sweep, record
 from triton_dist.timing import graph_us_or_nan, time_us, time_us_or_nan
 from triton_dist.kernels import gemm as core
 from triton_dist.kernels import gemm_rs
@@ -120,7 +120,7 @@ def main():
     record("gemm_rs_sweep", sweep_rows,
            notes="overlapped kernel, default config + one knob; median of 10, max over ranks")
     record("gemm_rs_remote_tma_ab", ab_rows,
-           notes=f"overlapped kernel, default config + knobs, {IN_TURN.replace('5 rounds', f'{AB_ROUNDS} rounds')}")
+           notes=f"overlapped kernel, default config + knobs, {in_turn_note(AB_ROUNDS)}")
     td.finalize()
 
 

@@ -84,8 +84,13 @@ def interleaved_ab(run, base, variants, device, rounds=5, what="A/B"):
     return in_turn(calls, rounds, what)
 
 
-IN_TURN = ("timed in turn: median of 5 rounds of 10 iterations after ~50 ms of warm-up, each round starting "
-           "at another contender and in another order")
+def in_turn_note(rounds=5):
+    """How ``in_turn`` timed a table, for its notes."""
+    return (f"timed in turn: median of {rounds} rounds of 10 iterations after ~50 ms of warm-up, each round "
+            "starting at another contender and in another order")
+
+
+IN_TURN = in_turn_note()
 
 
 def in_turn(calls, rounds=5, what="in turn"):
