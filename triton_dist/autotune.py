@@ -182,8 +182,7 @@ def turn_order(n, r, rounds):
 def in_turn(n, rounds, time_one):
     """Median over ``rounds`` rounds of ``time_one(i)`` for every candidate i < n, timed in turn
     (``turn_order``). A candidate that fails in its first round (inf here, NaN in the benchmarks' harness) is
-    not timed again. The order depends
-    only on n and rounds: collective timings stay in step across ranks."""
+    not timed again. The order depends only on n and rounds: collective timings stay in step across ranks."""
     times = [[] for _ in range(n)]
     for r in range(rounds):
         for i in turn_order(n, r, rounds):
