@@ -16,8 +16,9 @@ Link bytes = rows this rank sends to the other rank * H * 2 bytes (one row per (
 metadata not counted); GB/s = link bytes / time (per direction; max time over ranks, max bytes over ranks).
 A sweep of configs at each T (dispatch knobs, then combine knobs after a default dispatch) finds the best; the
 default config is the one ep_dispatch / ep_combine use without `config`.
-Senders in turn (T=4096): the senders' share (push programs of 128) of each kernel, graphs of 20 calls per count
-replayed in turn (rotating rounds): one-after-another sweeps drift by several µs on the power-capped GPU.
+Knobs in turn (T=4096): the senders' share (push programs of 128) and the L2 hints of each kernel, graphs of 20
+calls per value replayed in turn (rotating rounds): one-after-another sweeps drift by several µs on the
+power-capped GPU.
 Timeline: one dispatch + combine of the default config replayed from a CUDA graph with the kernels' phase stamps on
 (GPU clock): when each phase starts and ends on each rank, µs from the kernel's first program start.
 """
@@ -142,11 +143,13 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
     128: [(128, 64, 1024, 2, 16), {"combine_defer_signal": False}],
 }  # (an entry may also be a dict of knobs)
-# The senders' share, timed in turn at T=4096 (run60, one after another: combine with 48 senders 202.7 us per
-# graph against 207.5 with 52, 56: 211.7; dispatch 60 / 68 senders 215.3 / 212.1 against 210.3 with 64; run61
-# in turn: see default_config).
-PUSH_IN_TURN = {4096: {"dispatch": ("push_programs", (64, 60, 68)),
-                       "combine": ("combine_push", (48, 52, 44))}}
+# Knobs timed in turn at T=4096, per call in graphs of 20 (one-after-another sweeps drift by several µs on the
+# power-capped GPU). The senders' share (run60, one after another: combine with 48 senders 202.7 us per graph
+# against 207.5 with 52, 56: 211.7; dispatch 60 / 68 senders 215.3 / 212.1 against 210.3 with 64; run61 in turn:
+# see default_config). stream_hints: the copies' loads and stores marked L2 evict_first, so that the rows
+# (dispatch) or partials (combine) arriving over the link stay in L2 until the receivers read them.
+KNOBS_IN_TURN = {4096: {"dispatch": [("push_programs", (64, 60, 68)), ("stream_hints", (False, True))],
+                        "combine": [("combine_push", (48, 52, 44)), ("combine_stream_hints", (False, True))]}}
 CALLS_PER_GRAPH = 20
 
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
@@ -222,15 +225,16 @@ def timeline_rows(T, x, idx, weights):
     return rows
 
 
-def senders_in_turn(T, phase, call, default):
-    """Rows of µs per call for each sender count of ``PUSH_IN_TURN[T][phase]``: one graph of
-    ``CALLS_PER_GRAPH`` calls of ``call(config)`` per count, the graphs replayed in turn."""
-    key, counts = PUSH_IN_TURN[T][phase]
-    graphs = {n: graph_of(call({**default, key: n}), CALLS_PER_GRAPH) for n in counts}
-    turn = in_turn({n: g.replay for n, g in graphs.items()}, what=f"{phase} senders")
-    return [{"T": T, "phase": phase, "senders": n, "of programs": default[
-        "num_programs" if phase == "dispatch" else "combine_programs"], "default": n == default[key],
-        "us/call in turn": us / CALLS_PER_GRAPH} for n, us in turn.items()]
+def knobs_in_turn(T, phase, call, default):
+    """Rows of µs per call for each value of each knob of ``KNOBS_IN_TURN[T][phase]``: one graph of
+    ``CALLS_PER_GRAPH`` calls of ``call(config)`` per value, the graphs of a knob replayed in turn."""
+    rows = []
+    for key, values in KNOBS_IN_TURN[T][phase]:
+        graphs = {v: graph_of(call({**default, key: v}), CALLS_PER_GRAPH) for v in values}
+        turn = in_turn({v: g.replay for v, g in graphs.items()}, what=f"{phase} {key}")
+        rows += [{"T": T, "phase": phase, "knob": key, "value": v, "default": v == default[key],
+                  "us/call in turn": us / CALLS_PER_GRAPH} for v, us in turn.items()]
+    return rows
 
 
 def nccl_dispatch(x, idx, weights):
@@ -317,11 +321,11 @@ def main():
             combine_results.append((c, t_e, t_g, correct(ep_combine(res.x, res.handle, config=c))))
         per_call_c = graph_us(lambda: ep_combine(res.x, res.handle), calls=CALLS_PER_GRAPH)  # per call
         per_call_d = graph_us(dispatch_call(default), calls=CALLS_PER_GRAPH)  # (after: a dispatch makes `res` stale)
-        if T in PUSH_IN_TURN:  # dispatch graphs first: a dispatch makes `res` stale, so combine takes a fresh one
-            turn_rows += senders_in_turn(T, "dispatch", dispatch_call, default)
+        if T in KNOBS_IN_TURN:  # dispatch graphs first: a dispatch makes `res` stale, so combine takes a fresh one
+            turn_rows += knobs_in_turn(T, "dispatch", dispatch_call, default)
             res = dispatch_call(default)()
-            turn_rows += senders_in_turn(T, "combine", lambda c: lambda: ep_combine(res.x, res.handle, config=c),
-                                         default)
+            turn_rows += knobs_in_turn(T, "combine", lambda c: lambda: ep_combine(res.x, res.handle, config=c),
+                                       default)
         best_d = min(dispatch_results, key=lambda q: q[2])
         best_c = min(combine_results, key=lambda q: q[2])
         _, d_e, d_g, ok_d, _ = dispatch_results[0]
@@ -351,7 +355,7 @@ def main():
                "first row of each phase = the default config; dispatch rows: a default-knob combine of that "
                "dispatch's chunks timed after it")
         del res, base
-    record("moe_ep_senders_in_turn", turn_rows, notes=f"graphs of {CALLS_PER_GRAPH} calls per sender count, "
+    record("moe_ep_knobs_in_turn", turn_rows, notes=f"graphs of {CALLS_PER_GRAPH} calls per knob value, "
            f"{IN_TURN}; max over ranks")
     record("moe_ep", rows, notes=(
         f"2 ranks, H={H}, top-{K} of {E}, bf16. Link bytes = rows sent to the other rank * H * 2 B (one per "

@@ -134,7 +134,7 @@ CFG_TWO_LAUNCH = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "n
                   "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3,
                   "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3, "defer_signal": True,
                   "combine_defer_signal": True, "tail_chunks": 2, "tail_parts": 3, "combine_tail_chunks": 9,
-                  "combine_tail_parts": 4}
+                  "combine_tail_parts": 4, "stream_hints": True, "combine_stream_hints": True}
 CFG_LONG_CHUNKS = {"fused_layout": False, "num_chunks": 2, "block_tokens": 64, "block_h": 8}
 CFG_RECOVERY = {"fused_layout": False}
 
@@ -386,32 +386,33 @@ def test_moe_layer_under_torch_compile(ranks):
 
 
 # ----------------------------------------------------------------------------------------------------- GPU
-def _gpu_bf16(T, H, E, K, align):
+def _gpu_bf16(T, H, E, K, align, config=None):
     dev = td.shmem.device()
     r, w = td.rank(), td.world_size()
     g = torch.Generator(device=dev).manual_seed(r)
     x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
     idx = torch.rand(T, E, device=dev, generator=g).topk(K, dim=1).indices
     weights = torch.rand(T, K, device=dev, generator=g)
-    res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, align=align)
+    res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, align=align, config=config)
     el = E // w
     scale = _expert_scale(E).float().to(dev)
     out = (res.x.float() * scale[r * el + res.expert_ids.clamp(min=0).long()][:, None]).to(torch.bfloat16)
-    y = ep_combine(out, res.handle)
+    y = ep_combine(out, res.handle, config=config)
     ref = (weights[:, :, None] * scale[idx][:, :, None] * x.float()[:, None, :]).sum(1)
     ok_y = torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2)
     counts = torch.zeros(E, dtype=torch.int64, device=dev)
     counts.scatter_add_(0, idx.reshape(-1), torch.ones(idx.numel(), dtype=torch.int64, device=dev))
     dist.all_reduce(counts)
     ok_counts = torch.equal(res.expert_counts.long(), counts[r * el:(r + 1) * el])
-    y2 = ep_combine(out, res.handle)
+    y2 = ep_combine(out, res.handle, config=config)
     return ok_y and ok_counts and torch.equal(y.view(torch.int16), y2.view(torch.int16))
 
 
 @gpu_only
-@pytest.mark.parametrize("T,align", [(128, 1), (1000, 64)])
-def test_gpu_bf16(ranks, T, align):
-    assert all(ranks(2, _gpu_bf16, T, 1024, 64, 8, align))
+@pytest.mark.parametrize("T,align,config", [(128, 1, None), (1000, 64, None),
+                                            (1000, 64, {"stream_hints": True, "combine_stream_hints": True})])
+def test_gpu_bf16(ranks, T, align, config):
+    assert all(ranks(2, _gpu_bf16, T, 1024, 64, 8, align, config))
 
 
 def _gpu_timeline():
@@ -517,7 +518,7 @@ _DISPATCH_SIG = dict(
     chunk_prefix="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr",
     EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
     RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr", SENDERS_HELP="constexpr",
-    TIMELINE="constexpr", PDL="constexpr", DEFER_SIGNAL="constexpr")
+    TIMELINE="constexpr", PDL="constexpr", DEFER_SIGNAL="constexpr", EVICT="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -525,10 +526,14 @@ def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
                   MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused,
                   TIMELINE=not fused, PDL=not fused,
-                  DEFER_SIGNAL=fused)  # with and without helping senders, stamps, early launch, deferred flags
+                  DEFER_SIGNAL=fused,  # with and without helping senders, stamps, early launch, deferred flags
+                  EVICT="evict_first" if fused else "")  # and with the L2 hints of stream_hints
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", _DISPATCH_SIG, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
-    assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers and local duplicates)
+    assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte row stores (to peers, and local duplicates unhinted)
+    if fused:  # local copies with an L2 evict_first policy; the pushes to peers stay plain
+        assert any("evict_first" in k and k.startswith("st.global") and k.endswith("v4.b32") for k in ops), ops
+        assert any("evict_first" in k and k.startswith("ld.global") for k in ops), ops
     assert ops.get("atom.global.sys.release.exch.b32", 0) > 0, ops  # dl.signal
     assert any("acquire" in k for k in ops), ops  # dl.wait
     assert ops.get("griddepcontrol.wait", 0) == (0 if fused else 1), ops  # dl.wait_prior_kernel
@@ -547,9 +552,10 @@ def test_layout_and_combine_compile_for_sm90():
                tail="i32", tail_parts="i32", n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
                partials="*bf16", combined="*i32", claims="*i32", state="*i32", ctx="*i64",
                timeline="*i64", K="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", W_PAD="constexpr",
-               MAXC="constexpr", SENDERS_HELP="constexpr", TIMELINE="constexpr", DEFER_SIGNAL="constexpr")
+               MAXC="constexpr", SENDERS_HELP="constexpr", TIMELINE="constexpr", DEFER_SIGNAL="constexpr",
+               EVICT="constexpr")
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_combine_kernel", sig,
                        dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, SENDERS_HELP=True, TIMELINE=False,
-                            DEFER_SIGNAL=True),
+                            DEFER_SIGNAL=True, EVICT=""),
                        aligned=("expert_out", "y", "partials", "H"))["ops"]
     assert ops.get("ld.global.v4.b32", 0) > 0 and ops.get("st.global.v4.b32", 0) > 0, ops

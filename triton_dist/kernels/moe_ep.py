@@ -166,21 +166,22 @@ def _publish_counts(per_expert, all_counts, counts_ready, parity, epoch, ctx, W_
 
 
 @triton.jit
-def _store_rows(recv_x, tile, slots, skip, hh, H, K: tl.constexpr, K_PAD: tl.constexpr):
+def _store_rows(recv_x, tile, slots, skip, hh, H, K: tl.constexpr, K_PAD: tl.constexpr, EVICT: tl.constexpr):
     """Store a [BT, BH] tile of token rows into each token's slot rows ``slots`` [BT, K_PAD] (-1: none), except
-    row ``skip`` [BT] (the one the tile came from; -1: none)."""
+    row ``skip`` [BT] (the one the tile came from; -1: none). EVICT: the stores' L2 eviction policy."""
     kk = tl.arange(0, K_PAD)
     for j in tl.static_range(K):
         row = _column(slots, j, kk)
         tl.store(recv_x + row[:, None].to(tl.int64) * H + hh[None, :], tile,
-                 mask=((row >= 0) & (row != skip))[:, None] & (hh[None, :] < H))
+                 mask=((row >= 0) & (row != skip))[:, None] & (hh[None, :] < H), eviction_policy=EVICT)
 
 
 @triton.jit
 def _slot_sum(expert_out, slots, w, hh, H, K: tl.constexpr, K_PAD: tl.constexpr, BT: tl.constexpr,
-              BH: tl.constexpr):
+              BH: tl.constexpr, EVICT: tl.constexpr):
     """fp32 [BT, BH] sum over j = 0..K-1, in that FIXED order, of w[:, j] * expert_out[slots[:, j], hh]
-    (slots < 0 contribute nothing): a token's partial over the slots one rank holds."""
+    (slots < 0 contribute nothing): a token's partial over the slots one rank holds. EVICT: the loads' L2
+    eviction policy."""
     kk = tl.arange(0, K_PAD)
     hm = hh[None, :] < H
     acc = tl.zeros([BT, BH], dtype=tl.float32)
@@ -188,7 +189,7 @@ def _slot_sum(expert_out, slots, w, hh, H, K: tl.constexpr, K_PAD: tl.constexpr,
         row = _column(slots, j, kk)
         wj = _column(w, j, kk)
         v = tl.load(expert_out + row[:, None].to(tl.int64) * H + hh[None, :], mask=(row >= 0)[:, None] & hm,
-                    other=0.0)
+                    other=0.0, eviction_policy=EVICT)
         acc += wj[:, None] * v.to(tl.float32)
     return acc
 
@@ -345,11 +346,13 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
                        SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
-                       DEFER_SIGNAL: tl.constexpr):
+                       DEFER_SIGNAL: tl.constexpr, EVICT: tl.constexpr):
     """Programs [0, n_push) send chunks in order (taken from a per-call counter: claims[1]); the others receive:
     they mark the rows' expert ids and copy every arrived row into its other slot rows, chunk by chunk as chunks
     land. DEFER_SIGNAL: a sender raises a chunk's flags once it has routed its next chunk (the release then finds
-    the chunk's last stores drained instead of waiting for them)."""
+    the chunk's last stores drained instead of waiting for them). EVICT ("evict_first" or ""): the L2 policy of
+    the copies' loads of ``x`` and of arrived rows and of every slot-row store here; the rows arriving from the
+    peers (plain stores over the link) then keep their L2 lines until the receivers read them."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     _stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
@@ -435,13 +438,13 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 for h0 in range(0, H, BH):
                     hh = h0 + tl.arange(0, BH)
                     hm = hh[None, :] < H
-                    tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm)
+                    tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm, eviction_policy=EVICT)
                     for i in range(world - 1):
                         d = (me + 1 + i) % world
                         row = _column(first, d, dv)
                         dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
                         dl.put(dst, tile, d, ctx, mask=(row < _BIG)[:, None] & hm)
-                    _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD)
+                    _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD, EVICT)
             span = tl.arange(0, 2)
             for i in range(world):
                 d = (me + 1 + i) % world
@@ -491,8 +494,9 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                 for h0 in range(h_first, h_end, BH):
                     hh = h0 + tl.arange(0, BH)
                     hm = hh[None, :] < H
-                    tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :], mask=has[:, None] & hm)
-                    _store_rows(recv_x, tile, slots, first, hh, H, K, K_PAD)
+                    tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :], mask=has[:, None] & hm,
+                                   eviction_policy=EVICT)
+                    _store_rows(recv_x, tile, slots, first, hh, H, K, K_PAD, EVICT)
         _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
         u = _next_claim(claims)
     _end_claims(claims, u, n_units, claimers)
@@ -505,13 +509,15 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
                       recv_w, recv_span, token_pos, partials, combined, claims, state, ctx, timeline,
                       K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                       W_PAD: tl.constexpr, MAXC: tl.constexpr, SENDERS_HELP: tl.constexpr,
-                      TIMELINE: tl.constexpr, DEFER_SIGNAL: tl.constexpr):
+                      TIMELINE: tl.constexpr, DEFER_SIGNAL: tl.constexpr, EVICT: tl.constexpr):
     """Programs [0, n_push) reduce the tokens received from peers over their slots and push one partial row
     back per token; then the others (and with SENDERS_HELP the senders too, once done) take chunks of this rank's
     tokens from the ``claims`` counter, reduce the slots held here, wait for the peers' partials and sum all of
     them in rank order. SENDERS_HELP needs every program resident at once (a sender that waits must not keep a
     peer's sender off the GPU), so never under the interpreter, whose programs run one after another.
-    DEFER_SIGNAL: a sender raises a chunk's flags once it has reduced the first tile of its next chunk."""
+    DEFER_SIGNAL: a sender raises a chunk's flags once it has reduced the first tile of its next chunk.
+    EVICT ("evict_first" or ""): the L2 policy of the expert rows' loads and of y's stores (each touched once),
+    so that the partials arriving from the peers keep their L2 lines until the receivers sum them."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     _stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
@@ -543,7 +549,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
                     for h0 in range(0, H, BH):
                         hh = h0 + tl.arange(0, BH)
                         hm = hh[None, :] < H
-                        acc = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH)
+                        acc = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH, EVICT)
                         # (DEFER_SIGNAL) the previous chunk's pushes drained meanwhile: flag it
                         pending = _flag_pending(combined, pending, epoch, ctx, timeline, MAXC, TIMELINE)
                         dl.put(dst + hh[None, :], acc.to(partials.dtype.element_ty), s, ctx, mask=pm[:, None] & hm)
@@ -576,7 +582,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
                 hh = h0 + tl.arange(0, BH)
                 hm = hh[None, :] < H
                 # this rank's partial, rounded like the partials that crossed the link
-                own = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH).to(partials.dtype.element_ty)
+                own = _slot_sum(expert_out, slots, w, hh, H, K, K_PAD, BT, BH, EVICT).to(partials.dtype.element_ty)
                 if (t0 == c0) & (h0 == h_first):  # the peers' partials are awaited with the first own tile in hand
                     dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
                     _stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
@@ -591,7 +597,7 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
                                     mask=(pd >= 0)[:, None] & hm, other=0.0)
                         acc += v.to(tl.float32)
                 tl.store(y + t[:, None].to(tl.int64) * H + hh[None, :], acc.to(y.dtype.element_ty),
-                         mask=tm[:, None] & hm)
+                         mask=tm[:, None] & hm, eviction_policy=EVICT)
         if (c0 == c1) & (h_first == 0):  # no tokens here: the flags are still awaited (partials' double buffer)
             dl.wait(combined + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
         _stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
@@ -686,7 +692,9 @@ def default_config(max_tokens, hidden, device_type):
     while the layout launch runs, programmatic dependent launch), defer_signal / combine_defer_signal (a sender
     raises a chunk's flags after starting its next chunk, when the chunk's stores have drained; run50: 2 us less
     per T=4096 call, and 3.5 us less for a T=128 combine), tail_chunks / tail_parts (the receivers' units of the
-    last tail_chunks chunks: their columns in tail_parts parts instead of h_parts).
+    last tail_chunks chunks: their columns in tail_parts parts instead of h_parts), stream_hints (dispatch's
+    copies load and store with the L2 policy evict_first, so that rows arriving over the link stay in L2 until
+    the receivers copy them; combine_stream_hints: the same for combine's expert-row loads and y's stores).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -712,6 +720,7 @@ def default_config(max_tokens, hidden, device_type):
                "combine_tail_chunks": 16, "combine_tail_parts": 4}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
             "pdl": True, "defer_signal": True, "combine_defer_signal": True, "tail_chunks": 0, "tail_parts": 1,
+            "stream_hints": False, "combine_stream_hints": False,
             "combine_tail_chunks": 0, "combine_tail_parts": 1,
             "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
@@ -898,7 +907,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
             ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
             RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
             SENDERS_HELP=_senders_help(n_prog, x), TIMELINE=timeline is not None, PDL=pdl,
-            DEFER_SIGNAL=bool(cfg["defer_signal"]),
+            DEFER_SIGNAL=bool(cfg["defer_signal"]), EVICT="evict_first" if cfg["stream_hints"] else "",
             num_warps=int(cfg["num_warps"]), **({"launch_pdl": True} if pdl else {}),
             **_register_cap(cfg["maxnreg"], x), **common)
         return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
@@ -968,7 +977,7 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
         shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt, BH=bh,
         K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
         SENDERS_HELP=_senders_help(n_prog, expert_out), TIMELINE=timeline is not None,
-        DEFER_SIGNAL=bool(cfg["combine_defer_signal"]),
+        DEFER_SIGNAL=bool(cfg["combine_defer_signal"]), EVICT="evict_first" if cfg["combine_stream_hints"] else "",
         num_warps=int(cfg["combine_warps"]), **_register_cap(cfg["combine_maxnreg"], expert_out))
     return y
 
