@@ -102,11 +102,14 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # 20, dispatch 212.7 / 219.0 / 219.3 us against 207.4, combine after it 204.7 / 208.9 / 215.8 against
            # 199.7 (32 in 2 with receivers' tails of 32: 219.2 / 210.0). More, shorter chunks cost more than the
            # senders' even ends gain. Dropped (reverted).
+           # run71: the copies' L2 hints (see KNOBS_IN_TURN), on by default since; without:
+           {"stream_hints": False},
            ],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
-    128: [(132, 66, 32, 1024, 4, 8, False), (128, 64, 64, 1024, 2, 8, False), {"defer_signal": False}],
+    128: [(132, 66, 32, 1024, 4, 8, False), (128, 64, 64, 1024, 2, 8, False), {"defer_signal": False},
+          {"stream_hints": True}],  # (L2 hints: on at T=4096, where the rows do not all fit in L2)
 }
 COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps
     # [, maxnreg, h_parts]),
@@ -139,17 +142,19 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
     # run60: 48 / 56 senders 202.7 / 211.7 us (52: 207.5); run61 in turn (per call, graphs of 20) 48 / 44 / 40
     # senders 198.2 / 200.1 / 208.1 against 200.5 with 52: 48 is the default now.
     4096: [{"combine_tail_chunks": 0}, {"combine_defer_signal": False}, {"combine_push": 52},
-           {"combine_push": 44}],
+           {"combine_push": 44}, {"combine_stream_hints": False}],
     # run18: h4096 29 us, h8192 w16 29, h4096 w16 31 (default h1024: 29).
-    128: [(128, 64, 1024, 2, 16), {"combine_defer_signal": False}],
+    128: [(128, 64, 1024, 2, 16), {"combine_defer_signal": False}, {"combine_stream_hints": True}],
 }  # (an entry may also be a dict of knobs)
 # Knobs timed in turn at T=4096, per call in graphs of 20 (one-after-another sweeps drift by several µs on the
 # power-capped GPU). The senders' share (run60, one after another: combine with 48 senders 202.7 us per graph
 # against 207.5 with 52, 56: 211.7; dispatch 60 / 68 senders 215.3 / 212.1 against 210.3 with 64; run61 in turn:
 # see default_config). stream_hints: the copies' loads and stores marked L2 evict_first, so that the rows
 # (dispatch) or partials (combine) arriving over the link stay in L2 until the receivers read them.
-KNOBS_IN_TURN = {4096: {"dispatch": [("push_programs", (64, 60, 68)), ("stream_hints", (False, True))],
-                        "combine": [("combine_push", (48, 52, 44)), ("combine_stream_hints", (False, True))]}}
+# run71 (8197e1c): dispatch 200.1 us with the hints against 207.8 without, combine 197.1 against 199.1: on by
+# default at T=4096 since; the sender counts re-timed with them (the receivers' copies got cheaper).
+KNOBS_IN_TURN = {4096: {"dispatch": [("push_programs", (64, 60, 68, 72)), ("stream_hints", (True, False))],
+                        "combine": [("combine_push", (48, 52, 44)), ("combine_stream_hints", (True, False))]}}
 CALLS_PER_GRAPH = 20
 
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
@@ -165,7 +170,8 @@ def _knobs(default, keys, entry):
 
 def _dispatch_name(c):
     return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
-            "parts{h_parts}{lay}{early}{late}{tail}").format(
+            "parts{h_parts}{lay}{early}{late}{tail}{hints}").format(
+                hints=" l2hints" if c["stream_hints"] else "",
                 f=" fused" if c["fused_layout"] else "", r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
                 lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "",
                 early="" if c["pdl"] else " no-pdl", late=" defer" if c["defer_signal"] else "",
@@ -174,7 +180,8 @@ def _dispatch_name(c):
 
 def _combine_name(c):
     return ("p{combine_programs}/{combine_push} h{combine_block_h} t{combine_block_tokens} w{combine_warps}{r} "
-            "parts{combine_h_parts}{late}{tail}").format(
+            "parts{combine_h_parts}{late}{tail}{hints}").format(
+                hints=" l2hints" if c["combine_stream_hints"] else "",
                 r=f" r{c['combine_maxnreg']}" if c["combine_maxnreg"] else "",
                 late=" defer" if c["combine_defer_signal"] else "",
                 tail=(f" tail{c['combine_tail_chunks']}/{c['combine_tail_parts']}" if c["combine_tail_chunks"]

@@ -155,14 +155,17 @@ def _count(topk_idx, t_start, t_end, E, K: tl.constexpr, EL: tl.constexpr, BT: t
 @triton.jit
 def _publish_counts(per_expert, all_counts, counts_ready, parity, epoch, ctx, W_PAD: tl.constexpr,
                     EL_PAD: tl.constexpr):
-    """Push this rank's slots-per-expert row to counts[parity, me, :] on every rank, then raise counts_ready[me]."""
+    """Push this rank's slots-per-expert row to counts[parity, me, :] on every rank, then raise counts_ready[me]
+    there. Every row goes out before the first flag: the first release drains them all at once, so the later
+    ones find nothing left to wait for."""
     me = dl.rank(ctx)
     world = dl.num_ranks(ctx)
     ev = tl.arange(0, W_PAD * EL_PAD)
     row = all_counts + (parity * world + me) * (W_PAD * EL_PAD) + ev
-    for peer in range(world):
-        dl.put(row, per_expert, peer, ctx)
-        dl.signal(counts_ready + me, epoch, peer, ctx)
+    for i in range(world):
+        dl.put(row, per_expert, (me + 1 + i) % world, ctx)  # peers first, this rank last
+    for i in range(world):
+        dl.signal(counts_ready + me, epoch, (me + 1 + i) % world, ctx)
 
 
 @triton.jit
@@ -714,13 +717,16 @@ def default_config(max_tokens, hidden, device_type):
         # / 207.8. With the tails, 48 combine senders (runs 60-61; timed in turn, per call in graphs of 20: 198.2 us
         # against 200.5 with 52, 44: 200.1, 40: 208.1; dispatch senders 64 / 60 / 68: 206.0 / 210.9 / 207.5; run62
         # again: 197.9 against 203.1 with 52).
+        # L2 hints (run71, in turn, per call in graphs of 20): dispatch 200.1 us against 207.8 without, combine
+        # 197.1 against 199.1 -- the arrivals from the link are read from L2 instead of HBM.
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "h_parts": 4, "tail_chunks": 16, "tail_parts": 8,
                "combine_programs": 128, "combine_push": 48, "combine_warps": 16, "combine_h_parts": 2,
-               "combine_tail_chunks": 16, "combine_tail_parts": 4}
+               "combine_tail_chunks": 16, "combine_tail_parts": 4, "stream_hints": True,
+               "combine_stream_hints": True}
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
             "pdl": True, "defer_signal": True, "combine_defer_signal": True, "tail_chunks": 0, "tail_parts": 1,
-            "stream_hints": False, "combine_stream_hints": False,
+            "stream_hints": False, "combine_stream_hints": False,  # (on at T=4096, above)
             "combine_tail_chunks": 0, "combine_tail_parts": 1,
             "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
