@@ -138,20 +138,17 @@ def _route_at(topk_idx, t, valid, E, K: tl.constexpr, EL: tl.constexpr, K_PAD: t
 @triton.jit
 def _count(topk_idx, t_start, t_end, E, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
            EL_PAD: tl.constexpr, W_PAD: tl.constexpr):
-    """(slots per padded expert [W_PAD * EL_PAD], tokens per destination rank [W_PAD]) over tokens [start, end),
-    BT tokens per step (histograms of their ids)."""
-    EP: tl.constexpr = W_PAD * EL_PAD
+    """(slots per padded expert [W_PAD * EL_PAD], tokens per destination rank [W_PAD]) over tokens [start, end)."""
+    ev = tl.arange(0, W_PAD * EL_PAD)
     dv = tl.arange(0, W_PAD)
-    per_expert = tl.zeros([EP], dtype=tl.int32)
+    per_expert = tl.zeros([W_PAD * EL_PAD], dtype=tl.int32)
     per_rank = tl.zeros([W_PAD], dtype=tl.int32)
     for t0 in range(t_start, t_end, BT):
         ep, owner = _route(topk_idx, t0, t_end, E, K, EL, BT, K_PAD, EL_PAD)
-        ok = ep >= 0
-        per_expert += tl.histogram(tl.reshape(tl.where(ok, ep, 0), (BT * K_PAD,)), EP,
-                                   mask=tl.reshape(ok, (BT * K_PAD,)))
-        goes = tl.max((owner[:, :, None] == dv[None, None, :]).to(tl.int32), axis=1) > 0  # [BT, W_PAD]
-        per_rank += tl.histogram(tl.reshape(tl.where(goes, dv[None, :], 0), (BT * W_PAD,)), W_PAD,
-                                 mask=tl.reshape(goes, (BT * W_PAD,)))
+        hit = (ep[:, :, None] == ev[None, None, :]).to(tl.int32)
+        per_expert += tl.sum(tl.sum(hit, axis=1), axis=0)
+        goes = tl.max((owner[:, :, None] == dv[None, None, :]).to(tl.int32), axis=1)
+        per_rank += tl.sum(goes, axis=0)
     return per_expert, per_rank
 
 
@@ -284,37 +281,20 @@ def _end_claims(claims, u, n_units, claimers):
 def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, state, T, E, n_chunks,
                      ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr, K_PAD: tl.constexpr,
                      EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr, QB: tl.constexpr,
-                     TIMELINE: tl.constexpr, PDL: tl.constexpr, TOTALS: tl.constexpr, TB_TOTALS: tl.constexpr):
+                     TIMELINE: tl.constexpr, PDL: tl.constexpr):
     """Program g counts the CG token chunks [g * CG, g * CG + CG) in one pass (histograms keyed by chunk and
     padded expert / destination rank: every token of the group loaded at once), writes each chunk's offset
     inside the group, stores the group's totals into chunk_counts[g] and raises counted[g]; then it waits for
     the groups before it and adds the sum of their totals: chunk_prefix[c] = where chunk c's rows start. Every
     program does its own look-back in parallel (earlier programs only: they run first); the last one, whose
-    prefix plus its own totals are the call's totals, pushes them to every rank. TOTALS (1): one more program,
-    the last, counts every token itself (TB_TOTALS a step) and pushes the totals instead, without waiting for
-    the look-back, so that the peers learn them sooner."""
+    prefix plus its own totals are the call's totals, pushes them to every rank."""
     g = tl.program_id(0)
-    n_groups = tl.num_programs(0) - TOTALS
-    epoch = dl.call_epoch(state)
-    dl.launch_dependents(PDL)  # the dispatch launch may start now (its programs wait for the counts anyway)
-    if g == n_groups:  # (only with TOTALS)
-        totals, _ = _count(topk_idx, 0, T, E, K, EL, TB_TOTALS, K_PAD, EL_PAD, W_PAD)
-        _publish_counts(totals, all_counts, counts_ready, epoch % 2, epoch, ctx, W_PAD, EL_PAD)
-    else:
-        _layout_group(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, T, E, n_chunks,
-                      ctx, timeline, g, n_groups, epoch, K, EL, TB, K_PAD, EL_PAD, W_PAD, CG, QB, TIMELINE,
-                      TOTALS == 0)
-
-
-@triton.jit
-def _layout_group(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, T, E, n_chunks, ctx,
-                  timeline, g, n_groups, epoch, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr,
-                  K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr,
-                  QB: tl.constexpr, TIMELINE: tl.constexpr, PUBLISH: tl.constexpr):
-    """Layout program g's chunks (see ep_layout_kernel); PUBLISH: the last group pushes the call's totals."""
+    n_groups = tl.num_programs(0)
     _stamp(timeline, TL_LAYOUT + 4 * g, TIMELINE)
     EP: tl.constexpr = W_PAD * EL_PAD
     ROW: tl.constexpr = EP + W_PAD
+    epoch = dl.call_epoch(state)
+    dl.launch_dependents(PDL)  # the dispatch launch may start now (its programs wait for the counts anyway)
     chunk = tl.cdiv(T, n_chunks)
     dv = tl.arange(0, W_PAD)
     i = tl.arange(0, CG * TB) // TB  # (chunk i of the group, token j of its block): [CG * TB] at once
@@ -354,10 +334,9 @@ def _layout_group(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, cou
              before_e[None, :] + tl.cumsum(per_expert, axis=0) - per_expert, mask=mc)
     tl.store(chunk_prefix + c[:, None] * ROW + EP + dv[None, :],
              before_r[None, :] + tl.cumsum(per_rank, axis=0) - per_rank, mask=mc)
-    if PUBLISH:
-        if g == n_groups - 1:
-            _publish_counts(before_e + tl.sum(per_expert, axis=0), all_counts, counts_ready, epoch % 2, epoch,
-                            ctx, W_PAD, EL_PAD)
+    if g == n_groups - 1:
+        _publish_counts(before_e + tl.sum(per_expert, axis=0), all_counts, counts_ready, epoch % 2, epoch, ctx,
+                        W_PAD, EL_PAD)
     _stamp(timeline, TL_LAYOUT + 4 * g + 3, TIMELINE)
 
 
@@ -718,9 +697,7 @@ def default_config(max_tokens, hidden, device_type):
     per T=4096 call, and 3.5 us less for a T=128 combine), tail_chunks / tail_parts (the receivers' units of the
     last tail_chunks chunks: their columns in tail_parts parts instead of h_parts), stream_hints (dispatch's
     copies load and store with the L2 policy evict_first, so that rows arriving over the link stay in L2 until
-    the receivers copy them; combine_stream_hints: the same for combine's expert-row loads and y's stores),
-    early_totals (the layout launch has one more program that counts every token and pushes the call's totals
-    at once, instead of the last layout program after its look-back).
+    the receivers copy them; combine_stream_hints: the same for combine's expert-row loads and y's stores).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -750,7 +727,6 @@ def default_config(max_tokens, hidden, device_type):
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
             "pdl": True, "defer_signal": True, "combine_defer_signal": True, "tail_chunks": 0, "tail_parts": 1,
             "stream_hints": False, "combine_stream_hints": False,  # (on at T=4096, above)
-            "early_totals": False,
             "combine_tail_chunks": 0, "combine_tail_parts": 1,
             "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
@@ -902,7 +878,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     ep = ws.w_pad * ws.el_pad
     bt = min(int(cfg["block_tokens"]), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
     bt = triton.next_power_of_2(max(1, bt))
-    bt_count = triton.next_power_of_2(max(1, min(4096 // k_pad, max_tokens)))  # tokens per counting step
+    bt_count = triton.next_power_of_2(max(1, min(8192 // (k_pad * ep), max_tokens)))  # tokens per counting step
     # layout programs: cg chunks each, counted tb tokens of every chunk at a time (at most 4096 tokens per step)
     tb_layout = min(triton.next_power_of_2(triton.cdiv(max_tokens, n_chunks)), 256)
     cg = min(triton.next_power_of_2(min(int(cfg["layout_chunks"]), n_chunks)), 4096 // tb_layout)
@@ -920,16 +896,15 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     shmem.raise_pending_errors()
     fused = bool(cfg["fused_layout"])
     pdl = not fused and pdl_capable(x.device) and bool(cfg["pdl"])
-    totals = int(bool(cfg["early_totals"]))
 
     def launch(x, idx, wts):
         if not fused:
-            ep_layout_kernel[(n_groups + totals,)](
+            ep_layout_kernel[(n_groups,)](
                 idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
                 num_experts, n_chunks, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
                 QB=min(triton.next_power_of_2(n_groups), 128 if x.device.type == "cuda" else 4),
-                TIMELINE=timeline is not None, PDL=pdl, TOTALS=totals, TB_TOTALS=bt_count, num_warps=4, K=K,
-                EL=ws.local, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
+                TIMELINE=timeline is not None, PDL=pdl, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad,
+                EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
         ep_dispatch_kernel[(n_prog,)](
             x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts,
             *_tail(cfg["tail_chunks"], cfg["tail_parts"], n_chunks), n_push,
