@@ -103,13 +103,13 @@ DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_t
            # 199.7 (32 in 2 with receivers' tails of 32: 219.2 / 210.0). More, shorter chunks cost more than the
            # senders' even ends gain. Dropped (reverted).
            # run71: the copies' L2 hints (see KNOBS_IN_TURN), on by default since; without:
-           {"stream_hints": False}, {"early_totals": True}, {"push_programs": 76},
+           {"stream_hints": False}, {"push_programs": 64}, {"push_programs": 76},
            ],
     # run17: 132/100 c128 h2048 t1: 36 us, c32 h1024 t4: 34. Senders take ~12 us for one 2-token chunk: wider
     # tiles (fewer dependent load -> store steps per row); the fused layout re-measured.
     # run18: h4096 30 us, h8192 w16 35, fused layout 122.
     128: [(132, 66, 32, 1024, 4, 8, False), (128, 64, 64, 1024, 2, 8, False), {"defer_signal": False},
-          {"stream_hints": True}, {"early_totals": True}],  # (L2 hints: on at T=4096, where the rows do not all fit in L2)
+          {"stream_hints": True}],  # (L2 hints: on at T=4096, where the rows do not all fit in L2)
 }
 COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_block_tokens, combine_warps
     # [, maxnreg, h_parts]),
@@ -153,13 +153,12 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
 # (dispatch) or partials (combine) arriving over the link stay in L2 until the receivers read them.
 # run71 (8197e1c): dispatch 200.1 us with the hints against 207.8 without, combine 197.1 against 199.1: on by
 # default at T=4096 since; the sender counts re-timed with them (the receivers' copies got cheaper).
-# early_totals: the layout programs sum their counts with atomics and the last to finish counting publishes them
-# (run73: one extra layout program counting every token itself instead: 229.0 us against 198.9, and 27.4 against
-# 30.5 per one-call graph at T=128 -- dropped for this).
-KNOBS_IN_TURN = {4096: {"dispatch": [("push_programs", (64, 72, 76, 80)), ("stream_hints", (True, False)),
-                                     ("early_totals", (False, True))],
-                        "combine": [("combine_push", (48, 52, 44)), ("combine_stream_hints", (True, False))]},
-                 128: {"dispatch": [("early_totals", (False, True))], "combine": []}}
+# Measured and dropped (runs 73-74): the call's totals published sooner -- by one extra layout program counting
+# every token itself (229.0 us against 198.9; 27.4 against 30.5 per one-call graph at T=128), or by the layout
+# program that finishes counting last, the others' counts summed with atomics, before any look-back (199.2
+# against 199.0; T=128 24.3 against 24.4).
+KNOBS_IN_TURN = {4096: {"dispatch": [("push_programs", (80, 64, 72, 76, 88)), ("stream_hints", (True, False))],
+                        "combine": [("combine_push", (48, 52, 44)), ("combine_stream_hints", (True, False))]}}
 CALLS_PER_GRAPH = 20
 
 _DISPATCH_KEYS = ("num_programs", "push_programs", "num_chunks", "block_h", "block_tokens", "num_warps",
@@ -176,7 +175,7 @@ def _knobs(default, keys, entry):
 def _dispatch_name(c):
     return ("p{num_programs}/{push_programs} c{num_chunks} h{block_h} t{block_tokens} w{num_warps}{f}{r} "
             "parts{h_parts}{lay}{early}{late}{tail}{hints}").format(
-                hints=(" l2hints" if c["stream_hints"] else "") + (" early-totals" if c["early_totals"] else ""),
+                hints=" l2hints" if c["stream_hints"] else "",
                 f=" fused" if c["fused_layout"] else "", r=f" r{c['maxnreg']}" if c["maxnreg"] else "",
                 lay=f" layout{c['layout_chunks']}" if not c["fused_layout"] else "",
                 early="" if c["pdl"] else " no-pdl", late=" defer" if c["defer_signal"] else "",

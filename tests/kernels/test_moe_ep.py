@@ -134,7 +134,7 @@ CFG_TWO_LAUNCH = {"fused_layout": False, "num_chunks": 5, "layout_chunks": 1, "n
                   "block_tokens": 2, "block_h": 16, "h_parts": 2, "combine_programs": 4, "combine_push": 3,
                   "combine_block_tokens": 4, "combine_block_h": 8, "combine_h_parts": 3, "defer_signal": True,
                   "combine_defer_signal": True, "tail_chunks": 2, "tail_parts": 3, "combine_tail_chunks": 9,
-                  "combine_tail_parts": 4, "stream_hints": True, "combine_stream_hints": True, "early_totals": True}
+                  "combine_tail_parts": 4, "stream_hints": True, "combine_stream_hints": True}
 CFG_LONG_CHUNKS = {"fused_layout": False, "num_chunks": 2, "block_tokens": 64, "block_h": 8}
 CFG_RECOVERY = {"fused_layout": False}
 
@@ -142,7 +142,7 @@ CFG_RECOVERY = {"fused_layout": False}
 def cfg_back_to_back(i):
     return {"fused_layout": bool(i % 2), "block_h": 4, "h_parts": 1 + i % 3, "combine_block_h": 4,
             "combine_h_parts": 1 + (i + 1) % 3, "combine_programs": 2 + i % 2, "combine_push": 1,
-            "defer_signal": i % 2 == 0, "combine_defer_signal": i % 2 == 1, "early_totals": i % 2 == 0}
+            "defer_signal": i % 2 == 0, "combine_defer_signal": i % 2 == 1}
 
 
 @pytest.mark.parametrize("config", [None, CFG_8_RANKS])
@@ -158,8 +158,8 @@ def test_two_launch_layout_and_uneven_chunks(ranks):
     odd-sized chunks takes two steps of 4 on CPU); 2 senders + 1 receiver copying each chunk's 32 columns in 2
     parts (the last 2 chunks in 3 parts); combine with its own knobs (3 senders + 1 receiver, 4-token blocks,
     each chunk's columns taken in 3 parts: 16, 16 and an empty one; a tail of 9 chunks, more than there are, in
-    4). Senders raise each chunk's flags late (deferred) in both; the layout programs sum the totals by atomics
-    and the last one publishes them (early_totals); the copies carry L2 hints (ignored by the interpreter)."""
+    4). Senders raise each chunk's flags late (deferred) in both; the copies carry L2 hints (ignored by the
+    interpreter: the knobs' plumbing)."""
     for problems in ranks(2, _run, "random", 13, 32, 8, 2, "float32", 1, 3, CFG_TWO_LAUNCH):
         assert problems == []
 
@@ -232,7 +232,7 @@ def test_bitwise_reproducible_20_runs(ranks):
 def _back_to_back(calls):
     """Fresh routing every call, no barriers, alternating fused / two-launch layout, exact-size outputs, and the
     receivers' work counters reused by calls with other unit counts (column parts, receiving programs); the
-    counts checked against every rank's routing (early_totals' sums must start from zero in every call)."""
+    counts checked against every rank's routing (a layout that kept state from an earlier call shows there)."""
     dev = td.shmem.device()
     ok = []
     for i in range(calls):
@@ -416,8 +416,7 @@ def _gpu_bf16(T, H, E, K, align, config=None):
 
 @gpu_only
 @pytest.mark.parametrize("T,align,config", [(128, 1, None), (1000, 64, None),
-                                            (1000, 64, {"stream_hints": True, "combine_stream_hints": True,
-                                                        "early_totals": True})])
+                                            (1000, 64, {"stream_hints": False, "combine_stream_hints": False})])
 def test_gpu_bf16(ranks, T, align, config):
     assert all(ranks(2, _gpu_bf16, T, 1024, 64, 8, align, config))
 
@@ -548,15 +547,13 @@ def test_dispatch_compiles_for_sm90(fused):
 
 def test_layout_and_combine_compile_for_sm90():
     sig = dict(topk_idx="*i32", chunk_counts="*i32", chunk_prefix="*i32", counted="*i32", all_counts="*i32",
-               counts_ready="*i32", totals="*i32", state="*i32", T="i32", E="i32", n_chunks="i32", ctx="*i64", timeline="*i64",
+               counts_ready="*i32", state="*i32", T="i32", E="i32", n_chunks="i32", ctx="*i64", timeline="*i64",
                K="constexpr", EL="constexpr", TB="constexpr", K_PAD="constexpr", EL_PAD="constexpr",
-               W_PAD="constexpr", CG="constexpr", QB="constexpr", TIMELINE="constexpr", PDL="constexpr",
-               EARLY_TOTALS="constexpr")
-    for early in (False, True):  # the last program publishes the totals / the last to finish counting does
-        ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
-                           dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=16, QB=16, TIMELINE=True,
-                                PDL=True, EARLY_TOTALS=early))["ops"]
-        assert ops.get("griddepcontrol.launch_dependents", 0) == 1, ops  # dl.launch_dependents
+               W_PAD="constexpr", CG="constexpr", QB="constexpr", TIMELINE="constexpr", PDL="constexpr")
+    ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_layout_kernel", sig,
+                       dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=16, QB=16, TIMELINE=True,
+                            PDL=True))["ops"]
+    assert ops.get("griddepcontrol.launch_dependents", 0) == 1, ops  # dl.launch_dependents
     sig = dict(expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32",
                tail="i32", tail_parts="i32", n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
                partials="*bf16", combined="*i32", claims="*i32", state="*i32", ctx="*i64",

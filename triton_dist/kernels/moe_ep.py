@@ -278,18 +278,16 @@ def _end_claims(claims, u, n_units, claimers):
 
 # ----------------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, totals, state, T, E,
-                     n_chunks, ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr,
-                     K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr,
-                     QB: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr, EARLY_TOTALS: tl.constexpr):
+def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, state, T, E, n_chunks,
+                     ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr, K_PAD: tl.constexpr,
+                     EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr, QB: tl.constexpr,
+                     TIMELINE: tl.constexpr, PDL: tl.constexpr):
     """Program g counts the CG token chunks [g * CG, g * CG + CG) in one pass (histograms keyed by chunk and
     padded expert / destination rank: every token of the group loaded at once), writes each chunk's offset
     inside the group, stores the group's totals into chunk_counts[g] and raises counted[g]; then it waits for
     the groups before it and adds the sum of their totals: chunk_prefix[c] = where chunk c's rows start. Every
     program does its own look-back in parallel (earlier programs only: they run first); the last one, whose
-    prefix plus its own totals are the call's totals, pushes them to every rank. EARLY_TOTALS: every program
-    adds its totals into ``totals[:EP]`` instead and takes a ticket (``totals[EP]``); the last to take one pushes
-    the sums to every rank, before any look-back (and zeroes the sums and tickets for the next call)."""
+    prefix plus its own totals are the call's totals, pushes them to every rank."""
     g = tl.program_id(0)
     n_groups = tl.num_programs(0)
     _stamp(timeline, TL_LAYOUT + 4 * g, TIMELINE)
@@ -321,15 +319,6 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
     tl.store(chunk_counts + g * ROW + EP + dv, tl.sum(per_rank, axis=0))
     tl.debug_barrier()
     tl.atomic_xchg(counted + g, epoch, sem="release", scope="gpu")
-    if EARLY_TOTALS:
-        tl.atomic_add(totals + ev, tl.sum(per_expert, axis=0), sem="relaxed", scope="gpu")
-        tl.debug_barrier()  # every thread's adds before the ticket's release
-        ticket = tl.atomic_add(totals + EP, 1, sem="acq_rel", scope="gpu")
-        if ticket == n_groups - 1:  # every other program's sums are in
-            tl.debug_barrier()
-            sums = tl.atomic_xchg(totals + ev, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(totals + EP, 0, sem="relaxed", scope="gpu")
-            _publish_counts(sums, all_counts, counts_ready, epoch % 2, epoch, ctx, W_PAD, EL_PAD)
     before_e = tl.zeros([EP], dtype=tl.int32)
     before_r = tl.zeros([W_PAD], dtype=tl.int32)
     for q0 in range(0, g, QB):
@@ -345,10 +334,9 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
              before_e[None, :] + tl.cumsum(per_expert, axis=0) - per_expert, mask=mc)
     tl.store(chunk_prefix + c[:, None] * ROW + EP + dv[None, :],
              before_r[None, :] + tl.cumsum(per_rank, axis=0) - per_rank, mask=mc)
-    if not EARLY_TOTALS:
-        if g == n_groups - 1:
-            _publish_counts(before_e + tl.sum(per_expert, axis=0), all_counts, counts_ready, epoch % 2, epoch,
-                            ctx, W_PAD, EL_PAD)
+    if g == n_groups - 1:
+        _publish_counts(before_e + tl.sum(per_expert, axis=0), all_counts, counts_ready, epoch % 2, epoch, ctx,
+                        W_PAD, EL_PAD)
     _stamp(timeline, TL_LAYOUT + 4 * g + 3, TIMELINE)
 
 
@@ -669,7 +657,6 @@ class _Workspace:
         self.chunk_counts = torch.zeros((MAX_CHUNKS, ep + self.w_pad), dtype=torch.int32, device=dev)
         self.chunk_prefix = torch.zeros_like(self.chunk_counts)
         self.counted = shmem.counters(MAX_CHUNKS, name=name + "counted")  # layout flags (epochs)
-        self.totals = shmem.counters(ep + 1, name=name + "totals")  # early_totals: sums + tickets of the layout
         self.state = shmem.counters(2, name=name + "epoch")
         self.combine_state = shmem.counters(2, name=name + "combine_epoch")
         # work counters, [0]: the receivers' next unit, [1]: the senders' next chunk (shmem.counters:
@@ -710,9 +697,7 @@ def default_config(max_tokens, hidden, device_type):
     per T=4096 call, and 3.5 us less for a T=128 combine), tail_chunks / tail_parts (the receivers' units of the
     last tail_chunks chunks: their columns in tail_parts parts instead of h_parts), stream_hints (dispatch's
     copies load and store with the L2 policy evict_first, so that rows arriving over the link stay in L2 until
-    the receivers copy them; combine_stream_hints: the same for combine's expert-row loads and y's stores),
-    early_totals (the layout programs sum their counts with atomics and the last one to finish counting pushes
-    the call's totals to the peers at once, instead of the last program after its look-back).
+    the receivers copy them; combine_stream_hints: the same for combine's expert-row loads and y's stores).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
@@ -733,8 +718,10 @@ def default_config(max_tokens, hidden, device_type):
         # against 200.5 with 52, 44: 200.1, 40: 208.1; dispatch senders 64 / 60 / 68: 206.0 / 210.9 / 207.5; run62
         # again: 197.9 against 203.1 with 52).
         # L2 hints (run71, in turn, per call in graphs of 20): dispatch 200.1 us against 207.8 without, combine
-        # 197.1 against 199.1 -- the arrivals from the link are read from L2 instead of HBM.
-        cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 64, "block_h": 512, "block_tokens": 16,
+        # 197.1 against 199.1 -- the arrivals from the link are read from L2 instead of HBM. With them the
+        # receivers' copies cost less and more senders pay (runs 72-74 in turn: 76 senders 197.5 / 197.9 us, 80:
+        # 196.4, against 201.1 / 199.0 / 199.1 with 64).
+        cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 80, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "h_parts": 4, "tail_chunks": 16, "tail_parts": 8,
                "combine_programs": 128, "combine_push": 48, "combine_warps": 16, "combine_h_parts": 2,
                "combine_tail_chunks": 16, "combine_tail_parts": 4, "stream_hints": True,
@@ -742,7 +729,6 @@ def default_config(max_tokens, hidden, device_type):
     return {"maxnreg": None, "combine_maxnreg": None, "eager_graph": False, "layout_chunks": 4, "h_parts": 1,
             "pdl": True, "defer_signal": True, "combine_defer_signal": True, "tail_chunks": 0, "tail_parts": 1,
             "stream_hints": False, "combine_stream_hints": False,  # (on at T=4096, above)
-            "early_totals": False,
             "combine_tail_chunks": 0, "combine_tail_parts": 1,
             "combine_h_parts": 1,
             "combine_programs": cfg["num_programs"], "combine_push": cfg["push_programs"],
@@ -916,11 +902,11 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     def launch(x, idx, wts):
         if not fused:
             ep_layout_kernel[(n_groups,)](
-                idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.totals,
-                ws.state, T, num_experts, n_chunks, ctx, ws.state if timeline is None else timeline, TB=tb_layout,
-                CG=cg, QB=min(triton.next_power_of_2(n_groups), 128 if x.device.type == "cuda" else 4),
-                TIMELINE=timeline is not None, PDL=pdl, EARLY_TOTALS=bool(cfg["early_totals"]), num_warps=4, K=K,
-                EL=ws.local, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
+                idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
+                num_experts, n_chunks, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
+                QB=min(triton.next_power_of_2(n_groups), 128 if x.device.type == "cuda" else 4),
+                TIMELINE=timeline is not None, PDL=pdl, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad,
+                EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
         ep_dispatch_kernel[(n_prog,)](
             x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts,
             *_tail(cfg["tail_chunks"], cfg["tail_parts"], n_chunks), n_push,
