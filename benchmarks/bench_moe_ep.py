@@ -152,7 +152,8 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
 # see default_config). stream_hints: the copies' loads and stores marked L2 evict_first, so that the rows
 # (dispatch) or partials (combine) arriving over the link stay in L2 until the receivers read them.
 # run71 (8197e1c): dispatch 200.1 us with the hints against 207.8 without, combine 197.1 against 199.1: on by
-# default at T=4096 since; the sender counts re-timed with them (the receivers' copies got cheaper).
+# default at T=4096 since; the sender counts re-timed with them (the receivers' copies got cheaper): 80 of 128
+# (196.4 us in runs 74-75, against 199.1 / 199.6 with 64) is the default since run75.
 # Measured and dropped (runs 73-74): the call's totals published sooner -- by one extra layout program counting
 # every token itself (229.0 us against 198.9; 27.4 against 30.5 per one-call graph at T=128), or by the layout
 # program that finishes counting last, the others' counts summed with atomics, before any look-back (199.2

@@ -719,8 +719,8 @@ def default_config(max_tokens, hidden, device_type):
         # again: 197.9 against 203.1 with 52).
         # L2 hints (run71, in turn, per call in graphs of 20): dispatch 200.1 us against 207.8 without, combine
         # 197.1 against 199.1 -- the arrivals from the link are read from L2 instead of HBM. With them the
-        # receivers' copies cost less and more senders pay (runs 72-74 in turn: 76 senders 197.5 / 197.9 us, 80:
-        # 196.4, against 201.1 / 199.0 / 199.1 with 64).
+        # receivers' copies cost less and more senders pay (in turn: 76 senders 197.5 / 197.9 us in runs 73-74,
+        # 80: 196.4 / 196.4 in runs 74-75, against 199.0 / 199.1 / 199.6 with 64 in runs 73-75; 88: 200.3).
         cfg = {"num_chunks": 256, "num_programs": 128, "push_programs": 80, "block_h": 512, "block_tokens": 16,
                "num_warps": 8, "fused_layout": False, "h_parts": 4, "tail_chunks": 16, "tail_parts": 8,
                "combine_programs": 128, "combine_push": 48, "combine_warps": 16, "combine_h_parts": 2,
