@@ -158,7 +158,8 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
 # every token itself (229.0 us against 198.9; 27.4 against 30.5 per one-call graph at T=128), or by the layout
 # program that finishes counting last, the others' counts summed with atomics, before any look-back (199.2
 # against 199.0; T=128 24.3 against 24.4).
-# Every SM (132 programs; 4 idle with 128) re-timed with the hints (run21-23: 132/64 231 us against 229-233).
+# Every SM (132 programs; 4 idle with 128) re-timed with the hints (run21-23: 132/64 231 us against 229-233;
+# run76: dispatch 196.0 against 196.3, combine 196.6 against 196.5 -- no change, 128 kept).
 KNOBS_IN_TURN = {4096: {"dispatch": [("push_programs", (80, 64, 76, 84)), ("num_programs", (128, 132)),
                                      ("stream_hints", (True, False))],
                         "combine": [("combine_push", (48, 52, 44)), ("combine_programs", (128, 132)),
