@@ -63,8 +63,7 @@ def _check_against_fp64(m, n, k, dtype_name, config, repeats):
 
 CASES = {
     2: [(37, 45, 40, "float16", {}),  # ragged rows (19 + 18), ragged N and K tiles
-        (32, 48, 32, "float32", {"num_programs": 1, "use_tma": True, "stream_hints": True}),  # one persistent
-        # program: deferred signals (and the L2 hints' plumbing: the interpreter ignores them)
+        (32, 48, 32, "float32", {"num_programs": 1, "use_tma": True}),  # one persistent program: deferred signals
         (5, 17, 23, "float32", {"BLOCK_M": 32, "BLOCK_N": 32, "GROUP_M": 1, "use_tma": True})],
     4: [(37, 20, 24, "float16", {"DEFER_SIGNAL": False}),  # 10, 9, 9, 9 rows
         (3, 16, 16, "float32", {})],  # M < W: rank 3 owns no rows
@@ -188,8 +187,7 @@ def _check_bf16_fresh_repeats(m, n, k, config, repeats):
     (1024, 2048, 4096, {"path": "overlap", "num_programs": 0}),  # one program per tile
     (512, 4096, 1024, {}),  # small M: default decides (fallback or kernel)
     (2048, 5000, 1000, {"path": "overlap", "partial": "fp32"}),  # ragged N, K; fp32 partials
-    (4099, 3072, 1536, {"path": "overlap", "remote_tma": True, "stream_hints": True}),  # partials by TMA, clipped
-    # to the peer's rows; their loads L2-hinted
+    (4099, 3072, 1536, {"path": "overlap", "remote_tma": True}),  # partials by TMA, clipped to the peer's rows
     (2048, 4096, 1024, {"path": "overlap", "remote_tma": True, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
                         "num_stages": 4, "num_warps": 8, "EPILOGUE_SUBTILE": True}),  # half-tile TMA stores
     (520, 4096, 1000, {"path": "graph", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 4,
@@ -297,7 +295,7 @@ SIGNATURE = dict(a="*bf16", w="*bf16", out="*bf16", recv="*bf16", recv_peer="*bf
                  state="*i32", M="i32", N="i32", K="i32", stride_am="i32", stride_wn="i32", own_rows="i32", ctx="*i64",
                  BLOCK_M="constexpr", BLOCK_N="constexpr", BLOCK_K="constexpr", GROUP_M="constexpr",
                  USE_TMA="constexpr", EPILOGUE_SUBTILE="constexpr", DEFER_SIGNAL="constexpr",
-                 DOT_PRECISION="constexpr", SLOTS_BLOCK="constexpr", REMOTE_TMA="constexpr", EVICT="constexpr")
+                 DOT_PRECISION="constexpr", SLOTS_BLOCK="constexpr", REMOTE_TMA="constexpr")
 
 
 @pytest.mark.parametrize("dtype,partial,slots,tma,remote_tma", [("bf16", "bf16", 1, True, False),
@@ -315,14 +313,11 @@ def test_gemm_rs_compiles_for_sm90(dtype, partial, slots, tma, remote_tma):
     res = compile_sm90("triton_dist.kernels.gemm_reducescatter", "gemm_rs_kernel", sig,
                        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": tma,
                         "EPILOGUE_SUBTILE": tma, "DEFER_SIGNAL": True, "DOT_PRECISION": "tf32",
-                        "SLOTS_BLOCK": slots, "REMOTE_TMA": remote_tma,
-                        "EVICT": "evict_first" if remote_tma else ""},  # (with the L2 hints of stream_hints)
+                        "SLOTS_BLOCK": slots, "REMOTE_TMA": remote_tma},
                        aligned=("recv", "N", "K", "stride_am", "stride_wn") + (() if tma else ("a", "w", "out")))
     ops = res["ops"]
     assert any(op.startswith("wgmma.mma_async") for op in ops), ops  # Hopper tensor cores
     assert ops.get("atom.global.sys.release.exch.b32", 0) > 0, ops  # dl.signal: release at system scope
-    if remote_tma:  # the partials' loads carry the L2 policy
-        assert any("evict_first" in op and op.startswith("ld.global") for op in ops), ops
     assert any("acquire" in op and "sys" in op for op in ops), ops  # dl.wait: acquire polls
     if remote_tma:  # partial tiles by TMA, published after the bulk stores completed
         assert ops.get("cp.async.bulk.wait_group", 0) > 0, ops

@@ -68,15 +68,13 @@ SMALL_M_ROWS = 64
 def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, M, N, K, stride_am, stride_wn, own_rows,
                    ctx, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DEFER_SIGNAL: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, SLOTS_BLOCK: tl.constexpr, REMOTE_TMA: tl.constexpr,
-                   EVICT: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, SLOTS_BLOCK: tl.constexpr, REMOTE_TMA: tl.constexpr):
     """One launch = one gemm_rs call on this rank. ``a`` [M, K], ``w`` [N, K] and ``out`` [1, own_rows, N]:
     tensor descriptors (USE_TMA) or pointers to contiguous tensors. ``recv``: symmetric [W-1, rows_max, N]
     partial sums from the peers (slot of source q on rank d: (q - d - 1) mod W); ``arrived``: symmetric int32
     [W-1, tiles_per_dest]; ``ready``: symmetric int32 [W]; ``state``: this rank's int32[2] epoch counter.
     REMOTE_TMA (W = 2): partials go to the peer by TMA stores through ``recv_peer``, a descriptor of the peer's
-    recv [1, its rows, N] (asynchronous: the program computes on while they cross). EVICT ("evict_first" or ""):
-    the L2 policy of the own tiles' loads of the peers' partials (each read once)."""
+    recv [1, its rows, N] (asynchronous: the program computes on while they cross)."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     me = dl.rank(ctx)
@@ -140,8 +138,7 @@ def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, M, N, K, s
             # the fixed summation order: own partial, then ranks me+1, me+2, ... (slot 0, 1, ...), added into the
             # accumulator in place (one extra tile of registers, whatever W is)
             for slot in range(world - 1):
-                acc += tl.load(recv + slot * slot_elems + tile_offsets, mask=tile_ok,
-                               eviction_policy=EVICT).to(tl.float32)
+                acc += tl.load(recv + slot * slot_elems + tile_offsets, mask=tile_ok).to(tl.float32)
             own_segment = dest - me  # == 0: out is [1, own_rows, N], one segment
             tile_store(out, acc, own_segment, pid_m * BLOCK_M, pid_n * BLOCK_N, own_rows, N, own_rows * N, N,
                        BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
@@ -235,8 +232,7 @@ def _run_overlapped(a, w, out, cfg):
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], USE_TMA=use_tma, EPILOGUE_SUBTILE=subtile,
         DEFER_SIGNAL=bool(cfg["DEFER_SIGNAL"]), DOT_PRECISION=dot_precision(a.dtype),
         SLOTS_BLOCK=triton.next_power_of_2(max(world - 1, 1)), REMOTE_TMA=remote_tma,
-        EVICT="evict_first" if cfg.get("stream_hints") else "", num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out
 
 
@@ -277,13 +273,12 @@ def default_config(m, n, k, dtype, device, world):
     matmul + reduce_scatter; "fp32": exact partials at twice the traffic), DEFER_SIGNAL (publish a pushed tile
     after the program's next tile is computed, so the release never waits for NVLink), remote_tma (2 ranks, TMA
     on: partial tiles go to the peer by TMA stores, asynchronous to the program, instead of stores from
-    registers), num_programs (None: one per SM on GPU, one per tile under the interpreter; 0: one per tile),
-    stream_hints (the own tiles load the peers' partials with the L2 policy evict_first)."""
+    registers), num_programs (None: one per SM on GPU, one per tile under the interpreter; 0: one per tile)."""
     rows_max = triton.cdiv(m, world)
     cfg = gemm_config(rows_max, n, k, dtype, device)
     # FLATTEN / WARP_SPECIALIZE stay off: the tile loop's body waits and signals between tiles
     cfg.update(path=choose_path(m, world, device.type), partial="out", DEFER_SIGNAL=True, FLATTEN=False,
-               WARP_SPECIALIZE=False, remote_tma=False, stream_hints=False)
+               WARP_SPECIALIZE=False, remote_tma=False)
     if device.type == "cuda" and rows_max <= 64:  # 128-row tiles would be mostly padding
         cfg.update(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4)
     return cfg
