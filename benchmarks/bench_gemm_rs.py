@@ -45,6 +45,9 @@ SWEEP = [("no defer", {"DEFER_SIGNAL": False}), ("fp32 partials", {"partial": "f
 # 956.8 / 950.5 / 937.6 / 934.9 us at 8192^3, 3252.9 / 3243.0 / 3220.5 / 3189.0 at N = 28672, 3024.7 / 3010.6 /
 # 3007.5 / 2997.5 at K = 28672 (the tuner's pick at all three). Stream-K's last wave of own tiles (commit c6bec7a,
 # reverted): 1-3 % slower than stores at every shape in runs 66-67.
+# run77 (commit 144eb11, reverted): the own tiles' loads of the peers' partials marked L2 evict_first (MoE's copies
+# gained ~4 % that way) on top of remote TMA, programs-4: 940.7 / 3223.6 / 3038.8 us against 937.9 / 3234.9 /
+# 3035.3 -- noise; dropped.
 REMOTE_AB = [("stores", {}), ("remote TMA", {"remote_tma": True}), ("stores, programs-4", {"num_programs": -4}),
              ("remote TMA, programs-4", {"remote_tma": True, "num_programs": -4})]
 AB_ROUNDS = 9  # run65: 5 rounds of 10 calls left ~3 % of noise at N = 28672
