@@ -700,7 +700,7 @@ def default_config(max_tokens, hidden, device_type):
     last tail_chunks chunks: their columns in tail_parts parts instead of h_parts), stream_hints (dispatch's
     copies load and store with the L2 policy evict_first, so that rows arriving over the link may stay in L2
     until the receivers copy them; combine_stream_hints: the same for combine's expert-row loads and y's stores;
-    runs 71-76: dispatch 7-19 us and combine 2-3 us less per T=4096 call).
+    runs 71-76: dispatch 7-19 us and combine 2-3.5 us less per T=4096 call, timed in turn).
     ``combine_*``: the same knobs for ep_combine's own launch (its chunks are the dispatch's)."""
     if device_type == "cpu":
         cfg = {"num_chunks": 2, "num_programs": 2, "push_programs": 1, "block_h": 32, "block_tokens": 8,
