@@ -44,7 +44,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .timing import warm_up
+from .timing import max_over_ranks, median_us
 
 _CHOSEN = {}  # full key -> config (identical on every rank)
 SPAN_US = 5000.0  # later rounds time a candidate over about this long ...
@@ -137,32 +137,17 @@ def _broadcast(obj, group, world, rank):
 def time_candidate(run, cfg, iters=10, warmup=2, collective=True, group=None, warmup_us=0.0):
     """Median µs of ``run(cfg)`` on this rank (max over ranks if collective); inf if it raises. Warm-up:
     ``warmup`` calls, then more up to ``warmup_us`` (``timing.warm_up``)."""
-    failed = 0.0
-    times = []
     try:
-        warm_up(lambda: run(cfg), warmup, warmup_us, group, collective)
-        if collective:
-            dist.barrier(group=group)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        for start, end in events:
-            start.record()
-            run(cfg)
-            end.record()
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) * 1000.0 for s, e in events]
+        t = median_us(lambda: run(cfg), iters, warmup, warmup_us, group, collective)
     except Exception as exc:  # same failure on every rank; keep the collectives in step
         print(f"triton_dist autotune: candidate {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}",
               file=sys.stderr)
-        failed = 1.0
+        t = float("inf")
         try:
             torch.cuda.synchronize()
         except Exception:
             pass
-    t = torch.tensor([float("inf") if failed else statistics.median(times)], dtype=torch.float64,
-                     device="cuda")
-    if collective:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return float(t.item())
+    return max_over_ranks(t, group) if collective else t
 
 
 def turn_order(n, r, rounds):

@@ -34,21 +34,32 @@ def warm_up(fn, calls, span_us=0.0, group=None, collective=True):
     torch.cuda.synchronize()
 
 
-def time_us(fn, iters=20, warmup=5, warmup_us=0.0):
-    """Median µs of ``fn()`` over ``iters`` timed calls on this rank, max over ranks (GPU ranks), after
-    ``warmup`` calls and more up to ``warmup_us`` of warm-up (``warm_up``)."""
-    warm_up(fn, warmup, warmup_us)
-    dist.barrier()
+def median_us(fn, iters=20, warmup=5, warmup_us=0.0, group=None, collective=True):
+    """This rank's median µs of ``fn()`` over ``iters`` calls, each timed with CUDA events, after ``warm_up``.
+    ``collective``: the ranks of ``group`` start timing together (a barrier): every one of them must call."""
+    warm_up(fn, warmup, warmup_us, group, collective)
+    if collective and dist.is_initialized():
+        dist.barrier(group=group)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     for start, end in events:
         start.record()
         fn()
         end.record()
     torch.cuda.synchronize()
-    med = statistics.median(s.elapsed_time(e) * 1000.0 for s, e in events)
-    t = torch.tensor([med], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in events)
+
+
+def max_over_ranks(value, group=None):
+    """The max of ``value`` over the ranks of ``group`` (every one of them must call)."""
+    t = torch.tensor([value], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t.item())
+
+
+def time_us(fn, iters=20, warmup=5, warmup_us=0.0):
+    """Median µs of ``fn()`` over ``iters`` timed calls on this rank, max over ranks (GPU ranks), after
+    ``warmup`` calls and more up to ``warmup_us`` of warm-up (``warm_up``)."""
+    return max_over_ranks(median_us(fn, iters, warmup, warmup_us))
 
 
 def graph_of(fn, calls=1):
