@@ -16,8 +16,8 @@ Link bytes = rows this rank sends to the other rank * H * 2 bytes (one row per (
 metadata not counted); GB/s = link bytes / time (per direction; max time over ranks, max bytes over ranks).
 A sweep of configs at each T (dispatch knobs, then combine knobs after a default dispatch) finds the best; the
 default config is the one ep_dispatch / ep_combine use without `config`.
-Knobs in turn (T=4096): the senders' share (push programs of 128) and the L2 hints of each kernel, graphs of 20
-calls per value replayed in turn (rotating rounds): one-after-another sweeps drift by several µs on the
+Knobs in turn (T=4096): the senders' share (push programs of 128), the program count and the L2 hints of each
+kernel, graphs of 20 calls per value replayed in turn (rotating rounds): one-after-another sweeps drift by several µs on the
 power-capped GPU.
 Timeline: one dispatch + combine of the default config replayed from a CUDA graph with the kernels' phase stamps on
 (GPU clock): when each phase starts and ends on each rank, µs from the kernel's first program start.
@@ -150,7 +150,7 @@ COMBINE_SWEEP = {  # (combine_programs, combine_push, combine_block_h, combine_b
 # power-capped GPU). The senders' share (run60, one after another: combine with 48 senders 202.7 us per graph
 # against 207.5 with 52, 56: 211.7; dispatch 60 / 68 senders 215.3 / 212.1 against 210.3 with 64; run61 in turn:
 # see default_config). stream_hints: the copies' loads and stores marked L2 evict_first, so that the rows
-# (dispatch) or partials (combine) arriving over the link stay in L2 until the receivers read them.
+# (dispatch) or partials (combine) arriving over the link may stay in L2 until the receivers read them.
 # run71 (8197e1c): dispatch 200.1 us with the hints against 207.8 without, combine 197.1 against 199.1: on by
 # default at T=4096 since; the sender counts re-timed with them (the receivers' copies got cheaper): 80 of 128
 # (196.4 us in runs 74-75, against 199.1 / 199.6 with 64) is the default since run75.
