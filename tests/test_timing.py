@@ -52,3 +52,18 @@ def test_time_candidate_median_and_failure(fake_cuda):
     ok = autotune.time_candidate(run, {"broken": False, "us": 12.5}, iters=3, warmup=1, collective=False)
     assert ok == pytest.approx(12.5)
     assert autotune.time_candidate(run, {"broken": True}, iters=3, warmup=1, collective=False) == float("inf")
+
+
+@cpu_only
+def test_warm_up_adds_calls_up_to_its_span(fake_cuda, monkeypatch):
+    """2 calls of 100 µs each (host clock faked), then enough more to span 1000 µs: 8 more, on one rank."""
+    clock = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    calls = []
+
+    def fn():
+        calls.append(1)
+        clock[0] += 100e-6
+
+    timing.warm_up(fn, 2, span_us=1000.0, collective=False)
+    assert len(calls) == 10

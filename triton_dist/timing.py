@@ -13,6 +13,13 @@ import torch
 import torch.distributed as dist
 
 
+def max_over_ranks(value, group=None):
+    """The max of ``value`` over the ranks of ``group`` (every one of them must call)."""
+    t = torch.tensor([value], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
 def warm_up(fn, calls, span_us=0.0, group=None, collective=True):
     """``calls`` calls of ``fn``, then more until about ``span_us`` of them have run: a power-capped GPU that
     just ran something light (communication) has headroom for a while, and a short warm-up lets the next op
@@ -26,10 +33,10 @@ def warm_up(fn, calls, span_us=0.0, group=None, collective=True):
     if span_us <= 0:
         return
     per_call = (time.perf_counter() - t0) * 1e6 / max(calls, 1)
-    extra = torch.tensor([math.ceil(max(span_us - per_call * calls, 0.0) / max(per_call, 1.0))], device="cuda")
+    extra = math.ceil(max(span_us - per_call * calls, 0.0) / max(per_call, 1.0))
     if collective and dist.is_initialized():
-        dist.all_reduce(extra, op=dist.ReduceOp.MAX, group=group)
-    for _ in range(int(extra.item())):
+        extra = max_over_ranks(extra, group)
+    for _ in range(int(extra)):
         fn()
     torch.cuda.synchronize()
 
@@ -47,13 +54,6 @@ def median_us(fn, iters=20, warmup=5, warmup_us=0.0, group=None, collective=True
         end.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in events)
-
-
-def max_over_ranks(value, group=None):
-    """The max of ``value`` over the ranks of ``group`` (every one of them must call)."""
-    t = torch.tensor([value], dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return float(t.item())
 
 
 def time_us(fn, iters=20, warmup=5, warmup_us=0.0):
