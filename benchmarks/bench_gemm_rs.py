@@ -48,8 +48,10 @@ SWEEP = [("no defer", {"DEFER_SIGNAL": False}), ("fp32 partials", {"partial": "f
 # run77 (commit 144eb11, reverted): the own tiles' loads of the peers' partials marked L2 evict_first (MoE's copies
 # gained ~4 % that way) on top of remote TMA, programs-4: 940.7 / 3223.6 / 3038.8 us against 937.9 / 3234.9 /
 # 3035.3 -- noise; dropped.
+# run79's one-after-another sweep had GROUP_M=16 at 828 us against the default's 883 at 8192^3: timed in turn here.
 REMOTE_AB = [("stores", {}), ("remote TMA", {"remote_tma": True}), ("stores, programs-4", {"num_programs": -4}),
-             ("remote TMA, programs-4", {"remote_tma": True, "num_programs": -4})]
+             ("remote TMA, programs-4", {"remote_tma": True, "num_programs": -4}),
+             ("remote TMA, programs-4, GROUP_M=16", {"remote_tma": True, "num_programs": -4, "GROUP_M": 16})]
 AB_ROUNDS = 9  # run65: 5 rounds of 10 calls left ~3 % of noise at N = 28672
 
 

@@ -316,7 +316,8 @@ def candidate_configs(m, n, k, dtype, device, world):
             # partials by TMA stores (run47: 0.3-1.5 % faster); verified on the CUDA symmetric-memory backend only
             if world == 2 and shmem.backend() == "cuda":
                 cands += [{**over, **big, "remote_tma": True},
-                          {**over, **big, "num_programs": sms - 4, "remote_tma": True}]
+                          {**over, **big, "num_programs": sms - 4, "remote_tma": True},
+                          {**over, **big, "num_programs": sms - 4, "remote_tma": True, "GROUP_M": 16}]
     unique = []
     for c in cands:
         if c not in unique:
