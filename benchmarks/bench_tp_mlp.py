@@ -1,9 +1,12 @@
 """The tensor-parallel gated MLP block end to end (torchrun --nproc-per-node=N benchmarks/bench_tp_mlp.py), bf16:
 
-  ours           ag_gemm -> silu(gate) * up -> gemm_rs (triton_dist ops, autotuned once per shape)
+  ours           ag_gemm(activation="silu_gate") -> gemm_rs (triton_dist ops, autotuned once per shape): the
+                 SiLU-gate fused into the AG+GEMM's tiles
   ours graph     the same block replayed from a CUDA graph
+  ours unfused   ag_gemm -> silu(gate) * up (torch) -> gemm_rs: what the fusion saves (in turn)
   NCCL+torch     all_gather_into_tensor -> matmul -> silu(gate) * up -> matmul -> reduce_scatter_tensor
-  parts          each half alone (ours vs NCCL+cuBLAS), to see where the time goes
+  parts          each half alone (ours vs NCCL+cuBLAS, the gate counted with the first), to see where the time
+                 goes
   in turn        the two blocks and the block's three matmuls alone (cuBLAS, no communication: the floor of
                  any overlap) timed in turn, the fair comparison on a power-capped GPU
 Sizes: M tokens (all ranks), hidden, intermediate I; rank r holds x [M/W, hidden], w_gate_up [2I/W, hidden],
@@ -41,6 +44,9 @@ def main():
             return F.silu(h[:, :il]) * h[:, il:]
 
         def ours():
+            return gemm_rs(ag_gemm(x, w_gate_up, activation="silu_gate"), w_down)
+
+        def ours_unfused():
             return gemm_rs(gate(ag_gemm(x, w_gate_up)), w_down)
 
         def nccl_ag_gemm():
@@ -57,20 +63,23 @@ def main():
         y = ours()  # tunes both ops on the first call
         ref = nccl_torch().float()
         err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
+        err_unfused = ((ours_unfused().float() - ref).abs().max() / ref.abs().max()).item()
         t_ours = time_us(ours)
         t_ref = time_us(nccl_torch)
         g = gate(nccl_ag_gemm())
-        t_ag, t_ag_ref = time_us(lambda: ag_gemm(x, w_gate_up)), time_us(nccl_ag_gemm)
+        t_ag = time_us(lambda: ag_gemm(x, w_gate_up, activation="silu_gate"))
+        t_ag_ref = time_us(lambda: gate(nccl_ag_gemm()))
         t_rs, t_rs_ref = time_us(lambda: gemm_rs(g, w_down)), time_us(lambda: nccl_gemm_rs(g))
         t_graph = graph_us_or_nan(ours, "graph capture")  # NaN keeps the rest of the table
         turn = head_to_head(ours, {"NCCL+torch": nccl_torch},
-                            {"matmuls alone": lambda: (full @ w_gate_up.T, g @ w_down.T)})
+                            {"ours unfused": ours_unfused, "matmuls alone": lambda: (full @ w_gate_up.T, g @ w_down.T)})
         tflops = lambda t: 6 * m * hidden * il / t / 1e6  # noqa: E731
         rows.append({"M": m, "hidden": hidden, "intermediate": inter, "ours us": t_ours,
                      "ours TFLOP/s": tflops(t_ours), "ours graph us": t_graph, "NCCL+torch us": t_ref,
                      "NCCL+torch TFLOP/s": tflops(t_ref), "speedup": t_ref / t_ours,
-                     "ag_gemm us": t_ag, "AG+matmul us": t_ag_ref, "gemm_rs us": t_rs, "matmul+RS us": t_rs_ref,
-                     **turn, "max rel err vs NCCL+torch": err})
+                     "ag_gemm+gate us": t_ag, "AG+matmul+gate us": t_ag_ref, "gemm_rs us": t_rs,
+                     "matmul+RS us": t_rs_ref, **turn, "max rel err vs NCCL+torch": err,
+                     "unfused max rel err": err_unfused})
     record("tp_mlp", rows, notes=f"bf16, W={world}; median of 20, max over ranks; target speedup >= 1.2; "
            f"'in turn': {IN_TURN}")
     td.finalize()

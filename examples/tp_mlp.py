@@ -10,7 +10,8 @@ Layout (W ranks, rank r; the classic Megatron split with sequence parallelism be
     w_down     [hidden, I/W]            this rank's columns of the down projection (linear convention)
 
     h   = all_gather(x) @ w_gate_up.T   [M, 2I/W]     ag_gemm: the gather overlaps the GEMM
-    g   = silu(h[:, :I/W]) * h[:, I/W:] [M, I/W]
+    g   = silu(h[:, :I/W]) * h[:, I/W:] [M, I/W]       ... fused into its tiles (activation="silu_gate"): h is
+                                                       never written, no separate activation pass
     y_r = reduce_scatter(g @ w_down.T)  [M/W, hidden]  gemm_rs: the reduce-scatter overlaps the GEMM
 """
 
@@ -31,11 +32,9 @@ class TPMLP(torch.nn.Module):
     def __init__(self, w_gate_up, w_down):
         super().__init__()
         self.w_gate_up, self.w_down = w_gate_up, w_down
-        self.inter_local = w_down.shape[1]
 
     def forward(self, x):
-        h = ag_gemm(x, self.w_gate_up)
-        g = F.silu(h[:, : self.inter_local]) * h[:, self.inter_local:]
+        g = ag_gemm(x, self.w_gate_up, activation="silu_gate")  # silu(x @ w_gate.T) * (x @ w_up.T), gathered x
         return gemm_rs(g, self.w_down)
 
 

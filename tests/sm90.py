@@ -23,7 +23,7 @@ _SCRIPT = textwrap.dedent("""
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
     ptx = compiled.asm["ptx"]
     ops = collections.Counter(re.findall(
-        r"\\b(?:ld|st|atom|red|fence\\.proxy|setmaxnreg|cp\\.async|wgmma\\.mma_async|mma\\.sync|griddepcontrol)[\\.\\w:]*", ptx))
+        r"\\b(?:ld|st|atom|red|fence\\.proxy|setmaxnreg|cp\\.async|wgmma\\.mma_async|mma\\.sync|griddepcontrol|ex2)[\\.\\w:]*", ptx))
     print(json.dumps({"ops": ops, "ptx_bytes": len(ptx), "shared": compiled.metadata.shared}))
 """)
 

@@ -2,9 +2,10 @@
 
 CPU (interpreter, 2 and 4 ranks): 1-3 chunks per shard, TMA and masked paths, ragged/odd
 M, N, K, fp16/fp32 against an fp64 reference with fresh inputs every repeat and the gather buffer poisoned before
-every call; the fallback path; back-to-back calls (epochs, no barrier); the torch op, its fake and
-torch.compile(fullgraph=True); bad input. GPU (torchrun): bf16 against fp32 with 100 fresh repeats, every tuning
-candidate, a straggler rank, CUDA-graph replay. sm_90 code generation for both kernel variants.
+every call; the fallback path; the fused SiLU-gate epilogue (``activation="silu_gate"``) on every path;
+back-to-back calls (epochs, no barrier); the torch op, its fake and torch.compile(fullgraph=True); bad input.
+GPU (torchrun): bf16 against fp32 with 100 fresh repeats, every tuning candidate, a straggler rank, CUDA-graph
+replay, the SiLU-gate epilogue (tuned and forced paths). sm_90 code generation for the kernel variants.
 """
 
 import time
@@ -97,6 +98,44 @@ def test_ag_gemm_fallback_path(ranks):
         assert gathered_ok and worst < 1e-6
 
 
+def _check_silu_gate(m, n_out, k, dtype_name, config, repeats):
+    """activation="silu_gate": w = [gate; up] with 2 * n_out rows; the result against silu(x @ gate.T) *
+    (x @ up.T) in fp64, fresh inputs every repeat, the output poisoned before every call."""
+    dtype = getattr(torch, dtype_name)
+    dev, r = td.shmem.device(), td.rank()
+    worst = 0.0
+    for i in range(repeats):
+        gen = torch.Generator().manual_seed(77 + 1000 * i + r)
+        a = torch.randn(m, k, generator=gen).to(dtype).to(dev)
+        w = (torch.randn(2 * n_out, k, generator=gen) / k ** 0.5).to(dtype).to(dev)
+        if config.get("path") != "fallback":
+            agm._Workspace.get(m, k, dtype)
+            _poison_workspaces()
+        out = ag_gemm(a, w, config=config, activation="silu_gate")
+        ref = agm.silu_gate_reference(_reference(a, w)[1])
+        assert tuple(out.shape) == (td.world_size() * m, n_out), out.shape
+        worst = max(worst, ((out.double() - ref).abs().max() / ref.abs().max()).item())
+    return worst
+
+
+@pytest.mark.parametrize("m,n_out,k,dtype,config", [
+    (17, 24, 40, "float16", CPU_C3),                            # TMA path: up rows at N in one descriptor
+    (13, 23, 37, "float32", CPU_CE),                            # odd N and K: masked path
+    (9, 17, 19, "float16", {**CPU_CE, "use_tma": False}),
+    (17, 24, 40, "float16", {**CPU_C3, "gather_first": True}),  # the GEMM core's kernel
+    (13, 23, 37, "float32", {**CPU_CE, "gather_first": True}),
+    (5, 8, 24, "float32", {"path": "fallback"}),                 # matmul, then the unfused activation
+])
+def test_ag_gemm_silu_gate(ranks, m, n_out, k, dtype, config):
+    for worst in ranks(2, _check_silu_gate, m, n_out, k, dtype, config, 2):
+        assert worst < (2e-3 if dtype == "float16" else 1e-6), worst
+
+
+def test_ag_gemm_silu_gate_four_ranks(ranks):
+    for worst in ranks(4, _check_silu_gate, 7, 12, 40, "float16", CPU_CE, 1):
+        assert worst < 2e-3, worst
+
+
 def _check_back_to_back(calls):
     """Calls with no barrier in between: only the ready handshake + epochs keep them apart."""
     dev, r = td.shmem.device(), td.rank()
@@ -127,15 +166,21 @@ def _check_torch_op_and_compile():
     op_ok = torch.allclose(out.double(), ref, atol=1e-5) and torch.equal(gathered, ref_a)
     out2, empty = torch.ops.triton_dist.ag_gemm(a, w, False)
     op_ok &= tuple(empty.shape) == (0, 16) and torch.allclose(out2.double(), ref, atol=1e-5)
+    gated = agm.silu_gate_reference(ref)
+    out3, _ = torch.ops.triton_dist.ag_gemm(a, w, False, "silu_gate")
+    op_ok &= torch.allclose(out3.double(), gated, atol=1e-5)
     with FakeTensorMode() as mode:  # the fake impl: shapes without running anything
-        fo, fg = torch.ops.triton_dist.ag_gemm(mode.from_tensor(a), mode.from_tensor(w), True)
-    fake_ok = tuple(fo.shape) == tuple(ref.shape) and tuple(fg.shape) == tuple(ref_a.shape)
+        fa, fw = mode.from_tensor(a), mode.from_tensor(w)
+        fo, fg = torch.ops.triton_dist.ag_gemm(fa, fw, True)
+        fs, _ = torch.ops.triton_dist.ag_gemm(fa, fw, False, "silu_gate")
+    fake_ok = (tuple(fo.shape) == tuple(ref.shape) and tuple(fg.shape) == tuple(ref_a.shape)
+               and tuple(fs.shape) == tuple(gated.shape))
 
     def f(x, y):
-        return ag_gemm(x, y) * 2.0 + 1.0
+        return ag_gemm(x, y) * 2.0 + ag_gemm(x, y, activation="silu_gate").sum()
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    compile_ok = torch.allclose(compiled(a, w).double(), ref * 2 + 1, atol=1e-5)
+    compile_ok = torch.allclose(compiled(a, w).double(), ref * 2 + gated.sum(), atol=1e-4)
     return op_ok, fake_ok, compile_ok
 
 
@@ -157,6 +202,8 @@ def _check_bad_input():
         lambda: ag_gemm(a.reshape(-1), w),                             # 1-D
         lambda: ag_gemm(a.to("meta"), w.to("meta")),                   # wrong device
         lambda: torch.ops.triton_dist.ag_gemm(a, w.half()),            # the op checks too
+        lambda: ag_gemm(a, w[:5], activation="silu_gate"),             # odd rows: no gate/up halves
+        lambda: ag_gemm(a, w, activation="gelu"),                      # unknown activation
     ]
     return error_names(cases)
 
@@ -188,7 +235,7 @@ def test_ag_gemm_rejects_cpu_tensors_without_interpreter(ranks):
 def test_ag_gemm_rejects_bad_input(ranks):
     for names in ranks(2, _check_bad_input):
         assert names == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
-                         "ValueError", "TypeError"], names
+                         "ValueError", "TypeError", "ValueError", "ValueError"], names
 
 
 # ----------------------------------------------------------------------------------------------- GPU
@@ -242,6 +289,40 @@ def test_ag_gemm_gpu_every_candidate(ranks, m, n, k):
                                            {"path": "overlap", "use_tma": False}]:
         for worst, gathered_ok in ranks(td.world_size(), _check_gpu, m, n, k, cfg, 10):
             assert gathered_ok and worst < 1e-2, (cfg, worst)
+
+
+def _check_gpu_silu_gate(m, n_out, k, config, repeats):
+    """activation="silu_gate" in bf16 against silu(x @ gate.T) * (x @ up.T) from an fp32 GEMM, fresh inputs
+    every repeat, a_full poisoned (config None: the tuned configuration through the torch op)."""
+    worst = 0.0
+    for _ in range(repeats):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(2 * n_out, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        if config is None or config.get("path") != "fallback":
+            agm._Workspace.get(m, k, torch.bfloat16)
+            _poison_workspaces()
+        if config is None:
+            out = torch.ops.triton_dist.ag_gemm(a, w, False, "silu_gate")[0]
+        else:
+            out = ag_gemm(a, w, config=config, activation="silu_gate")
+        ref = agm.silu_gate_reference(_gpu_reference(a, w)[1])
+        err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+        worst = max(worst, err if err == err and out.shape == ref.shape else float("inf"))
+    return worst
+
+
+@gpu_only
+@pytest.mark.parametrize("m,n_out,k,config", [
+    (1000, 1536, 1024, None), (517, 520, 4104, None), (64, 2048, 1000, None),
+    (1000, 1536, 1024, {"path": "overlap", "n_chunks": 2}),
+    (517, 520, 4104, {"path": "overlap", "use_tma": False}),
+    (1000, 1536, 1024, {"path": "overlap", "FLATTEN": True, "EPILOGUE_SUBTILE": True, "num_stages": 4}),
+    (200, 1032, 1024, {"path": "overlap", "gather_first": True}),
+    (256, 1024, 1000, {"path": "graph"}),
+])
+def test_ag_gemm_gpu_silu_gate(ranks, m, n_out, k, config):
+    for worst in ranks(td.world_size(), _check_gpu_silu_gate, m, n_out, k, config, 20):
+        assert worst < 1e-2, worst
 
 
 def _check_graph_path(m, n, k):
@@ -346,21 +427,24 @@ AG_SIGNATURE = dict(
     stride_cm="i32", chunk_rows="i32",
     **{name: "constexpr" for name in ("N_CHUNKS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "USE_TMA",
                                       "EPILOGUE_SUBTILE", "FLATTEN", "WARP_SPECIALIZE", "FENCE_ASYNC_PROXY",
-                                      "DOT_PRECISION")})
+                                      "DOT_PRECISION", "SILU_GATE")})
 
 
-@pytest.mark.parametrize("n_chunks,flatten", [(1, False), (2, True)])
-def test_ag_gemm_compiles_for_sm90_with_tma_and_wgmma(n_chunks, flatten):
-    res = compile_sm90("triton_dist.kernels.allgather_gemm", "ag_gemm_kernel", AG_SIGNATURE,
-                       dict(N_CHUNKS=n_chunks, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, USE_TMA=True,
+@pytest.mark.parametrize("n_chunks,flatten,silu_gate", [(1, False, False), (2, True, False), (1, False, True)])
+def test_ag_gemm_compiles_for_sm90_with_tma_and_wgmma(n_chunks, flatten, silu_gate):
+    block_n = 128 if silu_gate else 256  # the gated tile: two 128-wide accumulators
+    sig = dict(AG_SIGNATURE, b=f"tensordesc<bf16[{block_n},64]>", c=f"tensordesc<bf16[1,128,{block_n}]>")
+    res = compile_sm90("triton_dist.kernels.allgather_gemm", "ag_gemm_kernel", sig,
+                       dict(N_CHUNKS=n_chunks, BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, GROUP_M=8, USE_TMA=True,
                             EPILOGUE_SUBTILE=False, FLATTEN=flatten, WARP_SPECIALIZE=False, FENCE_ASYNC_PROXY=True,
-                            DOT_PRECISION="tf32"), aligned=("K", "N"))
+                            DOT_PRECISION="tf32", SILU_GATE=silu_gate), aligned=("K", "N"))
     ops = res["ops"]
     assert any(k.startswith("wgmma.mma_async") for k in ops), ops
     assert any(k.startswith("cp.async.bulk.tensor.2d") for k in ops), ops  # TMA loads of A and W
     assert any(k.startswith("cp.async.bulk.tensor.3d") for k in ops), ops  # TMA store of the output tile
     assert any(k.startswith("atom.global.sys.acquire") or k.startswith("ld.global.sys.acquire") for k in ops), ops
     assert ops.get("fence.proxy.async.global", 0) == n_chunks, ops  # one fence per chunk wait, none per tile
+    assert any(k.startswith("ex2.approx") for k in ops) == silu_gate, ops  # the sigmoid, only when gated
 
 
 def test_gathered_kernel_compiles_for_sm90():

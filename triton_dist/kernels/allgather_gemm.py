@@ -41,6 +41,10 @@ choice is made once per (shape, dtype) and cached in a *plan*, so a call costs o
 top of the launches. At decode sizes (a few hundred rows in all) the GEMM only streams the weight, and the phased
 kernel streams it once per phase: ``gather_first`` waits for every peer's rows (``gathered_kernel``, the copy
 engines still push them) and runs the GEMM core once over all rows, skinny tiles putting every SM on the stream.
+
+A gated MLP's input projection (``activation="silu_gate"``, w = [w_gate; w_up]) fuses ``silu(gate) * up`` into
+the tiles: a tile accumulates the gate and the up product of its columns side by side (``gemm.tile_accumulate``)
+and stores only the gated result, so the [M, 2I] product is never written nor read back.
 """
 
 import torch
@@ -86,7 +90,8 @@ def _gemm_tiles(a, b, c, a_rows, first_row_tile, tiles_m, num_segments, tiles_n,
                 program, num_programs, me, world, m_shard, N, K, stride_am, stride_bn, stride_cs, stride_cm,
                 REMOTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
-                FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                SILU_GATE: tl.constexpr):
     """One phase: tile-rows [first_row_tile, first_row_tile + tiles_m) of ``num_segments`` segments, grouped-M
     inside a segment. The phase's tiles are numbers first_tile, first_tile + 1, ... of the whole launch; this
     program takes those congruent to ``program`` modulo ``num_programs`` (persistent, balanced across phases).
@@ -104,7 +109,7 @@ def _gemm_tiles(a, b, c, a_rows, first_row_tile, tiles_m, num_segments, tiles_n,
             seg = me
             a_row = pid_m * BLOCK_M
         acc = tile_accumulate(a, b, a_row, pid_n * BLOCK_N, a_rows, N, K, stride_am, stride_bn,
-                              BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
+                              BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, SILU_GATE)
         tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, m_shard, N, stride_cs, stride_cm,
                    BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
 
@@ -114,8 +119,10 @@ def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
                    m_shard, N, K, stride_al, stride_af, stride_bn, stride_cs, stride_cm, chunk_rows,
                    N_CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
-                   WARP_SPECIALIZE: tl.constexpr, FENCE_ASYNC_PROXY: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """The consumer: own rows first (phase 0), then chunk by chunk the peers' rows as their flags arrive."""
+                   WARP_SPECIALIZE: tl.constexpr, FENCE_ASYNC_PROXY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   SILU_GATE: tl.constexpr):
+    """The consumer: own rows first (phase 0), then chunk by chunk the peers' rows as their flags arrive.
+    N is the output's width (SILU_GATE: half of b's rows, see ``gemm.tile_accumulate``)."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     me = dl.rank(ctx)
@@ -126,7 +133,7 @@ def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
     _gemm_tiles(a_local, b, c, m_shard, 0, tiles_m, 1, tiles_n, 0, pid, n_programs, me, world,
                 m_shard, N, K, stride_al, stride_bn, stride_cs, stride_cm,
                 False, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE,
-                DOT_PRECISION)
+                DOT_PRECISION, SILU_GATE)
     chunk_tiles = chunk_rows // BLOCK_M
     done = tiles_m * tiles_n
     # unrolled (N_CHUNKS is a compile-time constant): sibling tile loops, which warp specialisation needs
@@ -137,7 +144,7 @@ def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
         _gemm_tiles(a_full, b, c, world * m_shard, first_row_tile, rows_tiles, world - 1, tiles_n, done,
                     pid, n_programs, me, world, m_shard, N, K, stride_af, stride_bn, stride_cs, stride_cm,
                     True, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, EPILOGUE_SUBTILE, FLATTEN,
-                    WARP_SPECIALIZE, DOT_PRECISION)
+                    WARP_SPECIALIZE, DOT_PRECISION, SILU_GATE)
         done += (world - 1) * rows_tiles * tiles_n
     dl.finish_call(state, epoch, n_programs)
 
@@ -214,8 +221,10 @@ class _Plan:
     """Everything about a call that depends only on (shape, dtype, config): built once, reused every call."""
 
     def __init__(self, m_shard, n, k, dtype, device, cfg):
+        """``n``: the weight's rows (the output has half as many with ``cfg["silu_gate"]``)."""
         self.cfg, self.path = cfg, cfg["path"]
-        self.m_shard, self.n, self.k = m_shard, n, k
+        self.silu_gate = bool(cfg.get("silu_gate"))
+        self.m_shard, self.n, self.k = m_shard, n // 2 if self.silu_gate else n, k
         self.key = (m_shard, n, k, dtype, repr(sorted(cfg.items())))  # names its CUDA graphs (path "graph")
         self.world, self.me = shmem.world_size(), shmem.rank()
         self.group = shmem.group()
@@ -235,7 +244,7 @@ class _Plan:
                 items.append((lo, hi, ws.a_full_peers[peer][me * m_shard + lo: me * m_shard + hi],
                               ws.arrived_peers[peer][flag: flag + 1]))
             self.pushes.append((ws.streams.get(peer), items))
-        tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
+        tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * triton.cdiv(self.n, cfg["BLOCK_N"])
         self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device), tiles)),)
         self.ctx = shmem.context()
         self.fence = not interpreting()
@@ -303,7 +312,8 @@ def _phased_gemm(a, w, plan, out):
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],
         WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], FENCE_ASYNC_PROXY=use_tma and plan.fence,
-        DOT_PRECISION=plan.precision, num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
+        DOT_PRECISION=plan.precision, SILU_GATE=plan.silu_gate, num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"])
 
 
 def _gather_first_gemm(a, w, plan, out):
@@ -315,7 +325,7 @@ def _gather_first_gemm(a, w, plan, out):
     ws.a_full[me * m_shard:(me + 1) * m_shard].copy_(a)
     gathered_kernel[(1,)](ws.arrived, ws.state, plan.ctx, N_CHUNKS=plan.n_chunks,
                           FENCE_ASYNC_PROXY=plan.fence and a.is_cuda)
-    launch_gemm(ws.a_full, w, out.view(1, plan.world * m_shard, plan.n), plan.cfg)
+    launch_gemm(ws.a_full, w, out.view(1, plan.world * m_shard, plan.n), plan.cfg, silu_gate=plan.silu_gate)
 
 
 def _run_gather_then_matmul(a, w, plan, return_gathered):
@@ -326,7 +336,15 @@ def _run_gather_then_matmul(a, w, plan, return_gathered):
     else:  # gloo
         dist.all_gather(list(gathered.chunk(plan.world)), a, group=plan.group)
     out = torch.matmul(gathered, w.T)
+    if plan.silu_gate:
+        out = silu_gate_reference(out)
     return out, (gathered if return_gathered else None)
+
+
+def silu_gate_reference(h):
+    """``silu(gate) * up`` of ``h`` = [gate | up] (columns): the unfused epilogue, in h's dtype."""
+    half = h.shape[-1] // 2
+    return torch.nn.functional.silu(h[..., :half]) * h[..., half:]
 
 
 # ----------------------------------------------------------------------------------------------- configs
@@ -340,23 +358,32 @@ def choose_path(m_total, n, k, world, device_type="cuda"):
     return "overlap"
 
 
-def default_config(m_shard, n, k, dtype, device, world):
+def default_config(m_shard, n, k, dtype, device, world, silu_gate=False):
     """Keys: path ("overlap" / "graph": the overlapped kernels replayed from a cached CUDA graph, for host-bound
     small M, see ``replay.py`` / "fallback"), n_chunks (chunks per shard, flags per peer), and the GEMM core's
     (BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, use_tma,
     num_programs; see ``gemm.gemm_config``), gather_first (small M: wait for every peer's rows, then one GEMM pass
-    over all of them, ``gathered_kernel``)."""
+    over all of them, ``gathered_kernel``), silu_gate (the fused SiLU-gate epilogue; ``n`` counts the weight's
+    rows, gate and up: ``_with_silu_gate``)."""
     m_total = world * m_shard
     cfg = gemm_config(m_total, n, k, dtype, device)
     cfg.update(path=choose_path(m_total, n, k, world, device.type), n_chunks=1, gather_first=False)
     if device.type != "cuda":
         cfg.update(n_chunks=2, num_programs=4)
-    return cfg
+    return _with_silu_gate(cfg) if silu_gate else cfg
 
 
-def candidate_configs(m_shard, n, k, dtype, device, world):
+def _with_silu_gate(cfg):
+    """A configuration of the plain GEMM over gate and up rows, as the fused SiLU-gate kernel: a tile accumulates
+    a gate and an up product of half the width, so it holds as many accumulators as the plain tile."""
+    return {**cfg, "silu_gate": True, "BLOCK_N": max(16, cfg["BLOCK_N"] // 2)}
+
+
+def candidate_configs(m_shard, n, k, dtype, device, world, silu_gate=False):
     """The sweep run once per shape on GPU: the fallback, and the overlapped kernel with the GEMM core's own
     candidates (its best configuration is the best one here too: the waits sit outside the tile loops)."""
+    if silu_gate:
+        return [_with_silu_gate(c) for c in candidate_configs(m_shard, n, k, dtype, device, world)]
     base = default_config(m_shard, n, k, dtype, device, world)
     m_total = world * m_shard
     cands = [{**base, "path": "fallback"}]
@@ -381,8 +408,8 @@ def candidate_configs(m_shard, n, k, dtype, device, world):
     return unique
 
 
-def _tuned_config(m_shard, n, k, dtype, device, world):
-    base = default_config(m_shard, n, k, dtype, device, world)
+def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate):
+    base = default_config(m_shard, n, k, dtype, device, world, silu_gate)
     if device.type != "cuda":
         return base
 
@@ -400,24 +427,27 @@ def _tuned_config(m_shard, n, k, dtype, device, world):
         return run
 
     key = dict(m_shard=m_shard, n=n, k=k, dtype=str(dtype).replace("torch.", ""))
-    return autotune.choose("ag_gemm", key, candidate_configs(m_shard, n, k, dtype, device, world),
+    if silu_gate:
+        key["silu_gate"] = True
+    return autotune.choose("ag_gemm", key, candidate_configs(m_shard, n, k, dtype, device, world, silu_gate),
                            make_runner, default=base)
 
 
-_PLANS = {}  # (m_shard, n, k, dtype, explicit config or None) -> _Plan
+_PLANS = {}  # (m_shard, n, k, dtype, silu_gate, explicit config or None) -> _Plan
 _GRAPHS = GraphCache()  # path "graph": small problems replayed from CUDA graphs
 
 
-def _plan_for(a, w, world, config):
+def _plan_for(a, w, world, config, silu_gate):
     m_shard, k = a.shape
     n = w.shape[0]
-    key = (m_shard, n, k, a.dtype, None if config is None else repr(sorted(config.items())))
+    key = (m_shard, n, k, a.dtype, silu_gate, None if config is None else repr(sorted(config.items())))
     plan = _PLANS.get(key)
     if plan is None:
         if config is not None:  # explicit configuration (tests, benchmark sweeps)
-            cfg = autotune.with_overrides(default_config(m_shard, n, k, a.dtype, a.device, world), config)
+            cfg = autotune.with_overrides(default_config(m_shard, n, k, a.dtype, a.device, world, silu_gate),
+                                          config)
         else:
-            cfg = _tuned_config(m_shard, n, k, a.dtype, a.device, world)
+            cfg = _tuned_config(m_shard, n, k, a.dtype, a.device, world, silu_gate)
         plan = _Plan(m_shard, n, k, a.dtype, a.device, cfg)
         capturing = a.is_cuda and torch.cuda.is_current_stream_capturing()
         if not capturing:  # a choice made during capture (no tuning allowed) is not kept
@@ -436,62 +466,79 @@ def _run(a, w, plan, return_gathered):
 
 
 # ----------------------------------------------------------------------------------------------- the op
-def _check_inputs(a, w):
+ACTIVATIONS = ("none", "silu_gate")
+
+
+def _check_inputs(a, w, activation="none"):
     check_matmul_operands(a, w, "a", "w")
     shmem.check_device(a, "a and w")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if activation == "silu_gate" and w.shape[0] % 2:
+        raise ValueError(f"activation='silu_gate' takes w = [gate; up] with an even number of rows, got "
+                         f"{list(w.shape)}")
 
 
-def _ag_gemm_impl(a, w, return_gathered, config=None):
+def _output_columns(w, activation):
+    return w.shape[0] // 2 if activation == "silu_gate" else w.shape[0]
+
+
+def _ag_gemm_impl(a, w, return_gathered, config=None, activation="none"):
     world = shmem.world_size()
     m_shard, k = a.shape
-    n = w.shape[0]
-    if m_shard == 0 or k == 0:  # nothing to move or nothing to multiply
-        out = a.new_zeros((world * m_shard, n))
+    if m_shard == 0 or k == 0:  # nothing to move or nothing to multiply (silu(0) * 0 = 0)
+        out = a.new_zeros((world * m_shard, _output_columns(w, activation)))
         return out, (a.new_empty((world * m_shard, k)) if return_gathered else None)
-    if n == 0 or world == 1:
+    if w.shape[0] == 0 or world == 1:
         config = {"path": "fallback"}
-    return _run(a, w, _plan_for(a, w, world, config), return_gathered)
+    return _run(a, w, _plan_for(a, w, world, config, activation == "silu_gate"), return_gathered)
 
 
-def _ag_gemm_op(a, w, return_gathered=False):
-    _check_inputs(a, w)
+def _ag_gemm_op(a, w, return_gathered=False, activation="none"):
+    _check_inputs(a, w, activation)
     check_launchable(a)
-    out, gathered = _ag_gemm_impl(a, w, return_gathered)
+    out, gathered = _ag_gemm_impl(a, w, return_gathered, activation=activation)
     return out, (a.new_empty((0, a.shape[1])) if gathered is None else gathered)
 
 
-def _ag_gemm_fake(a, w, return_gathered=False):
-    _check_inputs(a, w)
+def _ag_gemm_fake(a, w, return_gathered=False, activation="none"):
+    _check_inputs(a, w, activation)
     world = shmem.world_size()
     rows = world * a.shape[0]
-    return a.new_empty((rows, w.shape[0])), a.new_empty((rows if return_gathered else 0, a.shape[1]))
+    return (a.new_empty((rows, _output_columns(w, activation))),
+            a.new_empty((rows if return_gathered else 0, a.shape[1])))
 
 
-library.define("ag_gemm(Tensor a, Tensor w, bool return_gathered=False) -> (Tensor, Tensor)", _ag_gemm_op,
-               _ag_gemm_fake)
+library.define('ag_gemm(Tensor a, Tensor w, bool return_gathered=False, str activation="none") -> (Tensor, Tensor)',
+               _ag_gemm_op, _ag_gemm_fake)
 
 
-def ag_gemm(a, w, return_gathered=False, config=None):
+def ag_gemm(a, w, return_gathered=False, config=None, activation="none"):
     """``all_gather(a) @ w.T`` on every rank, the gather overlapped with the GEMM.
 
     a: this rank's row shard [m, K]; w: this rank's weight slice [N_local, K] (``linear`` convention); both
     contiguous, same dtype (bfloat16 or float16; float32 for tests) and on triton_dist's device (CPU tensors only
     under the Triton interpreter). Collective: every rank calls it with the same shapes. Returns ``out``
     [W*m, N_local], and with ``return_gathered=True`` the tuple ``(out, all_gather(a))``. Also available as
-    ``torch.ops.triton_dist.ag_gemm(a, w, return_gathered)`` (always returns the pair; the second is empty unless
-    asked for), which works under torch.compile and CUDA graphs (call once before capturing); eager calls skip
-    the op dispatcher. ``config``: override the tuned configuration (see ``default_config``).
+    ``torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation)`` (always returns the pair; the second is
+    empty unless asked for), which works under torch.compile and CUDA graphs (call once before capturing); eager
+    calls skip the op dispatcher. ``config``: override the tuned configuration (see ``default_config``).
+
+    ``activation="silu_gate"`` (a gated MLP's input projection): ``w`` is ``[w_gate; w_up]`` stacked by rows
+    ([2*I, K]) and the result is ``silu(x @ w_gate.T) * (x @ w_up.T)``, [W*m, I], with x = all_gather(a): both
+    products accumulate in fp32 in the same tile and only the gated result is written (no [W*m, 2I] tensor, no
+    separate activation pass).
     """
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
     if config is None and library.compiling():
-        out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered)
+        out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation)
     else:
-        _check_inputs(a, w)
+        _check_inputs(a, w, activation)
         check_launchable(a)
-        out, gathered = _ag_gemm_impl(a, w, return_gathered, config)
+        out, gathered = _ag_gemm_impl(a, w, return_gathered, config, activation)
     return (out, gathered) if return_gathered else out
 
 
 __all__ = ["ag_gemm", "ag_gemm_kernel", "ready_handshake_kernel", "choose_path", "default_config",
-           "candidate_configs", "SMALL_M_ROWS"]
+           "candidate_configs", "silu_gate_reference", "SMALL_M_ROWS", "ACTIVATIONS"]

@@ -81,29 +81,41 @@ def tile_coords(tile, tiles_m, tiles_n, num_segments, first_segment, segment_ste
 @triton.jit
 def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr = "tf32"):
+                    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr = "tf32", SILU_GATE: tl.constexpr = False):
     """fp32 ``A[a_row : a_row + BLOCK_M, :] @ B[off_n : off_n + BLOCK_N, :].T`` (rows past ``a_rows`` and
-    columns past ``N`` / ``K`` count as zeros). ``a``/``b``: tensor descriptors (USE_TMA) or pointers."""
+    columns past ``N`` / ``K`` count as zeros). ``a``/``b``: tensor descriptors (USE_TMA) or pointers.
+
+    SILU_GATE: B is [2N, K], a gate half over an up half (rows [0, N) and [N, 2N)); the tile is
+    ``silu(A @ B_gate.T) * (A @ B_up.T)`` for output columns off_n.., both products accumulated in the same K
+    loop (one A tile feeds two dots) and combined in fp32, so the [M, 2N] product never reaches memory."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # unused (and compiled away) without SILU_GATE
     k_tiles = tl.cdiv(K, BLOCK_K)
     if USE_TMA:
         for ki in range(k_tiles):
             a_tile = a.load([a_row, ki * BLOCK_K])
-            b_tile = b.load([off_n, ki * BLOCK_K])
-            acc = tl.dot(a_tile, b_tile.T, acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(a_tile, b.load([off_n, ki * BLOCK_K]).T, acc, input_precision=DOT_PRECISION)
+            if SILU_GATE:  # gate rows past N (a ragged last tile) read up rows: their columns are never stored
+                up = tl.dot(a_tile, b.load([N + off_n, ki * BLOCK_K]).T, up, input_precision=DOT_PRECISION)
     else:
         rows = a_row + tl.arange(0, BLOCK_M)
         cols = off_n + tl.arange(0, BLOCK_N)
         ks = tl.arange(0, BLOCK_K)
         a_ptrs = a + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
         b_ptrs = b + cols.to(tl.int64)[:, None] * stride_bn + ks[None, :]
+        up_ptrs = b + (N + cols).to(tl.int64)[:, None] * stride_bn + ks[None, :]  # SILU_GATE only
         for ki in range(k_tiles):
             k_left = K - ki * BLOCK_K
+            b_mask = (cols[:, None] < N) & (ks[None, :] < k_left)
             a_tile = tl.load(a_ptrs, mask=(rows[:, None] < a_rows) & (ks[None, :] < k_left), other=0.0)
-            b_tile = tl.load(b_ptrs, mask=(cols[:, None] < N) & (ks[None, :] < k_left), other=0.0)
-            acc = tl.dot(a_tile, b_tile.T, acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(a_tile, tl.load(b_ptrs, mask=b_mask, other=0.0).T, acc, input_precision=DOT_PRECISION)
+            if SILU_GATE:
+                up = tl.dot(a_tile, tl.load(up_ptrs, mask=b_mask, other=0.0).T, up, input_precision=DOT_PRECISION)
+                up_ptrs += BLOCK_K
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
+    if SILU_GATE:
+        acc = acc * tl.sigmoid(acc) * up
     return acc
 
 
@@ -133,8 +145,9 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
                 first_segment, segment_step,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                 USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
-                WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Persistent ``C[seg] = A[seg] @ B.T`` over all segments: the reference use of the three pieces above."""
+                WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr = False):
+    """Persistent ``C[seg] = A[seg] @ B.T`` over all segments: the reference use of the three pieces above
+    (SILU_GATE: ``silu(A @ B_gate.T) * (A @ B_up.T)``, see ``tile_accumulate``)."""
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     tiles_m = tl.cdiv(seg_rows, BLOCK_M)
@@ -144,7 +157,7 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
     for tile in tl.range(pid, num_tiles, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         seg, pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, num_segments, first_segment, segment_step, GROUP_M)
         acc = tile_accumulate(a, b, seg * seg_rows + pid_m * BLOCK_M, pid_n * BLOCK_N, a_rows, N, K,
-                              stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
+                              stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, SILU_GATE)
         tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, seg_rows, N, stride_cs, stride_cm,
                    BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
 
@@ -232,8 +245,9 @@ def dot_precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 inputs: exact fp32 products; 16-bit: ignored
 
 
-def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1):
-    """``c3[s] = a[s*seg_rows:(s+1)*seg_rows] @ b.T`` for every segment s of ``c3`` [S, seg_rows, N]."""
+def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False):
+    """``c3[s] = a[s*seg_rows:(s+1)*seg_rows] @ b.T`` for every segment s of ``c3`` [S, seg_rows, N]
+    (``silu_gate``: b is [2N, K], gate over up, and c3 gets ``silu(a @ b_gate.T) * (a @ b_up.T)``)."""
     segments, seg_rows, n = c3.shape
     k = a.shape[1]
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg)
@@ -244,7 +258,7 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1):
         first_segment, segment_step,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         USE_TMA=use_tma, EPILOGUE_SUBTILE=cfg["EPILOGUE_SUBTILE"] and use_tma, FLATTEN=cfg["FLATTEN"],
-        WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(a.dtype),
+        WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(a.dtype), SILU_GATE=silu_gate,
         num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
     return c3
 
