@@ -105,7 +105,7 @@ GEMM_SIGNATURE = dict(
     num_segments="i32", seg_rows="i32", N="i32", K="i32", stride_am="i32", stride_bn="i32", stride_cs="i32",
     stride_cm="i32", first_segment="i32", segment_step="i32",
     **{name: "constexpr" for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "USE_TMA", "EPILOGUE_SUBTILE",
-                                      "FLATTEN", "WARP_SPECIALIZE", "DOT_PRECISION")})
+                                      "FLATTEN", "WARP_SPECIALIZE", "DOT_PRECISION", "SILU_GATE")})
 
 
 @pytest.mark.parametrize("subtile,flatten", [(False, False), (True, False), (False, True)])
@@ -115,7 +115,8 @@ def test_gemm_compiles_for_sm90_with_tma_and_wgmma(subtile, flatten):
         sig["c"] = "tensordesc<bf16[1,128,128]>"
     res = compile_sm90("triton_dist.kernels.gemm", "gemm_kernel", sig,
                        dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, USE_TMA=True, EPILOGUE_SUBTILE=subtile,
-                            FLATTEN=flatten, WARP_SPECIALIZE=False, DOT_PRECISION="tf32"), aligned=("K", "N"))
+                            FLATTEN=flatten, WARP_SPECIALIZE=False, DOT_PRECISION="tf32", SILU_GATE=False),
+                       aligned=("K", "N"))
     ops = res["ops"]
     assert any(k.startswith("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16") for k in ops), ops
     assert any(k.startswith("cp.async.bulk.tensor.2d.shared") for k in ops), ops  # TMA loads
@@ -123,9 +124,11 @@ def test_gemm_compiles_for_sm90_with_tma_and_wgmma(subtile, flatten):
     assert not any(k.startswith("ld.global.v") for k in ops), ops  # no operand goes through registers
 
 
-def test_gemm_masked_path_compiles_for_sm90():
+@pytest.mark.parametrize("silu_gate", [False, True])
+def test_gemm_masked_path_compiles_for_sm90(silu_gate):
     sig = dict(GEMM_SIGNATURE, a="*bf16", b="*bf16", c="*bf16")
     res = compile_sm90("triton_dist.kernels.gemm", "gemm_kernel", sig,
                        dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, USE_TMA=False, EPILOGUE_SUBTILE=False,
-                            FLATTEN=False, WARP_SPECIALIZE=False, DOT_PRECISION="tf32"))
+                            FLATTEN=False, WARP_SPECIALIZE=False, DOT_PRECISION="tf32", SILU_GATE=silu_gate))
     assert any(k.startswith("wgmma.mma_async") for k in res["ops"]), res["ops"]
+    assert any(k.startswith("ex2.approx") for k in res["ops"]) == silu_gate, res["ops"]  # the gate's sigmoid

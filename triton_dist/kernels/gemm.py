@@ -145,7 +145,7 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
                 first_segment, segment_step,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                 USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
-                WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr = False):
+                WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr):
     """Persistent ``C[seg] = A[seg] @ B.T`` over all segments: the reference use of the three pieces above
     (SILU_GATE: ``silu(A @ B_gate.T) * (A @ B_up.T)``, see ``tile_accumulate``)."""
     pid = tl.program_id(0)
