@@ -65,6 +65,12 @@ MAX_CHUNKS = 64  # per rank; sizes the `arrived` flags
 # cuBLAS (the GEMM is too short to hide the transfer and too small to fill the GPU with 128-row tiles), so the
 # default path is the fallback. On GPU the autotuner measures both paths above 256 rows and keeps the faster.
 SMALL_M_ROWS = 1024
+# At or below this many gathered rows the overlapped kernels run from a cached CUDA graph (path "graph"), not
+# launched eagerly: an eager call's host work (two Triton launches with four tensor descriptors and the copy-engine
+# pushes: 180-350 us per call on the 2xH200 node's hosts, runs 79-82) is as long as its GPU work (~200 us at
+# M = 2048), so its time followed the host (195-374 us at M = 2048 against NCCL+cuBLAS's 267-313) where the graph
+# path, the same kernels for ~40 us of host work, held 209-230.
+GRAPH_ROWS = 2048
 FLAGS_BLOCK = tl.constexpr(64)  # peers waited for in one vector wait (>= MAX_RANKS)
 
 
@@ -387,7 +393,8 @@ def candidate_configs(m_shard, n, k, dtype, device, world, silu_gate=False):
     base = default_config(m_shard, n, k, dtype, device, world)
     m_total = world * m_shard
     cands = [{**base, "path": "fallback"}]
-    if m_total <= 2048 and world > 1 and device.type == "cuda":  # host-bound: the kernel from a CUDA graph
+    graphs = m_total <= GRAPH_ROWS and world > 1 and device.type == "cuda"
+    if graphs:  # host-bound: the kernel from a CUDA graph
         small = gemm_config(m_total, n, k, dtype, device)
         cands += [{**base, **small, "path": "graph"}, {**base, **small, "path": "graph", "BLOCK_M": 64,
                                                            "num_warps": 4}]
@@ -400,7 +407,7 @@ def candidate_configs(m_shard, n, k, dtype, device, world, silu_gate=False):
         for g in gemm_candidates(m_total, n, k, dtype, device):
             if g.get("WARP_SPECIALIZE"):  # triton 3.6's warp-specialisation pass rejects this kernel (TODO)
                 continue
-            cands.append({**base, **g, "path": "overlap", "n_chunks": base["n_chunks"]})
+            cands.append({**base, **g, "path": "graph" if graphs else "overlap", "n_chunks": base["n_chunks"]})
     unique = []
     for c in cands:
         if c not in unique:
