@@ -112,7 +112,7 @@ def _check_silu_gate(m, n_out, k, dtype_name, config, repeats):
             agm._Workspace.get(m, k, dtype)
             _poison_workspaces()
         out = ag_gemm(a, w, config=config, activation="silu_gate")
-        ref = agm.silu_gate_reference(_reference(a, w)[1])
+        ref = agm.silu_gate_torch(_reference(a, w)[1])
         assert tuple(out.shape) == (td.world_size() * m, n_out), out.shape
         worst = max(worst, ((out.double() - ref).abs().max() / ref.abs().max()).item())
     return worst
@@ -166,7 +166,7 @@ def _check_torch_op_and_compile():
     op_ok = torch.allclose(out.double(), ref, atol=1e-5) and torch.equal(gathered, ref_a)
     out2, empty = torch.ops.triton_dist.ag_gemm(a, w, False)
     op_ok &= tuple(empty.shape) == (0, 16) and torch.allclose(out2.double(), ref, atol=1e-5)
-    gated = agm.silu_gate_reference(ref)
+    gated = agm.silu_gate_torch(ref)
     out3, _ = torch.ops.triton_dist.ag_gemm(a, w, False, "silu_gate")
     op_ok &= torch.allclose(out3.double(), gated, atol=1e-5)
     with FakeTensorMode() as mode:  # the fake impl: shapes without running anything
@@ -305,7 +305,7 @@ def _check_gpu_silu_gate(m, n_out, k, config, repeats):
             out = torch.ops.triton_dist.ag_gemm(a, w, False, "silu_gate")[0]
         else:
             out = ag_gemm(a, w, config=config, activation="silu_gate")
-        ref = agm.silu_gate_reference(_gpu_reference(a, w)[1])
+        ref = agm.silu_gate_torch(_gpu_reference(a, w)[1])
         err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
         worst = max(worst, err if err == err and out.shape == ref.shape else float("inf"))
     return worst
