@@ -15,7 +15,6 @@ GEMM of 1.92 PFLOP at 690-715 W: 2830-2950 µs for the good tiles, whichever of 
 
 import os
 import statistics
-import threading
 import time
 
 import pynvml
@@ -23,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import record
+from harness import clocks_during, record
 from triton_dist.kernels import gemm as core
 
 SHAPES = [(8192, 14336, 8192), (8192, 4096, 28672), (8192, 28672, 4096)]  # AG+GEMM's two, GEMM+RS's one (W = 2)
@@ -43,8 +42,9 @@ VARIANTS = {  # label -> overrides of gemm_config
 }
 
 
-def sustained(fn, handle, seconds=SECONDS):
-    """Back-to-back calls of ``fn`` for about ``seconds``: µs per call, J per call, mean W, median MHz."""
+def sustained(fn, seconds=SECONDS):
+    """Back-to-back calls of ``fn`` for about ``seconds`` (``harness.clocks_during``): µs, J per call, W = J / time,
+    median MHz."""
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < 0.3:  # reach the power limiter's steady state
         fn()
@@ -54,29 +54,8 @@ def sustained(fn, handle, seconds=SECONDS):
     fn()
     end.record()
     torch.cuda.synchronize()
-    calls = max(5, int(seconds * 1e3 / start.elapsed_time(end)))
-    clocks, stop = [], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            clocks.append(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-            time.sleep(0.005)
-
-    thread = threading.Thread(target=sample)
-    torch.cuda.synchronize()
-    e0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # mJ
-    thread.start()
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    e1 = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
-    stop.set()
-    thread.join()
-    us = start.elapsed_time(end) * 1e3 / calls
-    joules = (e1 - e0) / 1e3 / calls
-    return {"us": us, "J": joules, "W": joules / us * 1e6, "MHz": statistics.median(clocks) if clocks else 0}
+    run = clocks_during(fn, iters=max(5, int(seconds * 1e3 / start.elapsed_time(end))))
+    return {"us": run["us"], "J": run["J"], "W": run["J"] / run["us"] * 1e6, "MHz": run["MHz"]}
 
 
 def main():
@@ -109,7 +88,7 @@ def main():
         for r in range(ROUNDS):  # in turn: every round starts elsewhere, odd rounds go backwards
             order = runnable[r % len(runnable):] + runnable[:r % len(runnable)]
             for lbl in order[::-1] if r % 2 else order:
-                runs[lbl].append(sustained(calls[lbl], handle))
+                runs[lbl].append(sustained(calls[lbl]))
         temp = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
         for lbl in calls:
             row = {"GPU": gpu, "M": m, "N": n, "K": k, "kernel": lbl}
@@ -123,7 +102,7 @@ def main():
     record("gemm_energy", [r for ranks_rows in everyone for r in ranks_rows],
            notes=f"bf16 a[M,K] @ w[N,K].T on each GPU at once; per contender: {SECONDS} s of back-to-back calls "
            f"after 0.3 s of warm-up, {ROUNDS} rounds in turn, medians; J from NVML's energy counter, W = J / time, "
-           "MHz: median SM clock sampled every 5 ms; failed / wrong contenders have no timing")
+           "MHz: median SM clock sampled every ~2 ms; failed / wrong contenders have no timing")
     td.finalize()
 
 

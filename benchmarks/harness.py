@@ -120,8 +120,9 @@ def head_to_head(ours, baselines, others=None, rounds=5):
 
 def clocks_during(fn, iters=40):
     """Run ``fn`` ``iters`` times back to back while NVML samples this GPU every ~2 ms: median SM clock (MHz),
-    mean board power (W) and the clock-throttle reasons seen (NVML bit names), this rank only. Tells a
-    power-capped kernel (clock below the maximum, "sw_power_cap") from a slow one."""
+    mean board power (W) and the clock-throttle reasons seen (NVML bit names), this rank only; also µs per call
+    (CUDA events around the calls) and J per call (the board's energy counter). Tells a power-capped kernel
+    (clock below the maximum, "sw_power_cap") from a slow one."""
     import threading
 
     import pynvml
@@ -143,16 +144,22 @@ def clocks_during(fn, iters=40):
 
     fn()
     torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     thread = threading.Thread(target=sample)
+    millijoules = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
     thread.start()
+    start.record()
     for _ in range(iters):
         fn()
+    end.record()
     torch.cuda.synchronize()
+    millijoules = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) - millijoules
     stop.set()
     thread.join()
     clocks.sort()
     return {"MHz": clocks[len(clocks) // 2] if clocks else float("nan"),
-            "W": sum(power) / len(power) if power else float("nan"), "throttle": ",".join(sorted(seen)) or "-"}
+            "W": sum(power) / len(power) if power else float("nan"), "throttle": ",".join(sorted(seen)) or "-",
+            "us": start.elapsed_time(end) * 1e3 / iters, "J": millijoules / 1e3 / iters}
 
 
 def record(name, rows, notes=""):
