@@ -1,0 +1,230 @@
+"""Compile every kernel of the zoo for sm_90 (no GPU needed) and print one digest of its PTX per kernel.
+
+    python scripts/ptx_digest.py              # table: kernel variant, digest, PTX size
+    python scripts/ptx_digest.py --json out   # also write the digests to a file
+
+How a restructuring is verified without GPUs: the digests before and after must be equal (or each difference
+explained). The digest covers the PTX with its debug lines (``.loc``, ``.file``, ``//`` comments, debug sections)
+removed, so moving code between files or functions changes nothing unless the instructions change.
+Each entry is a kernel at the configuration its op launches by default on an H200 (bf16, 2 ranks).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+
+os.environ["TRITON_INTERPRET"] = "0"  # before triton_dist is imported: compile, do not interpret
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+
+def _const(*names):
+    return {n: "constexpr" for n in names}
+
+
+GEMM_SIG = dict(a="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>", c="tensordesc<bf16[1,128,256]>",
+                num_segments="i32", seg_rows="i32", N="i32", K="i32", stride_am="i32", stride_bn="i32",
+                stride_cs="i32", stride_cm="i32", first_segment="i32", segment_step="i32",
+                **_const("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "USE_TMA", "EPILOGUE_SUBTILE", "FLATTEN",
+                         "WARP_SPECIALIZE", "DOT_PRECISION", "SILU_GATE"))
+GEMM_BIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, USE_TMA=True, EPILOGUE_SUBTILE=False,
+                FLATTEN=False, WARP_SPECIALIZE=False, DOT_PRECISION="tf32", SILU_GATE=False)
+AG_SIG = dict(a_local="tensordesc<bf16[128,64]>", a_full="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>",
+              c="tensordesc<bf16[1,128,256]>", arrived="*i32", state="*i32", ctx="*i64", m_shard="i32", N="i32",
+              K="i32", stride_al="i32", stride_af="i32", stride_bn="i32", stride_cs="i32", stride_cm="i32",
+              chunk_rows="i32",
+              **_const("N_CHUNKS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "USE_TMA", "EPILOGUE_SUBTILE",
+                       "FLATTEN", "WARP_SPECIALIZE", "FENCE_ASYNC_PROXY", "DOT_PRECISION", "SILU_GATE"))
+AG_DEFAULT = dict(N_CHUNKS=1, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, USE_TMA=True, EPILOGUE_SUBTILE=False,
+                  FLATTEN=False, WARP_SPECIALIZE=False, FENCE_ASYNC_PROXY=True, DOT_PRECISION="tf32",
+                  SILU_GATE=False)
+RS_SIG = dict(a="tensordesc<bf16[128,64]>", w="tensordesc<bf16[256,64]>", out="tensordesc<bf16[1,128,256]>",
+              recv="*bf16", recv_peer="*bf16", arrived="*i32", ready="*i32", state="*i32", M="i32", N="i32",
+              K="i32", stride_am="i32", stride_wn="i32", own_rows="i32", ctx="*i64",
+              **_const("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "USE_TMA", "EPILOGUE_SUBTILE", "DEFER_SIGNAL",
+                       "DOT_PRECISION", "SLOTS_BLOCK", "REMOTE_TMA"))
+RS_DEFAULT = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, USE_TMA=True, EPILOGUE_SUBTILE=False,
+                  DEFER_SIGNAL=True, DOT_PRECISION="tf32", SLOTS_BLOCK=1, REMOTE_TMA=False)
+LAYOUT_SIG = dict(topk_idx="*i32", chunk_counts="*i32", chunk_prefix="*i32", counted="*i32", all_counts="*i32",
+                  counts_ready="*i32", state="*i32", T="i32", E="i32", n_chunks="i32", ctx="*i64", timeline="*i64",
+                  **_const("K", "EL", "TB", "K_PAD", "EL_PAD", "W_PAD", "CG", "QB", "TIMELINE", "PDL"))
+DISPATCH_SIG = dict(
+    x="*bf16", topk_idx="*i32", topk_weights="*fp32", T="i32", H="i32", E="i32", align="i32", max_tokens="i32",
+    max_rows="i32", n_chunks="i32", h_parts="i32", tail="i32", tail_parts="i32", n_push="i32", recv_x="*bf16",
+    recv_slots="*i32", recv_w="*fp32", recv_span="*i32", all_counts="*i32", counts_ready="*i32", arrived="*i32",
+    recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32", expert_offsets="*i32", token_pos="*i32",
+    chunk_prefix="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64",
+    **_const("K", "EL", "BT", "BH", "K_PAD", "EL_PAD", "W_PAD", "RB", "MAXC", "FUSED_LAYOUT", "BT_COUNT",
+             "SENDERS_HELP", "TIMELINE", "PDL", "DEFER_SIGNAL", "EVICT"))
+COMBINE_SIG = dict(
+    expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32", tail="i32",
+    tail_parts="i32", n_push="i32", recv_slots="*i32", recv_w="*fp32", recv_span="*i32", token_pos="*i32",
+    partials="*bf16", combined="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64",
+    **_const("K", "BT", "BH", "K_PAD", "W_PAD", "MAXC", "SENDERS_HELP", "TIMELINE", "DEFER_SIGNAL", "EVICT"))
+SPLIT_SIG = dict(q="*bf16", k_cache="*bf16", v_cache="*bf16", kv_lens="*i32", block_table="*i32",
+                 part_o="*fp32", part_lse="*fp32", split_arrivals="*i32", dst_o="*fp32", dst_lse="*fp32",
+                 out="*bf16", flags="*i32", state="*i32", ctx="*i64", stride_qb="i32", stride_qh="i32",
+                 stride_kb="i64", stride_kn="i32", stride_kh="i32", stride_vb="i64", stride_vn="i32",
+                 stride_vh="i32", stride_table_b="i32", stride_ob="i32", stride_oh="i32", B="i32", HQ="i32",
+                 HKV="i32", s_max="i32", scale_log2="fp32",
+                 **_const("GROUP", "GROUP_PAD", "HEAD_DIM", "BLOCK_N", "GROUP_P2", "N_SPLITS", "SPLIT_CHUNK",
+                          "PAGE_SIZE", "MODE", "WORLD", "WORLD_PAD", "RANK_CHUNK", "FP32_DOT", "PDL"))
+SPLIT_DEFAULT = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_N=128, GROUP_P2=4, N_SPLITS=16, SPLIT_CHUNK=16,
+                     PAGE_SIZE=0, MODE=2, WORLD=2, WORLD_PAD=2, RANK_CHUNK=2, FP32_DOT=False, PDL=False)
+MERGE_SIG = dict(recv_o="*fp32", recv_lse="*fp32", flags="*i32", out="*bf16", state="*i32", ctx="*i64",
+                 stride_ob="i32", stride_oh="i32", B="i32", HQ="i32", HKV="i32",
+                 **_const("GROUP", "GROUP_P2", "HEAD_DIM", "WORLD", "WORLD_PAD", "RANK_CHUNK", "PDL"))
+DISPATCH_T4096 = dict(K=8, EL=32, BT=16, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128, MAXC=1024, FUSED_LAYOUT=False,
+                      BT_COUNT=16, SENDERS_HELP=True, TIMELINE=False, PDL=True, DEFER_SIGNAL=True, EVICT="evict_first")
+DISPATCH_T128 = dict(DISPATCH_T4096, BT=2, BH=1024, EVICT="")
+COMBINE_T4096 = dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, SENDERS_HELP=True, TIMELINE=False,
+                     DEFER_SIGNAL=True, EVICT="evict_first")
+COMBINE_T128 = dict(COMBINE_T4096, BT=2, BH=1024, EVICT="")
+
+# (variant id, kernel module, kernel name, signature, constexprs, aligned args, launch options)
+K = "triton_dist.kernels."
+KERNELS = [
+    ("barrier_all", "triton_dist.kernels.barrier", "barrier_all_kernel", dict(ctx="*i64"), {}, (), {"num_warps": 4}),
+    ("ping_pong", K + "pingpong", "ping_pong_kernel", dict(flag="*i32", count="*i32", iters="i32", ctx="*i64"),
+     {}, (), {"num_warps": 1}),
+    ("all_gather/large", K + "allgather", "all_gather_push_kernel",
+     dict(src="*i64", out="*i64", arrived="*i32", ready="*i32", state="*i32", shard_words="i64", chunk_words="i64",
+          n_chunks="i32", ctx="*i64", BLOCK="constexpr", FLAGS_BLOCK="constexpr"),
+     {"BLOCK": 4096, "FLAGS_BLOCK": 128}, ("src", "out", "chunk_words", "shard_words"), {"num_warps": 16}),
+    ("all_gather/small", K + "allgather", "all_gather_push_kernel",
+     dict(src="*i64", out="*i64", arrived="*i32", ready="*i32", state="*i32", shard_words="i64", chunk_words="i64",
+          n_chunks="i32", ctx="*i64", BLOCK="constexpr", FLAGS_BLOCK="constexpr"),
+     {"BLOCK": 1024, "FLAGS_BLOCK": 32}, ("src", "out", "chunk_words", "shard_words"), {"num_warps": 8}),
+    ("gemm/128x256", K + "gemm", "gemm_kernel", GEMM_SIG, GEMM_BIG, ("K", "N"), {"num_warps": 8, "num_stages": 3}),
+    ("gemm/128x128-silu", K + "gemm", "gemm_kernel",
+     dict(GEMM_SIG, b="tensordesc<bf16[128,64]>", c="tensordesc<bf16[1,128,128]>"),
+     dict(GEMM_BIG, BLOCK_N=128, SILU_GATE=True), ("K", "N"), {"num_warps": 8, "num_stages": 4}),
+    ("gemm/skinny-128x64", K + "gemm", "gemm_kernel",
+     dict(GEMM_SIG, b="tensordesc<bf16[64,64]>", c="tensordesc<bf16[1,128,64]>"),
+     dict(GEMM_BIG, BLOCK_N=64), ("K", "N"), {"num_warps": 4, "num_stages": 6}),
+    ("gemm/masked", K + "gemm", "gemm_kernel",
+     dict(GEMM_SIG, a="*bf16", b="*bf16", c="*bf16"), dict(GEMM_BIG, BLOCK_N=128, USE_TMA=False), (),
+     {"num_warps": 8, "num_stages": 4}),
+    ("ag_gemm/phased", K + "allgather_gemm", "ag_gemm_kernel", AG_SIG, AG_DEFAULT, ("K", "N"),
+     {"num_warps": 8, "num_stages": 3}),
+    ("ag_gemm/phased-silu", K + "allgather_gemm", "ag_gemm_kernel",
+     dict(AG_SIG, b="tensordesc<bf16[128,64]>", c="tensordesc<bf16[1,128,128]>"),
+     dict(AG_DEFAULT, BLOCK_N=128, SILU_GATE=True), ("K", "N"), {"num_warps": 8, "num_stages": 3}),
+    ("ag_gemm/gathered", K + "allgather_gemm", "gathered_kernel",
+     dict(arrived="*i32", state="*i32", ctx="*i64", N_CHUNKS="constexpr", FENCE_ASYNC_PROXY="constexpr"),
+     dict(N_CHUNKS=1, FENCE_ASYNC_PROXY=True), (), {"num_warps": 4}),
+    ("ag_gemm/ready_handshake", K + "allgather_gemm", "ready_handshake_kernel",
+     dict(ready="*i32", state="*i32", epoch_out="*i32", ctx="*i64"), {}, (), {"num_warps": 4}),
+    ("gemm_rs/default", K + "gemm_reducescatter", "gemm_rs_kernel", RS_SIG, RS_DEFAULT,
+     ("recv", "N", "K", "stride_am", "stride_wn"), {"num_warps": 8, "num_stages": 3}),
+    ("gemm_rs/remote-tma", K + "gemm_reducescatter", "gemm_rs_kernel",
+     dict(RS_SIG, out="tensordesc<bf16[1,128,128]>", recv_peer="tensordesc<bf16[1,128,128]>"),
+     dict(RS_DEFAULT, EPILOGUE_SUBTILE=True, REMOTE_TMA=True), ("recv", "N", "K", "stride_am", "stride_wn"),
+     {"num_warps": 8, "num_stages": 4}),
+    ("gemm_rs/masked-fp32-partials", K + "gemm_reducescatter", "gemm_rs_kernel",
+     dict(RS_SIG, a="*bf16", w="*bf16", out="*bf16", recv="*fp32", recv_peer="*fp32"),
+     dict(RS_DEFAULT, BLOCK_N=128, USE_TMA=False, SLOTS_BLOCK=4), ("a", "w", "out", "recv", "N", "K"),
+     {"num_warps": 8, "num_stages": 4}),
+    ("ep/layout-T4096", K + "moe_ep", "ep_layout_kernel", LAYOUT_SIG,
+     dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=4, QB=64, TIMELINE=False, PDL=True), (),
+     {"num_warps": 4}),
+    ("ep/layout-T128", K + "moe_ep", "ep_layout_kernel", LAYOUT_SIG,
+     dict(K=8, EL=32, TB=2, K_PAD=8, EL_PAD=32, W_PAD=2, CG=4, QB=16, TIMELINE=False, PDL=True), (),
+     {"num_warps": 4}),
+    ("ep/dispatch-T4096", K + "moe_ep", "ep_dispatch_kernel", DISPATCH_SIG, DISPATCH_T4096, ("x", "recv_x", "H"),
+     {"num_warps": 8}),
+    ("ep/dispatch-T128", K + "moe_ep", "ep_dispatch_kernel", DISPATCH_SIG, DISPATCH_T128, ("x", "recv_x", "H"),
+     {"num_warps": 8}),
+    ("ep/dispatch-fused-timeline", K + "moe_ep", "ep_dispatch_kernel", DISPATCH_SIG,
+     dict(DISPATCH_T128, FUSED_LAYOUT=True, SENDERS_HELP=False, TIMELINE=True, PDL=False, DEFER_SIGNAL=False),
+     ("x", "recv_x", "H"), {"num_warps": 8}),
+    ("ep/combine-T4096", K + "moe_ep", "ep_combine_kernel", COMBINE_SIG, COMBINE_T4096,
+     ("expert_out", "y", "partials", "H"), {"num_warps": 16}),
+    ("ep/combine-T128", K + "moe_ep", "ep_combine_kernel", COMBINE_SIG, COMBINE_T128,
+     ("expert_out", "y", "partials", "H"), {"num_warps": 8}),
+    ("flash_decode/split-fused", K + "flash_decode", "flash_decode_split_kernel", SPLIT_SIG, SPLIT_DEFAULT,
+     ("q", "k_cache", "v_cache", "part_o", "dst_o", "out"), {"num_warps": 8, "num_stages": 3}),
+    ("flash_decode/split-push-paged-pdl", K + "flash_decode", "flash_decode_split_kernel", SPLIT_SIG,
+     dict(SPLIT_DEFAULT, PAGE_SIZE=16, MODE=1, N_SPLITS=32, PDL=True),
+     ("q", "k_cache", "v_cache", "part_o", "dst_o", "out"), {"num_warps": 8, "num_stages": 3}),
+    ("flash_decode/split-local", K + "flash_decode", "flash_decode_split_kernel",
+     dict(SPLIT_SIG, dst_o="*bf16"), dict(SPLIT_DEFAULT, MODE=0, WORLD=1),
+     ("q", "k_cache", "v_cache", "part_o", "dst_o", "out"), {"num_warps": 8, "num_stages": 3}),
+    ("flash_decode/merge", K + "flash_decode", "flash_decode_merge_kernel", MERGE_SIG,
+     dict(GROUP=4, GROUP_P2=4, HEAD_DIM=128, WORLD=2, WORLD_PAD=2, RANK_CHUNK=2, PDL=True),
+     ("recv_o", "out", "stride_ob", "stride_oh"), {"num_warps": 4}),
+]
+
+_DEBUG_LINE = re.compile(r"^\s*(\.loc|\.file|//)")
+
+
+def normalized_ptx(ptx):
+    """The PTX without debug information: source locations and the debug sections."""
+    out, skipping = [], False
+    for line in ptx.splitlines():
+        if line.lstrip().startswith(".section") and ".debug" in line:
+            skipping = True
+        if skipping:
+            if line.strip() == "}":
+                skipping = False
+            continue
+        if _DEBUG_LINE.match(line) or not line.strip():
+            continue
+        out.append(line.rstrip())
+    return "\n".join(out)
+
+
+def _find(module, name):
+    """The kernel ``name`` in ``module`` (a module path; if it is a package, its submodules are searched too)."""
+    import importlib
+    import pkgutil
+
+    mod = importlib.import_module(module)
+    if hasattr(mod, name):
+        return getattr(mod, name)
+    for info in pkgutil.iter_modules(getattr(mod, "__path__", [])):
+        sub = importlib.import_module(f"{module}.{info.name}")
+        if hasattr(sub, name):
+            return getattr(sub, name)
+    raise AttributeError(f"no kernel {name} in {module}")
+
+
+def compile_one(module, name, signature, constexprs, aligned, options):
+    kernel = _find(module, name)
+    while not hasattr(kernel, "arg_names"):
+        kernel = kernel.fn
+    names = list(signature)
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write {variant: digest} here")
+    parser.add_argument("only", nargs="*", help="variant ids to compile (default: all)")
+    args = parser.parse_args()
+    digests = {}
+    for vid, module, name, sig, consts, aligned, options in KERNELS:
+        if args.only and vid not in args.only:
+            continue
+        try:
+            ptx = normalized_ptx(compile_one(module, name, sig, consts, aligned, options))
+            digests[vid] = hashlib.sha256(ptx.encode()).hexdigest()[:16]
+            print(f"{vid:40s} {digests[vid]}  {len(ptx):8d} bytes", flush=True)
+        except Exception as exc:  # a kernel that does not compile is reported, not fatal
+            digests[vid] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+            print(f"{vid:40s} {digests[vid]}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"triton": triton.__version__, "digests": digests}, f, indent=1, sort_keys=True)
+
+
+if __name__ == "__main__":
+    main()
