@@ -4,8 +4,9 @@
     python scripts/ptx_digest.py --json out   # also write the digests to a file
 
 How a restructuring is verified without GPUs: the digests before and after must be equal (or each difference
-explained). The digest covers the PTX with its debug lines (``.loc``, ``.file``, ``//`` comments, debug sections)
-removed, so moving code between files or functions changes nothing unless the instructions change.
+explained). The digest covers the PTX without its debug information (``.loc``/``.file`` lines, ``//`` comments,
+debug sections and the ``$L__tmp`` labels only they refer to), so moving code between files or functions changes
+nothing unless the instructions change.
 Each entry is a kernel at the configuration its op launches by default on an H200 (bf16, 2 ranks).
 """
 
@@ -90,7 +91,7 @@ COMBINE_T128 = dict(COMBINE_T4096, BT=2, BH=1024, EVICT="")
 # (variant id, kernel module, kernel name, signature, constexprs, aligned args, launch options)
 K = "triton_dist.kernels."
 KERNELS = [
-    ("barrier_all", "triton_dist.kernels.barrier", "barrier_all_kernel", dict(ctx="*i64"), {}, (), {"num_warps": 4}),
+    ("barrier_all", "triton_dist.shmem.barrier", "barrier_all_kernel", dict(ctx="*i64"), {}, (), {"num_warps": 4}),
     ("ping_pong", K + "pingpong", "ping_pong_kernel", dict(flag="*i32", count="*i32", iters="i32", ctx="*i64"),
      {}, (), {"num_warps": 1}),
     ("all_gather/large", K + "allgather", "all_gather_push_kernel",
@@ -161,7 +162,7 @@ KERNELS = [
      ("recv_o", "out", "stride_ob", "stride_oh"), {"num_warps": 4}),
 ]
 
-_DEBUG_LINE = re.compile(r"^\s*(\.loc|\.file|//)")
+_DEBUG_LINE = re.compile(r"^\s*(\.loc|\.file|//)|^\$L__tmp\d+:$")  # $L__tmp: labels only debug sections use
 
 
 def normalized_ptx(ptx):

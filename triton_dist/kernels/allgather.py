@@ -30,15 +30,14 @@ def all_gather_push_kernel(src, out, arrived, ready, state, shard_words, chunk_w
     me = dl.rank(ctx)
     world = dl.num_ranks(ctx)
     epoch = dl.call_epoch(state)
-    if pid == 0:  # tell every peer it may overwrite our copy of `out` now
-        for peer in range(world):
-            dl.signal(ready + me, epoch, peer, ctx)
+    if pid == 0:  # every peer may overwrite our copy of `out` now
+        dl.enter_call(ready, epoch, me, world, ctx)
     for item in range(pid, world * n_chunks, n_programs):
         # Consecutive items go to different destinations, so at any moment some programs copy into our own
         # `out` (HBM bound) while the others push to peers (NVLink bound): the two overlap instead of queueing.
         peer = (me + item % world) % world
         chunk = item // world
-        dl.wait(ready + peer, epoch, ctx)
+        dl.wait_entered(ready, peer, epoch, ctx)
         start = chunk * chunk_words
         end = tl.minimum(start + chunk_words, shard_words)
         dst = out + me.to(tl.int64) * shard_words

@@ -176,10 +176,9 @@ def ready_handshake_kernel(ready, state, epoch_out, ctx):
     world = dl.num_ranks(ctx)
     epoch = dl.call_epoch(state)
     tl.store(epoch_out, epoch)
+    dl.enter_call(ready, epoch, me, world, ctx)
     for peer in range(world):
-        dl.signal(ready + me, epoch, peer, ctx)
-    for peer in range(world):
-        dl.wait(ready + peer, epoch, ctx)
+        dl.wait_entered(ready, peer, epoch, ctx)
 
 
 # ----------------------------------------------------------------------------------------------- launcher

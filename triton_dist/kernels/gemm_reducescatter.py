@@ -90,9 +90,7 @@ def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, M, N, K, s
     slot_elems = rows_max.to(tl.int64) * N
 
     if pid == 0:  # every peer may now overwrite its partials in our recv (we are done with the last call's)
-        for peer in range(world):
-            if peer != me:
-                dl.signal(ready + me, epoch, peer, ctx)
+        dl.enter_call(ready, epoch, me, world, ctx, SKIP_SELF=True)
 
     pending_peer = -1  # the deferred signal: (peer, flag index) of the last tile this program pushed
     pending_flag = 0
@@ -117,7 +115,7 @@ def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, M, N, K, s
         tile_offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
         if dest != me:
             if ready_peer != dest:
-                dl.wait(ready + dest, epoch, ctx)
+                dl.wait_entered(ready, dest, epoch, ctx)
                 ready_peer = dest
             slot = (me - dest - 1 + world) % world
             if REMOTE_TMA:

@@ -29,6 +29,7 @@ from .primitives import (  # noqa: F401
     barrier_all,
     bulk_stores_done,
     call_epoch,
+    enter_call,
     fence,
     finish_call,
     get,
@@ -40,5 +41,6 @@ from .primitives import (  # noqa: F401
     symm_at,
     timestamp,
     wait,
+    wait_entered,
     wait_prior_kernel,
 )

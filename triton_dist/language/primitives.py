@@ -11,19 +11,12 @@ from triton.language.extra import cuda as _cuda
 
 from ..shmem import layout
 
-CTX_RANK = tl.constexpr(layout.CTX_RANK)
-CTX_WORLD = tl.constexpr(layout.CTX_WORLD)
-CTX_WAIT_BUDGET = tl.constexpr(layout.CTX_WAIT_BUDGET)
-CTX_BASES = tl.constexpr(layout.CTX_BASES)
-ERR_FLAG = tl.constexpr(layout.ERR_FLAG)
-ERR_RANK = tl.constexpr(layout.ERR_RANK)
-ERR_SIGNAL = tl.constexpr(layout.ERR_SIGNAL)
-ERR_EXPECTED = tl.constexpr(layout.ERR_EXPECTED)
-ERR_SEEN = tl.constexpr(layout.ERR_SEEN)
-ERR_CMP = tl.constexpr(layout.ERR_CMP)
-BARRIER_COUNT = tl.constexpr(layout.BARRIER_COUNT)
-BARRIER_FLAGS = tl.constexpr(layout.BARRIER_FLAGS)
-FENCE_SCRATCH = tl.constexpr(layout.FENCE_SCRATCH)
+# The heap layout (shmem/layout.py) as compile-time constants of the same names: CTX_RANK, CTX_WORLD,
+# CTX_WAIT_BUDGET, CTX_BASES, ERR_FLAG, ERR_RANK, ERR_SIGNAL, ERR_EXPECTED, ERR_SEEN, ERR_CMP, BARRIER_COUNT,
+# BARRIER_FLAGS, FENCE_SCRATCH.
+_LAYOUT = ("CTX_RANK", "CTX_WORLD", "CTX_WAIT_BUDGET", "CTX_BASES", "ERR_FLAG", "ERR_RANK", "ERR_SIGNAL",
+           "ERR_EXPECTED", "ERR_SEEN", "ERR_CMP", "BARRIER_COUNT", "BARRIER_FLAGS", "FENCE_SCRATCH")
+globals().update({name: tl.constexpr(getattr(layout, name)) for name in _LAYOUT})
 
 # Comparisons for `wait` and operations for `signal`. Pass these (e.g. `cmp=dl.EQ`) rather than bare strings:
 # Triton 3.6 cannot pass a Python str into a @triton.jit helper (a kernel's own constexpr parameter is fine).
@@ -192,6 +185,26 @@ def barrier_all(ctx):
         signal(arrivals + me, 1, peer, ctx, op=ADD)
     for peer in range(world):
         wait(arrivals + peer, generation, ctx)
+
+
+@triton.jit
+def enter_call(ready, epoch, me, world, ctx, SKIP_SELF: tl.constexpr = False):
+    """The ready handshake, first half: tell every rank (``SKIP_SELF``: every other rank) that this rank has entered
+    call ``epoch``, i.e. is done with the previous call's buffers, by raising ``ready[me] = epoch`` there.
+    ``me``, ``world``: ``rank(ctx)``, ``num_ranks(ctx)``, which the caller already holds."""
+    for peer in range(world):
+        if SKIP_SELF:
+            if peer != me:
+                signal(ready + me, epoch, peer, ctx)
+        else:
+            signal(ready + me, epoch, peer, ctx)
+
+
+@triton.jit
+def wait_entered(ready, peer, epoch, ctx):
+    """The ready handshake, second half: wait until rank ``peer`` has entered call ``epoch`` (``enter_call``);
+    only then may this rank overwrite what ``peer`` read in the previous call."""
+    wait(ready + peer, epoch, ctx)
 
 
 @triton.jit

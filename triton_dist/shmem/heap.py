@@ -433,6 +433,6 @@ def barrier():
 
 
 def _device_barrier(rt):
-    from ..kernels.barrier import barrier_all_kernel
+    from .barrier import barrier_all_kernel
 
     barrier_all_kernel[(1,)](rt.ctx)

@@ -1,0 +1,47 @@
+"""What the ops ask about the machine they run on: interpreter or GPU, SM count, compute capability, and whether
+the current moment allows host-side work (a CUDA-graph capture or a torch.compile trace does not).
+
+Ops ask these on every call, so the device properties are cached.
+"""
+
+import functools
+import os
+
+import torch
+
+
+def interpreting():
+    """True when Triton kernels run under the interpreter (``TRITON_INTERPRET=1``: CPU ranks)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def num_sms(device_index=None):
+    """SM count of a CUDA device (None: the current one)."""
+    return _sm_count(torch.cuda.current_device() if device_index is None else device_index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index):
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def compute_major(device_index):
+    """Major compute capability of a CUDA device (9: Hopper)."""
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
+def pdl_capable(device):
+    """Whether ``device`` runs programmatic dependent launch (a CUDA GPU of compute capability 9.0 or newer)."""
+    return device.type == "cuda" and compute_major(device.index) >= 9
+
+
+def capturing():
+    """True while the current CUDA stream records a graph (no allocation, tuning or host sync may happen)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def compiling():
+    """True while torch.compile traces: ops then go through ``torch.ops.triton_dist`` (their fake impls)."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
