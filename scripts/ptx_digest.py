@@ -91,7 +91,7 @@ COMBINE_T128 = dict(COMBINE_T4096, BT=2, BH=1024, EVICT="")
 # (variant id, kernel module, kernel name, signature, constexprs, aligned args, launch options)
 K = "triton_dist.kernels."
 KERNELS = [
-    ("barrier_all", "triton_dist.shmem.barrier", "barrier_all_kernel", dict(ctx="*i64"), {}, (), {"num_warps": 4}),
+    ("barrier_all", "triton_dist.shmem.device_barrier", "barrier_all_kernel", dict(ctx="*i64"), {}, (), {"num_warps": 4}),
     ("ping_pong", K + "pingpong", "ping_pong_kernel", dict(flag="*i32", count="*i32", iters="i32", ctx="*i64"),
      {}, (), {"num_warps": 1}),
     ("all_gather/large", K + "allgather", "all_gather_push_kernel",

@@ -5,32 +5,20 @@
                           make_runner,               # () -> run(cfg): launches the op once with cfg
                           default=candidates[0])
 
-What it guarantees:
-* **Ranks never disagree.** Collective ops (``collective=True``) are timed on every rank in the same order; the
-  per-candidate time is the MAX over ranks (an all-reduce), every rank picks the argmin of the same numbers, and
-  rank 0's pick is then broadcast anyway. A cached entry is read by rank 0 only and broadcast.
-* **Tuned once.** Results live in memory and in ``$TRITON_DIST_CACHE_DIR`` (default
-  ``~/.cache/triton_dist/autotune``), one JSON file per op, keyed by GPU name, world size, the op's key (shape,
-  dtype, ...), the triton_dist / triton / torch versions and a digest of the candidate list.
-* **Never at the wrong time.** No tuning (and no collective) under the Triton interpreter, during CUDA-graph
-  capture or while torch.compile traces: those get the cached choice if there is one, else ``default``
-  (identical on every rank, as the memory caches are). ``TRITON_DIST_AUTOTUNE=0`` turns tuning off.
-* **Fair on a power-capped GPU.** Candidates are timed in turn, ``rounds`` times over, each round starting at a
-  different candidate and visiting them in a different order (``turn_order``), each timing after ~50 ms of the
-  candidate itself (``WARMUP_US``: a candidate that follows a light one would borrow the headroom it left,
-  run66), and each keeps the median of its rounds: an H200 at its power limit drifts by several
-  percent within a second, which one-after-another timing mistakes for differences between candidates (run56:
-  gemm_rs at N = 28672 chose 128 programs on a 2820 us burst figure, where interleaved A/Bs in runs 56-57
-  measured the default 132 programs 3-6 % faster). Five rounds: at N = 28672 (2.8 ms calls) one candidate's
-  rounds read 2748 / 3432 / 3039 us (run65: slow spells of ~0.1 s), which a median of three still followed.
-* **Enough samples for short calls.** A candidate's first round times ``iters`` calls; its later rounds time
-  enough calls to span ``SPAN_US`` (at most ``MAX_ITERS``), counted from the first round's figure, which is the
-  same on every rank (the max over ranks), so ranks stay in step. Small problems are host-bound, and the host's
-  jitter swamped a 10-call median (run62: gemm_rs at M = 512 timed its graph-path tiles 102-148 us eager, for
-  68-92 us of GPU work, and picked on noise).
-* **Visible.** Rank 0 prints one line per candidate and round while tuning.
-A candidate that fails (e.g. too much shared memory) fails on every rank alike (same GPU, same software) and
-scores infinity.
+* **Ranks never disagree.** Collective ops are timed on every rank in the same order; a candidate's time is the
+  max over ranks, every rank picks the argmin of the same numbers, and rank 0's pick is broadcast anyway.
+* **Tuned once.** Choices live in memory and in ``$TRITON_DIST_CACHE_DIR`` (default ``~/.cache/triton_dist/
+  autotune``), one JSON file per op, keyed by GPU, world size, the op's key, the library versions and a digest
+  of the candidate list (new candidates tune again).
+* **Never at the wrong time.** No tuning under the interpreter, during CUDA-graph capture or a torch.compile trace
+  (the cached choice or ``default`` then, identical on every rank). ``TRITON_DIST_AUTOTUNE=0`` turns it off.
+* **Fair on a power-capped GPU.** Candidates are timed in turn, ``rounds`` times, each round in a different order
+  (``turn_order``), each timing after ~50 ms of the candidate itself (``WARMUP_US``), and each keeps the median of
+  its rounds: a GPU at its power limit drifts by several percent within a second.
+* **Enough samples for short calls.** Later rounds time enough calls to span ``SPAN_US`` (at most ``MAX_ITERS``),
+  counted from the first round's figure, which every rank shares.
+A candidate that fails (e.g. too much shared memory) fails on every rank alike and scores infinity.
+docs/design/autotune.md has the measurements behind these rules.
 """
 
 import hashlib
@@ -44,6 +32,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from . import hardware
 from .timing import max_over_ranks, median_us
 
 _CHOSEN = {}  # full key -> config (identical on every rank)
@@ -92,11 +81,7 @@ def tuning_allowed():
         return False
     if not torch.cuda.is_available():
         return False
-    if torch.cuda.is_current_stream_capturing():
-        return False
-    from .kernels.library import compiling
-
-    return not compiling()
+    return not (hardware.capturing() or hardware.compiling())
 
 
 def _read_disk(op, fkey):
@@ -155,7 +140,7 @@ def turn_order(n, r, rounds):
     timed early, midway and late in a round), then stepping by a stride that changes from round to round
     (1, 2, 3, ... modulo the smallest prime p >= n, skipping the numbers >= n), so that a candidate's
     predecessor changes too: one that always ran right after a light, communication-bound candidate would
-    always start with the power headroom it left (run66)."""
+    always start with the power headroom it left."""
     p = max(n, 2)
     while any(p % d == 0 for d in range(2, int(p ** 0.5) + 1)):
         p += 1
@@ -226,6 +211,15 @@ def choose(op, key, candidates, make_runner, default, collective=True, iters=10,
               file=sys.stderr, flush=True)
         _write_disk(op, fkey, cfg, timings)
     return cfg
+
+
+def dedupe(configs):
+    """``configs`` without repeats, first occurrences in order (candidate lists are built by overlaying knobs)."""
+    unique = []
+    for c in configs:
+        if c not in unique:
+            unique.append(c)
+    return unique
 
 
 def with_overrides(defaults, config):

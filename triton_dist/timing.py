@@ -23,9 +23,8 @@ def max_over_ranks(value, group=None):
 def warm_up(fn, calls, span_us=0.0, group=None, collective=True):
     """``calls`` calls of ``fn``, then more until about ``span_us`` of them have run: a power-capped GPU that
     just ran something light (communication) has headroom for a while, and a short warm-up lets the next op
-    borrow it (run66: the tuner's candidate right after the NCCL fallback timed 2605 us where in-turn A/Bs
-    measured 2909). ``collective``: the extra count is the max over the ranks of ``group`` (collective ops stay
-    in step); every rank of it must call."""
+    borrow it. ``collective``: the extra count is the max over the ranks of ``group`` (collective ops stay in
+    step); every rank of it must call."""
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()

@@ -36,7 +36,7 @@ def _reference(a, w):
 
 
 def _poison_workspaces():
-    for ws in agm._Workspace._cache.values():
+    for ws in td.shmem.workspaces.cached("ag_gemm"):
         ws.a_full.fill_(float("nan"))
     td.shmem.barrier()  # nobody pushes into our a_full before we poisoned it
 
@@ -45,7 +45,7 @@ def _check(m, n, k, dtype_name, config, repeats, seed=0):
     """Max error relative to the reference's magnitude, and whether the gathered output was exact, over repeats."""
     dtype = getattr(torch, dtype_name)
     dev, r = td.shmem.device(), td.rank()
-    agm._Workspace.get(m, k, dtype) if config.get("path") != "fallback" else None
+    agm.buffers(m, k, dtype) if config.get("path") != "fallback" else None
     worst, gathered_ok = 0.0, True
     for i in range(repeats):
         gen = torch.Generator().manual_seed(seed + 1000 * i + r)  # fresh inputs, different on every rank
@@ -123,7 +123,7 @@ def _check_silu_gate(m, n_out, k, dtype_name, config, repeats):
         a = torch.randn(m, k, generator=gen).to(dtype).to(dev)
         w = (torch.randn(2 * n_out, k, generator=gen) / k ** 0.5).to(dtype).to(dev)
         if config.get("path") != "fallback":
-            agm._Workspace.get(m, k, dtype)
+            agm.buffers(m, k, dtype)
             _poison_workspaces()
         out = ag_gemm(a, w, config=config, activation="silu_gate")
         ref = agm.silu_gate_torch(_reference(a, w)[1])
@@ -265,7 +265,7 @@ def _check_gpu(m, n, k, config, repeats, straggler_s=0.0):
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 8
         if config is None or config.get("path") != "fallback":
-            agm._Workspace.get(m, k, torch.bfloat16)
+            agm.buffers(m, k, torch.bfloat16)
             _poison_workspaces()
         if straggler_s and td.rank() == td.world_size() - 1:
             torch.cuda.synchronize()
@@ -313,7 +313,7 @@ def _check_gpu_silu_gate(m, n_out, k, config, repeats):
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(2 * n_out, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
         if config is None or config.get("path") != "fallback":
-            agm._Workspace.get(m, k, torch.bfloat16)
+            agm.buffers(m, k, torch.bfloat16)
             _poison_workspaces()
         if config is None:
             out = torch.ops.triton_dist.ag_gemm(a, w, False, "silu_gate")[0]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import triton_dist as td
-from triton_dist.kernels.flash_decode import (SMEM_PER_BLOCK, _Plan, choose_splits, default_config,
+from triton_dist.kernels.flash_decode import (_PLANS, SMEM_PER_BLOCK, choose_splits, default_config,
                                               local_flash_decode, resolved_config, sp_flash_decode,
                                               split_smem_bytes)
 
@@ -223,14 +223,14 @@ def test_plan_cache_and_given_outputs():
     k, v = _shard(2, 0, 2, 16, 2, 64, [16, 5], torch.float32, dev)
     lens = torch.tensor([16, 5], dtype=torch.int32, device=dev)
     o1, lse1 = local_flash_decode(q, k, v, lens)
-    size = len(_Plan._cache)
+    size = len(_PLANS._plans)
     out, lse = torch.empty_like(o1), torch.empty_like(lse1)
     o2, lse2 = local_flash_decode(q, k, v, lens, out=out, lse=lse)
-    assert len(_Plan._cache) == size and o2 is out and lse2 is lse
+    assert len(_PLANS._plans) == size and o2 is out and lse2 is lse
     assert torch.equal(o1, o2) and torch.equal(lse1, lse2)
     local_flash_decode(q, k, v, lens, softmax_scale=0.5)
     local_flash_decode(q, k, v, lens, config={"n_splits": 2})
-    assert len(_Plan._cache) == size + 2
+    assert len(_PLANS._plans) == size + 2
 
 
 def test_default_config_fits_hopper():

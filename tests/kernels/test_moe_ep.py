@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 import triton_dist as td
-from triton_dist.kernels.moe_ep import _n_units, _unit, ep_combine, ep_dispatch
+from triton_dist.kernels.moe_ep import ep_combine, ep_dispatch
+from triton_dist.kernels.moe_ep.protocol import count_units, receiver_unit
 
 from ..conftest import ON_GPU_RANKS, error_names, gpu_only
 from ..sm90 import compile_sm90
@@ -173,11 +174,11 @@ def test_layout_counts_long_chunks_in_steps(ranks):
 @triton.jit
 def _units_kernel(out, n_chunks, h_parts, tail, tail_parts, H, BH: tl.constexpr):
     u = tl.program_id(0)
-    c, h_first, h_end = _unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
+    c, h_first, h_end = receiver_unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
     tl.store(out + 3 * u, c)
     tl.store(out + 3 * u + 1, h_first)
     tl.store(out + 3 * u + 2, h_end)
-    tl.store(out + 3 * tl.num_programs(0), _n_units(n_chunks, h_parts, tail, tail_parts))
+    tl.store(out + 3 * tl.num_programs(0), count_units(n_chunks, h_parts, tail, tail_parts))
 
 
 @pytest.mark.parametrize("n_chunks,h_parts,tail,tail_parts,H,BH", [
@@ -205,7 +206,8 @@ def test_configs_are_valid_with_gpu_defaults(max_tokens):
     from triton_dist.kernels import moe_ep
 
     for cfg in [CFG_8_RANKS, CFG_TWO_LAUNCH, CFG_LONG_CHUNKS, CFG_RECOVERY] + [cfg_back_to_back(i) for i in range(4)]:
-        moe_ep.resolve_config(max_tokens, 16, "cuda", cfg)  # raises ValueError when not
+        moe_ep.dispatch_config(max_tokens, 16, "cuda", cfg)  # raise ValueError when not
+        moe_ep.combine_config(max_tokens, 16, "cuda", cfg)
 
 
 def _reproducible(runs):
@@ -436,18 +438,18 @@ def _gpu_timeline():
     res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, timeline=stamps[0])
     y = ep_combine(res.x, res.handle, timeline=stamps[1])
     ok = torch.allclose(y.float(), weights.sum(1, keepdim=True) * x.float(), rtol=2e-2, atol=2e-2)
-    cfg = moe_ep.default_config(T, H, "cuda")
+    dcfg, ccfg = moe_ep.dispatch_config(T, H, "cuda"), moe_ep.combine_config(T, H, "cuda")
     st = stamps.cpu()
-    for kernel, n_prog in ((0, cfg["num_programs"]), (1, cfg["combine_programs"])):
-        prog = st[kernel, moe_ep.TL_PROGRAM:moe_ep.TL_CHUNK].view(-1, 4)[:n_prog]
-        chunk = st[kernel, moe_ep.TL_CHUNK:moe_ep.TL_LAYOUT].view(-1, 4)[:cfg["num_chunks"]]
-        n_push = cfg["push_programs"] if kernel == 0 else cfg["combine_push"]
+    for kernel, cfg in ((0, dcfg), (1, ccfg)):
+        prog = st[kernel, moe_ep.TL_PROGRAM:moe_ep.TL_CHUNK].view(-1, 4)[:cfg.num_programs]
+        chunk = st[kernel, moe_ep.TL_CHUNK:moe_ep.TL_LAYOUT].view(-1, 4)[:dcfg.num_chunks]
+        n_push = cfg.push_programs
         ok &= bool((prog[:, 0] > 0).all() and (prog[:, 3] >= prog[:, 0]).all())
         ok &= bool((prog[:n_push, 1] >= prog[:n_push, 0]).all() and (prog[:n_push, 2] >= prog[:n_push, 1]).all())
-        per_chunk = -(-T // cfg["num_chunks"])
+        per_chunk = -(-T // dcfg.num_chunks)
         chunk = chunk[:-(-T // per_chunk)]  # the chunks that hold tokens (combine's receivers skip the others)
         ok &= bool((chunk[:, :3] >= prog[:, 0].min()).all() and (chunk[:, :3] <= prog[:, 3].max()).all())
-    lay = st[0, moe_ep.TL_LAYOUT:].view(-1, 4)[:-(-cfg["num_chunks"] // cfg["layout_chunks"])]  # per program
+    lay = st[0, moe_ep.TL_LAYOUT:].view(-1, 4)[:-(-dcfg.num_chunks // dcfg.layout_chunks)]  # per program
     ok &= bool((lay[:, 0] > 0).all() and (lay[:, 1:] >= lay[:, :-1]).all())
     return ok
 
@@ -459,7 +461,7 @@ def _gpu_eager_graph():
 
     dev = td.shmem.device()
     T, H, E, K = 128, 1024, 64, 8
-    ok = moe_ep.default_config(T, H, "cuda")["eager_graph"]
+    ok = moe_ep.dispatch_config(T, H, "cuda").eager_graph
     for i in range(4):  # direct, capture + replay, replay, replay
         g = torch.Generator(device=dev).manual_seed(10 * i + td.rank())
         x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
@@ -468,7 +470,7 @@ def _gpu_eager_graph():
         res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T)
         y = ep_combine(res.x, res.handle)
         ok &= torch.allclose(y.float(), weights.sum(1, keepdim=True) * x.float(), rtol=2e-2, atol=2e-2)
-    return ok and len(moe_ep._GRAPHS.graphs) >= 1
+    return ok and len(moe_ep.dispatch._GRAPHS.graphs) >= 1
 
 
 @gpu_only

@@ -23,7 +23,7 @@ def test_graph_cache_policy(monkeypatch):
     monkeypatch.setattr(replay, "usable", lambda a: True)
     monkeypatch.setattr(replay, "GraphedCall", _FakeGraphedCall)
     _FakeGraphedCall.captured = []
-    cache = replay.GraphCache()
+    cache = replay.GraphCache("test")
     runs = []
 
     def run(a, w):
@@ -49,7 +49,7 @@ def test_graph_cache_policy(monkeypatch):
 
 
 def test_graphs_are_not_used_on_cpu():
-    cache = replay.GraphCache()
+    cache = replay.GraphCache("test")
     a, w = torch.randn(2, 2), torch.randn(2, 2)
     assert not replay.usable(a)
     assert cache.run("k", lambda x, y: x, (a,), (w,)) is None and cache.run("k", lambda x, y: x, (a,), (w,)) is None

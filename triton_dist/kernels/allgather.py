@@ -53,23 +53,15 @@ def all_gather_push_kernel(src, out, arrived, ready, state, shard_words, chunk_w
     dl.finish_call(state, epoch, n_programs)
 
 
-class _Workspace:
-    """Per-call-site signals, created once (collectively) and reused by every later call."""
-
-    _cache = {}
+class _Signals:
+    """The flags of one chunk count: ``arrived[r * n_chunks + c]`` (chunk c of rank r has landed here),
+    ``ready[r]`` (rank r entered the call) and this rank's epoch counter."""
 
     def __init__(self, n_chunks):
         world = shmem.world_size()
         self.arrived = shmem.signals((world * n_chunks,), name="all_gather.arrived")
         self.ready = shmem.signals((world,), name="all_gather.ready")
         self.state = shmem.counters(2, name="all_gather.epoch")
-        shmem.barrier()  # peers signal into these flags only after everyone zeroed them
-
-    @classmethod
-    def get(cls, n_chunks):
-        if n_chunks not in cls._cache:
-            cls._cache[n_chunks] = cls(n_chunks)
-        return cls._cache[n_chunks]
 
 
 def _as_words(t):
@@ -119,7 +111,7 @@ def all_gather(x, out=None, config=None):
     n_chunks = max(1, min(cfg["n_chunks"], triton.cdiv(shard_words, cfg["block"])))
     chunk_words = triton.cdiv(triton.cdiv(shard_words, n_chunks), cfg["block"]) * cfg["block"]
     n_chunks = triton.cdiv(shard_words, chunk_words)
-    ws = _Workspace.get(n_chunks)
+    ws = shmem.workspace("all_gather", n_chunks, lambda: _Signals(n_chunks))
     shmem.raise_pending_errors()
     all_gather_push_kernel[(cfg["num_programs"],)](
         src, dst, ws.arrived, ws.ready, ws.state, shard_words, chunk_words, n_chunks, shmem.context(),

@@ -1,50 +1,24 @@
 """AllGather + GEMM, overlapped: ``out = all_gather(a) @ w.T`` (the tensor-parallel input projection).
 
-Every rank holds a row shard ``a`` [m, K] of the activations and its weight slice ``w`` [N_local, K]. The result
-[W*m, N_local] needs every rank's shard; instead of gathering first and multiplying after, each rank starts the
-GEMM on the rows it already has while the other shards are still on the wire, and multiplies a remote chunk of
-rows as soon as its flag says it has landed.
+Rank r holds a row shard ``a`` [m, K] and its weight slice ``w`` [N_local, K]; the result [W*m, N_local] needs
+every rank's rows. The GEMM starts on the rows it has while the others are on the wire:
 
-Data movement (W ranks, shard rows cut into ``n_chunks`` chunks of ``chunk_rows``, a multiple of BLOCK_M):
+    main stream   ready handshake (1 program) -> ag_gemm_kernel (one program per SM):
+                      phase 0:     the own rows, read straight from ``a``
+                      phase 1 + c: wait until chunk c of every peer has landed, then its tiles (from a_full)
+    side streams  one per peer, after the handshake: for each chunk c
+                      a_full[r*m + chunk c] on the peer <- a[chunk c]   (copy engine over NVLink, no SM taken)
+                      arrived[r*n_chunks + c] on the peer <- epoch      (4-byte copy, stream-ordered after it)
 
-    a_full  [W*m, K]  symmetric; rows [r*m, (r+1)*m) hold rank r's shard once it has arrived (own rows unused)
-    arrived [W * MAX_CHUNKS] int32 symmetric; arrived[r*n_chunks + c] = epoch once chunk c of rank r is here
+``a_full`` [W*m, K] and ``arrived`` are symmetric. Waits sit between tile loops, never inside one, so software
+pipelining and ``FLATTEN`` stay safe. Flags carry device-side epochs (no resets; CUDA graphs replay), and the ready
+handshake keeps a rank from overwriting a peer's a_full before that peer entered the call.
 
-    main stream:   ready handshake (1 program)  ->  the persistent GEMM kernel (one program per SM)
-    side streams:  one per peer p (after the handshake): for each chunk c:
-                       a_full[r*m + chunk c] on p  <-  a[chunk c]        copy engine over NVLink, no SM taken
-                       arrived[r*n_chunks + c] on p  <-  epoch           4-byte copy; stream order puts it last
-
-    the GEMM kernel, phase by phase (tiles numbered across phases, program p takes every num_programs-th one):
-        phase 0:       the OWN rows, read straight from ``a``            no wait, no local copy
-        phase 1 + c:   wait until chunk c of EVERY peer has arrived      (one vector wait, then fence.proxy.async)
-                       the tiles of chunk c of every peer segment        read from a_full
-
-Why this shape (the first 2xH200 run): the own rows need no copy (the old local a -> a_full copy cost HBM traffic
-and delayed the first tile); the waits sit *between* the tile loops, never inside one, so software pipelining,
-``FLATTEN`` (and automatic warp specialisation, once triton's pass accepts this kernel: triton 3.6 does not)
-are safe by construction (no load can be hoisted above a wait); one chunk per peer (``n_chunks=1``) is enough
-on 2 GPUs, where the remote shard lands long before the own half is done, and costs two copies per call. SM
-producers (``dl.put`` from a few programs of the GEMM launch) were measured 1.1-1.6x slower than copy engines at
-every shape and are gone.
-
-Epochs (``dl.call_epoch``/``dl.finish_call``, device side) make repeated calls and CUDA-graph replays safe with no
-flag resets; the ``ready`` handshake keeps a rank from overwriting a peer's a_full before that peer entered the
-call (and so stopped reading the previous call's rows). The same source runs under the Triton interpreter (CPU):
-there the host copies are synchronous and done before the GEMM launch.
-
-Small M: when the GEMM is too short to hide anything, the call goes to NCCL all_gather + cuBLAS
-(``SMALL_M_ROWS`` is the default crossover), or, when the kernels win on the device but an eager call's host cost
-would eat the gain, to the same kernels replayed from a cached CUDA graph (path "graph", ``replay.py``); on GPU
-the autotuner times all of them per shape (eager calls, host cost included) and keeps the fastest. The
-choice is made once per (shape, dtype) and cached in a *plan*, so a call costs one dict lookup on the host on
-top of the launches. At decode sizes (a few hundred rows in all) the GEMM only streams the weight, and the phased
-kernel streams it once per phase: ``gather_first`` waits for every peer's rows (``gathered_kernel``, the copy
-engines still push them) and runs the GEMM core once over all rows, skinny tiles putting every SM on the stream.
-
-A gated MLP's input projection (``activation="silu_gate"``, w = [w_gate; w_up]) fuses ``silu(gate) * up`` into
-the tiles: a tile accumulates the gate and the up product of its columns side by side (``gemm.tile_accumulate``)
-and stores only the gated result, so the [M, 2I] product is never written nor read back.
+Paths (``config["path"]``, chosen per shape by the autotuner on GPU): "overlap" (the above); "graph" (the same
+kernels replayed from a cached CUDA graph, for host-bound small M); "fallback" (NCCL all_gather + cuBLAS). At
+decode sizes ``gather_first`` waits for every peer's rows, then runs the GEMM core once over all of them.
+``activation="silu_gate"``: w = [w_gate; w_up] and each tile stores only silu(gate) * up (``tile_accumulate``).
+docs/design/ag_gemm.md has the schedule's reasons and the measurements behind the defaults.
 """
 
 import torch
@@ -52,24 +26,20 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from .. import autotune, shmem
+from .. import autotune, hardware, shmem
 from .. import language as dl
 from . import library
 from .gemm import (check_launchable, check_matmul_operands, default_num_programs, describe_operands, dot_precision,
-                   gemm_candidates, gemm_config, interpreting, launch_gemm, skinny_configs, tile_accumulate,
-                   tile_coords, tile_store)
+                   gemm_candidates, gemm_config, launch_gemm, skinny_configs, tile_accumulate, tile_coords,
+                   tile_store)
 from .replay import GraphCache
 
 MAX_CHUNKS = 64  # per rank; sizes the `arrived` flags
-# The crossover: at or below this many gathered rows (W * m) the overlapped kernel cannot beat NCCL all_gather +
-# cuBLAS (the GEMM is too short to hide the transfer and too small to fill the GPU with 128-row tiles), so the
-# default path is the fallback. On GPU the autotuner measures both paths above 256 rows and keeps the faster.
+# At or below this many gathered rows (W * m) the default path is NCCL all_gather + cuBLAS: the GEMM is too short
+# to hide the transfer. On GPU the autotuner measures both paths above 256 rows and keeps the faster.
 SMALL_M_ROWS = 1024
-# At or below this many gathered rows the overlapped kernels run from a cached CUDA graph (path "graph"), not
-# launched eagerly: an eager call's host work (two Triton launches with four tensor descriptors and the copy-engine
-# pushes: 180-350 us per call on the 2xH200 node's hosts, runs 79-82) is as long as its GPU work (~200 us at
-# M = 2048), so its time followed the host (195-374 us at M = 2048 against NCCL+cuBLAS's 267-313) where the graph
-# path, the same kernels for ~40 us of host work, held 209-230.
+# At or below this many gathered rows the overlapped kernels run only from a cached CUDA graph (path "graph"): an
+# eager call's host work (two launches, four tensor descriptors, the copy-engine pushes) is as long as its GPU work.
 GRAPH_ROWS = 2048
 FLAGS_BLOCK = tl.constexpr(64)  # peers waited for in one vector wait (>= MAX_RANKS)
 
@@ -182,11 +152,8 @@ def ready_handshake_kernel(ready, state, epoch_out, ctx):
 
 
 # ----------------------------------------------------------------------------------------------- launcher
-class _Workspace:
-    """Per-shape buffers, made once (collectively: every rank calls ag_gemm with the same shapes in the same
-    order) and reused by every later call, including CUDA-graph replays."""
-
-    _cache = {}
+class _Buffers:
+    """Per-shape workspace: the gathered rows, their flags and the streams that push them (``shmem.workspace``)."""
 
     def __init__(self, m_shard, k, dtype):
         world, me = shmem.world_size(), shmem.rank()
@@ -200,18 +167,11 @@ class _Workspace:
         self.arrived_peers = shmem.peer_views(self.arrived)
         # one side stream per peer, so that every link is busy at once
         self.streams = {p: torch.cuda.Stream(dev) for p in range(world) if p != me} if dev.type == "cuda" else {}
-        self.me, self.world, self.m_shard = me, world, m_shard
-        shmem.barrier()  # peers signal into these flags only after everyone zeroed them
 
-    @classmethod
-    def get(cls, m_shard, k, dtype):
-        key = (m_shard, k, dtype)
-        if key not in cls._cache:
-            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("ag_gemm: first call for this shape happens during CUDA-graph capture; call it "
-                                   "once before capturing (workspaces are allocated and zeroed collectively)")
-            cls._cache[key] = cls(m_shard, k, dtype)
-        return cls._cache[key]
+
+def buffers(m_shard, k, dtype):
+    """The workspace of a shard shape (collective on first use)."""
+    return shmem.workspace("ag_gemm", (m_shard, k, dtype), lambda: _Buffers(m_shard, k, dtype))
 
 
 def _chunking(m_shard, cfg):
@@ -235,7 +195,7 @@ class _Plan:
         self.group = shmem.group()
         if self.path == "fallback":
             return
-        ws = self.ws = _Workspace.get(m_shard, k, dtype)
+        ws = self.ws = buffers(m_shard, k, dtype)
         self.chunk_rows, self.n_chunks = _chunking(m_shard, cfg)
         me, world = self.me, self.world
         # (stream, [(source rows, destination view, flag view)]) per peer: no slicing on the hot path
@@ -252,7 +212,7 @@ class _Plan:
         tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * triton.cdiv(self.n, cfg["BLOCK_N"])
         self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device), tiles)),)
         self.ctx = shmem.context()
-        self.fence = not interpreting()
+        self.fence = not hardware.interpreting()
         self.precision = dot_precision(dtype)
 
 
@@ -405,14 +365,10 @@ def candidate_configs(m_shard, n, k, dtype, device, world, silu_gate=False):
                       for c in [{}] + skinny_configs(dtype)]
     if m_total > 256 and world > 1:
         for g in gemm_candidates(m_total, n, k, dtype, device):
-            if g.get("WARP_SPECIALIZE"):  # triton 3.6's warp-specialisation pass rejects this kernel (TODO)
+            if g.get("WARP_SPECIALIZE"):  # triton 3.6's warp-specialisation pass rejects this kernel
                 continue
             cands.append({**base, **g, "path": "graph" if graphs else "overlap", "n_chunks": base["n_chunks"]})
-    unique = []
-    for c in cands:
-        if c not in unique:
-            unique.append(c)
-    return unique
+    return autotune.dedupe(cands)
 
 
 def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate):
@@ -440,28 +396,26 @@ def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate):
                            make_runner, default=base)
 
 
-_PLANS = {}  # (m_shard, n, k, dtype, silu_gate, explicit config or None) -> _Plan
-_GRAPHS = GraphCache()  # path "graph": small problems replayed from CUDA graphs
+_PLANS = shmem.Plans("ag_gemm")  # (m_shard, n, k, dtype, silu_gate, explicit config or None) -> _Plan
+_GRAPHS = GraphCache("ag_gemm")  # path "graph": small problems replayed from CUDA graphs
 
 
 def _plan_for(a, w, world, config, silu_gate):
     m_shard, k = a.shape
     n = w.shape[0]
     key = (m_shard, n, k, a.dtype, silu_gate, None if config is None else repr(sorted(config.items())))
-    plan = _PLANS.get(key)
-    if plan is None:
-        if config is not None:  # explicit configuration (tests, benchmark sweeps); the activation is not a knob
-            cfg = autotune.with_overrides(default_config(m_shard, n, k, a.dtype, a.device, world, silu_gate),
-                                          config)
-            if silu_gate:
-                cfg["silu_gate"] = True
-        else:
-            cfg = _tuned_config(m_shard, n, k, a.dtype, a.device, world, silu_gate)
-        plan = _Plan(m_shard, n, k, a.dtype, a.device, cfg)
-        capturing = a.is_cuda and torch.cuda.is_current_stream_capturing()
-        if not capturing:  # a choice made during capture (no tuning allowed) is not kept
-            _PLANS[key] = plan
-    return plan
+    return _PLANS.get(key, lambda: _Plan(m_shard, n, k, a.dtype, a.device,
+                                         _config(m_shard, n, k, a.dtype, a.device, world, config, silu_gate)))
+
+
+def _config(m_shard, n, k, dtype, device, world, config, silu_gate):
+    """The call's configuration: tuned, or the caller's overrides of the defaults (the activation is no knob)."""
+    if config is None:
+        return _tuned_config(m_shard, n, k, dtype, device, world, silu_gate)
+    cfg = autotune.with_overrides(default_config(m_shard, n, k, dtype, device, world, silu_gate), config)
+    if silu_gate:
+        cfg["silu_gate"] = True
+    return cfg
 
 
 def _run(a, w, plan, return_gathered):
@@ -540,7 +494,7 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none"):
     """
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
-    if config is None and library.compiling():
+    if config is None and hardware.compiling():
         out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation)
     else:
         _check_inputs(a, w, activation)

@@ -1,53 +1,30 @@
 """The tile GEMM core: ``C[seg] = A[seg] @ B.T`` one output tile at a time, in a tile order the caller chooses.
 
-Every overlapped kernel of triton_dist (AG+GEMM, GEMM+RS, ...) is "a persistent GEMM that does something between
-tiles": wait for the rows it is about to read, or push the tile it just wrote. So the GEMM is split into three
-``@triton.jit`` pieces that such kernels call from their own persistent tile loop, plus a plain GEMM kernel built
-from them (used by ``gemm()`` below and by the benchmarks):
+Every overlapped kernel of triton_dist is "a persistent GEMM that does something between tiles": wait for the rows
+it is about to read, or push the tile it just wrote. So the GEMM is three ``@triton.jit`` pieces that such kernels
+call from their own persistent tile loop, plus ``gemm_kernel`` built from them:
 
     for tile in tl.range(pid, num_tiles, num_programs):                 # persistent: one program per SM
-        seg, pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n,          # caller-chosen order: segments in the
-                                        num_segments, first_segment,    #   order first, first+step, ... (mod S),
-                                        segment_step, GROUP_M)          #   grouped-M swizzle inside a segment
-        ... your code: wait for the rows of A this tile reads ...
-        acc = tile_accumulate(a, b, seg * seg_rows + pid_m * BLOCK_M,   # fp32 [BLOCK_M, BLOCK_N] of A @ B.T
-                              pid_n * BLOCK_N, a_rows, N, K, ...)
+        seg, pid_m, pid_n = tile_coords(tile, ...)                      # caller-chosen segment order, grouped-M
+        ... wait for the rows of A this tile reads ...
+        acc = tile_accumulate(a, b, row, pid_n * BLOCK_N, ...)          # fp32 [BLOCK_M, BLOCK_N] of A @ B.T
         tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, ...)  # clipped to the segment's rows
-        ... your code: signal / push the finished tile ...
+        ... signal / push the finished tile ...
 
-Shapes (torch ``linear`` convention, all row-major):
-    A  [S * seg_rows, K]   S row *segments* stacked (AG+GEMM: one per source rank; plain GEMM: S = 1)
-    B  [N, K]              the weight; the tile computes A_tile @ B_tile.T
-    C  [S, seg_rows, N]    the output seen as segments, so that a tile never writes past its segment: ragged
-                           segment sizes (seg_rows not a multiple of BLOCK_M) need no padding, only clipping.
-A tile of segment ``seg`` may *read* rows of the next segment (they are masked out of C); the last segment's
-overflow rows read as zeros.
-
-Two ways to move data, chosen by the host per call (``USE_TMA``):
-    TMA    A, B, C are ``triton.tools.tensor_descriptor.TensorDescriptor`` objects (A, B: 2-D [rows, K] with block
-           [BLOCK, BLOCK_K]; C: 3-D [S, seg_rows, N] with block [1, BLOCK_M, BLOCK_N] or [1, BLOCK_M, BLOCK_N/2]
-           with EPILOGUE_SUBTILE). Needs 16-byte aligned bases and row strides (K and N multiples of 8 for 16-bit
-           types). Hardware bounds checks do the masking. This is the fast path on Hopper.
-    masks  A, B, C are plain tensors + strides, masked ``tl.load``/``tl.store`` (any K, N; any alignment).
-``describe_operands`` builds the right arguments for both and ``gemm_config``/``launch_gemm`` show the launch.
-
-Hopper levers available in stock Triton and exposed as config knobs: persistent tile loop (grid = #SMs),
-tensor descriptors (TMA), multi-stage software pipelining (``num_stages``), ``tl.range(flatten=...)`` (overlaps a
-tile's epilogue with the next tile's loads), automatic warp specialisation (``tl.range(warp_specialize=...)``),
-epilogue sub-tiling (smaller smem staging for C, more room for pipeline stages), grouped-M tile order for L2 reuse.
-
-Interpreter (``TRITON_INTERPRET=1``): both paths run; fp16 and fp32 are exact enough to test, bf16 ``tl.dot``
-is not (a known interpreter bug) — test bf16 on GPU.
+Shapes (torch ``linear`` convention, row-major): A [S * seg_rows, K] is S row *segments* stacked (AG+GEMM: one per
+source rank), B [N, K], C [S, seg_rows, N], so that a tile never writes past its segment (ragged segments need no
+padding). Operands are TMA tensor descriptors (``USE_TMA``: 16-byte aligned bases and row strides; the fast path
+on Hopper) or plain pointers with masked loads (any shape). ``describe_operands`` builds either; ``gemm_config``,
+``launch_gemm`` and ``gemm`` show the launch. docs/design/gemm.md describes the knobs.
 """
-
-import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import autotune
+from ..hardware import interpreting, num_sms
+from ..shmem.workspaces import Plans
 
 try:  # triton >= 3.4 (host-side TMA descriptors)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -166,31 +143,6 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def interpreting():
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def num_sms(device_index=None):
-    """SM count of a CUDA device (None: the current one)."""
-    return _sm_count(torch.cuda.current_device() if device_index is None else device_index)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index):  # ops ask per call; the properties do not change
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-@functools.lru_cache(maxsize=None)
-def compute_major(device_index):
-    """Major compute capability of a CUDA device (9: Hopper); ops ask per call, so it is cached."""
-    return torch.cuda.get_device_capability(device_index)[0]
-
-
-def pdl_capable(device):
-    """Whether ``device`` runs programmatic dependent launch (a CUDA GPU of compute capability 9.0 or newer)."""
-    return device.type == "cuda" and compute_major(device.index) >= 9
-
-
 def default_num_programs(device):
     """One persistent program per SM on GPU; a couple under the interpreter (programs run one after another)."""
     return num_sms(device.index) if device.type == "cuda" else 2
@@ -301,7 +253,7 @@ def check_launchable(t, what="a and w"):
                          f"Triton interpreter)")
 
 
-_GEMM_CONFIGS = {}  # (m, n, k, dtype, device) -> tuned config, so that a call does one dict lookup
+_CONFIGS = Plans("gemm")  # (m, n, k, dtype, device) -> the tuned configuration
 
 
 def output_like(out, shape, a):
@@ -328,12 +280,8 @@ def gemm(a, w, out=None, config=None):
     if k == 0:
         return out.zero_()
     if config is None:
-        key = (m, n, k, a.dtype, a.device)
-        cfg = _GEMM_CONFIGS.get(key)
-        if cfg is None:
-            cfg = {**gemm_config(m, n, k, a.dtype, a.device), **_tuned_gemm_config(m, n, k, a.dtype, a.device)}
-            if not (a.is_cuda and torch.cuda.is_current_stream_capturing()):
-                _GEMM_CONFIGS[key] = cfg
+        cfg = _CONFIGS.get((m, n, k, a.dtype, a.device), lambda: {**gemm_config(m, n, k, a.dtype, a.device),
+                                                                   **_tuned_gemm_config(m, n, k, a.dtype, a.device)})
     else:
         cfg = autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device), config)
     launch_gemm(a, w, out.view(1, m, n), cfg)
@@ -342,8 +290,7 @@ def gemm(a, w, out=None, config=None):
 
 def skinny_configs(dtype):
     """Tiles for small M (<= 512 rows), where the GEMM streams the weight from HBM once and 128x128+ tiles would
-    leave most SMs idle: narrow N tiles put every SM on the stream (2xH200, device time, M=128: 128x32 tiles
-    31 us and 128x64 27 us vs 128x128 51/34 us and cuBLAS 30/27 us; benchmarks/results run12)."""
+    leave most SMs idle: narrow N tiles put every SM on the stream."""
     if dtype == torch.float32:
         return []
     return [dict(BLOCK_M=128, BLOCK_N=32, BLOCK_K=128, GROUP_M=8, num_stages=5, num_warps=4),
@@ -361,11 +308,7 @@ def gemm_candidates(m, n, k, dtype, device):
              {**base, "BLOCK_N": 128, "num_stages": 4, "num_warps": 8}]
     if m <= 512:
         cands += [{**base, **c} for c in skinny_configs(dtype)]
-    unique = []
-    for c in cands:
-        if c not in unique:
-            unique.append(c)
-    return unique
+    return autotune.dedupe(cands)
 
 
 def _tuned_gemm_config(m, n, k, dtype, device):

@@ -1,49 +1,23 @@
 """GEMM + reduce-scatter, overlapped: the tensor-parallel output projection.
 
-Every rank r holds ``a_r`` [M, K_local] (its slice of the hidden dimension) and ``w_r`` [N, K_local] (torch
-linear convention). The op returns, on rank d, rank d's rows of ``sum_r a_r @ w_r.T``.
+Rank r holds ``a_r`` [M, K_local] and ``w_r`` [N, K_local]; the op returns, on rank d, rank d's rows of
+``sum_r a_r @ w_r.T``, rows split like ``torch.tensor_split(rows, W)`` (ragged M is fine). One persistent kernel
+per rank, no separate reduction pass:
 
-Rows per rank (ragged M is fine): like ``torch.tensor_split(rows, W)``: rank d owns ``M // W + (d < M % W)``
-rows starting at ``d * (M // W) + min(d, M % W)``. So M = 10 on 4 ranks gives 3, 3, 2, 2 rows.
+    rank r walks its tiles destination by destination: rows of rank r+1, r+2, ..., its OWN rows last
+      tile for peer d:  acc = a_r[d's rows] @ w_r.T                  (fp32)
+                        wait once per program until d entered the call       (dl.wait_entered)
+                        dl.put(acc -> recv[slot of r] on d); dl.signal(arrived[slot, tile] on d), the signal
+                        deferred until the program's next tile is computed (the stores have drained by then)
+      OWN tile:         acc = a_r[r's rows] @ w_r.T; wait for every peer's partial of the tile;
+                        out = ((acc + recv[from r+1]) + recv[from r+2]) + ...   (the fused reduction)
 
-The idea (one persistent kernel per rank, no extra reduction pass)::
-
-    rank r walks the GEMM tiles destination by destination, in ring order:
-        rows of rank r+1, rows of rank r+2, ..., and its OWN rows last
-      a tile for a peer d:   acc = a_r[d's rows] @ w_r.T         (fp32 accumulator, tile BLOCK_M x BLOCK_N)
-                             wait once per program until d has entered this call    (ready[r] on d)
-                             dl.put(acc as the partial dtype -> recv[slot of r] on d)   (NVLink stores)
-                             dl.signal(arrived[slot of r, tile] on d, epoch)  <- DEFERRED until the program's next
-                                 tile is computed: by then the stores have drained and the release costs nothing
-      an OWN tile:           acc = a_r[r's rows] @ w_r.T
-                             dl.wait(arrived[every slot, tile] >= epoch)      (peers did these tiles long ago)
-                             out = ((acc + recv[from r+1]) + recv[from r+2]) + ... + recv[from r-1]
-                                   -> this is the fused reduction: no separate reduce kernel, no re-read of out
-
-Data movement per rank: (W-1)/W of the partial sums leave over NVLink, spread over the first (W-1)/W of the
-compute (the tiles of the next rank in the ring go first, so they have the longest time to land); the own rows
-come last and only read partials that are already in local memory.
-
-Deterministic sum: on rank d the W partial tiles of an output tile are added in fp32 in the FIXED ring order
-d, d+1, ..., d-1 (mod W): ``((p_d + p_{d+1}) + p_{d+2}) + ...``, whatever the timing, the number of programs or the
-tile schedule. A peer's partial arrives rounded to the partial dtype (the output dtype by default, like
-torch.matmul + reduce_scatter; fp32 with ``partial="fp32"``); the own partial is the fp32 accumulator itself,
-which the peers' partials are added into (no second accumulator: the epilogue needs one extra tile of registers).
-No atomics touch data, so the same inputs give bitwise-identical outputs on every run.
-
-Flags carry the call's epoch (``dl.call_epoch``/``dl.finish_call``): no resets, no host syncs, CUDA-graph safe.
-``recv`` on rank d is written by rank r only after d has entered the call (the ``ready`` handshake of
-``allgather.py``), so d has finished reading the previous call's partials.
-
-Interpreter rule: the programs of a launch run one after another there, so on CPU the launcher starts one
-program per tile (``num_programs=0``; a single program works too): in tile order every push of a rank precedes
-its first wait. On GPUs the kernel is persistent (``num_programs`` = SM count, all programs resident) and the tile
-order is the same wave by wave; a wait that is never satisfied is bounded and raises WaitTimeoutError.
-
-The GEMM pieces (tile order, TMA or masked K loop, epilogue store) come from ``triton_dist.kernels.gemm``, the
-one home of the GEMM machinery. Small problems go to ``torch.matmul`` + ``reduce_scatter_tensor`` (``path``);
-on GPU the autotuner (``triton_dist.autotune``, identical on every rank, cached on disk) times both paths per
-shape, so no shape is slower than that baseline.
+The sum on rank d runs in the FIXED ring order d, d+1, ..., d-1 whatever the timing: bitwise reproducible. Peers'
+partials travel in the output dtype (``partial="fp32"``: exact, twice the bytes). Flags carry device-side epochs:
+no resets, no host syncs, CUDA-graph safe. Under the interpreter (programs run one after another) the launcher
+starts one program per tile, so every push of a rank precedes its first wait. Small problems go to torch.matmul +
+``reduce_scatter_tensor`` or to the kernel replayed from a CUDA graph (``path``), chosen per shape by the
+autotuner on GPU. docs/design/gemm_rs.md has the measurements behind the defaults.
 """
 
 import torch
@@ -51,11 +25,11 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from .. import autotune, shmem
+from .. import autotune, hardware, shmem
 from .. import language as dl
 from . import library
-from .gemm import (TensorDescriptor, default_num_programs, dot_precision, gemm_config, num_sms, output_like,
-                   skinny_configs, tile_accumulate, tile_coords, tile_store, tma_compatible)
+from .gemm import (TensorDescriptor, default_num_programs, dot_precision, gemm_config, output_like, skinny_configs,
+                   tile_accumulate, tile_coords, tile_store, tma_compatible)
 from .replay import GraphCache
 
 # The crossover: below this many rows (M, all ranks together) the default path is torch.matmul + NCCL
@@ -153,12 +127,9 @@ def rows_of_rank(m, world, rank):
     return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
 
 
-class _Workspace:
-    """The symmetric buffers of one partial dtype, created collectively on first use and grown (collectively:
-    every rank sees the same shapes) when a larger problem comes; reused by every later call, CUDA-graph replays
-    included."""
-
-    _cache = {}
+class _Buffers:
+    """The symmetric buffers of one partial dtype: ``recv`` (peers' partial tiles), ``arrived`` (a flag per
+    partial tile), ``ready`` (the handshake) and this rank's epoch counter."""
 
     def __init__(self, dtype, recv_elems, n_flags):
         world = shmem.world_size()
@@ -167,27 +138,16 @@ class _Workspace:
         self.arrived = shmem.signals((max(n_flags, 1),), name="gemm_rs.arrived")
         self.ready = shmem.signals((world,), name="gemm_rs.ready")
         self.state = shmem.counters(2, name="gemm_rs.epoch")
-        shmem.barrier()  # peers signal into these flags only after everyone zeroed them
-
-    @classmethod
-    def get(cls, dtype, recv_elems, n_flags):
-        ws = cls._cache.get(dtype)
-        if ws is None or ws.recv_elems < recv_elems or ws.n_flags < n_flags:
-            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("gemm_rs: the first call for this shape happens during CUDA-graph capture; call "
-                                   "it once before capturing (workspaces are allocated and zeroed collectively)")
-            if ws is not None:  # graphs hold the old buffers: drop them (every rank grows at the same call)
-                recv_elems, n_flags = max(recv_elems, ws.recv_elems), max(n_flags, ws.n_flags)
-                _GRAPHS.clear()
-                del cls._cache[dtype], ws
-            cls._cache[dtype] = cls(dtype, recv_elems, n_flags)
-        return cls._cache[dtype]
 
 
-def release_workspaces():
-    """Free the cached symmetric buffers and CUDA graphs (collective: call it on every rank)."""
-    _GRAPHS.clear()
-    _Workspace._cache.clear()
+def _workspace(dtype, recv_elems, n_flags):
+    """One workspace per partial dtype, grown (collectively: every rank sees the same shapes) when a larger
+    problem comes."""
+    old = shmem.workspaces.peek("gemm_rs", dtype)
+    if old is not None:
+        recv_elems, n_flags = max(recv_elems, old.recv_elems), max(n_flags, old.n_flags)
+    return shmem.workspace("gemm_rs", dtype, lambda: _Buffers(dtype, recv_elems, n_flags),
+                           fits=lambda ws: ws.recv_elems >= recv_elems and ws.n_flags >= n_flags)
 
 
 def _run_overlapped(a, w, out, cfg):
@@ -198,7 +158,7 @@ def _run_overlapped(a, w, out, cfg):
     rows_max = triton.cdiv(m, world)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     tiles_per_dest = triton.cdiv(rows_max, bm) * triton.cdiv(n, bn)
-    ws = _Workspace.get(partial_dtype, (world - 1) * rows_max * n, (world - 1) * tiles_per_dest)
+    ws = _workspace(partial_dtype, (world - 1) * rows_max * n, (world - 1) * tiles_per_dest)
     out3 = out.view(1, own_rows, n)
     # TMA whenever allowed (use_tma None or True) and the operands are aligned; a rank with no rows of its own
     # has no output to describe
@@ -221,7 +181,7 @@ def _run_overlapped(a, w, out, cfg):
     n_items = world * tiles_per_dest
     programs = cfg.get("num_programs")
     if programs is None:
-        programs = num_sms(a.device.index) if a.is_cuda else 0
+        programs = hardware.num_sms(a.device.index) if a.is_cuda else 0
     programs = n_items if programs == 0 else max(1, min(int(programs), n_items))
     shmem.raise_pending_errors()
     gemm_rs_kernel[(programs,)](
@@ -301,26 +261,21 @@ def candidate_configs(m, n, k, dtype, device, world):
             small = [over, {**over, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 8},
                      {**over, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 4, "num_warps": 4}]
             if rows_max > 64:  # 128x256: at M = 512 one wave of tiles (the own tiles' programs wait for partials
-                # computed alongside, not a wave later), the GEMM core's best tile there (run60: 50 vs 58 us);
-                # run61: 68.6 vs 79.2 us per graph. With 64 rows per rank half of each tile would be padding.
+                # computed alongside, not a wave later); with 64 rows per rank half of each tile would be padding
                 small.append({**over, **big, "EPILOGUE_SUBTILE": True, "num_stages": 4})
             if m <= 512:
                 small += [{**over, **c} for c in skinny_configs(dtype)]
             cands += [{**c, "path": "graph"} for c in small] + [{**c, "use_tma": False} for c in small[::2]]
-        if device.type == "cuda":  # a few SMs left to the NVLink stores (measured: 833 vs 867 us at 8192^3)
+        if device.type == "cuda":  # a few SMs left to the NVLink stores
             sms = default_num_programs(device)
             cands += [{**over, **big, "num_programs": sms - 4}, {**over, **big, "num_programs": sms - 8},
                       {**over, **big, "num_programs": sms - 4, "GROUP_M": 4}]
-            # partials by TMA stores (run47: 0.3-1.5 % faster); verified on the CUDA symmetric-memory backend only
+            # partials by TMA stores; verified on the CUDA symmetric-memory backend only
             if world == 2 and shmem.backend() == "cuda":
                 cands += [{**over, **big, "remote_tma": True},
                           {**over, **big, "num_programs": sms - 4, "remote_tma": True},
                           {**over, **big, "num_programs": sms - 4, "remote_tma": True, "GROUP_M": 16}]
-    unique = []
-    for c in cands:
-        if c not in unique:
-            unique.append(c)
-    return unique
+    return autotune.dedupe(cands)
 
 
 def _config_for(a, w, world):
@@ -340,8 +295,8 @@ def _config_for(a, w, world):
 
 # ----------------------------------------------------------------------------------------------- the op
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_CONFIGS = {}  # (m, n, k, dtype, world) -> the tuned configuration
-_GRAPHS = GraphCache()  # path "graph": small problems replayed from CUDA graphs
+_CONFIGS = shmem.Plans("gemm_rs")  # (m, n, k, dtype, world) -> the tuned configuration
+_GRAPHS = GraphCache("gemm_rs")  # path "graph": small problems replayed from CUDA graphs
 
 
 def _check_inputs(a, w):
@@ -369,11 +324,8 @@ def _gemm_rs(a, w, config=None, out=None):
     a, w = a.contiguous(), w.contiguous()
     if config is None:  # one dict lookup per call once the shape is tuned
         key = (m, n, k, a.dtype, world)
-        cfg = _CONFIGS.get(key)
-        if cfg is None:
-            cfg = {**default_config(m, n, k, a.dtype, a.device, world), **_config_for(a, w, world)}
-            if not (a.is_cuda and torch.cuda.is_current_stream_capturing()):  # no tuning happens in a capture
-                _CONFIGS[key] = cfg
+        cfg = _CONFIGS.get(key, lambda: {**default_config(m, n, k, a.dtype, a.device, world),
+                                         **_config_for(a, w, world)})
     else:
         key = (m, n, k, a.dtype, world, repr(sorted(config.items())))
         cfg = autotune.with_overrides(default_config(m, n, k, a.dtype, a.device, world), config)
@@ -418,6 +370,6 @@ def gemm_rs(a, w, config=None, out=None):
     ``out``: optional preallocated [rows of this rank, N] result (contiguous, a's dtype and device).
     """
     _check_inputs(a, w)
-    if config is None and out is None and library.compiling():
+    if config is None and out is None and hardware.compiling():
         return torch.ops.triton_dist.gemm_rs(a, w)
     return _gemm_rs(a, w, config, out)

@@ -24,7 +24,10 @@ def ping_pong_kernel(flag, count, iters, ctx):
     tl.store(count, base + iters)
 
 
-_WS = {}
+class _Signals:
+    def __init__(self):
+        self.flag = shmem.signals((1,), name="ping_pong.flag")
+        self.count = shmem.counters(1, name="ping_pong.count")
 
 
 def ping_pong(iters=1000):
@@ -32,10 +35,7 @@ def ping_pong(iters=1000):
     iters once both partners finished the call (the partner may start the next call's bounces right after)."""
     if iters < 1:
         raise ValueError("iters must be >= 1")
-    if "flag" not in _WS:
-        _WS["flag"] = shmem.signals((1,), name="ping_pong.flag")
-        _WS["count"] = shmem.counters(1, name="ping_pong.count")
-        shmem.barrier()
+    ws = shmem.workspace("ping_pong", None, _Signals)
     shmem.raise_pending_errors()
-    ping_pong_kernel[(1,)](_WS["flag"], _WS["count"], iters, shmem.context(), num_warps=1)
-    return _WS["flag"]
+    ping_pong_kernel[(1,)](ws.flag, ws.count, iters, shmem.context(), num_warps=1)
+    return ws.flag

@@ -1,26 +1,19 @@
 """Eager calls replayed from a cached CUDA graph: the small-problem path of the overlapped GEMM ops and of MoE
-dispatch at decode sizes.
+dispatch at decode sizes, where an eager call's Python and launch cost exceeds its GPU work.
 
-At small M an overlapped op is host-bound: its GPU work takes ~40-90 µs, while one eager call costs more than
-that in Python and Triton launches (a launch with three TMA descriptors alone took ~40 µs on the 2xH200 node's
-host). The path ``"graph"`` captures the op's overlapped launches once per (shape, config, weight) into a CUDA
-graph on static buffers; a call then costs one copy of the activation in, one graph launch and one copy of the
-result out, and the GPU time is the graph's.
-
-Everything the captured kernels touch stays valid across replays by construction: workspaces are cached per
-shape, flags carry device-side epochs (``dl.call_epoch``), and the weight tensor is the one captured (the key
-holds its address; in-place updates such as optimizer steps are seen, since the graph reads the same memory).
-A weight that changes address on every call would recapture every call: after ``MAX_WEIGHTS`` different weights
-for one shape, a new weight is launched directly (``GraphCache.run`` returns None; graphs already captured for
-that shape stay in use). Inside someone else's capture, under torch.compile tracing, or on CPU the caller
-launches directly.
-
+The path ``"graph"`` captures the op's launches once per (shape, config, weight) into a CUDA graph on static
+buffers; a call then costs one copy of the activation in, one graph launch and one copy of the result out.
+Everything the captured kernels touch stays valid across replays: workspaces are cached per shape, flags carry
+device-side epochs (``dl.call_epoch``), and the weight is read at its captured address (the key holds it, so
+in-place updates are seen). After ``MAX_WEIGHTS`` different weights for one shape, a new weight is launched
+directly. Inside someone else's capture, under torch.compile tracing, or on CPU the caller launches directly.
 A capture synchronises the device once (``torch.cuda.graph`` does); replays never do.
 """
 
 import torch
 
-from .library import compiling
+from ..hardware import capturing, compiling
+from ..shmem.workspaces import register
 
 MAX_WEIGHTS = 4  # distinct weight tensors captured per (shape, config) before giving up on graphs there
 
@@ -50,7 +43,8 @@ class GraphCache:
     a capture records without running, then replays), so ranks that decide differently (a weight at a new address
     on one rank only) still run the same kernels on the same workspaces, in step."""
 
-    def __init__(self):
+    def __init__(self, op):
+        register(op, self)  # release_workspaces() drops the graphs with the workspaces they captured
         self.graphs = {}   # (key, weight address) -> GraphedCall
         self.weights = {}  # key -> number of weights captured for it
         self.seen = set()  # keys launched directly once (kernels compiled, workspaces built)
@@ -83,4 +77,4 @@ class GraphCache:
 
 def usable(a):
     """Graphs are for eager CUDA calls: not on CPU, not inside another capture, not while torch.compile traces."""
-    return a.is_cuda and not torch.cuda.is_current_stream_capturing() and not compiling()
+    return a.is_cuda and not capturing() and not compiling()

@@ -29,3 +29,4 @@ from .heap import (  # noqa: F401
     world_size,
     zeros,
 )
+from .workspaces import Plans, release_workspaces, workspace  # noqa: F401

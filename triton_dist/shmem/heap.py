@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from . import layout
 from .backends import CpuHeap, TorchSymmHeap, nvshmem_available
+from .workspaces import forget_all
 
 ALIGN = 256
 DEFAULT_HEAP_BYTES = {"cpu": 256 << 20, "gpu": 2 << 30}
@@ -157,6 +158,7 @@ def finalize():
     except Exception as exc:  # a dead peer must not turn exit into a hang or a crash
         warnings.warn(f"triton_dist.finalize: closing barrier failed on rank {rt.rank}: {exc}")
     _RT = None
+    forget_all()  # every op's workspaces point into this heap
     gc.collect()
     rt.heap.close()
 
@@ -418,7 +420,7 @@ def raise_pending_errors():
     if rt.err_host_view[0] != 0:
         check_errors()
     rt.calls += 1
-    # refresh the host copy every few calls (a copy costs ~10 µs of host time); never inside a graph capture
+    # refresh the host copy every few calls (a copy costs host time); never inside a graph capture
     if rt.calls % ERROR_POLL_EVERY == 0 and not torch.cuda.is_current_stream_capturing():
         rt.err_host.copy_(rt.err_device_word, non_blocking=True)
 
@@ -433,6 +435,6 @@ def barrier():
 
 
 def _device_barrier(rt):
-    from .barrier import barrier_all_kernel
+    from .device_barrier import barrier_all_kernel
 
     barrier_all_kernel[(1,)](rt.ctx)

@@ -1,0 +1,123 @@
+"""The MoE workspace (sized for the worst case, so nothing waits for the host) and what dispatch returns."""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ... import shmem
+from .protocol import MAX_CHUNKS
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def max_recv_rows(world, num_experts, topk, max_tokens, align=1):
+    """Worst-case rows of a rank's receive buffer: every slot of every token of every rank lands here (K, not
+    min(K, EL): a router may repeat an expert id within a token), plus alignment padding."""
+    local = num_experts // world
+    return world * max_tokens * topk + local * (align - 1)
+
+
+class Buffers:
+    """The workspace of one (E, K, max_tokens, H, dtype, align): receive buffers, counts, partials and flags
+    (symmetric: peers write them), the per-row outputs and chunk tables (local), and the epoch and work counters."""
+
+    def __init__(self, num_experts, topk, max_tokens, hidden, dtype, align):
+        w = shmem.world_size()
+        dev = shmem.device()
+        self.key = (num_experts, topk, max_tokens, hidden, dtype, align)
+        self.num_experts, self.topk, self.max_tokens, self.hidden, self.dtype, self.align = self.key
+        self.local = num_experts // w
+        self.el_pad = triton.next_power_of_2(self.local)
+        self.w_pad = triton.next_power_of_2(w)
+        self.max_rows = max_recv_rows(w, num_experts, topk, max_tokens, align)
+        ep = self.w_pad * self.el_pad
+        name = "ep."
+        # symmetric: peers write here
+        self.recv_x = shmem.empty((self.max_rows, hidden), dtype, name=name + "recv_x")
+        self.recv_slots = shmem.empty((w, max_tokens, topk), torch.int32, name=name + "recv_slots")
+        self.recv_w = shmem.empty((w, max_tokens, topk), torch.float32, name=name + "recv_w")
+        self.recv_span = shmem.zeros((w, MAX_CHUNKS, 2), torch.int32, name=name + "recv_span")
+        self.all_counts = shmem.zeros((2, w, ep), torch.int32, name=name + "counts")
+        # one block per peer (this rank's own partial never leaves the registers of combine's receivers)
+        self.partials = shmem.empty((2, max(w - 1, 1), max_tokens, hidden), dtype, name=name + "partials")
+        self.counts_ready = shmem.signals((w,), name=name + "counts_ready")
+        self.arrived = shmem.signals((w * MAX_CHUNKS,), name=name + "arrived")
+        self.combined = shmem.signals((w * MAX_CHUNKS,), name=name + "combined")
+        # local
+        self.expert_ids = torch.full((self.max_rows,), -1, dtype=torch.int32, device=dev)
+        self.weights = torch.zeros((self.max_rows,), dtype=torch.float32, device=dev)
+        self.expert_counts = torch.zeros((self.local,), dtype=torch.int32, device=dev)
+        self.expert_offsets = torch.zeros((self.local + 1,), dtype=torch.int32, device=dev)
+        self.token_pos = torch.full((max_tokens, w), -1, dtype=torch.int32, device=dev)
+        self.chunk_counts = torch.zeros((MAX_CHUNKS, ep + self.w_pad), dtype=torch.int32, device=dev)
+        self.chunk_prefix = torch.zeros_like(self.chunk_counts)
+        self.counted = shmem.counters(MAX_CHUNKS, name=name + "counted")  # layout flags (epochs)
+        self.state = shmem.counters(2, name=name + "epoch")
+        self.combine_state = shmem.counters(2, name=name + "combine_epoch")
+        # work counters, [0]: the receivers' next unit, [1]: the senders' next chunk (shmem.counters:
+        # td.shmem.reset() zeroes them after a failed call)
+        self.combine_claims = shmem.counters(2, name=name + "combine_claims")
+        self.dispatch_claims = shmem.counters(2, name=name + "dispatch_claims")
+        self.calls = 0  # host count of dispatches: a handle from an older one is stale
+        self.last = None  # the EpHandle of the latest dispatch, for the torch op's combine
+
+
+def buffers(num_experts, topk, max_tokens, hidden, dtype, align):
+    """The workspace of these shapes (collective on first use)."""
+    key = (num_experts, topk, max_tokens, hidden, dtype, align)
+    return shmem.workspace("moe_ep", key, lambda: Buffers(*key))
+
+
+
+
+@dataclass
+class EpHandle:
+    """What ep_combine needs from a dispatch: the workspace, which call it was, and the token chunking."""
+
+    workspace: Buffers
+    call: int
+    num_tokens: int
+    num_chunks: int
+    token_pos: torch.Tensor  # [T, W] int32: position of token t in rank d's receive list (-1: not sent)
+
+
+@dataclass
+class EpDispatchResult:
+    x: torch.Tensor               # [rows, H] received rows, grouped by local expert (worst-case rows unless exact)
+    expert_ids: torch.Tensor      # [rows] int32 local expert of each row, -1 for padding / unused rows
+    weights: torch.Tensor         # [rows] float32 router weight of each row, 0 for padding
+    expert_counts: torch.Tensor   # [EL] int32 rows per local expert
+    expert_offsets: torch.Tensor  # [EL + 1] int32 first row of each expert's group (multiples of align); [EL]=end
+    handle: EpHandle
+
+
+def check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align):
+    for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        shmem.check_device(t, name)
+    if x.dtype not in DTYPES:
+        raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+    if topk_idx.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"topk_idx must be int32 or int64, got {topk_idx.dtype}")
+    if not topk_weights.dtype.is_floating_point:
+        raise TypeError(f"topk_weights must be a floating tensor, got {topk_weights.dtype}")
+    if x.dim() != 2 or topk_idx.dim() != 2 or tuple(topk_weights.shape) != tuple(topk_idx.shape) \
+            or topk_idx.shape[0] != x.shape[0]:
+        raise ValueError(f"expected x [T, H], topk_idx [T, K], topk_weights [T, K]; got {list(x.shape)}, "
+                         f"{list(topk_idx.shape)}, {list(topk_weights.shape)}")
+    world = shmem.world_size()
+    if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % world:
+        raise ValueError(f"num_experts must be a positive multiple of the {world} ranks, got {num_experts}")
+    if not isinstance(max_tokens, int) or max_tokens <= 0:
+        raise ValueError(f"max_tokens must be a positive int (the same on every rank), got {max_tokens!r}")
+    if x.shape[0] > max_tokens:
+        raise ValueError(f"{x.shape[0]} tokens exceed max_tokens={max_tokens}")
+    if not isinstance(align, int) or align < 1:
+        raise ValueError(f"align must be a positive int, got {align!r}")
+    k = topk_idx.shape[1]
+    if not 1 <= k <= num_experts:
+        raise ValueError(f"topk must be in [1, num_experts={num_experts}], got {k}")
+    if x.shape[1] == 0:
+        raise ValueError("x has no columns")

@@ -1,0 +1,350 @@
+"""MoE dispatch: every token goes once to each rank that owns one of its experts, and lands there grouped by
+local expert (``moe_ep/__init__.py`` describes the receive layout).
+
+    ep_dispatch_kernel (one launch; on sm_90+ it starts while the layout launch runs)
+      every program   waits for every rank's counts -> group offsets (``_group_offsets``)
+      SENDERS         [0, n_push), chunk after chunk from a counter (``_send_chunk``): positions from the chunk's
+                      prefix; for each token and REMOTE rank d it has experts on, ONE row crosses the link to the
+                      token's first slot row on d, with a record of its slot rows and weights; rows for this rank
+                      go straight into all their slot rows; then the chunk's span and its flags
+      RECEIVERS       the others: the rows' expert ids (``_mark_expert_ids``), then (chunk, column part) units in
+                      order from a counter (``_receive_unit``): wait for the chunk of every peer, copy each arrived
+                      row into the token's other slot rows (duplicates never cross the link). On a GPU the senders
+                      join them once their chunks are out.
+
+EVICT ("evict_first" or ""): the L2 policy of the copies that touch a row once (loads of ``x`` and of arrived rows,
+stores into slot rows), so that rows arriving over the link (plain stores) may keep their L2 lines until read.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import hardware, shmem
+from ... import language as dl
+from ..replay import GraphCache
+from . import protocol
+from .buffers import EpDispatchResult, EpHandle, buffers, check_inputs
+from .config import check_timeline, dispatch_config, register_cap, senders_help, tail
+from .layout import BIG, column, count, ep_layout_kernel, publish_counts, route
+from .protocol import MAX_CHUNKS, TL_CHUNK, TL_PROGRAM
+
+
+# ----------------------------------------------------------------------------------------------------- device side
+@triton.jit
+def _store_rows(recv_x, tile, slots, skip, hh, H, K: tl.constexpr, K_PAD: tl.constexpr, EVICT: tl.constexpr):
+    """Store a [BT, BH] tile of token rows into each token's slot rows ``slots`` [BT, K_PAD] (-1: none), except
+    row ``skip`` [BT] (the one the tile came from; -1: none)."""
+    kk = tl.arange(0, K_PAD)
+    for j in tl.static_range(K):
+        row = column(slots, j, kk)
+        tl.store(recv_x + row[:, None].to(tl.int64) * H + hh[None, :], tile,
+                 mask=((row >= 0) & (row != skip))[:, None] & (hh[None, :] < H), eviction_policy=EVICT)
+
+
+@triton.jit
+def _group_offsets(all_counts, counts_ready, expert_counts, expert_offsets, align, parity, epoch, pid, me, world,
+                   ev, dv, ctx, timeline, EL: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr,
+                   TIMELINE: tl.constexpr):
+    """Wait for every rank's counts of this call. Returns ``base`` [EP]: where this rank's rows of each padded
+    expert start on its owner; and this rank's group starts and row counts per local expert ([EL_PAD] each),
+    which program 0 stores (``expert_counts``, ``expert_offsets``)."""
+    EP: tl.constexpr = W_PAD * EL_PAD
+    dl.wait(counts_ready + dv, epoch, ctx, mask=dv < world)
+    protocol.stamp(timeline, TL_PROGRAM + 4 * pid + 1, TIMELINE)
+    counts = tl.load(all_counts + (parity * world + dv[:, None]) * EP + ev[None, :], mask=dv[:, None] < world,
+                     other=0)  # [source rank, padded expert]
+    total = tl.sum(counts, axis=0)
+    padded = tl.reshape(tl.cdiv(total, align) * align, (W_PAD, EL_PAD))
+    group_start_2d = tl.cumsum(padded, axis=1) - padded  # within each owner rank
+    base = tl.reshape(group_start_2d, (EP,)) + tl.sum(tl.where(dv[:, None] < me, counts, 0), axis=0)
+    mine = dv[:, None] == me
+    my_start = tl.sum(tl.where(mine, group_start_2d, 0), axis=0)  # [EL_PAD]
+    my_count = tl.sum(tl.where(mine, tl.reshape(total, (W_PAD, EL_PAD)), 0), axis=0)
+    lv = tl.arange(0, EL_PAD)
+    if pid == 0:
+        tl.store(expert_counts + lv, my_count, mask=lv < EL)
+        tl.store(expert_offsets + lv, my_start, mask=lv < EL)
+        tl.store(expert_offsets + EL, tl.sum(tl.where(lv < EL, tl.sum(tl.where(mine, padded, 0), axis=0), 0)))
+    return base, my_start, my_count
+
+
+@triton.jit
+def _send_tokens(t0, c1, carry_e, carry_r, base, pending, ev, dv, kk, x, topk_idx, topk_weights, H, E, max_tokens, recv_x,
+                 recv_slots, recv_w, recv_weights, token_pos, arrived, epoch, me, world, ctx, timeline,
+                 K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
+                 EL_PAD: tl.constexpr, W_PAD: tl.constexpr, MAXC: tl.constexpr, TIMELINE: tl.constexpr,
+                 EVICT: tl.constexpr):
+    """A sender's step: tokens [t0, t0 + BT) of a chunk that ends at c1. ``carry_e`` [EP] / ``carry_r`` [W_PAD]:
+    the positions taken before them per padded expert / destination; returned advanced, with the pending chunk
+    (flagged here: its stores drained while this block was routed)."""
+    EP: tl.constexpr = W_PAD * EL_PAD
+    t = t0 + tl.arange(0, BT)
+    tm = t < c1
+    ep, owner = route(topk_idx, t0, c1, E, K, EL, BT, K_PAD, EL_PAD)
+    hit = tl.reshape((ep[:, :, None] == ev[None, None, :]).to(tl.int32), (BT * K_PAD, EP))
+    before = tl.cumsum(hit, axis=0) - hit + (carry_e + base)[None, :]
+    slot = tl.reshape(tl.sum(before * hit, axis=1), (BT, K_PAD))
+    slot = tl.where(ep >= 0, slot, -1)  # row of (token, slot) on its owner rank
+    carry_e += tl.sum(hit, axis=0)
+    at = owner[:, :, None] == dv[None, None, :]
+    goes = tl.max(at.to(tl.int32), axis=1)  # [BT, W_PAD]: token goes to rank d
+    rpos = tl.cumsum(goes, axis=0) - goes + carry_r[None, :]
+    carry_r += tl.sum(goes, axis=0)
+    first = tl.min(tl.where(at, slot[:, :, None], BIG), axis=1)  # [BT, W_PAD]
+    pending = protocol.flag_pending(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
+    tl.store(token_pos + t[:, None] * world + dv[None, :], tl.where(goes > 0, rpos, -1),
+             mask=tm[:, None] & (dv[None, :] < world))
+    kmask = tm[:, None] & (kk[None, :] < K)
+    w = tl.load(topk_weights + t[:, None] * K + kk[None, :], mask=kmask, other=0.0).to(tl.float32)
+    here = tl.where(owner == me, slot, -1)
+    tl.store(recv_weights + here, w, mask=here >= 0)
+    for i in range(world):
+        d = (me + 1 + i) % world  # peers first, this rank last
+        go_d = column(goes, d, dv) > 0
+        rec = (me * max_tokens + column(rpos, d, dv)) * K
+        m = go_d[:, None] & (kk[None, :] < K)
+        dl.put(recv_slots + rec[:, None] + kk[None, :], tl.where(owner == d, slot, -1), d, ctx, mask=m)
+        dl.put(recv_w + rec[:, None] + kk[None, :], w, d, ctx, mask=m)
+    src = x + t[:, None].to(tl.int64) * H
+    for h0 in range(0, H, BH):
+        hh = h0 + tl.arange(0, BH)
+        hm = hh[None, :] < H
+        tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm, eviction_policy=EVICT)
+        for i in range(world - 1):
+            d = (me + 1 + i) % world
+            row = column(first, d, dv)
+            dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
+            dl.put(dst, tile, d, ctx, mask=(row < BIG)[:, None] & hm)
+        _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD, EVICT)
+    return carry_e, carry_r, pending
+
+
+@triton.jit
+def _send_chunk(c, pending, chunk, base, ev, dv, kk, x, topk_idx, topk_weights, T, H, E, max_tokens, recv_x, recv_slots,
+                recv_w, recv_span, recv_weights, token_pos, chunk_prefix, arrived, epoch, me, world, ctx, timeline,
+                K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
+                EL_PAD: tl.constexpr, W_PAD: tl.constexpr, MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr,
+                BT_COUNT: tl.constexpr, TIMELINE: tl.constexpr, DEFER_SIGNAL: tl.constexpr, EVICT: tl.constexpr):
+    """A sender's chunk ``c``: its tokens block by block, then its span of positions on every rank and its
+    flags (or, DEFER_SIGNAL, they are left pending). Returns the pending chunk."""
+    EP: tl.constexpr = W_PAD * EL_PAD
+    ROW: tl.constexpr = EP + W_PAD
+    c0 = tl.minimum(c * chunk, T)
+    c1 = tl.minimum(c0 + chunk, T)
+    if FUSED_LAYOUT:  # counting takes wide blocks of tokens (BT_COUNT): a serial loop over every earlier token
+        carry_e, carry_r = count(topk_idx, 0, c0, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
+    else:
+        carry_e = tl.load(chunk_prefix + c * ROW + ev)
+        carry_r = tl.load(chunk_prefix + c * ROW + EP + dv)
+    r_first = carry_r
+    for t0 in range(c0, c1, BT):
+        carry_e, carry_r, pending = _send_tokens(
+            t0, c1, carry_e, carry_r, base, pending, ev, dv, kk, x, topk_idx, topk_weights, H, E, max_tokens, recv_x,
+            recv_slots, recv_w, recv_weights, token_pos, arrived, epoch, me, world, ctx, timeline, K, EL, BT, BH,
+            K_PAD, EL_PAD, W_PAD, MAXC, TIMELINE, EVICT)
+    span = tl.arange(0, 2)
+    for i in range(world):
+        d = (me + 1 + i) % world
+        ends = tl.where(span == 0, tl.sum(tl.where(dv == d, r_first, 0)), tl.sum(tl.where(dv == d, carry_r, 0)))
+        dl.put(recv_span + (me * MAXC + c) * 2 + span, ends, d, ctx)
+    return protocol.chunk_sent(arrived, c, pending, epoch, ctx, timeline, MAXC, TIMELINE, DEFER_SIGNAL)
+
+
+@triton.jit
+def _mark_expert_ids(q, n_recv, max_rows, my_start, my_count, lv, recv_expert_ids, recv_weights, EL: tl.constexpr,
+                     RB: tl.constexpr):
+    """Receiver ``q`` of ``n_recv``: the local expert of every row in its stripe (-1 = padding, weight 0);
+    ``lv``: arange(EL_PAD)."""
+    stripe = tl.cdiv(max_rows, n_recv)
+    r_end = tl.minimum(q * stripe + stripe, max_rows)
+    for r0 in range(q * stripe, r_end, RB):
+        r = r0 + tl.arange(0, RB)
+        inside = (r[:, None] >= my_start[None, :]) & (r[:, None] < my_start[None, :] + my_count[None, :]) & \
+            (lv[None, :] < EL)
+        eid = tl.max(tl.where(inside, lv[None, :], -1), axis=1)
+        tl.store(recv_expert_ids + r, eid, mask=r < r_end)
+        tl.store(recv_weights + r, tl.zeros([RB], dtype=tl.float32), mask=(r < r_end) & (eid < 0))
+
+
+@triton.jit
+def _receive_unit(u, dv, kk, n_chunks, h_parts, tail, tail_parts, H, max_tokens, recv_x, recv_slots, recv_w, recv_span,
+                  recv_weights, arrived, epoch, me, world, ctx, timeline, K: tl.constexpr, BT: tl.constexpr,
+                  BH: tl.constexpr, K_PAD: tl.constexpr, W_PAD: tl.constexpr, MAXC: tl.constexpr,
+                  TIMELINE: tl.constexpr, EVICT: tl.constexpr):
+    """Receiver unit ``u`` (chunk, column part): wait until the chunk of every peer has landed, then copy each
+    arrived row (in the token's first slot row) into the token's other slot rows here."""
+    c, h_first, h_end = protocol.receiver_unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
+    dl.wait(arrived + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
+    protocol.stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
+    for i in range(world - 1):
+        s = (me + 1 + i) % world
+        p0 = tl.load(recv_span + (s * MAXC + c) * 2)
+        p1 = tl.load(recv_span + (s * MAXC + c) * 2 + 1)
+        for q0 in range(p0, p1, BT):
+            pos = q0 + tl.arange(0, BT)
+            m = (pos[:, None] < p1) & (kk[None, :] < K)
+            rec = (s * max_tokens + pos[:, None]) * K + kk[None, :]
+            slots = tl.load(recv_slots + rec, mask=m, other=-1)
+            if h_first == 0:  # one part stores the rows' weights
+                tl.store(recv_weights + slots, tl.load(recv_w + rec, mask=m, other=0.0), mask=slots >= 0)
+            first = tl.min(tl.where(slots >= 0, slots, BIG), axis=1)
+            has = first < BIG
+            for h0 in range(h_first, h_end, BH):
+                hh = h0 + tl.arange(0, BH)
+                hm = hh[None, :] < H
+                tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :], mask=has[:, None] & hm,
+                               eviction_policy=EVICT)
+                _store_rows(recv_x, tile, slots, first, hh, H, K, K_PAD, EVICT)
+    protocol.stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
+
+
+@triton.jit
+def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, max_rows, n_chunks, h_parts, tail,
+                       tail_parts, n_push, recv_x, recv_slots, recv_w, recv_span, all_counts, counts_ready,
+                       arrived, recv_expert_ids, recv_weights, expert_counts, expert_offsets, token_pos,
+                       chunk_prefix, claims, state, ctx, timeline,
+                       K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
+                       K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
+                       MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
+                       SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
+                       DEFER_SIGNAL: tl.constexpr, EVICT: tl.constexpr):
+    """Programs [0, n_push) send chunks (``claims[1]``), the others receive (``claims[0]``); see the module
+    docstring. FUSED_LAYOUT: no layout launch, program 0 counts and publishes the totals itself."""
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    protocol.stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
+    me = dl.rank(ctx)
+    world = dl.num_ranks(ctx)
+    EP: tl.constexpr = W_PAD * EL_PAD  # padded expert space: rank d's local expert e sits at d * EL_PAD + e
+    epoch = dl.call_epoch(state)
+    parity = epoch % 2
+    ev = tl.arange(0, EP)
+    dv = tl.arange(0, W_PAD)
+    kk = tl.arange(0, K_PAD)
+    chunk = tl.cdiv(T, n_chunks)
+    if FUSED_LAYOUT:
+        if pid == 0:
+            total, _ = count(topk_idx, 0, T, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
+            publish_counts(total, all_counts, counts_ready, parity, epoch, ctx, W_PAD, EL_PAD)
+    base, my_start, my_count = _group_offsets(all_counts, counts_ready, expert_counts, expert_offsets, align,
+                                              parity, epoch, pid, me, world, ev, dv, ctx, timeline, EL, EL_PAD,
+                                              W_PAD, TIMELINE)
+    lv = tl.arange(0, EL_PAD)
+    if pid < n_push:
+        dl.wait_prior_kernel(PDL)  # the layout launch's chunk_prefix (it started early: launched with launch_pdl)
+        c = protocol.next_claim(claims + 1)
+        pending = tl.full((), -1, tl.int32)  # DEFER_SIGNAL: the sent chunk whose flags are not raised yet
+        while c < n_chunks:
+            pending = _send_chunk(c, pending, chunk, base, ev, dv, kk, x, topk_idx, topk_weights, T, H, E, max_tokens, recv_x,
+                                  recv_slots, recv_w, recv_span, recv_weights, token_pos, chunk_prefix, arrived,
+                                  epoch, me, world, ctx, timeline, K, EL, BT, BH, K_PAD, EL_PAD, W_PAD, MAXC,
+                                  FUSED_LAYOUT, BT_COUNT, TIMELINE, DEFER_SIGNAL, EVICT)
+            c = protocol.next_claim(claims + 1)
+        protocol.flag_pending(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
+        protocol.end_claims(claims + 1, c, n_chunks, n_push)
+        protocol.stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
+    else:
+        _mark_expert_ids(pid - n_push, n_prog - n_push, max_rows, my_start, my_count, lv, recv_expert_ids,
+                         recv_weights, EL, RB)
+        protocol.stamp(timeline, TL_PROGRAM + 4 * pid + 2, TIMELINE)
+    n_units = protocol.count_units(n_chunks, h_parts, tail, tail_parts)
+    u, claimers = protocol.first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
+    while u < n_units:
+        _receive_unit(u, dv, kk, n_chunks, h_parts, tail, tail_parts, H, max_tokens, recv_x, recv_slots, recv_w, recv_span,
+                      recv_weights, arrived, epoch, me, world, ctx, timeline, K, BT, BH, K_PAD, W_PAD, MAXC,
+                      TIMELINE, EVICT)
+        u = protocol.next_claim(claims)
+    protocol.end_claims(claims, u, n_units, claimers)
+    protocol.stamp(timeline, TL_PROGRAM + 4 * pid + 3, TIMELINE)
+    dl.finish_call(state, epoch, n_prog)
+
+
+# ----------------------------------------------------------------------------------------------------- launcher
+_GRAPHS = GraphCache("moe_ep")  # eager dispatches at decode sizes, replayed from CUDA graphs
+
+
+def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, exact=False, check_ids=None,
+                config=None, timeline=None):
+    """Send every token to the ranks owning its top-k experts (once per rank), grouped by local expert there.
+
+    ``x`` [T, H] (bf16/fp16/fp32), ``topk_idx`` [T, K] int (global expert ids, -1 = unused slot),
+    ``topk_weights`` [T, K]. ``num_experts``, ``max_tokens`` (>= T on every rank), ``align``, K, H and the dtype
+    must be the same on every rank. ``exact``: sync once and trim the outputs to the rows in use.
+    ``check_ids``: verify ids on the host (ValueError; on GPU that is a device sync). Default: on CPU only, so
+    that a GPU call never syncs; the kernels treat an id outside [0, E) like -1 (the slot is dropped).
+    ``timeline``: optional int64 GPU tensor [TIMELINE_SLOTS] that receives the phase timeline (see TL_PROGRAM).
+    Returns an ``EpDispatchResult``; its tensors are views valid until the next dispatch of the same shapes."""
+    check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align)
+    if check_ids is None:
+        check_ids = x.device.type == "cpu"
+    if check_ids and topk_idx.numel() and bool(((topk_idx < -1) | (topk_idx >= num_experts)).any()):
+        bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][0].item()
+        raise ValueError(f"topk_idx holds expert id {bad}, outside [0, {num_experts}) (-1 marks an unused slot)")
+    T, H = x.shape
+    K = topk_idx.shape[1]
+    ws = buffers(num_experts, K, max_tokens, H, x.dtype, align)
+    cfg = dispatch_config(max_tokens, H, x.device.type, config)
+    n_chunks, n_prog, n_push = int(cfg.num_chunks), int(cfg.num_programs), int(cfg.push_programs)
+    check_timeline(timeline, x.device, n_prog)
+    h_parts = cfg.h_parts
+    k_pad = triton.next_power_of_2(K)
+    ep = ws.w_pad * ws.el_pad
+    bt = min(int(cfg.block_tokens), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
+    bt = triton.next_power_of_2(max(1, bt))
+    bt_count = triton.next_power_of_2(max(1, min(8192 // (k_pad * ep), max_tokens)))  # tokens per counting step
+    # layout programs: cg chunks each, counted tb tokens of every chunk at a time (at most 4096 tokens per step)
+    tb_layout = min(triton.next_power_of_2(triton.cdiv(max_tokens, n_chunks)), 256)
+    cg = min(triton.next_power_of_2(min(int(cfg.layout_chunks), n_chunks)), 4096 // tb_layout)
+    n_groups = triton.cdiv(n_chunks, cg)
+    bh = min(triton.next_power_of_2(int(cfg.block_h)), triton.next_power_of_2(H))
+    if T == 0:  # keep real pointers for the kernels; nothing is read
+        x = torch.zeros((1, H), dtype=x.dtype, device=x.device)
+        topk_idx = torch.full((1, K), -1, dtype=torch.int32, device=x.device)
+        topk_weights = torch.zeros((1, K), dtype=torch.float32, device=x.device)
+    x = x.contiguous()
+    idx = topk_idx.contiguous()  # int32/int64 and any float weights are read as they are: no conversion kernels
+    wts = topk_weights.contiguous()
+    ctx = shmem.context()
+    common = dict(K=K, EL=ws.local, BT=bt, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
+    shmem.raise_pending_errors()
+    fused = bool(cfg.fused_layout)
+    pdl = not fused and hardware.pdl_capable(x.device) and bool(cfg.pdl)
+
+    def launch(x, idx, wts):
+        if not fused:
+            ep_layout_kernel[(n_groups,)](
+                idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
+                num_experts, n_chunks, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
+                QB=min(triton.next_power_of_2(n_groups), 128 if x.device.type == "cuda" else 4),
+                TIMELINE=timeline is not None, PDL=pdl, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad,
+                EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
+        ep_dispatch_kernel[(n_prog,)](
+            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts,
+            *tail(cfg, n_chunks), n_push,
+            ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
+            ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
+            ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
+            RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
+            SENDERS_HELP=senders_help(n_prog, x), TIMELINE=timeline is not None, PDL=pdl,
+            DEFER_SIGNAL=bool(cfg.defer_signal), EVICT="evict_first" if cfg.stream_hints else "",
+            num_warps=int(cfg.num_warps), **({"launch_pdl": True} if pdl else {}), **register_cap(cfg, x),
+            **common)
+        return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
+
+    # decode sizes: an eager call replays the two launches from a cached CUDA graph (inputs copied in), which
+    # costs a fraction of their Python launch cost; inside a capture, under torch.compile or on CPU: direct
+    replayed = False
+    if cfg.eager_graph and timeline is None:
+        graph_key = (ws.key, T, idx.dtype, wts.dtype, cfg)
+        replayed = _GRAPHS.run(graph_key, launch, (x, idx, wts), clone=False) is not None
+    if not replayed:
+        launch(x, idx, wts)
+    ws.calls += 1
+    handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
+    ws.last = handle
+    rows = ws.max_rows
+    if exact:
+        rows = int(ws.expert_offsets[ws.local].item())
+    return EpDispatchResult(ws.recv_x[:rows], ws.expert_ids[:rows], ws.weights[:rows], ws.expert_counts,
+                            ws.expert_offsets, handle)

@@ -1,0 +1,98 @@
+"""What op calls reuse: workspaces (symmetric buffers and signals, built collectively) and plans (local).
+
+    buffers = workspace("ag_gemm", (m, k, dtype), lambda: Buffers(m, k, dtype))
+    plan = PLANS.get(key, lambda: Plan(...))                     # PLANS = Plans("ag_gemm"), one per op
+
+* A workspace is built on first use, by every rank in the same order (its symmetric allocations are collective),
+  then a barrier: peers signal into its flags only once every rank has zeroed them. It cannot be built during a
+  CUDA-graph capture (RuntimeError naming the op: call the op once before capturing). ``fits`` lets an op grow a
+  workspace: one that no longer fits is replaced, and the op's plans and graphs, which may hold it, are dropped.
+* A plan holds what a call derives from its shapes and config (tuned config, grid, views, descriptors). It is
+  built locally; one built during a capture or a torch.compile trace is used but not kept (no tuning ran there).
+* ``release_workspaces()`` (collective) drops every workspace, plan and captured graph of every op.
+"""
+
+from .. import hardware
+
+_WORKSPACES = {}  # (op, key) -> workspace
+_CACHES = {}  # op -> [plan caches and graph caches: anything with .clear()]
+
+
+def register(op, cache):
+    """Have ``release_workspaces`` (and a replaced workspace of ``op``) clear ``cache``; returns it."""
+    _CACHES.setdefault(op, []).append(cache)
+    return cache
+
+
+def workspace(op, key, build, fits=None):
+    """The workspace of ``op`` for ``key``: ``build()`` on first use (collective), then the same object."""
+    ws = _WORKSPACES.get((op, key))
+    if ws is not None and (fits is None or fits(ws)):
+        return ws
+    if hardware.capturing():
+        raise RuntimeError(f"{op}: the first call for this shape happens during CUDA-graph capture; call it once "
+                           f"before capturing (workspaces are allocated and zeroed collectively)")
+    if ws is not None:  # outgrown: whatever captured the old buffers goes with them
+        del _WORKSPACES[(op, key)], ws
+        _clear(op)
+    from .heap import barrier
+
+    ws = build()
+    barrier()  # peers signal into the new flags only after every rank zeroed them
+    _WORKSPACES[(op, key)] = ws
+    return ws
+
+
+def peek(op, key):
+    """The workspace of ``op`` for ``key`` if one was built, else None (never builds)."""
+    return _WORKSPACES.get((op, key))
+
+
+def cached(op):
+    """Every workspace of ``op`` built so far (tests poison them before a call)."""
+    return [ws for (name, _), ws in _WORKSPACES.items() if name == op]
+
+
+class Plans:
+    """One op's plans, keyed by what they depend on; at most ``limit`` (then the cache starts over)."""
+
+    def __init__(self, op, limit=256):
+        self.limit = limit
+        self._plans = {}
+        register(op, self)
+
+    def get(self, key, build):
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = build()
+            if not (hardware.capturing() or hardware.compiling()):
+                if len(self._plans) >= self.limit:
+                    self._plans.clear()
+                self._plans[key] = plan
+        return plan
+
+    def clear(self):
+        self._plans.clear()
+
+
+def _clear(op=None):
+    for name, caches in _CACHES.items():
+        if op is None or name == op:
+            for cache in caches:
+                cache.clear()
+
+
+def release_workspaces():
+    """Free every op's cached workspaces, plans and CUDA graphs. Collective: every rank calls it at the same point
+    (after a barrier, so that no peer still writes into the buffers); later calls build them again."""
+    from .heap import barrier, is_initialized
+
+    if is_initialized():
+        barrier()
+    forget_all()
+
+
+def forget_all():
+    """Drop every cache without a barrier (the heap is going away: ``finalize``)."""
+    _clear()
+    _WORKSPACES.clear()
