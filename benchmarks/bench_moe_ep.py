@@ -23,6 +23,7 @@ Timeline: one dispatch + combine of the default config replayed from a CUDA grap
 (GPU clock): when each phase starts and ends on each rank, µs from the kernel's first program start.
 """
 
+import dataclasses
 import os
 
 import torch
@@ -32,7 +33,17 @@ import triton_dist as td
 from harness import IN_TURN, in_turn, record
 from triton_dist.timing import graph_of, graph_us, time_us
 from triton_dist.kernels import moe_ep
-from triton_dist.kernels.moe_ep import default_config, ep_combine, ep_dispatch
+from triton_dist.kernels.moe_ep import combine_config, dispatch_config, ep_combine, ep_dispatch
+
+_COMBINE_NAMES = {"num_programs": "combine_programs", "push_programs": "combine_push", "num_warps": "combine_warps"}
+
+
+def default_config(T, H, device_type):
+    """The defaults of both ops as one flat dict (combine's knobs prefixed ``combine_``): the form the sweeps
+    below overlay, which ep_dispatch and ep_combine both accept."""
+    combine = dataclasses.asdict(combine_config(T, H, device_type))
+    return {**dataclasses.asdict(dispatch_config(T, H, device_type)),
+            **{_COMBINE_NAMES.get(k, "combine_" + k): v for k, v in combine.items()}}
 
 H, E, K = 7168, 64, 8
 DISPATCH_SWEEP = {  # (num_programs, push_programs, num_chunks, block_h, block_tokens, num_warps, fused_layout
