@@ -1,10 +1,12 @@
 """Multi-rank tests without a launcher.
 
 A test calls ``ranks(world, fn, *args)``: ``fn(*args)`` runs on every rank and its per-rank results come back.
-* CPU (plain ``pytest``): ranks are processes of a pool started once per session (Triton interpreter, heap in
-  /dev/shm); ``world`` can be anything.
-* GPU (``torchrun --nproc-per-node=N -m pytest ...``, see ``scripts/gpu_suite.sh``): this process *is* a rank;
-  ``fn`` runs here when ``world == N`` (results gathered from all ranks) and the test is skipped otherwise.
+* ``python -m pytest`` (CPU or GPU machine): ranks are processes of pools started once per session. Tests run on
+  CPU ranks (Triton interpreter, heap in /dev/shm), any ``world``; tests marked ``gpu_only`` on GPU ranks, one per
+  local GPU (skipped when the machine has fewer GPUs than ``world``, or none). This process interprets kernels.
+* ``torchrun --nproc-per-node=N -m pytest ...`` (``scripts/gpu_suite.sh``): this process *is* a GPU rank; ``fn``
+  runs here when ``world == N`` (results gathered from all ranks), the test is skipped otherwise, and CPU-only
+  tests are skipped. ``ranks.gpu_world``: the world size GPU tests get (N here, the GPU count in pools).
 """
 
 import os
@@ -13,12 +15,27 @@ import pytest
 import torch
 
 ON_GPU_RANKS = torch.cuda.is_available() and "LOCAL_RANK" in os.environ
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
-if not torch.cuda.is_available():
+if not ON_GPU_RANKS:  # this process runs the CPU tests' kernels (GPU tests go to GPU rank processes)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-gpu_only = pytest.mark.skipif(not ON_GPU_RANKS, reason="needs GPUs: run under torchrun (scripts/gpu_suite.sh)")
+gpu_only = pytest.mark.gpu_only
 cpu_only = pytest.mark.skipif(ON_GPU_RANKS, reason="exercises the CPU (interpreter) backend")
+GPU_WAIT_TIMEOUT_S = 20
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu_only: needs GPUs (runs on GPU ranks: pools, or torchrun)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if GPUS == 0:
+        skip = pytest.mark.skip(reason="needs a GPU: run on a GPU machine (python -m pytest, or torchrun: "
+                                       "scripts/gpu_suite.sh)")
+        for item in items:
+            if item.get_closest_marker("gpu_only"):
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -30,14 +47,15 @@ def _pools():
 
 
 @pytest.fixture
-def ranks(_pools):
+def ranks(_pools, request):
+    on_gpu = request.node.get_closest_marker("gpu_only") is not None
     if ON_GPU_RANKS:  # initialised before the test body runs: a test may ask td.world_size() first
         import triton_dist as td
 
         if not td.shmem.is_initialized():
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
             td.init(backend=os.environ.get("TRITON_DIST_BACKEND", "auto"))
-            td.shmem.set_wait_timeout(20)
+            td.shmem.set_wait_timeout(GPU_WAIT_TIMEOUT_S)
 
     def run(world, fn, *args, timeout=600, **kwargs):
         if ON_GPU_RANKS:
@@ -57,10 +75,15 @@ def ranks(_pools):
             return results
         from triton_dist.launch import RankPool
 
-        if world not in _pools:
-            _pools[world] = RankPool(world)
-        return _pools[world].run(fn, *args, timeout=timeout, **kwargs)
+        if on_gpu and world > GPUS:
+            pytest.skip(f"needs {world} GPUs, this machine has {GPUS}")
+        key = ("gpu" if on_gpu else "cpu", world)
+        if key not in _pools:
+            _pools[key] = RankPool(world, backend=os.environ.get("TRITON_DIST_BACKEND", "auto") if on_gpu
+                                   else "cpu", wait_timeout_s=GPU_WAIT_TIMEOUT_S if on_gpu else None)
+        return _pools[key].run(fn, *args, timeout=timeout, **kwargs)
 
+    run.gpu_world = int(os.environ.get("WORLD_SIZE", 1)) if ON_GPU_RANKS else GPUS
     return run
 
 

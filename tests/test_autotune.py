@@ -106,7 +106,7 @@ def test_choose_tunes_in_turn_and_caches(tmp_path, monkeypatch):
     assert doc[fkey] == {"x": 2} and doc["_timings_us"][fkey] == [100.0, 97.0, 100.0]
     assert autotune.choose("demo_turn", key, candidates, lambda: None, default=candidates[0],
                            collective=False) == {"x": 2} and len(gpu.order) == 15
-    autotune._CHOSEN.pop(fkey)
+    autotune._CHOSEN.pop((None, fkey))
 
 
 def test_short_candidates_get_more_calls_after_their_first_round(tmp_path, monkeypatch):

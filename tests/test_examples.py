@@ -1,6 +1,6 @@
-"""Every example, started as a user without a GPU starts it (``python examples/<name>.py``: two CPU ranks),
-runs to the end with its own checks (assertions against a torch reference on every rank) passing. A rank that
-fails makes the launcher raise, so the process exits non-zero."""
+"""Every example, started as a user starts it, runs to the end with its own checks (assertions against a torch
+reference on every rank) passing: ``python examples/<name>.py`` with no GPU (two CPU ranks) and, on a GPU machine,
+on the local GPU (one rank). A rank that fails makes the launcher raise, so the process exits non-zero."""
 
 import os
 import subprocess
@@ -8,10 +8,19 @@ import sys
 
 import pytest
 
-from .conftest import cpu_only
+from .conftest import ON_GPU_RANKS, cpu_only, gpu_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py"))
+
+
+def _run(name, interpret):
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
+    env["TRITON_INTERPRET"] = "1" if interpret else "0"
+    proc = subprocess.run([sys.executable, os.path.join("examples", f"{name}.py")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
 
 
 def test_every_example_is_listed():
@@ -21,9 +30,14 @@ def test_every_example_is_listed():
 @cpu_only
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_runs_on_two_cpu_ranks(name):
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
-    env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, os.path.join("examples", f"{name}.py")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    assert "cpu x2" in proc.stdout or "rank 1" in proc.stdout, proc.stdout[-2000:]
+    out = _run(name, interpret=True)
+    assert "cpu x2" in out or "rank 1" in out, out[-2000:]
+
+
+@gpu_only
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_runs_on_one_gpu(name):
+    if ON_GPU_RANKS:
+        pytest.skip("plain pytest on a GPU machine runs this (torchrun's ranks hold the GPUs)")
+    out = _run(name, interpret=False)
+    assert "x1]" in out or "rank 0" in out, out[-2000:]

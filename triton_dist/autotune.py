@@ -54,20 +54,27 @@ def _versions():
     return {"triton_dist": __version__, "triton": triton.__version__, "torch": torch.__version__.split("+")[0]}
 
 
-def _group_info(collective):
+def _group_info(collective, group=None):
+    """(group, its size, this rank's index) for a collective tuning on ``group`` (None: the heap's)."""
     if collective and dist.is_available() and dist.is_initialized():
-        from .shmem import heap
+        from . import shmem
 
-        group = heap.group() if heap.is_initialized() else None
+        if shmem.is_initialized():
+            team = shmem.team(group)
+            return team.group, team.size, team.rank
         return group, dist.get_world_size(group), dist.get_rank(group)
     return None, 1, 0
 
 
-def full_key(op, key, collective=True, candidates=None):
+def _group_name(group):
+    return None if group is None else getattr(group, "group_name", str(id(group)))
+
+
+def full_key(op, key, collective=True, candidates=None, group=None):
     """The cache key: op, GPU, world size, the op's key, the library versions and (when given) a digest of the
     candidate list, so that a library that tries new configurations tunes again instead of reusing a choice
     made among the old ones."""
-    _, world, _ = _group_info(collective)
+    _, world, _ = _group_info(collective, group)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     extra = {}
     if candidates is not None:
@@ -170,17 +177,20 @@ def iters_after(first_us, iters):
     return max(iters, min(MAX_ITERS, int(SPAN_US / first_us)))
 
 
-def choose(op, key, candidates, make_runner, default, collective=True, iters=10, rounds=5):
-    """The configuration to use for ``op`` at ``key`` (see the module docstring)."""
-    fkey = full_key(op, key, collective, candidates)
-    if fkey in _CHOSEN:
-        return _CHOSEN[fkey]
+def choose(op, key, candidates, make_runner, default, collective=True, iters=10, rounds=5, group=None):
+    """The configuration to use for ``op`` at ``key`` (see the module docstring); ``group``: the ranks a
+    collective op runs on (None: the heap's)."""
+    fkey = full_key(op, key, collective, candidates, group)
+    team_group, world, rank = _group_info(collective, group)
+    mkey = (_group_name(team_group), fkey)  # in memory per group: a rank in two groups tunes with each of them
+    if mkey in _CHOSEN:
+        return _CHOSEN[mkey]
     if not tuning_allowed() or len(candidates) <= 1:
         return default if len(candidates) != 1 else candidates[0]
-    group, world, rank = _group_info(collective)
+    group = team_group
     cached = _broadcast(_read_disk(op, fkey) if rank == 0 else None, group, world, rank)
     if cached is not None:
-        _CHOSEN[fkey] = cached
+        _CHOSEN[mkey] = cached
         return cached
     run = make_runner()
     t0 = time.time()
@@ -204,7 +214,7 @@ def choose(op, key, candidates, make_runner, default, collective=True, iters=10,
     best = min(range(len(candidates)), key=lambda i: timings[i])
     best = _broadcast(best, group, world, rank)  # belt and braces: rank 0's pick wins
     cfg = candidates[best]
-    _CHOSEN[fkey] = cfg
+    _CHOSEN[mkey] = cfg
     if rank == 0:
         print(f"triton_dist autotune {op}: chose [{best + 1}] {_short(cfg)}, median {timings[best]:.1f} us "
               f"({time.time() - t0:.1f} s)",

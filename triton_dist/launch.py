@@ -20,7 +20,7 @@ class RankError(RuntimeError):
     pass
 
 
-def _worker(rank, world, port, backend, heap_size, conn):
+def _worker(rank, world, port, backend, heap_size, wait_timeout_s, conn):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     import torch
@@ -30,7 +30,7 @@ def _worker(rank, world, port, backend, heap_size, conn):
     try:
         if backend != "cpu":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        td.init(backend=backend, heap_size=heap_size)
+        td.init(backend=backend, heap_size=heap_size, wait_timeout_s=wait_timeout_s)
         conn.send(("ready", None))
     except BaseException:
         conn.send(("err", traceback.format_exc()))
@@ -52,26 +52,37 @@ def _worker(rank, world, port, backend, heap_size, conn):
 
 
 class RankPool:
-    def __init__(self, world, backend="cpu", heap_size=None, start_timeout=120):
+    def __init__(self, world, backend="cpu", heap_size=None, start_timeout=120, wait_timeout_s=None):
+        """``backend``: "cpu" (interpreter ranks) or a GPU backend ("auto", "cuda", "nvshmem": rank r on GPU
+        r mod the GPU count)."""
         self.world, self.backend, self.heap_size, self.start_timeout = world, backend, heap_size, start_timeout
+        self.wait_timeout_s = wait_timeout_s
         self._procs = []
         self._start()
 
     def _start(self):
         from .shmem.heap import _free_port
 
-        if self.backend == "cpu":
-            os.environ["TRITON_INTERPRET"] = "1"  # inherited by the spawned ranks
         ctx = mp.get_context("spawn")
         port = _free_port()
         self._conns, self._procs = [], []
-        for r in range(self.world):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(r, self.world, port, self.backend, self.heap_size, child),
-                            daemon=True)
-            p.start()
-            self._conns.append(parent)
-            self._procs.append(p)
+        # the ranks inherit the environment when they start: interpreter ranks on CPU, compiled kernels on GPU
+        interpret = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1" if self.backend == "cpu" else "0"
+        try:
+            for r in range(self.world):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=_worker, args=(r, self.world, port, self.backend, self.heap_size,
+                                                      self.wait_timeout_s, child), daemon=True)
+                p.start()
+                self._conns.append(parent)
+                self._procs.append(p)
+        finally:
+            if self.backend != "cpu":  # a CPU pool's setting stays: this process may run interpreted kernels too
+                if interpret is None:
+                    del os.environ["TRITON_INTERPRET"]
+                else:
+                    os.environ["TRITON_INTERPRET"] = interpret
         self._collect(self.start_timeout, "start")
 
     def _collect(self, timeout, what):
@@ -141,10 +152,11 @@ def spawn(fn, world, *args, backend="cpu", **kwargs):
 
 def run_main(main, world=2, **init_kwargs):
     """Entry point for examples: under torchrun (or on a GPU machine) this process is a rank — init, ``main()``,
-    finalize; with no GPU, start ``world`` CPU ranks (the Triton interpreter) and run ``main()`` on each."""
+    finalize; with no GPU (or ``TRITON_INTERPRET=1``), start ``world`` CPU ranks (the Triton interpreter) and run
+    ``main()`` on each."""
     import torch
 
-    if "LOCAL_RANK" in os.environ or torch.cuda.is_available():
+    if "LOCAL_RANK" in os.environ or (torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"):
         import triton_dist as td
 
         td.init(**init_kwargs)

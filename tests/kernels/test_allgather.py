@@ -95,7 +95,7 @@ def _check_graph_replay():
 
 @gpu_only
 def test_all_gather_cuda_graph_replay(ranks):
-    assert all(ranks(td.world_size() if td.shmem.is_initialized() else 2, _check_graph_replay))
+    assert all(ranks(ranks.gpu_world, _check_graph_replay))
 
 
 def _check_large_bf16():

@@ -287,7 +287,7 @@ GPU_SHAPES = [(1000, 1536, 1024), (2048, 4096, 2048), (517, 520, 4104), (256, 10
 @gpu_only
 @pytest.mark.parametrize("m,n,k", GPU_SHAPES)
 def test_ag_gemm_gpu_bf16_100_repeats(ranks, m, n, k):
-    for worst, gathered_ok in ranks(td.world_size(), _check_gpu, m, n, k, None, 100):
+    for worst, gathered_ok in ranks(ranks.gpu_world, _check_gpu, m, n, k, None, 100):
         assert gathered_ok and worst < 1e-2, worst
 
 
@@ -301,7 +301,7 @@ def _gpu_candidates(m, n, k):
 def test_ag_gemm_gpu_every_candidate(ranks, m, n, k):
     for cfg in _gpu_candidates(m, n, k) + [{"path": "overlap", "n_chunks": 4},
                                            {"path": "overlap", "use_tma": False}]:
-        for worst, gathered_ok in ranks(td.world_size(), _check_gpu, m, n, k, cfg, 10):
+        for worst, gathered_ok in ranks(ranks.gpu_world, _check_gpu, m, n, k, cfg, 10):
             assert gathered_ok and worst < 1e-2, (cfg, worst)
 
 
@@ -335,7 +335,7 @@ def _check_gpu_silu_gate(m, n_out, k, config, repeats):
     (256, 1024, 1000, {"path": "graph"}),
 ])
 def test_ag_gemm_gpu_silu_gate(ranks, m, n_out, k, config):
-    for worst in ranks(td.world_size(), _check_gpu_silu_gate, m, n_out, k, config, 20):
+    for worst in ranks(ranks.gpu_world, _check_gpu_silu_gate, m, n_out, k, config, 20):
         assert worst < 1e-2, worst
 
 
@@ -370,7 +370,7 @@ def test_ag_gemm_gpu_graph_path(ranks, m, n, k):
 @pytest.mark.parametrize("n_chunks,gather_first", [(1, False), (4, False), (2, True)])
 def test_ag_gemm_gpu_straggler(ranks, n_chunks, gather_first):
     cfg = {"path": "overlap", "n_chunks": n_chunks, "gather_first": gather_first}
-    for worst, gathered_ok in ranks(td.world_size(), _check_gpu, 2048, 2048, 4096, cfg, 3, 0.3):
+    for worst, gathered_ok in ranks(ranks.gpu_world, _check_gpu, 2048, 2048, 4096, cfg, 3, 0.3):
         assert gathered_ok and worst < 1e-2, worst
 
 
@@ -385,7 +385,7 @@ SKINNY = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_stages": 6, "num_wa
 ])
 def test_ag_gemm_gpu_gather_first(ranks, m, n, k, config):
     """Small M, gather first then one GEMM pass: 100 fresh repeats, a_full poisoned before every call."""
-    for worst, gathered_ok in ranks(td.world_size(), _check_gpu, m, n, k, config, 100):
+    for worst, gathered_ok in ranks(ranks.gpu_world, _check_gpu, m, n, k, config, 100):
         assert gathered_ok and worst < 1e-2, worst
 
 
@@ -415,7 +415,7 @@ def _check_graph(n_chunks):
 @gpu_only
 @pytest.mark.parametrize("n_chunks", [1, 4])
 def test_ag_gemm_gpu_cuda_graph_replay(ranks, n_chunks):
-    for worst in ranks(td.world_size(), _check_graph, n_chunks):
+    for worst in ranks(ranks.gpu_world, _check_graph, n_chunks):
         assert worst < 1e-2, worst
 
 
@@ -429,7 +429,7 @@ def _check_gpu_compile():
 
 @gpu_only
 def test_ag_gemm_gpu_torch_compile(ranks):
-    for worst in ranks(td.world_size(), _check_gpu_compile):
+    for worst in ranks(ranks.gpu_world, _check_gpu_compile):
         assert worst < 1e-2
 
 

@@ -277,7 +277,7 @@ def _check_gpu_bf16(batch, q_heads, kv_heads, head_dim, s_local):
 @gpu_only
 @pytest.mark.parametrize("shape", [(2, 32, 8, 128, 4096), (3, 16, 16, 64, 1000), (1, 8, 1, 128, 20000)])
 def test_gpu_bf16_matches_fp64_reference(ranks, shape):
-    errs = ranks(td.world_size(), _check_gpu_bf16, *shape)
+    errs = ranks(ranks.gpu_world, _check_gpu_bf16, *shape)
     assert max(errs) < 2e-2, errs
 
 
@@ -323,7 +323,7 @@ def _check_graph_replay(config):
 @pytest.mark.parametrize("config", [{"combine": "fused"}, {"combine": "kernel"}, {"combine": "kernel", "pdl": True}],
                          ids=["fused", "kernel", "kernel-pdl"])
 def test_gpu_cuda_graph_replay(ranks, config):
-    assert all(ranks(td.world_size(), _check_graph_replay, config))
+    assert all(ranks(ranks.gpu_world, _check_graph_replay, config))
 
 
 def _check_fused_guard():
@@ -340,7 +340,7 @@ def _check_fused_guard():
 
 @gpu_only
 def test_gpu_fused_guard(ranks):
-    assert ranks(td.world_size(), _check_fused_guard) == ["kernel"] * td.world_size()
+    assert ranks(ranks.gpu_world, _check_fused_guard) == ["kernel"] * ranks.gpu_world
 
 
 # ----------------------------------------------------------------------------------------------- sm_90

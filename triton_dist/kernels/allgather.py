@@ -57,10 +57,10 @@ class _Signals:
     """The flags of one chunk count: ``arrived[r * n_chunks + c]`` (chunk c of rank r has landed here),
     ``ready[r]`` (rank r entered the call) and this rank's epoch counter."""
 
-    def __init__(self, n_chunks):
-        world = shmem.world_size()
-        self.arrived = shmem.signals((world * n_chunks,), name="all_gather.arrived")
-        self.ready = shmem.signals((world,), name="all_gather.ready")
+    def __init__(self, n_chunks, group):
+        world = shmem.world_size(group)
+        self.arrived = shmem.signals((world * n_chunks,), name="all_gather.arrived", group=group)
+        self.ready = shmem.signals((world,), name="all_gather.ready", group=group)
         self.state = shmem.counters(2, name="all_gather.epoch")
 
 
@@ -81,22 +81,27 @@ def default_config(nbytes, device_type):
     return {"num_programs": 16, "n_chunks": 16, "block": 1024, "num_warps": 8}
 
 
-def all_gather(x, out=None, config=None):
-    """``out = cat([x of rank 0, x of rank 1, ...], dim=0)`` on every rank, by direct stores into peers' ``out``.
+def all_gather(x, out=None, config=None, group=None):
+    """``out = cat([x of rank 0, x of rank 1, ...], dim=0)`` on every rank of ``group`` (default: the heap's), by
+    direct stores into peers' ``out``.
 
-    ``x``: this rank's shard (any contiguous tensor). ``out``: a symmetric tensor of shape
-    ``[world * x.shape[0], *x.shape[1:]]`` and x's dtype (allocated if not given; pass one for CUDA graphs).
+    ``x``: this rank's shard (any contiguous tensor; zero rows allowed). ``out``: a symmetric tensor of shape
+    ``[world * x.shape[0], *x.shape[1:]]`` and x's dtype, allocated for the group if not given (an allocation is
+    an agreement between the ranks: pass ``out`` for repeated calls and CUDA graphs).
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    world = shmem.world_size()
     shmem.check_device(x, "x")
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension")
+    team = shmem.op_team("all_gather", group, lambda: dict(shape=tuple(x.shape), dtype=str(x.dtype),
+                                                           out=None if out is None else tuple(out.shape),
+                                                           config=config))
+    world = team.size
     x = x.contiguous()
     shape = (world * x.shape[0], *x.shape[1:])
     if out is None:
-        out = shmem.empty(shape, x.dtype, name="all_gather.out")
+        out = shmem.empty(shape, x.dtype, name="all_gather.out", group=group)
     shmem.check_symmetric(out, "out")
     if tuple(out.shape) != shape or out.dtype != x.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {list(shape)}, "
@@ -111,10 +116,10 @@ def all_gather(x, out=None, config=None):
     n_chunks = max(1, min(cfg["n_chunks"], triton.cdiv(shard_words, cfg["block"])))
     chunk_words = triton.cdiv(triton.cdiv(shard_words, n_chunks), cfg["block"]) * cfg["block"]
     n_chunks = triton.cdiv(shard_words, chunk_words)
-    ws = shmem.workspace("all_gather", n_chunks, lambda: _Signals(n_chunks))
+    ws = shmem.workspace("all_gather", n_chunks, lambda: _Signals(n_chunks, group), group=group)
     shmem.raise_pending_errors()
     all_gather_push_kernel[(cfg["num_programs"],)](
-        src, dst, ws.arrived, ws.ready, ws.state, shard_words, chunk_words, n_chunks, shmem.context(),
+        src, dst, ws.arrived, ws.ready, ws.state, shard_words, chunk_words, n_chunks, team.ctx,
         BLOCK=cfg["block"], FLAGS_BLOCK=triton.next_power_of_2(min(world * n_chunks, 1024)),
         num_warps=cfg["num_warps"])
     return out

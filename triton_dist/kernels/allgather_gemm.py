@@ -155,23 +155,23 @@ def ready_handshake_kernel(ready, state, epoch_out, ctx):
 class _Buffers:
     """Per-shape workspace: the gathered rows, their flags and the streams that push them (``shmem.workspace``)."""
 
-    def __init__(self, m_shard, k, dtype):
-        world, me = shmem.world_size(), shmem.rank()
-        self.a_full = shmem.empty((world * m_shard, k), dtype, name="ag_gemm.a_full")
-        self.arrived = shmem.signals((world * MAX_CHUNKS,), name="ag_gemm.arrived")
-        self.ready = shmem.signals((world,), name="ag_gemm.ready")
+    def __init__(self, m_shard, k, dtype, group):
+        world, me = shmem.world_size(group), shmem.rank(group)
+        self.a_full = shmem.empty((world * m_shard, k), dtype, name="ag_gemm.a_full", group=group)
+        self.arrived = shmem.signals((world * MAX_CHUNKS,), name="ag_gemm.arrived", group=group)
+        self.ready = shmem.signals((world,), name="ag_gemm.ready", group=group)
         dev = shmem.device()
         self.state = shmem.counters(2, name="ag_gemm.epoch")
         self.epoch = shmem.counters(1, name="ag_gemm.epoch_word")
-        self.a_full_peers = shmem.peer_views(self.a_full)
-        self.arrived_peers = shmem.peer_views(self.arrived)
+        self.a_full_peers = shmem.peer_views(self.a_full, group)
+        self.arrived_peers = shmem.peer_views(self.arrived, group)
         # one side stream per peer, so that every link is busy at once
         self.streams = {p: torch.cuda.Stream(dev) for p in range(world) if p != me} if dev.type == "cuda" else {}
 
 
-def buffers(m_shard, k, dtype):
-    """The workspace of a shard shape (collective on first use)."""
-    return shmem.workspace("ag_gemm", (m_shard, k, dtype), lambda: _Buffers(m_shard, k, dtype))
+def buffers(m_shard, k, dtype, group=None):
+    """The workspace of a shard shape on ``group`` (collective on first use)."""
+    return shmem.workspace("ag_gemm", (m_shard, k, dtype), lambda: _Buffers(m_shard, k, dtype, group), group=group)
 
 
 def _chunking(m_shard, cfg):
@@ -185,17 +185,17 @@ def _chunking(m_shard, cfg):
 class _Plan:
     """Everything about a call that depends only on (shape, dtype, config): built once, reused every call."""
 
-    def __init__(self, m_shard, n, k, dtype, device, cfg):
+    def __init__(self, m_shard, n, k, dtype, device, cfg, group):
         """``n``: the weight's rows (the output has half as many with ``cfg["silu_gate"]``)."""
         self.cfg, self.path = cfg, cfg["path"]
         self.silu_gate = bool(cfg.get("silu_gate"))
         self.m_shard, self.n, self.k = m_shard, n // 2 if self.silu_gate else n, k
-        self.key = (m_shard, n, k, dtype, repr(sorted(cfg.items())))  # names its CUDA graphs (path "graph")
-        self.world, self.me = shmem.world_size(), shmem.rank()
-        self.group = shmem.group()
+        team = shmem.team(group)
+        self.key = (team.name, m_shard, n, k, dtype, repr(sorted(cfg.items())))  # names its graphs (path "graph")
+        self.world, self.me, self.group, self.ctx = team.size, team.rank, team.group, team.ctx
         if self.path == "fallback":
             return
-        ws = self.ws = buffers(m_shard, k, dtype)
+        ws = self.ws = buffers(m_shard, k, dtype, group)
         self.chunk_rows, self.n_chunks = _chunking(m_shard, cfg)
         me, world = self.me, self.world
         # (stream, [(source rows, destination view, flag view)]) per peer: no slicing on the hot path
@@ -211,7 +211,6 @@ class _Plan:
             self.pushes.append((ws.streams.get(peer), items))
         tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * triton.cdiv(self.n, cfg["BLOCK_N"])
         self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device), tiles)),)
-        self.ctx = shmem.context()
         self.fence = not hardware.interpreting()
         self.precision = dot_precision(dtype)
 
@@ -371,7 +370,7 @@ def candidate_configs(m_shard, n, k, dtype, device, world, silu_gate=False):
     return autotune.dedupe(cands)
 
 
-def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate):
+def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group):
     base = default_config(m_shard, n, k, dtype, device, world, silu_gate)
     if device.type != "cuda":
         return base
@@ -385,7 +384,7 @@ def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate):
         def run(cfg):
             key = repr(sorted(cfg.items()))
             if key not in plans:
-                plans[key] = _Plan(m_shard, n, k, dtype, device, {**base, **cfg})
+                plans[key] = _Plan(m_shard, n, k, dtype, device, {**base, **cfg}, group)
             return _run(x, y, plans[key], False)
         return run
 
@@ -393,25 +392,26 @@ def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate):
     if silu_gate:
         key["silu_gate"] = True
     return autotune.choose("ag_gemm", key, candidate_configs(m_shard, n, k, dtype, device, world, silu_gate),
-                           make_runner, default=base)
+                           make_runner, default=base, group=group)
 
 
-_PLANS = shmem.Plans("ag_gemm")  # (m_shard, n, k, dtype, silu_gate, explicit config or None) -> _Plan
+_PLANS = shmem.Plans("ag_gemm")  # (group, m_shard, n, k, dtype, silu_gate, explicit config or None) -> _Plan
 _GRAPHS = GraphCache("ag_gemm")  # path "graph": small problems replayed from CUDA graphs
 
 
-def _plan_for(a, w, world, config, silu_gate):
+def _plan_for(a, w, team, config, silu_gate):
     m_shard, k = a.shape
     n = w.shape[0]
-    key = (m_shard, n, k, a.dtype, silu_gate, None if config is None else repr(sorted(config.items())))
-    return _PLANS.get(key, lambda: _Plan(m_shard, n, k, a.dtype, a.device,
-                                         _config(m_shard, n, k, a.dtype, a.device, world, config, silu_gate)))
+    key = (team.name, m_shard, n, k, a.dtype, silu_gate, None if config is None else repr(sorted(config.items())))
+    return _PLANS.get(key, lambda: _Plan(
+        m_shard, n, k, a.dtype, a.device,
+        _config(m_shard, n, k, a.dtype, a.device, team.size, config, silu_gate, team.group), team.group))
 
 
-def _config(m_shard, n, k, dtype, device, world, config, silu_gate):
+def _config(m_shard, n, k, dtype, device, world, config, silu_gate, group):
     """The call's configuration: tuned, or the caller's overrides of the defaults (the activation is no knob)."""
     if config is None:
-        return _tuned_config(m_shard, n, k, dtype, device, world, silu_gate)
+        return _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group)
     cfg = autotune.with_overrides(default_config(m_shard, n, k, dtype, device, world, silu_gate), config)
     if silu_gate:
         cfg["silu_gate"] = True
@@ -446,46 +446,50 @@ def _output_columns(w, activation):
     return w.shape[0] // 2 if activation == "silu_gate" else w.shape[0]
 
 
-def _ag_gemm_impl(a, w, return_gathered, config=None, activation="none"):
-    world = shmem.world_size()
+def _ag_gemm_impl(a, w, return_gathered, config=None, activation="none", group=None):
+    team = shmem.op_team("ag_gemm", group, lambda: dict(a=tuple(a.shape), w=tuple(w.shape), dtype=str(a.dtype),
+                                                        activation=activation, config=config,
+                                                        return_gathered=return_gathered))
+    world = team.size
     m_shard, k = a.shape
     if m_shard == 0 or k == 0:  # nothing to move or nothing to multiply (silu(0) * 0 = 0)
         out = a.new_zeros((world * m_shard, _output_columns(w, activation)))
         return out, (a.new_empty((world * m_shard, k)) if return_gathered else None)
-    if w.shape[0] == 0 or world == 1:
+    if w.shape[0] == 0:
         config = {"path": "fallback"}
-    return _run(a, w, _plan_for(a, w, world, config, activation == "silu_gate"), return_gathered)
+    return _run(a, w, _plan_for(a, w, team, config, activation == "silu_gate"), return_gathered)
 
 
-def _ag_gemm_op(a, w, return_gathered=False, activation="none"):
+def _ag_gemm_op(a, w, return_gathered=False, activation="none", group_name=None):
     _check_inputs(a, w, activation)
     check_launchable(a)
-    out, gathered = _ag_gemm_impl(a, w, return_gathered, activation=activation)
+    out, gathered = _ag_gemm_impl(a, w, return_gathered, activation=activation, group=shmem.group_named(group_name))
     return out, (a.new_empty((0, a.shape[1])) if gathered is None else gathered)
 
 
-def _ag_gemm_fake(a, w, return_gathered=False, activation="none"):
+def _ag_gemm_fake(a, w, return_gathered=False, activation="none", group_name=None):
     _check_inputs(a, w, activation)
-    world = shmem.world_size()
+    world = shmem.world_size(shmem.group_named(group_name))
     rows = world * a.shape[0]
     return (a.new_empty((rows, _output_columns(w, activation))),
             a.new_empty((rows if return_gathered else 0, a.shape[1])))
 
 
-library.define('ag_gemm(Tensor a, Tensor w, bool return_gathered=False, str activation="none") -> (Tensor, Tensor)',
-               _ag_gemm_op, _ag_gemm_fake)
+library.define('ag_gemm(Tensor a, Tensor w, bool return_gathered=False, str activation="none", '
+               'str? group_name=None) -> (Tensor, Tensor)', _ag_gemm_op, _ag_gemm_fake)
 
 
-def ag_gemm(a, w, return_gathered=False, config=None, activation="none"):
-    """``all_gather(a) @ w.T`` on every rank, the gather overlapped with the GEMM.
+def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=None):
+    """``all_gather(a) @ w.T`` on every rank of ``group`` (default: the heap's), the gather overlapped with the GEMM.
 
     a: this rank's row shard [m, K]; w: this rank's weight slice [N_local, K] (``linear`` convention); both
     contiguous, same dtype (bfloat16 or float16; float32 for tests) and on triton_dist's device (CPU tensors only
     under the Triton interpreter). Collective: every rank calls it with the same shapes. Returns ``out``
     [W*m, N_local], and with ``return_gathered=True`` the tuple ``(out, all_gather(a))``. Also available as
-    ``torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation)`` (always returns the pair; the second is
-    empty unless asked for), which works under torch.compile and CUDA graphs (call once before capturing); eager
-    calls skip the op dispatcher. ``config``: override the tuned configuration (see ``default_config``).
+    ``torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, group_name)`` (always returns the pair;
+    the second is empty unless asked for), which works under torch.compile and CUDA graphs (call once before
+    capturing); eager calls skip the op dispatcher. ``config``: override the tuned configuration (see
+    ``default_config``). ``group``: the tensor-parallel group (default: the heap's).
 
     ``activation="silu_gate"`` (a gated MLP's input projection): ``w`` is ``[w_gate; w_up]`` stacked by rows
     ([2*I, K]) and the result is ``silu(x @ w_gate.T) * (x @ w_up.T)``, [W*m, I], with x = all_gather(a): both
@@ -495,11 +499,11 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none"):
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
     if config is None and hardware.compiling():
-        out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation)
+        out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, shmem.group_name(group))
     else:
         _check_inputs(a, w, activation)
         check_launchable(a)
-        out, gathered = _ag_gemm_impl(a, w, return_gathered, config, activation)
+        out, gathered = _ag_gemm_impl(a, w, return_gathered, config, activation, group)
     return (out, gathered) if return_gathered else out
 
 

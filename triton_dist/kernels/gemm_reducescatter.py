@@ -131,41 +131,41 @@ class _Buffers:
     """The symmetric buffers of one partial dtype: ``recv`` (peers' partial tiles), ``arrived`` (a flag per
     partial tile), ``ready`` (the handshake) and this rank's epoch counter."""
 
-    def __init__(self, dtype, recv_elems, n_flags):
-        world = shmem.world_size()
+    def __init__(self, dtype, recv_elems, n_flags, group):
+        world = shmem.world_size(group)
         self.recv_elems, self.n_flags = recv_elems, n_flags
-        self.recv = shmem.empty((max(recv_elems, 1),), dtype, name="gemm_rs.recv")
-        self.arrived = shmem.signals((max(n_flags, 1),), name="gemm_rs.arrived")
-        self.ready = shmem.signals((world,), name="gemm_rs.ready")
+        self.recv = shmem.empty((max(recv_elems, 1),), dtype, name="gemm_rs.recv", group=group)
+        self.arrived = shmem.signals((max(n_flags, 1),), name="gemm_rs.arrived", group=group)
+        self.ready = shmem.signals((world,), name="gemm_rs.ready", group=group)
         self.state = shmem.counters(2, name="gemm_rs.epoch")
 
 
-def _workspace(dtype, recv_elems, n_flags):
-    """One workspace per partial dtype, grown (collectively: every rank sees the same shapes) when a larger
-    problem comes."""
-    old = shmem.workspaces.peek("gemm_rs", dtype)
+def _workspace(dtype, recv_elems, n_flags, group):
+    """One workspace per partial dtype and group, grown (collectively: every rank sees the same shapes) when a
+    larger problem comes."""
+    old = shmem.workspaces.peek("gemm_rs", dtype, group)
     if old is not None:
         recv_elems, n_flags = max(recv_elems, old.recv_elems), max(n_flags, old.n_flags)
-    return shmem.workspace("gemm_rs", dtype, lambda: _Buffers(dtype, recv_elems, n_flags),
-                           fits=lambda ws: ws.recv_elems >= recv_elems and ws.n_flags >= n_flags)
+    return shmem.workspace("gemm_rs", dtype, lambda: _Buffers(dtype, recv_elems, n_flags, group),
+                           fits=lambda ws: ws.recv_elems >= recv_elems and ws.n_flags >= n_flags, group=group)
 
 
-def _run_overlapped(a, w, out, cfg):
-    world = shmem.world_size()
+def _run_overlapped(a, w, out, cfg, team):
+    world, group = team.size, team.group
     (m, k), n = a.shape, w.shape[0]
     own_rows = out.shape[0]
     partial_dtype = torch.float32 if cfg["partial"] == "fp32" else a.dtype
     rows_max = triton.cdiv(m, world)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     tiles_per_dest = triton.cdiv(rows_max, bm) * triton.cdiv(n, bn)
-    ws = _workspace(partial_dtype, (world - 1) * rows_max * n, (world - 1) * tiles_per_dest)
+    ws = _workspace(partial_dtype, (world - 1) * rows_max * n, (world - 1) * tiles_per_dest, group)
     out3 = out.view(1, own_rows, n)
     # TMA whenever allowed (use_tma None or True) and the operands are aligned; a rank with no rows of its own
     # has no output to describe
     use_tma = cfg.get("use_tma") is not False and tma_compatible(a, w, out3) and own_rows > 0
     subtile = bool(cfg["EPILOGUE_SUBTILE"]) and use_tma
     # partials by TMA stores into the peer's recv: 2 ranks (one peer, one descriptor), TMA on
-    peer_rows = rows_of_rank(m, world, 1 - shmem.rank())[1] if world == 2 else 0
+    peer_rows = rows_of_rank(m, world, 1 - team.rank)[1] if world == 2 else 0
     remote_tma = bool(cfg.get("remote_tma")) and use_tma and peer_rows > 0
     recv_peer = ws.recv
     if use_tma:
@@ -174,7 +174,7 @@ def _run_overlapped(a, w, out, cfg):
         c_block = [1, bm, bn // 2 if subtile else bn]
         out_arg = TensorDescriptor(out3, list(out3.shape), list(out3.stride()), c_block)
         if remote_tma:
-            view = shmem.peer_view(ws.recv, 1 - shmem.rank())[:peer_rows * n].view(1, peer_rows, n)
+            view = shmem.peer_view(ws.recv, 1 - team.rank, group)[:peer_rows * n].view(1, peer_rows, n)
             recv_peer = TensorDescriptor(view, list(view.shape), list(view.stride()), c_block)
     else:
         a_arg, w_arg, out_arg = a, w, out3
@@ -186,7 +186,7 @@ def _run_overlapped(a, w, out, cfg):
     shmem.raise_pending_errors()
     gemm_rs_kernel[(programs,)](
         a_arg, w_arg, out_arg, ws.recv, recv_peer, ws.arrived, ws.ready, ws.state, m, n, k, a.stride(0),
-        w.stride(0), own_rows, shmem.context(),
+        w.stride(0), own_rows, team.ctx,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], USE_TMA=use_tma, EPILOGUE_SUBTILE=subtile,
         DEFER_SIGNAL=bool(cfg["DEFER_SIGNAL"]), DOT_PRECISION=dot_precision(a.dtype),
         SLOTS_BLOCK=triton.next_power_of_2(max(world - 1, 1)), REMOTE_TMA=remote_tma,
@@ -194,10 +194,11 @@ def _run_overlapped(a, w, out, cfg):
     return out
 
 
-def gemm_rs_torch(a, w):
+def gemm_rs_torch(a, w, group=None):
     """The baseline, also the small-problem path: ``torch.matmul`` then ``reduce_scatter_tensor`` (NCCL; gloo on
     CPU), rows padded to equal chunks when M % W != 0. Same row split as ``gemm_rs``."""
-    world, me = shmem.world_size(), shmem.rank()
+    team = shmem.team(group)
+    world, me = team.size, team.rank
     m, n = a.shape[0], w.shape[0]
     partial = torch.matmul(a, w.t())
     if world == 1:
@@ -211,7 +212,7 @@ def gemm_rs_torch(a, w):
         partial = padded
     out = partial.new_empty((rows_max, n))
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # torch >= 2.13 name
-    reduce_scatter(out, partial, group=shmem.group())
+    reduce_scatter(out, partial, group=team.group)
     return out[: rows_of_rank(m, world, me)[1]]
 
 
@@ -278,7 +279,8 @@ def candidate_configs(m, n, k, dtype, device, world):
     return autotune.dedupe(cands)
 
 
-def _config_for(a, w, world):
+def _config_for(a, w, team):
+    world = team.size
     (m, k), n = a.shape, w.shape[0]
     base = default_config(m, n, k, a.dtype, a.device, world)
     if a.device.type != "cuda":
@@ -286,16 +288,16 @@ def _config_for(a, w, world):
 
     def make_runner():  # times what an eager call costs with each candidate, host work included
         x, y = torch.randn_like(a), torch.randn_like(w)
-        return lambda cfg: _gemm_rs(x, y, cfg)
+        return lambda cfg: _gemm_rs(x, y, cfg, group=team.group)
 
     key = dict(m=m, n=n, k=k, dtype=str(a.dtype).replace("torch.", ""))
     return autotune.choose("gemm_rs", key, candidate_configs(m, n, k, a.dtype, a.device, world), make_runner,
-                           default=base)
+                           default=base, group=team.group)
 
 
 # ----------------------------------------------------------------------------------------------- the op
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_CONFIGS = shmem.Plans("gemm_rs")  # (m, n, k, dtype, world) -> the tuned configuration
+_CONFIGS = shmem.Plans("gemm_rs")  # (group, m, n, k, dtype) -> the tuned configuration
 _GRAPHS = GraphCache("gemm_rs")  # path "graph": small problems replayed from CUDA graphs
 
 
@@ -310,11 +312,13 @@ def _check_inputs(a, w):
         raise ValueError(f"a [M, K_local] and w [N, K_local] disagree on K_local: {list(a.shape)} vs {list(w.shape)}")
 
 
-def _gemm_rs(a, w, config=None, out=None):
+def _gemm_rs(a, w, config=None, out=None, group=None):
     """The op on checked inputs (``_check_inputs``)."""
     shmem.check_device(a, "a")
     shmem.check_device(w, "w")
-    world, me = shmem.world_size(), shmem.rank()
+    team = shmem.op_team("gemm_rs", group, lambda: dict(a=tuple(a.shape), w=tuple(w.shape), dtype=str(a.dtype),
+                                                        config=config, out=out is not None))
+    world, me = team.size, team.rank
     (m, k), n = a.shape, w.shape[0]
     shape = (rows_of_rank(m, world, me)[1], n)  # this rank's rows of the result
     if out is not None:
@@ -323,43 +327,44 @@ def _gemm_rs(a, w, config=None, out=None):
         return output_like(out, shape, a).zero_()
     a, w = a.contiguous(), w.contiguous()
     if config is None:  # one dict lookup per call once the shape is tuned
-        key = (m, n, k, a.dtype, world)
+        key = (team.name, m, n, k, a.dtype)
         cfg = _CONFIGS.get(key, lambda: {**default_config(m, n, k, a.dtype, a.device, world),
-                                         **_config_for(a, w, world)})
+                                         **_config_for(a, w, team)})
     else:
-        key = (m, n, k, a.dtype, world, repr(sorted(config.items())))
+        key = (team.name, m, n, k, a.dtype, repr(sorted(config.items())))
         cfg = autotune.with_overrides(default_config(m, n, k, a.dtype, a.device, world), config)
     res = None
-    if cfg["path"] == "fallback" or world == 1:
-        res = gemm_rs_torch(a, w)
+    if cfg["path"] == "fallback":
+        res = gemm_rs_torch(a, w, team.group)
     elif cfg["path"] == "graph":  # None: not replayable now (first call of the shape, a capture, CPU)
         res = _GRAPHS.run(key, lambda x, y: _run_overlapped(x, y, torch.empty(shape, dtype=x.dtype, device=x.device),
-                                                            cfg), (a,), (w,))
+                                                            cfg, team), (a,), (w,))
     if res is None:
-        return _run_overlapped(a, w, output_like(out, shape, a), cfg)
+        return _run_overlapped(a, w, output_like(out, shape, a), cfg, team)
     return res if out is None else out.copy_(res)
 
 
-def _output_shape(a, w):
+def _output_shape(a, w, group):
     _check_inputs(a, w)
-    return rows_of_rank(a.shape[0], shmem.world_size(), shmem.rank())[1], w.shape[0]
+    return rows_of_rank(a.shape[0], shmem.world_size(group), shmem.rank(group))[1], w.shape[0]
 
 
-def _gemm_rs_fake(a, w):
-    return a.new_empty(_output_shape(a, w))
+def _gemm_rs_fake(a, w, group_name=None):
+    return a.new_empty(_output_shape(a, w, shmem.group_named(group_name)))
 
 
-def _gemm_rs_op(a, w):
+def _gemm_rs_op(a, w, group_name=None):
     _check_inputs(a, w)
-    return _gemm_rs(a, w)
+    return _gemm_rs(a, w, group=shmem.group_named(group_name))
 
 
-library.define("gemm_rs(Tensor a, Tensor w) -> Tensor", _gemm_rs_op, _gemm_rs_fake)
+library.define("gemm_rs(Tensor a, Tensor w, str? group_name=None) -> Tensor", _gemm_rs_op, _gemm_rs_fake)
 
 
-def gemm_rs(a, w, config=None, out=None):
-    """This rank's rows of ``sum over ranks of a @ w.T`` (rows split like ``torch.tensor_split``, see the module
-    docstring), summed in a fixed order (own partial, then ranks r+1, r+2, ...: bitwise reproducible).
+def gemm_rs(a, w, config=None, out=None, group=None):
+    """This rank's rows of ``sum over the ranks of group of a @ w.T`` (``group`` default: the heap's; rows split
+    like ``torch.tensor_split``, see the module docstring), summed in a fixed order (own partial, then ranks r+1,
+    r+2, ...: bitwise reproducible).
 
     ``a``: [M, K_local], ``w``: [N, K_local] (torch linear convention), float16/bfloat16 (float32 works too), on
     triton_dist's device; every rank passes the same shapes. Returns a new [rows of this rank, N] tensor.
@@ -371,5 +376,5 @@ def gemm_rs(a, w, config=None, out=None):
     """
     _check_inputs(a, w)
     if config is None and out is None and hardware.compiling():
-        return torch.ops.triton_dist.gemm_rs(a, w)
-    return _gemm_rs(a, w, config, out)
+        return torch.ops.triton_dist.gemm_rs(a, w, shmem.group_name(group))
+    return _gemm_rs(a, w, config, out, group)

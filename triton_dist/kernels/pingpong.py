@@ -25,17 +25,18 @@ def ping_pong_kernel(flag, count, iters, ctx):
 
 
 class _Signals:
-    def __init__(self):
-        self.flag = shmem.signals((1,), name="ping_pong.flag")
+    def __init__(self, group):
+        self.flag = shmem.signals((1,), name="ping_pong.flag", group=group)
         self.count = shmem.counters(1, name="ping_pong.count")
 
 
-def ping_pong(iters=1000):
+def ping_pong(iters=1000, group=None):
     """Run ``iters`` round trips between rank pairs (2i, 2i+1). Returns the flag: it holds the running total of
     iters once both partners finished the call (the partner may start the next call's bounces right after)."""
     if iters < 1:
         raise ValueError("iters must be >= 1")
-    ws = shmem.workspace("ping_pong", None, _Signals)
+    team = shmem.op_team("ping_pong", group, lambda: dict(iters=iters))
+    ws = shmem.workspace("ping_pong", None, lambda: _Signals(group), group=group)
     shmem.raise_pending_errors()
-    ping_pong_kernel[(1,)](ws.flag, ws.count, iters, shmem.context(), num_warps=1)
+    ping_pong_kernel[(1,)](ws.flag, ws.count, iters, team.ctx, num_warps=1)
     return ws.flag

@@ -11,11 +11,11 @@ from triton.language.extra import cuda as _cuda
 
 from ..shmem import layout
 
-# The heap layout (shmem/layout.py) as compile-time constants of the same names: CTX_RANK, CTX_WORLD,
-# CTX_WAIT_BUDGET, CTX_BASES, ERR_FLAG, ERR_RANK, ERR_SIGNAL, ERR_EXPECTED, ERR_SEEN, ERR_CMP, BARRIER_COUNT,
-# BARRIER_FLAGS, FENCE_SCRATCH.
-_LAYOUT = ("CTX_RANK", "CTX_WORLD", "CTX_WAIT_BUDGET", "CTX_BASES", "ERR_FLAG", "ERR_RANK", "ERR_SIGNAL",
-           "ERR_EXPECTED", "ERR_SEEN", "ERR_CMP", "BARRIER_COUNT", "BARRIER_FLAGS", "FENCE_SCRATCH")
+# The heap layout (shmem/layout.py) as compile-time constants of the same names (CTX_*, ERR_*, BARRIER_ARRIVALS,
+# FENCE_SCRATCH).
+_LAYOUT = ("CTX_RANK", "CTX_WORLD", "CTX_WAIT_BUDGET", "CTX_BARRIER", "CTX_BASES", "ERR_FLAG", "ERR_RANK",
+           "ERR_SIGNAL", "ERR_EXPECTED", "ERR_SEEN", "ERR_CMP", "ERR_KIND_WAIT", "ERR_KIND_INDEX", "BARRIER_ARRIVALS",
+           "FENCE_SCRATCH")
 globals().update({name: tl.constexpr(getattr(layout, name)) for name in _LAYOUT})
 
 # Comparisons for `wait` and operations for `signal`. Pass these (e.g. `cmp=dl.EQ`) rather than bare strings:
@@ -112,13 +112,21 @@ def _record_timeout(flag, value, seen, ctx, CMP: tl.constexpr):
     me = rank(ctx)
     base = _heap_base(ctx, me)
     # The first timeout on this rank wins the record; later ones leave it alone.
-    if tl.atomic_cas((base + ERR_FLAG).to(tl.pointer_type(tl.int32)), 0, 1, sem="acq_rel", scope="sys") == 0:
+    if tl.atomic_cas((base + ERR_FLAG).to(tl.pointer_type(tl.int32)), 0, ERR_KIND_WAIT, sem="acq_rel",
+                     scope="sys") == 0:
         # tl.cast, not .to: `value` may be a compile-time constant (Triton specialises integer arguments == 1)
         tl.store((base + ERR_RANK).to(tl.pointer_type(tl.int64)), tl.cast(me, tl.int64))
         tl.store((base + ERR_SIGNAL).to(tl.pointer_type(tl.int64)), flag.to(tl.int64) - base)
         tl.store((base + ERR_EXPECTED).to(tl.pointer_type(tl.int64)), tl.cast(value, tl.int64))
         tl.store((base + ERR_SEEN).to(tl.pointer_type(tl.int64)), tl.cast(seen, tl.int64))
         tl.store((base + ERR_CMP).to(tl.pointer_type(tl.int64)), tl.cast(_cmp_code(CMP), tl.int64))
+
+
+@triton.jit
+def _failed(ctx):
+    """Whether this rank's error record holds an error (a wait gave up, an index was refused)."""
+    flag = (_heap_base(ctx, rank(ctx)) + ERR_FLAG).to(tl.pointer_type(tl.int32))
+    return tl.load(flag, volatile=True) != 0
 
 
 @triton.jit
@@ -140,15 +148,20 @@ def wait(flag, value, ctx, cmp: tl.constexpr = GE, mask=None):
     ``dl.EQ``, ``dl.NE``) and return the last value(s) seen. ``flag`` is a pointer or a 1-D block of pointers (then
     every element not masked off must satisfy the comparison; one poll round reads them all in parallel).
     Gives up after the context's wait budget and records the timeout (rank, signal, expected, seen) for the
-    host to raise as ``WaitTimeoutError``."""
+    host to raise as ``WaitTimeoutError``; once this rank has recorded an error, every wait gives up at once."""
     if mask is None:
         mask = True
     budget = tl.load(ctx + CTX_WAIT_BUDGET).to(tl.int32)
+    if _failed(ctx):  # this rank already gave up: a stalled call ends within one budget, wherever it waits
+        budget = 1
     seen = _poll(flag, mask)
     polls = 1
     while (_all_satisfied(seen, value, mask, cmp) == 0) & (polls < budget):
         seen = _poll(flag, mask)
         polls += 1
+        if polls % 1024 == 0:
+            if _failed(ctx):
+                budget = polls
     if _all_satisfied(seen, value, mask, cmp) == 0:
         if len(seen.shape) > 0:  # name the first flag that is still short
             bad = (_satisfied(seen, value, cmp) == 0) & (mask != 0)
@@ -176,9 +189,9 @@ def barrier_all(ctx):
     Stores made before the barrier by the calling program are visible to every rank after it."""
     me = rank(ctx)
     world = num_ranks(ctx)
-    base = _heap_base(ctx, me)
-    count = (base + BARRIER_COUNT).to(tl.pointer_type(tl.int32))
-    arrivals = (base + BARRIER_FLAGS).to(tl.pointer_type(tl.int32))
+    words = _heap_base(ctx, me) + tl.load(ctx + CTX_BARRIER)  # this group's barrier words
+    count = words.to(tl.pointer_type(tl.int32))
+    arrivals = (words + BARRIER_ARRIVALS).to(tl.pointer_type(tl.int32))
     generation = tl.load(count) + 1
     tl.store(count, generation)
     for peer in range(world):

@@ -1,11 +1,12 @@
-"""Host side: the symmetric heap, peer views, barrier and error reporting. See ``heap.py``."""
+"""Host side: the symmetric heap, groups of ranks on it, peer views, barrier, what ops reuse, and the errors."""
 
+from .errors import (CollectiveMismatchError, DeviceIndexError, HeapExhaustedError,  # noqa: F401
+                     NotInitializedError, WaitTimeoutError)
 from .heap import (  # noqa: F401
-    HeapExhaustedError,
-    NotInitializedError,
-    WaitTimeoutError,
+    agree_on_call,
     backend,
     barrier,
+    check_calls,
     check_device,
     check_errors,
     check_symmetric,
@@ -16,9 +17,12 @@ from .heap import (  # noqa: F401
     empty,
     finalize,
     group,
+    group_name,
+    group_named,
     init,
     is_initialized,
     is_symmetric,
+    op_team,
     peer_view,
     peer_views,
     raise_pending_errors,
@@ -26,6 +30,7 @@ from .heap import (  # noqa: F401
     reset,
     set_wait_timeout,
     signals,
+    team,
     world_size,
     zeros,
 )

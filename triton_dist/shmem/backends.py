@@ -4,6 +4,7 @@
   Triton's atomics are real atomics on these shared pages). Files are unlinked as soon as every rank has mapped
   them, so nothing is left behind, even when a rank dies.
 * ``TorchSymmHeap``: PyTorch symmetric memory (NVSHMEM or CUDA backend); peers are reached over NVLink by address.
+  A world of one rank takes a plain device allocation (nothing to map).
 """
 
 import os
@@ -60,6 +61,10 @@ class TorchSymmHeap:
                 raise RuntimeError("this torch has no NVSHMEM symmetric-memory backend; use backend='cuda'")
             symm_mem.set_backend("NVSHMEM")
         self.device = device
+        if world == 1:  # a heap of one needs no rendezvous (torch refuses a group of one): a plain allocation
+            self.local = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            self.handle, self.bases, self.peers = None, [self.local.data_ptr()], [self.local]
+            return
         self.local = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
         self.handle = symm_mem.rendezvous(self.local, group.group_name)
         self.bases = [int(p) for p in self.handle.buffer_ptrs]

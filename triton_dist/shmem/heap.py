@@ -1,14 +1,16 @@
 """The symmetric heap: one equally sized heap per rank, tensors at the same offset in every heap.
 
-Allocation is *collective by convention*: every rank allocates and frees the same sizes in the same order (the
-usual SPMD program does), and a deterministic first-fit allocator then hands out the same offsets everywhere.
-A tensor from ``empty``/``zeros`` owns its block; the block returns to the heap when the last view of the tensor
-dies. On GPU a freed block is reused only after the work queued on the freeing stream has finished.
+Allocation is collective over a group (default: every rank of the heap): the members exchange their request and
+their free blocks (``Team.agree``), so a disagreement (another name or size on some rank) raises on every rank,
+naming each rank's request, and the tensor takes the lowest offset free on every member — symmetric by
+construction, whatever each rank freed before. A tensor owns its block; the block returns to the heap when the
+last view of the tensor dies (on GPU it is reused only after the work queued on the freeing stream has finished).
 """
 
 import atexit
 import gc
 import os
+import uuid
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -17,8 +19,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import layout
+from . import layout, teams
 from .backends import CpuHeap, TorchSymmHeap, nvshmem_available
+from .errors import CollectiveMismatchError, HeapExhaustedError, NotInitializedError, error_from_record
 from .workspaces import forget_all
 
 ALIGN = 256
@@ -27,18 +30,6 @@ DEFAULT_HEAP_BYTES = {"cpu": 256 << 20, "gpu": 2 << 30}
 POLLS_PER_SECOND = {"cpu": 1_000, "gpu": 2_000_000}
 DEFAULT_WAIT_TIMEOUT_S = 60.0
 ERROR_POLL_EVERY = 8  # GPU: op calls between two host copies of the device error flag
-
-
-class WaitTimeoutError(RuntimeError):
-    """A ``dl.wait`` ran out of its poll budget: the signal it waited for never came."""
-
-
-class HeapExhaustedError(MemoryError):
-    """The symmetric heap has no free block large enough."""
-
-
-class NotInitializedError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -58,10 +49,14 @@ class _Runtime:
     heap: object
     nbytes: int
     kind: str  # "cpu" or "gpu"
-    ctx: torch.Tensor = None
+    token: str  # names this heap's entries in the torch.distributed store
     free: list = field(default_factory=list)  # [offset, nbytes, [(event, stream, seq)]] sorted by offset
     live: dict = field(default_factory=dict)  # offset -> _Allocation
     signal_state: list = field(default_factory=list)  # weak references to tensors `reset()` zeroes
+    teams: dict = field(default_factory=dict)  # group name -> Team (the default team under None)
+    wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S
+    wait_polls: int = 1
+    check_calls: bool = False
     err_host: torch.Tensor = None  # GPU: pinned copy of the error flag, refreshed every ERROR_POLL_EVERY op calls
     err_host_view: np.ndarray = None  # the same memory, read without creating tensors (hot path)
     err_device_word: torch.Tensor = None  # the error flag in this rank's heap
@@ -72,7 +67,7 @@ class _Runtime:
 _RT = None
 
 
-def _runtime():
+def runtime():
     if _RT is None:
         raise NotInitializedError("triton_dist is not initialised: call triton_dist.init() first")
     return _RT
@@ -82,10 +77,12 @@ def is_initialized():
     return _RT is not None
 
 
-def init(group=None, backend="auto", heap_size=None, wait_timeout_s=None):
+def init(group=None, backend="auto", heap_size=None, wait_timeout_s=None, check_calls=None):
     """Create this rank's heap and map every peer's. ``backend``: "auto" (NVSHMEM if torch has it, else CUDA
     symmetric memory, on GPU; shared memory on CPU), "nvshmem", "cuda" or "cpu". Collective over ``group``
-    (default: the torch.distributed default group, started from the torchrun environment if needed)."""
+    (default: the torch.distributed default group, started from the torchrun environment if needed); ops may run
+    on any group of its ranks (``group=`` of every op). ``check_calls``: compare every op call's signature across
+    the ranks before launching (``CollectiveMismatchError``); default: the ``TRITON_DIST_CHECK_CALLS`` variable."""
     global _RT
     if _RT is not None:
         return
@@ -112,11 +109,16 @@ def init(group=None, backend="auto", heap_size=None, wait_timeout_s=None):
         if dist.get_backend(group) != "gloo":
             group = dist.new_group(dist.get_process_group_ranks(group), backend="gloo")
         heap = CpuHeap(nbytes, group, rank, world)
+    token = [uuid.uuid4().hex[:12]]
+    if world > 1:
+        dist.broadcast_object_list(token, src=dist.get_global_rank(group, 0), group=group)
     dist.barrier(group=group)
-    rt = _Runtime(group=group, rank=rank, world=world, heap=heap, nbytes=nbytes, kind=kind)
+    rt = _Runtime(group=group, rank=rank, world=world, heap=heap, nbytes=nbytes, kind=kind, token=token[0])
     rt.free = [[layout.RESERVED_BYTES, nbytes - layout.RESERVED_BYTES, []]]
-    ctx = [rank, world, 0, 0] + heap.bases
-    rt.ctx = torch.tensor(ctx, dtype=torch.int64, device=heap.device)
+    if check_calls is None:
+        check_calls = os.environ.get("TRITON_DIST_CHECK_CALLS", "0") not in ("", "0")
+    rt.check_calls = bool(check_calls)
+    rt.teams[None] = teams.default_team(rt)
     if kind == "gpu":
         rt.err_host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         rt.err_host_view = rt.err_host.numpy()
@@ -152,7 +154,7 @@ def finalize():
     try:
         if rt.kind == "gpu":
             torch.cuda.synchronize()
-        _device_barrier(rt)
+        _device_barrier(rt.teams[None])
         if rt.kind == "gpu":
             torch.cuda.synchronize()
     except Exception as exc:  # a dead peer must not turn exit into a hang or a crash
@@ -163,26 +165,64 @@ def finalize():
     rt.heap.close()
 
 
-def rank():
-    return _runtime().rank
+# ----------------------------------------------------------------------------------------------- groups
+def team(group=None):
+    """The team of ``group`` (a torch.distributed group; None: the group ``init`` was given), made on first use:
+    collectively among its members, who must all ask for it in the same order."""
+    rt = runtime()
+    t = rt.teams.get(group)
+    if t is not None:
+        return t
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(f"rank {rt.rank} is not a member of this group (torch.distributed gave it "
+                         f"GroupMember.NON_GROUP_MEMBER): call the op only on the group's ranks")
+    key = teams.group_key(group)
+    if key == teams.group_key(rt.group) or key == teams.group_key(dist.group.WORLD) and \
+            dist.get_world_size() == rt.world:
+        t = rt.teams[None]
+    else:
+        t = rt.teams.get(key)
+        if t is None:
+            t = rt.teams[key] = teams.Team(rt, group, f"{key}@{rt.token}", teams.heap_ranks_of(rt, group), 0)
+            _init_team(rt, t, key)
+    rt.teams[group] = t
+    return t
 
 
-def world_size():
-    return _runtime().world
+def _init_team(rt, t, key):
+    """A new team's first steps, on every member: agree that all are here, then its barrier words."""
+    t.agree(rt, "a new team", t.heap_ranks)
+    t.barrier_words = zeros((layout.barrier_bytes(t.size) // 4,), torch.int32, name=f"barrier[{key}]",
+                            group=t.group)
+    t.barrier_offset = t.barrier_words.data_ptr() - rt.heap.bases[rt.rank]
+    t.ctx[layout.CTX_BARRIER] = t.barrier_offset
+    if rt.kind == "gpu":
+        torch.cuda.synchronize()  # the zeros have landed ...
+    t.agree(rt, "zeroed barrier words", None)  # ... on every member, before anyone signals into them
+
+
+def rank(group=None):
+    """This rank's index in ``group`` (default: the heap's group)."""
+    return team(group).rank
+
+
+def world_size(group=None):
+    """The number of ranks in ``group`` (default: the heap's group)."""
+    return team(group).size
 
 
 def group():
     """The torch.distributed group the heap spans."""
-    return _runtime().group
+    return runtime().group
 
 
 def backend():
     """"cpu", "cuda" or "nvshmem"."""
-    return _runtime().heap.name
+    return runtime().heap.name
 
 
 def device():
-    return _runtime().heap.device
+    return runtime().heap.device
 
 
 def check_device(t, name):
@@ -193,16 +233,61 @@ def check_device(t, name):
         raise ValueError(f"{name} is on {t.device}, but triton_dist runs on {home}")
 
 
-def context():
-    """The int64 tensor every triton_dist kernel takes as its ``ctx`` argument."""
-    return _runtime().ctx
+def context(group=None):
+    """The int64 tensor every triton_dist kernel takes as its ``ctx`` argument, for ``group``."""
+    return team(group).ctx
 
 
 def set_wait_timeout(seconds):
-    """Roughly how long a ``dl.wait`` polls before it gives up and records a WaitTimeoutError."""
-    rt = _runtime()
-    polls = int(max(1.0, min(seconds * POLLS_PER_SECOND[rt.kind], 2**31 - 1)))
-    rt.ctx[layout.CTX_WAIT_BUDGET] = polls
+    """Roughly how long a stalled call waits before it gives up: a ``dl.wait`` with a WaitTimeoutError (later
+    waits of the rank then give up at once), an agreement between ranks with a CollectiveMismatchError."""
+    rt = runtime()
+    rt.wait_timeout_s = float(seconds)
+    rt.wait_polls = int(max(1.0, min(seconds * POLLS_PER_SECOND[rt.kind], 2**31 - 1)))
+    for t in set(rt.teams.values()):
+        t.ctx[layout.CTX_WAIT_BUDGET] = rt.wait_polls
+
+
+def check_calls(on=None):
+    """Whether op calls compare their signatures across ranks first; ``on``: switch it."""
+    rt = runtime()
+    if on is not None:
+        rt.check_calls = bool(on)
+    return rt.check_calls
+
+
+def op_team(op, group, signature):
+    """The team an op call runs on; in check mode first ``agree_on_call`` with ``signature()`` (a dict of the
+    call's shapes, dtypes, config...: only built in check mode, so that the check costs nothing when off)."""
+    t = team(group)
+    if _RT.check_calls:
+        agree_on_call(t, op, signature())
+    return t
+
+
+def group_named(name):
+    """The torch.distributed group of ``name`` (what torch ops take); None: the heap's group."""
+    if name is None:
+        return None
+    t = runtime().teams.get(name)
+    return t.group if t is not None else dist.distributed_c10d._resolve_process_group(name)
+
+
+def group_name(group):
+    """``group``'s name for torch ops (None for the heap's group)."""
+    return None if group is None else teams.group_key(group)
+
+
+def agree_on_call(t, op, signature):
+    """Check mode: raise CollectiveMismatchError on every rank unless every member of team ``t`` calls ``op``
+    with the same ``signature`` (a dict of field -> value), naming the ranks and fields that differ."""
+    rt = runtime()
+    everyone = t.agree(rt, f"a call of {op}", signature)
+    differ = sorted({k for s in everyone for k in set(s) | set(signature) if s.get(k) != signature.get(k)})
+    if differ:
+        rows = "; ".join(f"rank {t.heap_ranks[r]}: " + ", ".join(f"{k}={s.get(k)}" for k in differ)
+                         for r, s in enumerate(everyone))
+        raise CollectiveMismatchError(f"rank {rt.rank}: {op} called differently on {t.describe()}: {rows}")
 
 
 # ----------------------------------------------------------------------------------------------- allocation
@@ -224,9 +309,10 @@ class _Block:
             _release(rt, self.alloc)
 
 
-def empty(shape, dtype=torch.float32, name=None):
-    """A symmetric tensor: same shape, dtype and heap offset on every rank. Collective by convention."""
-    rt = _runtime()
+def empty(shape, dtype=torch.float32, name=None, group=None):
+    """A symmetric tensor: same shape, dtype and heap offset on every rank of ``group`` (default: the heap's).
+    Collective over the group: every member asks for the same name, shape and dtype, or every member raises."""
+    rt = runtime()
     shape = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else (int(shape),)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
@@ -234,7 +320,8 @@ def empty(shape, dtype=torch.float32, name=None):
         raise ValueError(f"negative size in shape {shape}")
     elem = torch.empty((), dtype=dtype).element_size()
     nbytes = max(int(np.prod(shape, dtype=np.int64)) * elem, 1)
-    alloc = _Allocation(_reserve(rt, nbytes), nbytes, name or "tensor", shape, dtype)
+    name = name or "tensor"
+    alloc = _Allocation(_reserve(rt, team(group), nbytes, name, shape, dtype), nbytes, name, shape, dtype)
     rt.live[alloc.offset] = alloc
     block = _Block(rt, alloc)
     if rt.kind == "gpu":
@@ -244,51 +331,72 @@ def empty(shape, dtype=torch.float32, name=None):
     return raw[: int(np.prod(shape, dtype=np.int64)) * elem].view(dtype).view(shape)
 
 
-def zeros(shape, dtype=torch.float32, name=None):
+def zeros(shape, dtype=torch.float32, name=None, group=None):
     """``empty`` filled with zeros on this rank (peers may write into it only after a ``barrier``)."""
-    t = empty(shape, dtype, name)
+    t = empty(shape, dtype, name, group)
     t.zero_()
     return t
 
 
-def signals(shape, name):
+def signals(shape, name, group=None):
     """Zeroed symmetric int32 flags for an op's signalling; ``reset()`` zeroes them again. Like ``zeros``: call
     ``barrier()`` once the op's workspace is made, before any peer may signal into them."""
-    flags = zeros(shape, torch.int32, name)
-    _runtime().signal_state.append(weakref.ref(flags))
+    flags = zeros(shape, torch.int32, name, group)
+    runtime().signal_state.append(weakref.ref(flags))
     return flags
 
 
 def counters(n, name="counters"):
     """Zeroed local int32 device counters (e.g. the ``dl.call_epoch`` state of an op); ``reset()`` zeroes them."""
     t = torch.zeros(n, dtype=torch.int32, device=device())
-    _runtime().signal_state.append(weakref.ref(t))
+    runtime().signal_state.append(weakref.ref(t))
     return t
 
 
-def reset():
-    """Collective recovery after a failed call (e.g. a WaitTimeoutError): waits for the device, then zeroes every
-    op's signals and counters and the runtime's barrier words on every rank, and clears the error record."""
-    rt = _runtime()
-    if rt.kind == "gpu":
-        torch.cuda.synchronize()
-    dist.barrier(group=rt.group)
-    rt.heap.local[layout.BARRIER_COUNT: layout.FENCE_SCRATCH].zero_()
-    for ref in rt.signal_state:
-        t = ref()
-        if t is not None:
-            t.zero_()
-    rt.signal_state[:] = [r for r in rt.signal_state if r() is not None]
-    clear_errors()
-    if rt.kind == "gpu":
-        torch.cuda.synchronize()
-    dist.barrier(group=rt.group)
-
-
-def _reserve(rt, nbytes):
+def _reserve(rt, t, nbytes, name, shape, dtype):
+    """The heap offset of a new block: agreed with every member of team ``t``, free on all of them."""
     size = -(-nbytes // ALIGN) * ALIGN
-    for i, (offset, free_bytes, events) in enumerate(rt.free):
-        if free_bytes >= size:
+    request = (name, list(shape), str(dtype).replace("torch.", ""), size)
+    everyone = t.agree(rt, "a symmetric allocation", (request, [(f[0], f[1]) for f in rt.free]))
+    requests = [e[0] for e in everyone]
+    if any(r != request for r in requests):
+        rows = "; ".join(f"rank {t.heap_ranks[i]}: '{r[0]}' {r[1]} {r[2]} ({r[3]} bytes)"
+                         for i, r in enumerate(requests))
+        raise CollectiveMismatchError(f"rank {rt.rank}: symmetric allocations differ across {t.describe()}: {rows}")
+    common = _common_free([e[1] for e in everyone])
+    offset = next((o for o, n in common if n >= size), None)
+    if offset is None:
+        largest = max((n for _, n in common), default=0)
+        raise HeapExhaustedError(
+            f"rank {rt.rank}: symmetric heap exhausted: '{name}' asked for {nbytes} bytes, the largest block free on "
+            f"every rank of {t.describe()} has {largest} of {rt.nbytes} bytes; pass "
+            f"triton_dist.init(heap_size=...) or set TRITON_DIST_HEAP_SIZE")
+    _take(rt, offset, size)
+    return offset
+
+
+def _common_free(free_lists):
+    """The (offset, bytes) intervals free in every one of ``free_lists`` (each sorted, disjoint)."""
+    common = free_lists[0]
+    for other in free_lists[1:]:
+        merged, i, j = [], 0, 0
+        while i < len(common) and j < len(other):
+            lo = max(common[i][0], other[j][0])
+            hi = min(common[i][0] + common[i][1], other[j][0] + other[j][1])
+            if hi > lo:
+                merged.append((lo, hi - lo))
+            if common[i][0] + common[i][1] < other[j][0] + other[j][1]:
+                i += 1
+            else:
+                j += 1
+        common = merged
+    return common
+
+
+def _take(rt, offset, size):
+    """Carve [offset, offset + size) out of this rank's free block holding it."""
+    for i, (start, free_bytes, events) in enumerate(rt.free):
+        if start <= offset and offset + size <= start + free_bytes:
             # GPU: work queued on the block before it was freed must come first. Stream order, no host sync (as
             # in torch's caching allocator): the current stream waits for it. A graph capture needs no wait (its
             # replays are queued after all of that work).
@@ -296,15 +404,10 @@ def _reserve(rt, nbytes):
                 stream = torch.cuda.current_stream()
                 for ev, _, _ in events:
                     stream.wait_event(ev)
-            if free_bytes == size:
-                rt.free.pop(i)
-            else:  # the rest keeps its events: it may hold freed memory too
-                rt.free[i] = [offset + size, free_bytes - size, events]
-            return offset
-    largest = max((f[1] for f in rt.free), default=0)
-    raise HeapExhaustedError(
-        f"rank {rt.rank}: symmetric heap exhausted: asked for {nbytes} bytes, largest free block {largest} of "
-        f"{rt.nbytes} bytes; pass triton_dist.init(heap_size=...) or set TRITON_DIST_HEAP_SIZE")
+            rest = [[start, offset - start, events], [offset + size, start + free_bytes - offset - size, events]]
+            rt.free[i:i + 1] = [r for r in rest if r[1] > 0]  # the rest keeps its events: it may hold freed memory
+            return
+    raise AssertionError(f"heap offset {offset:#x} is not free on rank {rt.rank}")
 
 
 def _release(rt, alloc):
@@ -343,7 +446,7 @@ def _newest_per_stream(events):
 # ----------------------------------------------------------------------------------------------- peers
 def is_symmetric(t):
     """True when ``t`` lies inside this rank's symmetric heap."""
-    rt = _runtime()
+    rt = runtime()
     if not isinstance(t, torch.Tensor) or t.device.type != rt.heap.device.type:
         return False
     start = t.data_ptr() - rt.heap.bases[rt.rank]
@@ -355,66 +458,48 @@ def check_symmetric(t, what="tensor"):
     """Raise a ValueError unless ``t`` is a symmetric tensor (what a kernel needs for peer addressing)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-    if not is_symmetric(t):
+    if t.numel() and not is_symmetric(t):
         raise ValueError(f"{what} is not a symmetric tensor: allocate it with triton_dist.shmem.empty/zeros")
 
 
-def peer_view(t, peer):
-    """The copy of symmetric tensor ``t`` that lives on rank ``peer``, as a tensor this rank can read/write."""
-    rt = _runtime()
+def peer_view(t, peer, group=None):
+    """The copy of symmetric tensor ``t`` on rank ``peer`` of ``group``, as a tensor this rank can read/write."""
+    rt = runtime()
     check_symmetric(t)
-    if not 0 <= peer < rt.world:
-        raise ValueError(f"peer {peer} out of range for {rt.world} ranks")
+    members = team(group)
+    if not 0 <= peer < members.size:
+        raise ValueError(f"peer {peer} out of range for {members.size} ranks")
     start = t.data_ptr() - rt.heap.bases[rt.rank]
-    heap = rt.heap.peers[peer].view(t.dtype)
+    heap = rt.heap.peers[members.heap_ranks[peer]].view(t.dtype)
     return heap.as_strided(t.shape, t.stride(), start // t.element_size())
 
 
-def peer_views(t):
-    """``[peer_view(t, r) for r in range(world)]``."""
-    return [peer_view(t, r) for r in range(_runtime().world)]
+def peer_views(t, group=None):
+    """``[peer_view(t, r, group) for r in range(world_size(group))]``."""
+    return [peer_view(t, r, group) for r in range(team(group).size)]
 
 
 # ----------------------------------------------------------------------------------------------- errors, barrier
-def describe_offset(offset):
-    """Name the symmetric tensor element at a heap offset (for error messages)."""
-    rt = _runtime()
-    if offset < layout.RESERVED_BYTES:
-        return f"runtime word at heap offset {offset:#x} (barrier/fence)"
-    for a in rt.live.values():
-        if a.offset <= offset < a.offset + a.nbytes:
-            elem = torch.empty((), dtype=a.dtype).element_size()
-            index = np.unravel_index((offset - a.offset) // elem, a.shape) if a.shape else ()
-            return (f"element {tuple(int(i) for i in index)} of symmetric tensor '{a.name}' "
-                    f"{list(a.shape)} {str(a.dtype).replace('torch.', '')} (heap offset {offset:#x})")
-    return f"heap offset {offset:#x}"
-
-
 def check_errors():
-    """Raise WaitTimeoutError if a ``dl.wait`` on this rank gave up. Synchronises with the device on GPU."""
-    rt = _runtime()
+    """Raise the error a kernel recorded on this rank (WaitTimeoutError, DeviceIndexError). Syncs on GPU."""
+    rt = runtime()
     rec = rt.heap.local[: layout.ERR_CMP + 8].cpu()
-    if int(rec[layout.ERR_FLAG: layout.ERR_FLAG + 4].view(torch.int32)) == 0:
-        return
-    words = rec[8:].view(torch.int64).tolist()
-    who, offset, expected, seen, cmp = words
-    raise WaitTimeoutError(
-        f"rank {who}: dl.wait timed out on {describe_offset(offset)}: waited for value "
-        f"{layout.CMP_SYMBOLS.get(cmp, '?')} {expected}, last saw {seen}. A peer never signalled it "
-        f"(did every rank make the same call? did a rank die?). Clear with triton_dist.shmem.clear_errors().")
+    kind = int(rec[layout.ERR_FLAG: layout.ERR_FLAG + 4].view(torch.int32))
+    if kind != 0:
+        raise error_from_record(rt, kind, rec[8:].view(torch.int64).tolist())
 
 
 def clear_errors():
-    rt = _runtime()
+    rt = runtime()
     rt.heap.local[: layout.ERR_CMP + 8].zero_()
     if rt.err_host is not None:
         rt.err_host.zero_()
 
 
 def raise_pending_errors():
-    """Cheap check used by ops before each launch: raises a WaitTimeoutError that an earlier call recorded.
+    """Cheap check used by ops before each launch: raises an error that an earlier call recorded.
     CPU: exact (kernels are synchronous). GPU: no host sync; it sees the error flag as of a few calls ago."""
-    rt = _runtime()
+    rt = runtime()
     if rt.kind == "cpu":
         return check_errors()
     if rt.err_host_view[0] != 0:
@@ -425,16 +510,46 @@ def raise_pending_errors():
         rt.err_host.copy_(rt.err_device_word, non_blocking=True)
 
 
-def barrier():
-    """All ranks reach this point (in stream order on GPU: a one-program kernel, CUDA-graph capturable)."""
-    rt = _runtime()
+def barrier(group=None):
+    """All ranks of ``group`` reach this point (in stream order on GPU: a one-program kernel, CUDA-graph
+    capturable)."""
+    rt = runtime()
     raise_pending_errors()
-    _device_barrier(rt)
+    _device_barrier(team(group))
     if rt.kind == "cpu":
         check_errors()
 
 
-def _device_barrier(rt):
+def _device_barrier(t):
     from .device_barrier import barrier_all_kernel
 
-    barrier_all_kernel[(1,)](rt.ctx)
+    barrier_all_kernel[(1,)](t.ctx)
+
+
+def reset():
+    """Collective recovery after a failed call (WaitTimeoutError, CollectiveMismatchError, DeviceIndexError):
+    waits for the device, drops every op's workspaces, plans and graphs on every rank (so that no rank keeps one
+    the others lack; the next calls rebuild them), zeroes every signal, counter and barrier word, clears the
+    error record and brings the ranks' agreement steps back in line. Every rank of the heap calls it."""
+    rt = runtime()
+    if rt.kind == "gpu":
+        torch.cuda.synchronize()
+    dist.barrier(group=rt.group)
+    forget_all()
+    gc.collect()
+    rt.heap.local[layout.BARRIER_COUNT: layout.FENCE_SCRATCH].zero_()
+    for t in set(rt.teams.values()):
+        if t.barrier_words is not None:
+            t.barrier_words.zero_()
+    for ref in rt.signal_state:
+        flags = ref()
+        if flags is not None:
+            flags.zero_()
+    rt.signal_state[:] = [r for r in rt.signal_state if r() is not None]
+    clear_errors()
+    for t in set(rt.teams.values()):  # agreements start afresh, wherever each rank's steps had got to
+        t.restart()
+    if rt.kind == "gpu":
+        torch.cuda.synchronize()
+    dist.barrier(group=rt.group)
+

@@ -3,10 +3,11 @@
     buffers = workspace("ag_gemm", (m, k, dtype), lambda: Buffers(m, k, dtype))
     plan = PLANS.get(key, lambda: Plan(...))                     # PLANS = Plans("ag_gemm"), one per op
 
-* A workspace is built on first use, by every rank in the same order (its symmetric allocations are collective),
-  then a barrier: peers signal into its flags only once every rank has zeroed them. It cannot be built during a
-  CUDA-graph capture (RuntimeError naming the op: call the op once before capturing). ``fits`` lets an op grow a
-  workspace: one that no longer fits is replaced, and the op's plans and graphs, which may hold it, are dropped.
+* A workspace belongs to an op, a key and a group. It is built on first use, by every rank of the group in the
+  same order (its symmetric allocations are collective over the group), then a barrier: peers signal into its
+  flags only once every rank has zeroed them. It cannot be built during a CUDA-graph capture (RuntimeError naming
+  the op: call the op once before capturing). ``fits`` lets an op grow a workspace: one that no longer fits is
+  replaced, and the op's plans and graphs, which may hold it, are dropped.
 * A plan holds what a call derives from its shapes and config (tuned config, grid, views, descriptors). It is
   built locally; one built during a capture or a torch.compile trace is used but not kept (no tuning ran there).
 * ``release_workspaces()`` (collective) drops every workspace, plan and captured graph of every op.
@@ -24,8 +25,12 @@ def register(op, cache):
     return cache
 
 
-def workspace(op, key, build, fits=None):
-    """The workspace of ``op`` for ``key``: ``build()`` on first use (collective), then the same object."""
+def workspace(op, key, build, fits=None, group=None):
+    """The workspace of ``op`` for ``key`` on ``group``: ``build()`` on first use (collective over the group; it
+    allocates with ``group=``), then the same object."""
+    from .heap import barrier, team
+
+    key = (team(group).name, key)
     ws = _WORKSPACES.get((op, key))
     if ws is not None and (fits is None or fits(ws)):
         return ws
@@ -35,17 +40,17 @@ def workspace(op, key, build, fits=None):
     if ws is not None:  # outgrown: whatever captured the old buffers goes with them
         del _WORKSPACES[(op, key)], ws
         _clear(op)
-    from .heap import barrier
-
     ws = build()
-    barrier()  # peers signal into the new flags only after every rank zeroed them
+    barrier(group)  # peers signal into the new flags only after every rank zeroed them
     _WORKSPACES[(op, key)] = ws
     return ws
 
 
-def peek(op, key):
-    """The workspace of ``op`` for ``key`` if one was built, else None (never builds)."""
-    return _WORKSPACES.get((op, key))
+def peek(op, key, group=None):
+    """The workspace of ``op`` for ``key`` on ``group`` if one was built, else None (never builds)."""
+    from .heap import team
+
+    return _WORKSPACES.get((op, (team(group).name, key)))
 
 
 def cached(op):

@@ -46,12 +46,14 @@ class _Exchange:
     """Symmetric receive buffers and flags of one (B, Hq, Hkv, D): recv_o [2 (epoch parity), world, B, Hq, D]
     fp32, recv_lse [2, world, B, Hq] fp32 (log2 units), flags [world, B * Hkv] int32 (epochs), state int32[2]."""
 
-    def __init__(self, batch, q_heads, kv_heads, head_dim):
-        world = shmem.world_size()
-        self.recv_o = shmem.zeros((2, world, batch, q_heads, head_dim), torch.float32, name="flash_decode.recv_o")
-        self.recv_lse = shmem.zeros((2, world, batch, q_heads), torch.float32, name="flash_decode.recv_lse")
+    def __init__(self, batch, q_heads, kv_heads, head_dim, group):
+        world = shmem.world_size(group)
+        self.recv_o = shmem.zeros((2, world, batch, q_heads, head_dim), torch.float32, name="flash_decode.recv_o",
+                                  group=group)
+        self.recv_lse = shmem.zeros((2, world, batch, q_heads), torch.float32, name="flash_decode.recv_lse",
+                                    group=group)
         self.state = shmem.counters(2, name="flash_decode.state")
-        self.flags = shmem.signals((world, batch * kv_heads), name="flash_decode.flags")
+        self.flags = shmem.signals((world, batch * kv_heads), name="flash_decode.flags", group=group)
 
 
 _PLANS = shmem.Plans("flash_decode")
@@ -61,16 +63,17 @@ class _Plan:
     """Everything a call needs that depends only on the inputs' metadata and the config: built (and the inputs
     validated) on the first call with that metadata, then reused, so a call costs a look-up and the launches."""
 
-    def __init__(self, q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, distributed):
+    def __init__(self, q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, team):
         dims = check_inputs(q, k_cache, v_cache, kv_lens, block_table, softmax_scale)
         batch, q_heads, kv_heads, head_dim, s_max, page_size = dims
         self.dims = dims
+        distributed = team is not None
         cfg = self.cfg = resolve(dims, q.dtype, q.device, config, distributed)
         group, n_splits = q_heads // kv_heads, cfg["n_splits"]
         self.empty = batch == 0
         self.q_copy = q.stride(-1) != 1
         self.grid = (n_splits, batch * kv_heads)
-        world = shmem.world_size() if distributed else 1
+        world = team.size if distributed else 1
         mode = {"fused": MODE_FUSED, "kernel": MODE_PUSH}[cfg["combine"]] if distributed else MODE_LOCAL
         self.mode = mode
         pad = max(16, triton.next_power_of_2(group))  # tl.dot needs >= 16 rows
@@ -100,11 +103,13 @@ class _Plan:
         if cfg["pdl"]:
             self.merge_meta["launch_pdl"] = True
         self.exchange = shmem.workspace("flash_decode", (batch, q_heads, kv_heads, head_dim),
-                                        lambda: _Exchange(batch, q_heads, kv_heads, head_dim)) \
-            if distributed and batch else None
+                                        lambda: _Exchange(batch, q_heads, kv_heads, head_dim, team.group),
+                                        group=team.group) if distributed and batch else None
+        self.ctx = team.ctx if distributed else None
 
     @classmethod
-    def get(cls, q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, distributed):
+    def get(cls, q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, team):
+        """The plan of a call (``team``: the group's team for sp_flash_decode, None for the local op)."""
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("kv_lens", kv_lens)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -112,13 +117,13 @@ class _Plan:
             raise TypeError(f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
         if config is not None and not isinstance(config, dict):
             raise TypeError(f"config must be a dict or None, got {type(config).__name__}")
-        key = (distributed, q.dtype, q.device, q.shape, q.stride(), k_cache.dtype, k_cache.shape, k_cache.stride(),
-               v_cache.dtype, v_cache.shape, v_cache.stride(), kv_lens.dtype, kv_lens.device, kv_lens.shape,
+        key = (None if team is None else team.name, q.dtype, q.device, q.shape, q.stride(), k_cache.dtype,
+               k_cache.shape, k_cache.stride(), v_cache.dtype, v_cache.shape, v_cache.stride(), kv_lens.dtype,
+               kv_lens.device, kv_lens.shape,
                None if block_table is None else (block_table.dtype, block_table.device, block_table.shape,
                                                  block_table.stride()),
                softmax_scale, tuple(sorted(config.items())) if config else None)
-        return _PLANS.get(key, lambda: cls(q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config,
-                                           distributed))
+        return _PLANS.get(key, lambda: cls(q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, team))
 
     def launch_split(self, q, k_cache, v_cache, kv_lens, block_table, dst_o, dst_lse, out, flags, state, ctx):
         if self.q_copy:
@@ -143,7 +148,7 @@ def local_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_s
     lse [B, Hq] float32, natural log; -inf where the rank holds no token of a sequence, with o = 0 there).
     ``out``/``lse`` may be given (contiguous; graph capture wants them fixed). Needs no ``triton_dist.init``;
     no communication."""
-    plan = _Plan.get(q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, False)
+    plan = _Plan.get(q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, None)
     batch, q_heads, _, head_dim, _, _ = plan.dims
     if out is None:
         out = torch.empty((batch, q_heads, head_dim), dtype=q.dtype, device=q.device)
@@ -158,8 +163,10 @@ def local_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_s
     return out, lse
 
 
-def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scale=None, out=None, config=None):
-    """Decode attention over a KV cache split across ranks; every rank gets the full result.
+def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scale=None, out=None, config=None,
+                    group=None):
+    """Decode attention over a KV cache split across the ranks of ``group`` (default: the heap's); every rank gets
+    the full result.
 
     ``q`` [B, Hq, D] (the same on every rank); ``k_cache``/``v_cache`` this rank's shard [B, S_local_max, Hkv, D]
     (or, with ``block_table`` [B, max_pages], a paged cache [num_pages, page_size, Hkv, D]); ``kv_lens`` [B]
@@ -174,8 +181,12 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
     """
     if isinstance(q, torch.Tensor):
         shmem.check_device(q, "q")
-    ctx = shmem.context()
-    plan = _Plan.get(q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, True)
+    team = shmem.op_team("sp_flash_decode", group, lambda: dict(
+        q=tuple(getattr(q, "shape", ())), dtype=str(getattr(q, "dtype", None)),
+        kv=tuple(getattr(k_cache, "shape", ())), paged=block_table is not None,
+        softmax_scale=softmax_scale, config=config))
+    plan = _Plan.get(q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, team)
+    ctx = plan.ctx
     batch, q_heads, _, head_dim, _, _ = plan.dims
     if out is None:
         out = torch.empty((batch, q_heads, head_dim), dtype=q.dtype, device=q.device)
@@ -198,13 +209,15 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
 
 
 # ----------------------------------------------------------------------------------------------- torch op
-def _sp_flash_decode_op(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scale=None):
-    return sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=block_table, softmax_scale=softmax_scale)
+def _sp_flash_decode_op(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scale=None, group_name=None):
+    return sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=block_table, softmax_scale=softmax_scale,
+                           group=shmem.group_named(group_name))
 
 
-def _sp_flash_decode_fake(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scale=None):
+def _sp_flash_decode_fake(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scale=None, group_name=None):
     return q.new_empty(q.shape)
 
 
 library.define("sp_flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, Tensor? block_table=None, "
-               "float? softmax_scale=None) -> Tensor", _sp_flash_decode_op, _sp_flash_decode_fake)
+               "float? softmax_scale=None, str? group_name=None) -> Tensor", _sp_flash_decode_op,
+               _sp_flash_decode_fake)

@@ -55,7 +55,8 @@ def default_config(batch, kv_heads, s_local_max, head_dim, device_type, num_sms=
     """Launch knobs; any of them can be overridden through ``config=``. GPU: the largest tile and deepest pipeline
     (128 tokens x 3 stages, then smaller) that fits in a block's shared memory (227 KB on Hopper; see
     ``split_smem_bytes``), 8 warps for 128-token tiles (docs/design/flash_decode.md); ``programs_per_sm`` None =
-    as many as fit in an SM's shared memory, at most 2; ``n_splits`` None = ``choose_splits``; ``combine`` "auto" and ``pdl`` off (see the module docstring)."""
+    as many as fit in an SM's shared memory, at most 2; ``n_splits`` None = ``choose_splits``; ``combine`` "auto"
+    and ``pdl`` off (see the package docstring)."""
     if device_type == "cpu":
         return {"block_n": 16, "n_splits": None, "programs_per_sm": 1, "num_sms": 2, "num_warps": 4,
                 "num_stages": 1, "merge_num_warps": 4, "combine": "auto", "pdl": False}

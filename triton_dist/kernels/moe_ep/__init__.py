@@ -36,29 +36,31 @@ from .protocol import MAX_CHUNKS, TIMELINE_SLOTS, TL_CHUNK, TL_LAYOUT, TL_PROGRA
 
 
 # ----------------------------------------------------------------------------------------------------- torch ops
-def _fake_rows(num_experts, topk, max_tokens, align):
-    return max_recv_rows(shmem.world_size(), num_experts, topk, max_tokens, align)
+def _fake_rows(num_experts, topk, max_tokens, align, group):
+    return max_recv_rows(shmem.world_size(group), num_experts, topk, max_tokens, align)
 
 
-def _ep_dispatch_op(x, topk_idx, topk_weights, num_experts, max_tokens, align):
+def _ep_dispatch_op(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name=None):
     r = ep_dispatch(x, topk_idx, topk_weights, num_experts=num_experts, max_tokens=max_tokens, align=align,
-                    check_ids=False)
+                    check_ids=False, group=shmem.group_named(group_name))
     # zero-copy: views of the workspace (distinct buffers, so no two outputs alias), valid until the next dispatch
     return r.x, r.expert_ids, r.weights, r.expert_counts, r.expert_offsets, r.handle.token_pos
 
 
-def _ep_dispatch_fake(x, topk_idx, topk_weights, num_experts, max_tokens, align):
-    rows = _fake_rows(num_experts, topk_idx.shape[1], max_tokens, align)
-    local = num_experts // shmem.world_size()
+def _ep_dispatch_fake(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name=None):
+    group = shmem.group_named(group_name)
+    world = shmem.world_size(group)
+    rows = _fake_rows(num_experts, topk_idx.shape[1], max_tokens, align, group)
+    local = num_experts // world
     i32 = dict(dtype=torch.int32, device=x.device)
     return (x.new_empty((rows, x.shape[1])), torch.empty((rows,), **i32),
             torch.empty((rows,), dtype=torch.float32, device=x.device), torch.empty((local,), **i32),
-            torch.empty((local + 1,), **i32), torch.empty((x.shape[0], shmem.world_size()), **i32))
+            torch.empty((local + 1,), **i32), torch.empty((x.shape[0], world), **i32))
 
 
-def _ep_combine_op(expert_out, token_pos, num_experts, topk, max_tokens, align):
+def _ep_combine_op(expert_out, token_pos, num_experts, topk, max_tokens, align, group_name=None):
     key = (num_experts, topk, max_tokens, expert_out.shape[1], expert_out.dtype, align)
-    ws = shmem.workspaces.peek("moe_ep", key)
+    ws = shmem.workspaces.peek("moe_ep", key, shmem.group_named(group_name))
     if ws is None or ws.last is None:
         raise ValueError("torch.ops.triton_dist.ep_combine needs an earlier ep_dispatch with the same shapes")
     if token_pos.shape[0] != ws.last.num_tokens:
@@ -67,11 +69,12 @@ def _ep_combine_op(expert_out, token_pos, num_experts, topk, max_tokens, align):
     return ep_combine(expert_out, ws.last)
 
 
-def _ep_combine_fake(expert_out, token_pos, num_experts, topk, max_tokens, align):
+def _ep_combine_fake(expert_out, token_pos, num_experts, topk, max_tokens, align, group_name=None):
     return expert_out.new_empty((token_pos.shape[0], expert_out.shape[1]))
 
 
 library.define("ep_dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, int num_experts, int max_tokens, "
-               "int align) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)", _ep_dispatch_op, _ep_dispatch_fake)
+               "int align, str? group_name=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+               _ep_dispatch_op, _ep_dispatch_fake)
 library.define("ep_combine(Tensor expert_out, Tensor token_pos, int num_experts, int topk, int max_tokens, "
-               "int align) -> Tensor", _ep_combine_op, _ep_combine_fake)
+               "int align, str? group_name=None) -> Tensor", _ep_combine_op, _ep_combine_fake)

@@ -22,9 +22,10 @@ class Buffers:
     """The workspace of one (E, K, max_tokens, H, dtype, align): receive buffers, counts, partials and flags
     (symmetric: peers write them), the per-row outputs and chunk tables (local), and the epoch and work counters."""
 
-    def __init__(self, num_experts, topk, max_tokens, hidden, dtype, align):
-        w = shmem.world_size()
+    def __init__(self, num_experts, topk, max_tokens, hidden, dtype, align, group):
+        w = shmem.world_size(group)
         dev = shmem.device()
+        self.team = shmem.team(group)
         self.key = (num_experts, topk, max_tokens, hidden, dtype, align)
         self.num_experts, self.topk, self.max_tokens, self.hidden, self.dtype, self.align = self.key
         self.local = num_experts // w
@@ -34,16 +35,17 @@ class Buffers:
         ep = self.w_pad * self.el_pad
         name = "ep."
         # symmetric: peers write here
-        self.recv_x = shmem.empty((self.max_rows, hidden), dtype, name=name + "recv_x")
-        self.recv_slots = shmem.empty((w, max_tokens, topk), torch.int32, name=name + "recv_slots")
-        self.recv_w = shmem.empty((w, max_tokens, topk), torch.float32, name=name + "recv_w")
-        self.recv_span = shmem.zeros((w, MAX_CHUNKS, 2), torch.int32, name=name + "recv_span")
-        self.all_counts = shmem.zeros((2, w, ep), torch.int32, name=name + "counts")
+        self.recv_x = shmem.empty((self.max_rows, hidden), dtype, name=name + "recv_x", group=group)
+        self.recv_slots = shmem.empty((w, max_tokens, topk), torch.int32, name=name + "recv_slots", group=group)
+        self.recv_w = shmem.empty((w, max_tokens, topk), torch.float32, name=name + "recv_w", group=group)
+        self.recv_span = shmem.zeros((w, MAX_CHUNKS, 2), torch.int32, name=name + "recv_span", group=group)
+        self.all_counts = shmem.zeros((2, w, ep), torch.int32, name=name + "counts", group=group)
         # one block per peer (this rank's own partial never leaves the registers of combine's receivers)
-        self.partials = shmem.empty((2, max(w - 1, 1), max_tokens, hidden), dtype, name=name + "partials")
-        self.counts_ready = shmem.signals((w,), name=name + "counts_ready")
-        self.arrived = shmem.signals((w * MAX_CHUNKS,), name=name + "arrived")
-        self.combined = shmem.signals((w * MAX_CHUNKS,), name=name + "combined")
+        self.partials = shmem.empty((2, max(w - 1, 1), max_tokens, hidden), dtype, name=name + "partials",
+                                    group=group)
+        self.counts_ready = shmem.signals((w,), name=name + "counts_ready", group=group)
+        self.arrived = shmem.signals((w * MAX_CHUNKS,), name=name + "arrived", group=group)
+        self.combined = shmem.signals((w * MAX_CHUNKS,), name=name + "combined", group=group)
         # local
         self.expert_ids = torch.full((self.max_rows,), -1, dtype=torch.int32, device=dev)
         self.weights = torch.zeros((self.max_rows,), dtype=torch.float32, device=dev)
@@ -63,10 +65,10 @@ class Buffers:
         self.last = None  # the EpHandle of the latest dispatch, for the torch op's combine
 
 
-def buffers(num_experts, topk, max_tokens, hidden, dtype, align):
-    """The workspace of these shapes (collective on first use)."""
+def buffers(num_experts, topk, max_tokens, hidden, dtype, align, group=None):
+    """The workspace of these shapes on ``group`` (collective on first use)."""
     key = (num_experts, topk, max_tokens, hidden, dtype, align)
-    return shmem.workspace("moe_ep", key, lambda: Buffers(*key))
+    return shmem.workspace("moe_ep", key, lambda: Buffers(*key, group), group=group)
 
 
 
@@ -92,7 +94,7 @@ class EpDispatchResult:
     handle: EpHandle
 
 
-def check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align):
+def check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align, world):
     for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -107,7 +109,6 @@ def check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align):
             or topk_idx.shape[0] != x.shape[0]:
         raise ValueError(f"expected x [T, H], topk_idx [T, K], topk_weights [T, K]; got {list(x.shape)}, "
                          f"{list(topk_idx.shape)}, {list(topk_weights.shape)}")
-    world = shmem.world_size()
     if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % world:
         raise ValueError(f"num_experts must be a positive multiple of the {world} ranks, got {num_experts}")
     if not isinstance(max_tokens, int) or max_tokens <= 0:

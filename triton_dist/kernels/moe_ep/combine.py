@@ -155,9 +155,9 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
     n_units = protocol.count_units(n_chunks, h_parts, tail, tail_parts)
     u, claimers = protocol.first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
-        _combine_unit(u, dv, kk, chunk, n_chunks, h_parts, tail, tail_parts, T, H, max_tokens, expert_out, y, recv_slots,
-                      recv_w, token_pos, partials, combined, epoch, me, world, ctx, timeline, K, BT, BH, K_PAD,
-                      W_PAD, MAXC, TIMELINE, EVICT)
+        _combine_unit(u, dv, kk, chunk, n_chunks, h_parts, tail, tail_parts, T, H, max_tokens, expert_out, y,
+                      recv_slots, recv_w, token_pos, partials, combined, epoch, me, world, ctx, timeline, K, BT, BH,
+                      K_PAD, W_PAD, MAXC, TIMELINE, EVICT)
         u = protocol.next_claim(claims)
     protocol.end_claims(claims, u, n_units, claimers)
     protocol.stamp(timeline, TL_PROGRAM + 4 * pid + 3, TIMELINE)
@@ -193,6 +193,8 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     y = out if out is not None else torch.empty((T, H), dtype=ws.dtype, device=expert_out.device)
     if tuple(y.shape) != (T, H) or y.dtype != ws.dtype or not y.is_contiguous():
         raise ValueError(f"out must be a contiguous {ws.dtype} tensor [{T}, {H}]")
+    shmem.op_team("ep_combine", ws.team.group, lambda: dict(expert_out=tuple(expert_out.shape), call=handle.call,
+                                                            config=config))
     cfg = combine_config(ws.max_tokens, H, expert_out.device.type, config)
     bh = min(triton.next_power_of_2(int(cfg.block_h)), triton.next_power_of_2(H))
     bt = triton.next_power_of_2(max(1, min(int(cfg.block_tokens), triton.cdiv(ws.max_tokens, handle.num_chunks))))
@@ -207,7 +209,7 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     ep_combine_kernel[(n_prog,)](
         expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, cfg.h_parts, *tail(cfg, handle.num_chunks),
         n_push, ws.recv_slots, ws.recv_w, ws.recv_span, tp, ws.partials, ws.combined, ws.combine_claims,
-        ws.combine_state, shmem.context(), ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt,
+        ws.combine_state, ws.team.ctx, ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt,
         BH=bh, K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
         SENDERS_HELP=senders_help(n_prog, expert_out), TIMELINE=timeline is not None,
         DEFER_SIGNAL=bool(cfg.defer_signal), EVICT="evict_first" if cfg.stream_hints else "",

@@ -70,8 +70,8 @@ def _group_offsets(all_counts, counts_ready, expert_counts, expert_offsets, alig
 
 
 @triton.jit
-def _send_tokens(t0, c1, carry_e, carry_r, base, pending, ev, dv, kk, x, topk_idx, topk_weights, H, E, max_tokens, recv_x,
-                 recv_slots, recv_w, recv_weights, token_pos, arrived, epoch, me, world, ctx, timeline,
+def _send_tokens(t0, c1, carry_e, carry_r, base, pending, ev, dv, kk, x, topk_idx, topk_weights, H, E, max_tokens,
+                 recv_x, recv_slots, recv_w, recv_weights, token_pos, arrived, epoch, me, world, ctx, timeline,
                  K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                  EL_PAD: tl.constexpr, W_PAD: tl.constexpr, MAXC: tl.constexpr, TIMELINE: tl.constexpr,
                  EVICT: tl.constexpr):
@@ -236,10 +236,10 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
         c = protocol.next_claim(claims + 1)
         pending = tl.full((), -1, tl.int32)  # DEFER_SIGNAL: the sent chunk whose flags are not raised yet
         while c < n_chunks:
-            pending = _send_chunk(c, pending, chunk, base, ev, dv, kk, x, topk_idx, topk_weights, T, H, E, max_tokens, recv_x,
-                                  recv_slots, recv_w, recv_span, recv_weights, token_pos, chunk_prefix, arrived,
-                                  epoch, me, world, ctx, timeline, K, EL, BT, BH, K_PAD, EL_PAD, W_PAD, MAXC,
-                                  FUSED_LAYOUT, BT_COUNT, TIMELINE, DEFER_SIGNAL, EVICT)
+            pending = _send_chunk(c, pending, chunk, base, ev, dv, kk, x, topk_idx, topk_weights, T, H, E,
+                                  max_tokens, recv_x, recv_slots, recv_w, recv_span, recv_weights, token_pos,
+                                  chunk_prefix, arrived, epoch, me, world, ctx, timeline, K, EL, BT, BH, K_PAD,
+                                  EL_PAD, W_PAD, MAXC, FUSED_LAYOUT, BT_COUNT, TIMELINE, DEFER_SIGNAL, EVICT)
             c = protocol.next_claim(claims + 1)
         protocol.flag_pending(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
         protocol.end_claims(claims + 1, c, n_chunks, n_push)
@@ -251,9 +251,9 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     n_units = protocol.count_units(n_chunks, h_parts, tail, tail_parts)
     u, claimers = protocol.first_claim(claims, pid, n_prog, n_push, n_units, SENDERS_HELP)
     while u < n_units:
-        _receive_unit(u, dv, kk, n_chunks, h_parts, tail, tail_parts, H, max_tokens, recv_x, recv_slots, recv_w, recv_span,
-                      recv_weights, arrived, epoch, me, world, ctx, timeline, K, BT, BH, K_PAD, W_PAD, MAXC,
-                      TIMELINE, EVICT)
+        _receive_unit(u, dv, kk, n_chunks, h_parts, tail, tail_parts, H, max_tokens, recv_x, recv_slots, recv_w,
+                      recv_span, recv_weights, arrived, epoch, me, world, ctx, timeline, K, BT, BH, K_PAD, W_PAD,
+                      MAXC, TIMELINE, EVICT)
         u = protocol.next_claim(claims)
     protocol.end_claims(claims, u, n_units, claimers)
     protocol.stamp(timeline, TL_PROGRAM + 4 * pid + 3, TIMELINE)
@@ -265,7 +265,7 @@ _GRAPHS = GraphCache("moe_ep")  # eager dispatches at decode sizes, replayed fro
 
 
 def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, exact=False, check_ids=None,
-                config=None, timeline=None):
+                config=None, timeline=None, group=None):
     """Send every token to the ranks owning its top-k experts (once per rank), grouped by local expert there.
 
     ``x`` [T, H] (bf16/fp16/fp32), ``topk_idx`` [T, K] int (global expert ids, -1 = unused slot),
@@ -274,8 +274,15 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     ``check_ids``: verify ids on the host (ValueError; on GPU that is a device sync). Default: on CPU only, so
     that a GPU call never syncs; the kernels treat an id outside [0, E) like -1 (the slot is dropped).
     ``timeline``: optional int64 GPU tensor [TIMELINE_SLOTS] that receives the phase timeline (see TL_PROGRAM).
+    ``group``: the expert-parallel group (default: the heap's); experts are split over its ranks.
     Returns an ``EpDispatchResult``; its tensors are views valid until the next dispatch of the same shapes."""
-    check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align)
+    for name, t in (("x", x), ("topk_idx", topk_idx)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    team = shmem.op_team("ep_dispatch", group, lambda: dict(
+        H=x.shape[1:], K=topk_idx.shape[1:], dtype=str(x.dtype), num_experts=num_experts, max_tokens=max_tokens,
+        align=align, exact=exact, config=config))
+    check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align, team.size)
     if check_ids is None:
         check_ids = x.device.type == "cpu"
     if check_ids and topk_idx.numel() and bool(((topk_idx < -1) | (topk_idx >= num_experts)).any()):
@@ -283,7 +290,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         raise ValueError(f"topk_idx holds expert id {bad}, outside [0, {num_experts}) (-1 marks an unused slot)")
     T, H = x.shape
     K = topk_idx.shape[1]
-    ws = buffers(num_experts, K, max_tokens, H, x.dtype, align)
+    ws = buffers(num_experts, K, max_tokens, H, x.dtype, align, group)
     cfg = dispatch_config(max_tokens, H, x.device.type, config)
     n_chunks, n_prog, n_push = int(cfg.num_chunks), int(cfg.num_programs), int(cfg.push_programs)
     check_timeline(timeline, x.device, n_prog)
@@ -305,7 +312,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     x = x.contiguous()
     idx = topk_idx.contiguous()  # int32/int64 and any float weights are read as they are: no conversion kernels
     wts = topk_weights.contiguous()
-    ctx = shmem.context()
+    ctx = team.ctx
     common = dict(K=K, EL=ws.local, BT=bt, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
     shmem.raise_pending_errors()
     fused = bool(cfg.fused_layout)
