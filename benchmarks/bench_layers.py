@@ -118,6 +118,13 @@ def main():
 
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     td.init(backend="cuda", heap_size=8 << 30)
+    try:
+        import transformers  # noqa: F401  (the baselines are its modules)
+    except ImportError:
+        record("layers", [], notes="not run: transformers is not installed (pip install transformers, or carry its "
+               "wheel to the node)")
+        td.finalize()
+        return
     rows = []
     for kind in ("mlp", "moe"):
         calls, pairs = contenders(kind, FULL[kind], args.tokens, torch.bfloat16, td.shmem.device())

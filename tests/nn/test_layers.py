@@ -16,7 +16,7 @@ import triton_dist as td
 from triton_dist.nn import (ColumnParallelLinear, DecodeAttention, ExpertParallelMoE, Router, RowParallelLinear,
                             SequenceParallelDecodeAttention, TensorParallelMLP)
 
-from ..conftest import error_names
+from ..conftest import error_names, gpu_only
 
 TOL = 1e-4
 
@@ -191,3 +191,52 @@ def _bad_layers():
 def test_bad_layers_raise(ranks):
     for names in ranks(4, _bad_layers):
         assert names == ["ValueError"] * 9, names
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+def _gpu_bf16_layers():
+    """bf16 at model-like sizes against fp32 dense references (the same weights), replicated mode."""
+    torch.manual_seed(0)
+    dev = td.shmem.device()
+    world = td.world_size()
+    H, I, E = 1024, 2048, 8 * world
+    mlp = GatedMLP(H, I).to(dev)
+    x = torch.randn(1, 1000, H, device=dev)
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+        ref = mlp(x)
+        errs = {"mlp": _err(TensorParallelMLP.from_dense(copy_to(mlp, torch.bfloat16))(x.bfloat16()), ref)}
+        router = Router(H, E, 4).to(dev)
+        router.weight.normal_()
+        sd = {"gate.weight": router.weight.clone(),
+              "experts.gate_up_proj": torch.randn(E, 2 * I, H, device=dev) / H ** 0.5,
+              "experts.down_proj": torch.randn(E, H, I, device=dev) / I ** 0.5}
+        bf16 = {k: v.bfloat16() for k, v in sd.items()}
+        layer = ExpertParallelMoE.from_dense(bf16, router=Router(H, E, 4, dtype=torch.bfloat16, device=dev), align=16)
+        idx, weights = layer.router(x[0].bfloat16())  # the layer's own routing (bf16 logits), fp32 experts
+        moe_ref = _moe_reference_fast(x[0], idx, weights.float(), sd["experts.gate_up_proj"], sd["experts.down_proj"])
+        errs["moe"] = _err(layer(x.bfloat16())[0], moe_ref)
+    return errs
+
+
+def copy_to(module, dtype):
+    import copy
+
+    return copy.deepcopy(module).to(dtype)
+
+
+def _moe_reference_fast(x, idx, weights, gate_up, down):
+    out = torch.zeros_like(x)
+    inter = gate_up.shape[1] // 2
+    for e in range(gate_up.shape[0]):
+        tok, slot = (idx == e).nonzero(as_tuple=True)
+        h = x[tok] @ gate_up[e].T
+        out.index_add_(0, tok, weights[tok, slot, None] * ((F.silu(h[:, :inter]) * h[:, inter:]) @ down[e].T))
+    return out
+
+
+@gpu_only
+def test_layers_bf16_on_gpus(ranks):
+    for errs in ranks(2, _gpu_bf16_layers):
+        assert all(v < 3e-2 for v in errs.values()), errs
