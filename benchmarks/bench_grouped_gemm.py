@@ -22,7 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 EXPERTS, ROWS, HIDDEN, INTER = 32, 16384, 7168, 2048
-PROJECTIONS = {"up": (INTER, HIDDEN, "none"), "gate_up": (2 * INTER, HIDDEN, "silu_gate"), "down": (HIDDEN, INTER, "none")}
+PROJECTIONS = {"up": (INTER, HIDDEN, "none"), "gate_up": (2 * INTER, HIDDEN, "silu_gate"),
+               "down": (HIDDEN, INTER, "none")}
 LOADS = ("even", "skewed")
 
 

@@ -63,7 +63,8 @@ def _tp_layers(seed):
             mine = torch.tensor_split(x, world)[rank]
             features = slice(rank * (N // world), (rank + 1) * (N // world))
             errs[f"col sp m={m}"] = _err(sp["col"](mine, total_rows=m), col(x)[:, features])
-            errs[f"row sp m={m}"] = _err(sp["row"](xr[:, features].contiguous()), torch.tensor_split(row(xr), world)[rank])
+            errs[f"row sp m={m}"] = _err(sp["row"](xr[:, features].contiguous()),
+                                         torch.tensor_split(row(xr), world)[rank])
             errs[f"mlp sp m={m}"] = _err(sp["mlp"](mine, total_rows=m), torch.tensor_split(mlp(x), world)[rank])
     x3 = torch.randn(2, 3, H)
     with torch.no_grad():
