@@ -51,6 +51,9 @@ class GroupOps:
         self.group = resolve_group(group)
         self.world, self.rank = shmem.world_size(), shmem.rank()
 
+    def __deepcopy__(self, memo):  # no state of its own; a process group cannot be copied
+        return self
+
     def ag_gemm(self, a, w, activation="none"):
         return ag_gemm(a, w, activation=activation)
 
