@@ -19,6 +19,7 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 if not ON_GPU_RANKS:  # this process runs the CPU tests' kernels (GPU tests go to GPU rank processes)
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TRITON_DIST_CHECK_CALLS", "1")  # every op call's signature compared across ranks
 
 gpu_only = pytest.mark.gpu_only
 cpu_only = pytest.mark.skipif(ON_GPU_RANKS, reason="exercises the CPU (interpreter) backend")

@@ -14,7 +14,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from .interpreter import repair_index  # noqa: E402
+
+repair_index()  # triton <= 3.6 with numpy >= 2.4 (the GPU image's CPU-rank tests)
+
 from . import language, shmem  # noqa: E402,F401
-from .shmem import finalize, init, rank, world_size  # noqa: E402,F401
+from .shmem import finalize, init, rank, release_workspaces, world_size  # noqa: E402,F401
 
 __version__ = "0.1.0"

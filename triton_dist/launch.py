@@ -16,6 +16,9 @@ import time
 import traceback
 
 
+AFTER_AN_ERROR_S = 30  # how long the other ranks of a call may still take once one rank has failed
+
+
 class RankError(RuntimeError):
     pass
 
@@ -99,12 +102,15 @@ class RankPool:
                     pending.discard(r)
                     if kind == "err":
                         errors.append(f"--- rank {r} ---\n{value}")
+                        # the others may wait in a collective for the failed rank: give them a short while
+                        deadline = min(deadline, time.monotonic() + AFTER_AN_ERROR_S)
                     results[r] = value
                 elif not self._procs[r].is_alive():
                     pending.discard(r)
                     errors.append(f"--- rank {r} --- process died (exit code {self._procs[r].exitcode})")
             if pending and time.monotonic() > deadline:
-                errors.append(f"ranks {sorted(pending)} did not finish {what} within {timeout} s")
+                late = "after another rank failed" if errors else f"within {timeout} s"
+                errors.append(f"ranks {sorted(pending)} did not finish {what} {late}")
                 break
         if errors:
             self._kill()

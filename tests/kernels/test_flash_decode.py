@@ -349,7 +349,7 @@ SPLIT_SIG = dict(q="*bf16", k_cache="*bf16", v_cache="*bf16", kv_lens="*i32", bl
                  out="*bf16", flags="*i32", state="*i32", ctx="*i64", stride_qb="i32", stride_qh="i32",
                  stride_kb="i64", stride_kn="i32", stride_kh="i32", stride_vb="i64", stride_vn="i32",
                  stride_vh="i32", stride_table_b="i32", stride_ob="i32", stride_oh="i32", B="i32", HQ="i32",
-                 HKV="i32", s_max="i32", scale_log2="fp32")
+                 HKV="i32", s_max="i32", num_pages="i32", scale_log2="fp32")
 ALIGNED = ("q", "k_cache", "v_cache", "stride_qb", "stride_qh", "stride_kb", "stride_kn", "stride_kh",
            "stride_vb", "stride_vn", "stride_vh", "part_o", "dst_o", "out")
 
@@ -360,7 +360,7 @@ ALIGNED = ("q", "k_cache", "v_cache", "stride_qb", "stride_qh", "stride_kb", "st
 def test_split_kernel_compiles_for_sm90(page_size, dtype, mode, n_splits, pdl):
     consts = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_N=128 if dtype == "bf16" else 64, GROUP_P2=4,
                   N_SPLITS=n_splits, SPLIT_CHUNK=16, PAGE_SIZE=page_size, MODE=mode, WORLD=2, WORLD_PAD=2,
-                  RANK_CHUNK=2, FP32_DOT=dtype == "fp32", PDL=pdl)
+                  RANK_CHUNK=2, FP32_DOT=dtype == "fp32", PDL=pdl, RECORD_ERRORS=True)
     sig = {**SPLIT_SIG, **{name: "*" + dtype for name in ("q", "k_cache", "v_cache", "out")},
            **{name: "constexpr" for name in consts}}
     res = compile_sm90("triton_dist.kernels.flash_decode", "flash_decode_split_kernel", sig, consts,

@@ -29,6 +29,7 @@ from .primitives import (  # noqa: F401
     barrier_all,
     bulk_stores_done,
     call_epoch,
+    check_index,
     enter_call,
     fence,
     finish_call,

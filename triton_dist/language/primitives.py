@@ -13,9 +13,9 @@ from ..shmem import layout
 
 # The heap layout (shmem/layout.py) as compile-time constants of the same names (CTX_*, ERR_*, BARRIER_ARRIVALS,
 # FENCE_SCRATCH).
-_LAYOUT = ("CTX_RANK", "CTX_WORLD", "CTX_WAIT_BUDGET", "CTX_BARRIER", "CTX_BASES", "ERR_FLAG", "ERR_RANK",
-           "ERR_SIGNAL", "ERR_EXPECTED", "ERR_SEEN", "ERR_CMP", "ERR_KIND_WAIT", "ERR_KIND_INDEX", "BARRIER_ARRIVALS",
-           "FENCE_SCRATCH")
+_LAYOUT = ("CTX_RANK", "CTX_WORLD", "CTX_WAIT_BUDGET", "CTX_BARRIER", "CTX_BASES", "ERR_FLAG", "ERR_GAVE_UP",
+           "ERR_RANK", "ERR_SIGNAL", "ERR_EXPECTED", "ERR_SEEN", "ERR_CMP", "ERR_KIND_WAIT", "ERR_KIND_INDEX",
+           "BARRIER_ARRIVALS", "FENCE_SCRATCH")
 globals().update({name: tl.constexpr(getattr(layout, name)) for name in _LAYOUT})
 
 # Comparisons for `wait` and operations for `signal`. Pass these (e.g. `cmp=dl.EQ`) rather than bare strings:
@@ -108,25 +108,56 @@ def _cmp_code(CMP: tl.constexpr):
 
 
 @triton.jit
-def _record_timeout(flag, value, seen, ctx, CMP: tl.constexpr):
+def _record(ctx, KIND: tl.constexpr, where, expected, seen, code):
+    """Fill this rank's error record unless it holds one already (the first error wins the record)."""
     me = rank(ctx)
     base = _heap_base(ctx, me)
-    # The first timeout on this rank wins the record; later ones leave it alone.
-    if tl.atomic_cas((base + ERR_FLAG).to(tl.pointer_type(tl.int32)), 0, ERR_KIND_WAIT, sem="acq_rel",
-                     scope="sys") == 0:
-        # tl.cast, not .to: `value` may be a compile-time constant (Triton specialises integer arguments == 1)
+    if tl.atomic_cas((base + ERR_FLAG).to(tl.pointer_type(tl.int32)), 0, KIND, sem="acq_rel", scope="sys") == 0:
+        # tl.cast, not .to: a value may be a compile-time constant (Triton specialises integer arguments == 1)
         tl.store((base + ERR_RANK).to(tl.pointer_type(tl.int64)), tl.cast(me, tl.int64))
-        tl.store((base + ERR_SIGNAL).to(tl.pointer_type(tl.int64)), flag.to(tl.int64) - base)
-        tl.store((base + ERR_EXPECTED).to(tl.pointer_type(tl.int64)), tl.cast(value, tl.int64))
+        tl.store((base + ERR_SIGNAL).to(tl.pointer_type(tl.int64)), tl.cast(where, tl.int64))
+        tl.store((base + ERR_EXPECTED).to(tl.pointer_type(tl.int64)), tl.cast(expected, tl.int64))
         tl.store((base + ERR_SEEN).to(tl.pointer_type(tl.int64)), tl.cast(seen, tl.int64))
-        tl.store((base + ERR_CMP).to(tl.pointer_type(tl.int64)), tl.cast(_cmp_code(CMP), tl.int64))
+        tl.store((base + ERR_CMP).to(tl.pointer_type(tl.int64)), tl.cast(code, tl.int64))
+
+
+@triton.jit
+def _record_timeout(flag, value, seen, ctx, CMP: tl.constexpr):
+    base = _heap_base(ctx, rank(ctx))
+    tl.atomic_xchg((base + ERR_GAVE_UP).to(tl.pointer_type(tl.int32)), 1, sem="relaxed", scope="gpu")
+    _record(ctx, ERR_KIND_WAIT, flag.to(tl.int64) - base, value, seen, _cmp_code(CMP))
 
 
 @triton.jit
 def _failed(ctx):
-    """Whether this rank's error record holds an error (a wait gave up, an index was refused)."""
-    flag = (_heap_base(ctx, rank(ctx)) + ERR_FLAG).to(tl.pointer_type(tl.int32))
+    """Whether a ``dl.wait`` of this rank has given up (then every later wait gives up at once)."""
+    flag = (_heap_base(ctx, rank(ctx)) + ERR_GAVE_UP).to(tl.pointer_type(tl.int32))
     return tl.load(flag, volatile=True) != 0
+
+
+@triton.jit
+def check_index(index, position, bound, ctx, SITE: tl.constexpr, mask=None):
+    """Whether ``index`` (a scalar or a block) lies in [0, ``bound``), element by element; an index outside it
+    (not masked off) is recorded in this rank's error record with its ``position`` and the call site ``SITE``
+    (``shmem.layout.INDEX_SITES``), which the host raises as ``DeviceIndexError``. The caller must not use the
+    indices this returns False for: they would address memory outside their tensor."""
+    good = (index >= 0) & (index < bound)
+    if mask is None:
+        mask = True
+    bad = (good == 0) & mask
+    if len(bad.shape) > 1:  # one reduction over every element
+        bad = tl.reshape(bad, (bad.numel,))
+        position = tl.reshape(position, (position.numel,))
+        index = tl.reshape(index, (index.numel,))
+    if len(bad.shape) > 0:
+        if tl.max(bad.to(tl.int32), axis=0) > 0:
+            first = tl.min(tl.where(bad, position, 0x7FFFFFFFFFFFFFFF), axis=0)
+            # (elements may share a position, e.g. the tokens of one page: they hold the same index)
+            value = tl.max(tl.where(bad & (position == first), index.to(tl.int64), -0x7FFFFFFFFFFFFFFF), axis=0)
+            _record(ctx, ERR_KIND_INDEX, bound, first, value, SITE)
+    elif bad:
+        _record(ctx, ERR_KIND_INDEX, bound, position, index, SITE)
+    return good
 
 
 @triton.jit

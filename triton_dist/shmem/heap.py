@@ -173,7 +173,7 @@ def team(group=None):
     t = rt.teams.get(group)
     if t is not None:
         return t
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
+    if isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER:
         raise ValueError(f"rank {rt.rank} is not a member of this group (torch.distributed gave it "
                          f"GroupMember.NON_GROUP_MEMBER): call the op only on the group's ranks")
     key = teams.group_key(group)

@@ -10,6 +10,7 @@ A kernel receives one int64 tensor, the *context* of a group (``td.shmem.context
 The first ``RESERVED_BYTES`` of every heap belong to the runtime (the error record is per rank, for every group):
 
     +0    int32  error flag: 0 none, ERR_KIND_WAIT (a dl.wait timed out), ERR_KIND_INDEX (an index was refused)
+    +4    int32  1 once a dl.wait of this rank gave up (its later waits give up at once)
     +8    int64  the rank's index in the group it failed in
     +16   int64  wait: heap offset of the signal      index: the bound (valid indices are [0, bound))
     +24   int64  wait: the value waited for         index: position of the bad element
@@ -26,6 +27,7 @@ CTX_BARRIER = 3
 CTX_BASES = 4
 
 ERR_FLAG = 0
+ERR_GAVE_UP = 4
 ERR_RANK = 8
 ERR_SIGNAL = 16
 ERR_EXPECTED = 24
@@ -41,9 +43,11 @@ MAX_RANKS = (FENCE_SCRATCH - BARRIER_COUNT - BARRIER_ARRIVALS) // 4
 
 CMP_CODES = {"ge": 0, "eq": 1, "ne": 2, "gt": 3}
 CMP_SYMBOLS = {0: ">=", 1: "==", 2: "!=", 3: ">"}
-# Where a kernel refused an index (the code it records): (op, tensor).
-INDEX_SITES = {1: ("sp_flash_decode", "block_table"), 2: ("sp_flash_decode", "kv_lens"),
-               3: ("ep_dispatch", "topk_idx")}
+# Where a kernel refused an index (the code it records) and what the host names: (op, tensor).
+SITE_BLOCK_TABLE, SITE_KV_LENS, SITE_EXPERT_IDS = 1, 2, 3
+INDEX_SITES = {SITE_BLOCK_TABLE: ("sp_flash_decode", "block_table (a page id)"),
+               SITE_KV_LENS: ("sp_flash_decode", "kv_lens (a sequence length)"),
+               SITE_EXPERT_IDS: ("ep_dispatch", "topk_idx (an expert id)")}
 
 
 def barrier_bytes(world):

@@ -88,13 +88,14 @@ class _Plan:
                         q.stride(1) if not self.q_copy else head_dim,
                         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), self.table_stride)
-        self.scalars = (batch, q_heads, kv_heads, s_max, scale * LOG2E)
+        self.scalars = (batch, q_heads, kv_heads, s_max, k_cache.shape[0] if page_size else 1, scale * LOG2E)
         self.split_meta = dict(
             GROUP=group, GROUP_PAD=pad, HEAD_DIM=head_dim, BLOCK_N=cfg["block_n"], GROUP_P2=group_p2,
             N_SPLITS=n_splits, SPLIT_CHUNK=merge_chunk(group, head_dim, n_splits, cfg["num_warps"]),
             PAGE_SIZE=page_size, MODE=mode, WORLD=world, WORLD_PAD=max(2, triton.next_power_of_2(world)),
             RANK_CHUNK=merge_chunk(rank_pad, head_dim, world, cfg["num_warps"]), FP32_DOT=q.dtype == torch.float32,
-            PDL=mode == MODE_PUSH and cfg["pdl"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            PDL=mode == MODE_PUSH and cfg["pdl"], RECORD_ERRORS=distributed or shmem.is_initialized(),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         self.merge_meta = dict(
             GROUP=group, GROUP_P2=group_p2, HEAD_DIM=head_dim, WORLD=world,
             WORLD_PAD=max(2, triton.next_power_of_2(world)),
@@ -158,8 +159,11 @@ def local_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_s
         lse = torch.empty((batch, q_heads), dtype=torch.float32, device=q.device)
     else:
         _check_out(lse, (batch, q_heads), torch.float32, "lse")
-    if not plan.empty:
-        plan.launch_split(q, k_cache, v_cache, kv_lens, block_table, out, lse, out, kv_lens, kv_lens, kv_lens)
+    if not plan.empty:  # (with triton_dist initialised, bad indices go to the error record through a context)
+        if plan.split_meta["RECORD_ERRORS"]:
+            shmem.raise_pending_errors()
+        ctx = shmem.context() if plan.split_meta["RECORD_ERRORS"] else kv_lens
+        plan.launch_split(q, k_cache, v_cache, kv_lens, block_table, out, lse, out, kv_lens, kv_lens, ctx)
     return out, lse
 
 
@@ -170,8 +174,9 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
 
     ``q`` [B, Hq, D] (the same on every rank); ``k_cache``/``v_cache`` this rank's shard [B, S_local_max, Hkv, D]
     (or, with ``block_table`` [B, max_pages], a paged cache [num_pages, page_size, Hkv, D]); ``kv_lens`` [B]
-    int32/int64: how many tokens of each sequence this rank holds (0 allowed; values are clamped to
-    S_local_max on the device). GQA: Hq a multiple of Hkv, query head h uses KV head h // (Hq / Hkv).
+    int32/int64: how many tokens of each sequence this rank holds (0 allowed). Indices are checked on the
+    device, without a sync: a length outside [0, S_local_max] or a page id outside the cache is never used to
+    address memory and raises ``DeviceIndexError`` at the next op call (or ``check_errors()``). GQA: Hq a multiple of Hkv, query head h uses KV head h // (Hq / Hkv).
     ``softmax_scale`` defaults to 1/sqrt(D). Returns o [B, Hq, D] in q's dtype (zeros for a sequence with no
     tokens on any rank); ``out`` may be given (any strides with a contiguous last dimension). fp16, bf16 or fp32.
 
@@ -183,7 +188,7 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
         shmem.check_device(q, "q")
     team = shmem.op_team("sp_flash_decode", group, lambda: dict(
         q=tuple(getattr(q, "shape", ())), dtype=str(getattr(q, "dtype", None)),
-        kv=tuple(getattr(k_cache, "shape", ())), paged=block_table is not None,
+        kv_heads=tuple(getattr(k_cache, "shape", ())[2:]), paged=block_table is not None,
         softmax_scale=softmax_scale, config=config))
     plan = _Plan.get(q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, team)
     ctx = plan.ctx

@@ -16,6 +16,10 @@ import triton
 import triton.language as tl
 
 from ... import language as dl
+from ...shmem import layout
+
+SITE_BLOCK_TABLE = tl.constexpr(layout.SITE_BLOCK_TABLE)
+SITE_KV_LENS = tl.constexpr(layout.SITE_KV_LENS)
 
 LOG2E = 1.4426950408889634  # kernels work in log2 units (exp2 is one instruction); lse leaves in natural log
 
@@ -132,11 +136,11 @@ def flash_decode_split_kernel(
         stride_kb, stride_kn, stride_kh,
         stride_vb, stride_vn, stride_vh,
         stride_table_b, stride_ob, stride_oh,
-        B, HQ, HKV, s_max, scale_log2,
+        B, HQ, HKV, s_max, num_pages, scale_log2,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
         GROUP_P2: tl.constexpr, N_SPLITS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PAGE_SIZE: tl.constexpr,
         MODE: tl.constexpr, WORLD: tl.constexpr, WORLD_PAD: tl.constexpr, RANK_CHUNK: tl.constexpr,
-        FP32_DOT: tl.constexpr, PDL: tl.constexpr):
+        FP32_DOT: tl.constexpr, PDL: tl.constexpr, RECORD_ERRORS: tl.constexpr):
     dl.launch_dependents(PDL)  # the merge launch may start once every split program is running (none starved)
     split = tl.program_id(0)
     bk = tl.program_id(1)  # (b, kv head)
@@ -145,8 +149,12 @@ def flash_decode_split_kernel(
     b64 = b.to(tl.int64)
 
     # This sequence's local tokens, cut into N_SPLITS slices of whole BLOCK_N tiles (sized per sequence, on the
-    # device: ragged batches split evenly without a host sync; a slice past the end is empty).
-    kv_len = tl.minimum(tl.maximum(tl.load(kv_lens + b).to(tl.int32), 0), s_max)
+    # device: ragged batches split evenly without a host sync; a slice past the end is empty). A length outside
+    # [0, s_max] is recorded (RECORD_ERRORS: ctx is a context) and clamped.
+    kv_raw = tl.load(kv_lens + b)
+    if RECORD_ERRORS:
+        dl.check_index(kv_raw, b, s_max + 1, ctx, SITE_KV_LENS)
+    kv_len = tl.minimum(tl.maximum(kv_raw, 0), s_max).to(tl.int32)
     per_split = tl.cdiv(tl.cdiv(kv_len, N_SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(start + per_split, kv_len)
@@ -164,7 +172,13 @@ def flash_decode_split_kernel(
         tok = t0 + tl.arange(0, BLOCK_N)
         t_ok = tok < end
         if PAGE_SIZE > 0:
-            page = tl.load(block_table + b64 * stride_table_b + tok // PAGE_SIZE, mask=t_ok, other=0).to(tl.int64)
+            at = b64 * stride_table_b + tok // PAGE_SIZE
+            page = tl.load(block_table + at, mask=t_ok, other=0).to(tl.int64)
+            if RECORD_ERRORS:  # a page id outside the cache is recorded, and never read: page 0 instead
+                page_ok = dl.check_index(page, at, num_pages, ctx, SITE_BLOCK_TABLE, mask=t_ok)
+            else:
+                page_ok = (page >= 0) & (page < num_pages)
+            page = tl.where(page_ok, page, 0)
             k_rows = page * stride_kb + (tok % PAGE_SIZE) * stride_kn
             v_rows = page * stride_vb + (tok % PAGE_SIZE) * stride_vn
         else:

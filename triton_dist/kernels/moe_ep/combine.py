@@ -193,8 +193,8 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     y = out if out is not None else torch.empty((T, H), dtype=ws.dtype, device=expert_out.device)
     if tuple(y.shape) != (T, H) or y.dtype != ws.dtype or not y.is_contiguous():
         raise ValueError(f"out must be a contiguous {ws.dtype} tensor [{T}, {H}]")
-    shmem.op_team("ep_combine", ws.team.group, lambda: dict(expert_out=tuple(expert_out.shape), call=handle.call,
-                                                            config=config))
+    shmem.op_team("ep_combine", ws.team.group, lambda: dict(H=tuple(expert_out.shape[1:]), call=handle.call,
+                                                            config=config))  # (rows: this rank's own)
     cfg = combine_config(ws.max_tokens, H, expert_out.device.type, config)
     bh = min(triton.next_power_of_2(int(cfg.block_h)), triton.next_power_of_2(H))
     bt = triton.next_power_of_2(max(1, min(int(cfg.block_tokens), triton.cdiv(ws.max_tokens, handle.num_chunks))))

@@ -26,7 +26,7 @@ from ..replay import GraphCache
 from . import protocol
 from .buffers import EpDispatchResult, EpHandle, buffers, check_inputs
 from .config import check_timeline, dispatch_config, register_cap, senders_help, tail
-from .layout import BIG, column, count, ep_layout_kernel, publish_counts, route
+from .layout import BIG, check_ids, column, count, ep_layout_kernel, publish_counts, route
 from .protocol import MAX_CHUNKS, TL_CHUNK, TL_PROGRAM
 
 
@@ -225,6 +225,9 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     chunk = tl.cdiv(T, n_chunks)
     if FUSED_LAYOUT:
         if pid == 0:
+            for t0 in range(0, T, BT_COUNT):
+                t = t0 + tl.arange(0, BT_COUNT)
+                check_ids(topk_idx, t, t < T, E, ctx, K, K_PAD)
             total, _ = count(topk_idx, 0, T, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
             publish_counts(total, all_counts, counts_ready, parity, epoch, ctx, W_PAD, EL_PAD)
     base, my_start, my_count = _group_offsets(all_counts, counts_ready, expert_counts, expert_offsets, align,
@@ -272,7 +275,8 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     ``topk_weights`` [T, K]. ``num_experts``, ``max_tokens`` (>= T on every rank), ``align``, K, H and the dtype
     must be the same on every rank. ``exact``: sync once and trim the outputs to the rows in use.
     ``check_ids``: verify ids on the host (ValueError; on GPU that is a device sync). Default: on CPU only, so
-    that a GPU call never syncs; the kernels treat an id outside [0, E) like -1 (the slot is dropped).
+    that a GPU call never syncs. The kernels check them too, without a sync: an id outside [-1, E) drops its
+    slot and raises ``DeviceIndexError`` at the next op call (or ``check_errors()``).
     ``timeline``: optional int64 GPU tensor [TIMELINE_SLOTS] that receives the phase timeline (see TL_PROGRAM).
     ``group``: the expert-parallel group (default: the heap's); experts are split over its ranks.
     Returns an ``EpDispatchResult``; its tensors are views valid until the next dispatch of the same shapes."""

@@ -15,10 +15,12 @@ import triton
 import triton.language as tl
 
 from ... import language as dl
+from ...shmem import layout
 from . import protocol
 from .protocol import TL_LAYOUT
 
 BIG = tl.constexpr(2**30)  # "no row" in min-reductions
+SITE_EXPERT_IDS = tl.constexpr(layout.SITE_EXPERT_IDS)
 
 
 @triton.jit
@@ -45,6 +47,17 @@ def route_at(topk_idx, t, valid, E, K: tl.constexpr, EL: tl.constexpr, K_PAD: tl
     ok = (e >= 0) & (e < E) & m
     owner = tl.where(ok, e // EL, -1)
     return tl.where(ok, owner * EL_PAD + e % EL, -1), owner
+
+
+@triton.jit
+def check_ids(topk_idx, t, valid, E, ctx, K: tl.constexpr, K_PAD: tl.constexpr):
+    """Record an expert id of tokens ``t`` outside [-1, E) (``DeviceIndexError`` on the host); the routing drops
+    such a slot like -1, so it never addresses memory."""
+    kk = tl.arange(0, K_PAD)
+    m = valid[:, None] & (kk[None, :] < K)
+    pos = t[:, None].to(tl.int64) * K + kk[None, :]
+    e = tl.load(topk_idx + pos, mask=m, other=-1)
+    dl.check_index(e, pos, E, ctx, SITE_EXPERT_IDS, mask=m & (e != -1))
 
 
 @triton.jit
@@ -105,8 +118,9 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
     per_rank = tl.zeros([CG, W_PAD], dtype=tl.int32)
     for j0 in range(0, chunk, TB):  # one step unless a chunk has more than TB tokens
         t = (g * CG + i) * chunk + j0 + j
-        ep, owner = route_at(topk_idx, t, (j0 + j < chunk) & (g * CG + i < n_chunks) & (t < T), E, K, EL, K_PAD,
-                              EL_PAD)
+        valid = (j0 + j < chunk) & (g * CG + i < n_chunks) & (t < T)
+        check_ids(topk_idx, t, valid, E, ctx, K, K_PAD)
+        ep, owner = route_at(topk_idx, t, valid, E, K, EL, K_PAD, EL_PAD)
         ok = ep >= 0
         key_e = tl.where(ok, i[:, None] * EP + ep, 0)  # (chunk, padded expert)
         per_expert += tl.reshape(tl.histogram(tl.reshape(key_e, (CG * TB * K_PAD,)), CG * EP,

@@ -1,0 +1,142 @@
+"""The ``triton_dist.nn`` layers against the Hugging Face modules they replace, bf16, 4096 tokens
+(torchrun --nproc-per-node=N benchmarks/bench_layers.py):
+
+  TP MLP     LlamaMLP, hidden 4096, intermediate 14336 (Llama-3-8B's)  -> TensorParallelMLP
+  EP MoE     Qwen3-MoE block, hidden 7168, 64 experts top-8, expert intermediate 2048  -> ExpertParallelMoE
+             (at W=2 a rank runs bench_grouped_gemm's shapes: 32 experts, ~16384 rows)
+
+  ours replicated   the layer as ``parallelize`` leaves it: all 4096 tokens in and out on every rank (its slice
+                    computed, the output all-gathered)
+  ours seq-par      the native sharded shapes: this rank's 4096/W tokens in and out (no all-gather)
+  HF                the original module, whole, on every GPU (what the model ran before ``parallelize``)
+  HF grouped_mm     (MoE) the same with transformers' ``grouped_mm`` experts implementation, where it has one
+All timed in turn (``harness.in_turn``), max over ranks. ``--check``: the same contenders at tiny fp32 sizes
+against each other (runs on CPU ranks too).
+"""
+
+import argparse
+import copy
+import os
+
+import torch
+
+import triton_dist as td
+
+FULL = {"mlp": dict(hidden=4096, inter=14336), "moe": dict(hidden=7168, experts=64, top_k=8, inter=2048)}
+TINY = {"mlp": dict(hidden=32, inter=64), "moe": dict(hidden=32, experts=8, top_k=2, inter=16)}
+
+
+def hf_module(kind, sizes, dtype, device):
+    """The HF module, randomly initialised with O(1) activations, the same on every rank."""
+    from transformers import LlamaConfig, Qwen3MoeConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    torch.manual_seed(0)
+    heads = dict(num_attention_heads=8, num_key_value_heads=8, head_dim=sizes["hidden"] // 8)
+    if kind == "mlp":
+        module = LlamaMLP(LlamaConfig(hidden_size=sizes["hidden"], intermediate_size=sizes["inter"], **heads))
+    else:
+        module = Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(
+            hidden_size=sizes["hidden"], num_experts=sizes["experts"], num_experts_per_tok=sizes["top_k"],
+            moe_intermediate_size=sizes["inter"], norm_topk_prob=True, **heads))
+    module = module.to(device)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, device=device) / p.shape[-1] ** 0.5)
+    return module.to(dtype).eval()
+
+
+def contenders(kind, sizes, tokens, dtype, device):
+    """{label: fn} of the contenders (collective: every rank calls them in the same order) and the reference
+    output of each, {label: (output, reference)}."""
+    from triton_dist.nn import ExpertParallelMoE, TensorParallelMLP
+
+    world, rank = td.world_size(), td.rank()
+    hf = hf_module(kind, sizes, dtype, device)
+    layer_cls = TensorParallelMLP if kind == "mlp" else ExpertParallelMoE
+    ours = layer_cls.from_dense(hf)
+    ours_sp = layer_cls.from_dense(hf, sequence_parallel=True)
+    x = torch.randn(1, tokens, sizes["hidden"], generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    mine = torch.tensor_split(x[0], world)[rank].contiguous()
+    calls = {"ours replicated": lambda: ours(x), "ours seq-par": lambda: ours_sp(mine, total_rows=tokens),
+             "HF": lambda: hf(x)}
+    if kind == "moe" and hasattr(hf.experts, "config"):
+        try:  # a copy of the block (its own config) with transformers' grouped_mm experts
+            hf_grouped = copy.deepcopy(hf)
+            hf_grouped.experts.config._experts_implementation = "grouped_mm"
+            with torch.no_grad():
+                hf_grouped(x)
+            calls["HF grouped_mm"] = lambda: hf_grouped(x)
+        except Exception:  # this transformers / torch build has no grouped_mm experts: leave it out
+            pass
+    with torch.no_grad():
+        ref = hf(x)
+        pairs = {"ours replicated": (ours(x), ref),
+                 "ours seq-par": (ours_sp(mine, total_rows=tokens), torch.tensor_split(ref[0], world)[rank])}
+        if "HF grouped_mm" in calls:
+            pairs["HF grouped_mm"] = (calls["HF grouped_mm"](), ref)
+    return calls, pairs
+
+
+def _rel(got, ref):
+    return ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+
+
+def check():
+    """Tiny fp32 sizes: every contender's output against the HF module's (within 1e-4). Returns (the labels
+    checked, the problems)."""
+    checked, problems = [], []
+    for kind in ("mlp", "moe"):
+        _, pairs = contenders(kind, TINY[kind], 13, torch.float32, td.shmem.device())
+        for label, (got, ref) in pairs.items():
+            checked.append(f"{kind} {label}")
+            if not _rel(got, ref) < 1e-4:
+                problems.append(f"{kind} {label}: relative error {_rel(got, ref):.3g}")
+    return checked, problems
+
+
+def run_check():
+    checked, problems = check()
+    assert not problems, f"rank {td.rank()}: {problems}"
+    if td.rank() == 0:
+        print(f"[{td.shmem.device().type} x{td.world_size()}] layer benchmark contenders agree: {', '.join(checked)}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only check the contenders at tiny fp32 sizes")
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, default=5, help="in-turn rounds")
+    args = parser.parse_args()
+    if args.check or not torch.cuda.is_available():
+        from triton_dist.launch import run_main
+
+        return run_main(run_check)
+
+    from harness import IN_TURN, in_turn, record
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    td.init(backend="cuda", heap_size=8 << 30)
+    try:
+        import transformers  # noqa: F401  (the baselines are its modules)
+    except ImportError:
+        record("layers", [], notes="not run: transformers is not installed (pip install transformers, or carry its "
+               "wheel to the node)")
+        td.finalize()
+        return
+    rows = []
+    for kind in ("mlp", "moe"):
+        calls, pairs = contenders(kind, FULL[kind], args.tokens, torch.bfloat16, td.shmem.device())
+        with torch.no_grad():
+            turn = in_turn(calls, args.rounds)
+        rows.append({"layer": kind, **FULL[kind], "tokens": args.tokens,
+                     **{f"{label} us": t for label, t in turn.items()},
+                     **{f"HF / {label}": turn["HF"] / turn[label] for label in turn if label.startswith("ours")},
+                     **{f"max rel err {label}": _rel(*pair) for label, pair in pairs.items()}})
+    record("layers", rows, notes=f"bf16, W={td.world_size()}; ours vs the HF module on one GPU; {IN_TURN}")
+    td.finalize()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The interpreter repair: a Triton whose interpreter converts scalars with ``int(array)`` (triton <= 3.6, broken
+by numpy >= 2.4) gets the ``squeeze()`` conversion; one that works is left alone."""
+
+import numpy as np
+import pytest
+
+from triton_dist import interpreter
+
+
+def test_a_working_interpreter_is_left_alone():
+    from triton.runtime import interpreter as interp
+
+    before = interp._patch_lang_tensor
+    if interpreter._index_broken(interp):
+        pytest.skip("this Triton's interpreter needs the repair (covered by the next test)")
+    assert interpreter.repair_index() is False and interp._patch_lang_tensor is before
+
+
+def test_a_broken_interpreter_is_repaired(monkeypatch):
+    from triton.runtime import interpreter as interp
+
+    if tuple(int(v) for v in np.__version__.split(".")[:2]) < (2, 4):
+        pytest.skip("numpy < 2.4 accepts int() of a one-element array")
+    original = interp._patch_lang_tensor
+
+    def broken(tensor, scope):  # what triton <= 3.6 installs
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+
+    monkeypatch.setattr(interp, "_patch_lang_tensor", broken)
+    assert interpreter._index_broken(interp)
+    assert interpreter.repair_index() is True
+    assert not interpreter._index_broken(interp)
+    assert interpreter.repair_index() is False  # once is enough

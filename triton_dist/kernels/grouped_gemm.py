@@ -1,0 +1,307 @@
+"""Grouped GEMM: every expert's rows times that expert's weight, in one persistent launch.
+
+``ep_dispatch`` delivers rows grouped by local expert: expert ``e`` owns rows ``[offsets[e], offsets[e] + n_e)``
+of ``x`` [rows, K] (``n_e = counts[e]``, or ``offsets[e+1] - offsets[e]`` without counts). The op computes
+
+    out[rows of e] = x[rows of e] @ w[e].T                      w [E, N, K]   (torch linear convention)
+    out[rows of e] = silu(x @ w[e, :I].T) * (x @ w[e, I:].T)    w [E, 2I, K]  (activation="silu_gate")
+
+The group boundaries stay on the device: no host sync, no per-expert padding, CUDA-graph capturable. The host
+sizes the launch for the worst case the buffer allows (``cdiv(rows, BLOCK_M) + E`` tile-rows) and each program:
+
+    tiles_e = cdiv(n_e, BLOCK_M); first_e = cumsum(tiles_e) - tiles_e        (vectors of E, once per program)
+    for tile in range(pid, sum(tiles_e) * tiles_n, num_programs):         (persistent; tiles past the real
+        pid_m, pid_n = grouped-M order over the tile-rows of all experts        work are never visited)
+        e = #experts whose tiles end at or before pid_m;  row = offsets[e] + (pid_m - first_e[e]) * BLOCK_M
+        acc = gemm.tile_accumulate(x rows from `row`, w[e] rows)            (the GEMM core's K loop, SILU_GATE)
+        store: a whole tile inside the group by TMA, the group's last partial tile by a store masked to n_e
+
+A tile may *read* rows past its group (the next group's, or zeros past the buffer): they only feed output rows
+that are masked out. Rows outside every group (alignment padding, rows past the end) are left untouched: pass a
+zeroed ``out`` if you need zeros there. Offsets and counts are clamped to the buffer, so bad ones cannot write
+out of bounds. The K loop, tile order and stores are the GEMM core's (``gemm.py``); a quantised variant would
+scale ``acc`` between the accumulation and the store, where ``_group_tile`` keeps both.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import autotune, hardware, shmem
+from . import library
+from .gemm import (SUPPORTED_DTYPES, TensorDescriptor, check_launchable, default_num_programs, dot_precision,
+                   gemm_candidates, gemm_config, tile_accumulate, tile_coords, tile_store, tma_compatible)
+
+ACTIVATIONS = ("none", "silu_gate")
+
+
+# ----------------------------------------------------------------------------------------------- kernel
+@triton.jit
+def _group_table(offsets, counts, E, rows, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, HAS_COUNTS: tl.constexpr):
+    """Per expert (vectors of E_PAD): first row, row count (clamped to the buffer), first tile-row, tile-rows."""
+    e = tl.arange(0, E_PAD)
+    valid = e < E
+    start = tl.load(offsets + e, mask=valid, other=0)
+    if HAS_COUNTS:
+        n = tl.load(counts + e, mask=valid, other=0)
+    else:
+        n = tl.load(offsets + e + 1, mask=valid, other=0) - start
+    start = tl.minimum(tl.maximum(start, 0), rows)
+    n = tl.minimum(tl.maximum(n, 0), rows - start)
+    tiles = tl.where(valid, (n + BLOCK_M - 1) // BLOCK_M, 0)
+    first_tile = tl.cumsum(tiles, 0) - tiles
+    return start, n, first_tile, tiles
+
+
+@triton.jit
+def _group_tile(x, w, out_desc, out, e, row0, n_rows, local_m, pid_n, rows, N, K, w_rows, stride_xm, stride_we,
+                stride_wn, stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                SILU_GATE: tl.constexpr):
+    """One output tile: rows ``local_m..`` of expert ``e``'s group (``n_rows`` rows from ``row0``), columns
+    ``pid_n * BLOCK_N..``. TMA: ``w`` is a descriptor of all experts' rows [E * w_rows, K], so expert e's rows
+    start at e * w_rows; masks: ``w`` points at expert 0 and expert e starts ``e * stride_we`` further."""
+    off_n = pid_n * BLOCK_N
+    if USE_TMA:
+        acc = tile_accumulate(x, w, row0 + local_m, e * w_rows + off_n, rows, N, K, stride_xm, stride_wn,
+                              BLOCK_M, BLOCK_N, BLOCK_K, True, DOT_PRECISION, SILU_GATE)
+    else:
+        acc = tile_accumulate(x, w + e.to(tl.int64) * stride_we, row0 + local_m, off_n, rows, N, K, stride_xm,
+                              stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, False, DOT_PRECISION, SILU_GATE)
+    full = local_m + BLOCK_M <= n_rows
+    if USE_TMA:
+        if full:  # inside the group: one TMA store (the descriptor clips columns past N)
+            tile_store(out_desc, acc, 0, row0 + local_m, off_n, rows, N, 0, stride_om, BLOCK_M, BLOCK_N, True,
+                       EPILOGUE_SUBTILE)
+        else:
+            _store_masked(out, acc, row0, local_m, off_n, n_rows, N, stride_om, BLOCK_M, BLOCK_N)
+    else:
+        _store_masked(out, acc, row0, local_m, off_n, n_rows, N, stride_om, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _store_masked(out, acc, row0, local_m, off_n, n_rows, N, stride_om, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """The group's rows of a tile, masked to its ``n_rows`` (the core's "segment" starting at row0)."""
+    tile_store(out, acc, row0, local_m, off_n, n_rows, N, stride_om, stride_om, BLOCK_M, BLOCK_N, False)
+
+
+@triton.jit
+def grouped_gemm_kernel(x, w, out_desc, out, offsets, counts, E, rows, N, K, w_rows, stride_xm, stride_we,
+                        stride_wn, stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        GROUP_M: tl.constexpr, E_PAD: tl.constexpr, HAS_COUNTS: tl.constexpr,
+                        USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
+                        WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr):
+    """Persistent grouped GEMM over the experts' row groups (module docstring). ``N``: output columns
+    (SILU_GATE: I, half of ``w_rows``); ``x``/``w``/``out_desc``: descriptors (USE_TMA) or pointers."""
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    start, n, first_tile, tiles = _group_table(offsets, counts, E, rows, BLOCK_M, E_PAD, HAS_COUNTS)
+    experts = tl.arange(0, E_PAD)
+    tiles_m = tl.sum(tiles, 0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(pid, tiles_m * tiles_n, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        _, pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, 1, 0, 1, GROUP_M)
+        e = tl.sum((first_tile + tiles <= pid_m).to(tl.int32), 0)  # experts entirely before tile-row pid_m
+        mine = experts == e
+        row0 = tl.sum(tl.where(mine, start, 0), 0)
+        n_rows = tl.sum(tl.where(mine, n, 0), 0)
+        local_m = (pid_m - tl.sum(tl.where(mine, first_tile, 0), 0)) * BLOCK_M
+        _group_tile(x, w, out_desc, out, e, row0, n_rows, local_m, pid_n, rows, N, K, w_rows, stride_xm, stride_we,
+                    stride_wn, stride_om, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, EPILOGUE_SUBTILE, DOT_PRECISION,
+                    SILU_GATE)
+
+
+# ----------------------------------------------------------------------------------------------- launcher
+def default_config(rows, n, k, dtype, device, silu_gate=False):
+    """The GEMM core's configuration for the shape (``gemm.gemm_config``; SILU_GATE: half-width tiles, as a
+    tile holds a gate and an up accumulator)."""
+    cfg = gemm_config(rows, n, k, dtype, device)
+    if silu_gate:
+        cfg["BLOCK_N"] = max(16, cfg["BLOCK_N"] // 2)
+    return cfg
+
+
+def worst_case_tiles(rows, experts, n_out, cfg):
+    """Tiles the launch may meet: every group's last tile-row can be partial, so at most cdiv(rows, BM) + E."""
+    return (triton.cdiv(rows, cfg["BLOCK_M"]) + experts) * triton.cdiv(n_out, cfg["BLOCK_N"])
+
+
+def launch_grouped_gemm(x, w, offsets, counts, out, cfg, silu_gate):
+    """The kernel on checked inputs: x [rows, K], w [E, w_rows, K], out [rows, N] (N = w_rows, or w_rows / 2
+    with ``silu_gate``)."""
+    rows, k = x.shape
+    experts, w_rows, _ = w.shape
+    n_out = out.shape[1]
+    w2 = w.view(experts * w_rows, k)
+    use_tma = cfg.get("use_tma")
+    if use_tma is None:
+        use_tma = k > 0 and tma_compatible(x, w2, out)
+    use_tma = bool(use_tma) and TensorDescriptor is not None
+    out3 = out.view(1, rows, n_out)
+    if use_tma:
+        bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+        x_arg = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, bk])
+        w_arg = TensorDescriptor(w2, list(w2.shape), list(w2.stride()), [bn, bk])
+        out_arg = TensorDescriptor(out3, list(out3.shape), list(out3.stride()),
+                                   [1, bm, bn // 2 if cfg.get("EPILOGUE_SUBTILE") else bn])
+    else:
+        x_arg, w_arg, out_arg = x, w, out
+    programs = max(1, min(cfg.get("num_programs") or default_num_programs(x.device),
+                          worst_case_tiles(rows, experts, n_out, cfg)))
+    grouped_gemm_kernel[(programs,)](
+        x_arg, w_arg, out_arg, out, offsets, offsets if counts is None else counts, experts, rows, n_out, k, w_rows,
+        x.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+        E_PAD=max(2, triton.next_power_of_2(experts)), HAS_COUNTS=counts is not None, USE_TMA=use_tma,
+        EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],
+        WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(x.dtype), SILU_GATE=silu_gate,
+        num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
+    return out
+
+
+_CONFIGS = shmem.Plans("grouped_gemm")  # (rows, E, w_rows, K, dtype, device, silu_gate) -> tuned config
+
+
+def _tuned_config(rows, experts, w_rows, k, dtype, device, silu_gate):
+    """On GPU the GEMM core's candidates timed with evenly filled groups (the op itself cannot see the real
+    sizes without a sync); elsewhere the default."""
+    n_out = w_rows // 2 if silu_gate else w_rows
+    base = default_config(rows, n_out, k, dtype, device, silu_gate)
+    if device.type != "cuda":
+        return base
+    cands = []
+    for c in gemm_candidates(rows, n_out, k, dtype, device):
+        if c.get("WARP_SPECIALIZE"):  # the store branch is outside what triton's warp specialisation takes
+            continue
+        if silu_gate:  # a tile holds a gate and an up accumulator: half the width
+            c = {**c, "BLOCK_N": max(16, c["BLOCK_N"] // 2)}
+        cands.append(c)
+
+    def make_runner():
+        from ..timing import graph_of
+
+        x = torch.randn((rows, k), device=device).to(dtype)
+        w = (torch.randn((experts, w_rows, k), device=device) / k ** 0.5).to(dtype)
+        offsets = torch.linspace(0, rows, experts + 1, device=device).to(torch.int32)
+        out = torch.empty((rows, n_out), dtype=dtype, device=device)
+        graphs = {}
+
+        def run(cfg):  # device time, from a CUDA graph per candidate
+            key = repr(sorted(cfg.items()))
+            if key not in graphs:
+                graphs[key] = graph_of(lambda: launch_grouped_gemm(x, w, offsets, None, out, cfg, silu_gate))
+            graphs[key].replay()
+        return run
+
+    key = dict(rows=rows, experts=experts, n=w_rows, k=k, dtype=str(dtype).replace("torch.", ""),
+               silu_gate=silu_gate)
+    return autotune.choose("grouped_gemm", key, autotune.dedupe(cands), make_runner, default=base, collective=False)
+
+
+# ----------------------------------------------------------------------------------------------- the op
+def _check_inputs(x, w, expert_offsets, expert_counts, activation):
+    for name, t in (("x", x), ("w", w), ("expert_offsets", expert_offsets)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if expert_counts is not None and not isinstance(expert_counts, torch.Tensor):
+        raise TypeError(f"expert_counts must be a torch.Tensor or None, got {type(expert_counts).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES or w.dtype != x.dtype:
+        raise TypeError(f"x and w must share one dtype of float16/bfloat16 (float32 for tests), got {x.dtype} and "
+                        f"{w.dtype}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if x.dim() != 2 or w.dim() != 3 or w.shape[2] != x.shape[1]:
+        raise ValueError(f"expected x [rows, K] and w [E, N, K]; got {list(x.shape)} and {list(w.shape)}")
+    if activation == "silu_gate" and w.shape[1] % 2:
+        raise ValueError(f"activation='silu_gate' takes w [E, 2I, K] (gate over up), got {list(w.shape)}")
+    if not x.is_contiguous() or not w.is_contiguous():
+        raise ValueError("x and w must be contiguous (call .contiguous() first)")
+    experts = w.shape[0]
+    for name, t, size in (("expert_offsets", expert_offsets, experts + 1), ("expert_counts", expert_counts, experts)):
+        if t is None:
+            continue
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32 (as ep_dispatch returns it), got {t.dtype}")
+        if t.dim() != 1 or t.shape[0] != size or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous [{size}] tensor for {experts} experts, got "
+                             f"{list(t.shape)}")
+    for name, t in (("w", w), ("expert_offsets", expert_offsets), ("expert_counts", expert_counts)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+def _output_shape(x, w, activation):
+    return x.shape[0], w.shape[1] // 2 if activation == "silu_gate" else w.shape[1]
+
+
+def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", out=None, config=None):
+    """``out[rows of e] = x[rows of e] @ w[e].T`` for every expert e, group boundaries read on the device.
+
+    ``x`` [rows, K] and ``w`` [E, N, K] (float16/bfloat16; float32 for tests), contiguous, on one device (CUDA, or
+    CPU under the Triton interpreter). ``expert_offsets`` int32 [E+1]: group e starts at row ``expert_offsets[e]``
+    (``expert_offsets[E]``: the end), e.g. ``EpDispatchResult.expert_offsets``. ``expert_counts`` int32 [E]
+    (optional): group e is ``[offsets[e], offsets[e] + counts[e])``, so alignment padding after a group's rows
+    is skipped; without it a group runs to the next offset. ``activation="silu_gate"``: ``w`` [E, 2I, K] holds
+    each expert's gate rows over its up rows and ``out`` [rows, I] gets ``silu(x @ gate.T) * (x @ up.T)``.
+    Rows outside every group are left untouched (``out=None``: uninitialised there). ``config``: overrides of
+    ``default_config``. Also ``torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts,
+    activation)``. No host sync: CUDA-graph capturable after a first call of the shape (tuning).
+    """
+    _check_inputs(x, w, expert_offsets, expert_counts, activation)
+    if config is None and out is None and hardware.compiling():
+        return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation)
+    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config)
+
+
+def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config):
+    """The op on checked inputs."""
+    check_launchable(x, "x and w")
+    shape = _output_shape(x, w, activation)
+    if out is None:
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != x.dtype
+          or out.device != x.device or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {list(shape)} on {x.device}")
+    rows, k = x.shape
+    experts, w_rows, _ = w.shape
+    if rows == 0 or shape[1] == 0 or experts == 0:
+        return out
+    silu_gate = activation == "silu_gate"
+    if config is None:
+        key = (rows, experts, w_rows, k, x.dtype, x.device, silu_gate)
+        cfg = _CONFIGS.get(key, lambda: _tuned_config(rows, experts, w_rows, k, x.dtype, x.device, silu_gate))
+    else:
+        cfg = autotune.with_overrides(default_config(rows, shape[1], k, x.dtype, x.device, silu_gate), config)
+    return launch_grouped_gemm(x, w, expert_offsets, expert_counts, out, cfg, silu_gate)
+
+
+def grouped_gemm_torch(x, w, expert_offsets, expert_counts=None, activation="none", out=None):
+    """The same product in torch, one ``matmul`` per expert (syncs: reads the offsets on the host): the
+    reference of the tests and a baseline of the benchmark. Rows outside every group: zeros unless ``out``."""
+    offsets = expert_offsets.tolist()
+    counts = expert_counts.tolist() if expert_counts is not None else [b - a for a, b in zip(offsets, offsets[1:])]
+    shape = _output_shape(x, w, activation)
+    out = torch.zeros(shape, dtype=x.dtype, device=x.device) if out is None else out
+    for e, (start, n) in enumerate(zip(offsets, counts)):
+        h = x[start:start + n] @ w[e].T
+        if activation == "silu_gate":
+            h = torch.nn.functional.silu(h[:, :shape[1]]) * h[:, shape[1]:]
+        out[start:start + n] = h
+    return out
+
+
+def _grouped_gemm_op(x, w, expert_offsets, expert_counts=None, activation="none"):
+    _check_inputs(x, w, expert_offsets, expert_counts, activation)
+    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, None, None)
+
+
+def _grouped_gemm_fake(x, w, expert_offsets, expert_counts=None, activation="none"):
+    _check_inputs(x, w, expert_offsets, expert_counts, activation)
+    return x.new_empty(_output_shape(x, w, activation))
+
+
+library.define('grouped_gemm(Tensor x, Tensor w, Tensor expert_offsets, Tensor? expert_counts=None, '
+               'str activation="none") -> Tensor', _grouped_gemm_op, _grouped_gemm_fake)
+
+__all__ = ["grouped_gemm", "grouped_gemm_kernel", "grouped_gemm_torch", "default_config", "ACTIVATIONS"]

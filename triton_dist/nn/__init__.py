@@ -1,0 +1,19 @@
+"""Drop-in layers for real models, on triton_dist's overlapped ops, and ``parallelize`` for Hugging Face models.
+
+    ColumnParallelLinear, RowParallelLinear, TensorParallelMLP   linear.py    ag_gemm / gemm_rs
+    Router, ExpertParallelMoE                                    moe.py       ep_dispatch -> grouped GEMMs -> ep_combine
+    DecodeAttention, SequenceParallelDecodeAttention             attention.py sp_flash_decode
+    parallelize(model)                                           hf.py        swaps a transformers model's blocks
+
+Every layer has ``from_dense(module, group=None)``, which loads this rank's shard from the unsharded module, and
+the forward semantics of the module it replaces (``sequence_parallel=False``: full activations in and out on
+every rank; ``True``: the native sharded rows, see ``sharding.py``). Call ``triton_dist.init()`` first.
+"""
+
+from .attention import DecodeAttention, SequenceParallelDecodeAttention  # noqa: F401
+from .hf import parallelize  # noqa: F401
+from .linear import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP  # noqa: F401
+from .moe import ExpertParallelMoE, Router  # noqa: F401
+
+__all__ = ["ColumnParallelLinear", "DecodeAttention", "ExpertParallelMoE", "Router", "RowParallelLinear",
+           "SequenceParallelDecodeAttention", "TensorParallelMLP", "parallelize"]

@@ -1,0 +1,220 @@
+"""Tensor-parallel linear layers and the gated MLP, on the overlapped ops: ag_gemm in, gemm_rs out.
+
+    ColumnParallelLinear   y = x @ W.T + b,  W's output features split over ranks      ag_gemm
+    RowParallelLinear      y = x @ W.T + b,  W's input features split over ranks       gemm_rs
+    TensorParallelMLP      down(silu(gate(x)) * up(x)), the intermediate split:         ag_gemm(silu_gate) -> gemm_rs
+
+Rank r holds the r-th of W equal slices (``torch.chunk`` of the split dimension; it must divide by W).
+``sequence_parallel`` picks what goes in and out (``sharding.py``): True, the native shapes (rows sharded like
+``torch.tensor_split``; the column-parallel output and the row-parallel input hold every row and this rank's
+features); False, the full activations in and the full output out on every rank, like the dense module.
+``from_dense(module_or_state_dict, group=None)`` loads this rank's slices from the unsharded module.
+
+The MLP (a Llama-style block: ``gate_proj``, ``up_proj``, ``down_proj``, SiLU) stores its gate and up slices
+stacked, ``[gate_r; up_r]``, so that ag_gemm's fused SiLU-gate epilogue writes only ``silu(gate) * up``.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .sharding import GroupOps, finish_rows, local_rows, plan_rows, drop_padding
+
+
+def state_of(module_or_state_dict):
+    """A module's state dict (tensors detached), or the dict itself."""
+    if isinstance(module_or_state_dict, nn.Module):
+        return {k: v.detach() for k, v in module_or_state_dict.state_dict().items()}
+    if isinstance(module_or_state_dict, dict):
+        return module_or_state_dict
+    raise TypeError(f"expected an nn.Module or a state dict, got {type(module_or_state_dict).__name__}")
+
+
+def check_silu(module, what):
+    """ValueError unless ``module.act_fn`` (when it has one) is SiLU: the fused epilogues compute silu(gate)."""
+    act = getattr(module, "act_fn", None)
+    if act is not None and not isinstance(act, nn.SiLU) and type(act).__name__ not in ("SiLU", "SiLUActivation"):
+        raise ValueError(f"{what}: activation {type(act).__name__} is not supported (triton_dist fuses SiLU only)")
+
+
+def gated_mlp_weights(module_or_state_dict, what="module"):
+    """(gate [I, H], up [I, H], down [H, I]) of a Llama-style gated MLP (``gate_proj``/``up_proj``/``down_proj``,
+    no biases, SiLU), or ValueError naming ``what``."""
+    if isinstance(module_or_state_dict, nn.Module):
+        check_silu(module_or_state_dict, what)
+    sd = state_of(module_or_state_dict)
+    names = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+    missing = [n for n in names if n not in sd]
+    if missing:
+        raise ValueError(f"{what}: not a gated MLP (missing {missing}; has {sorted(sd)})")
+    biases = [k for k in sd if k.endswith(".bias")]
+    if biases:
+        raise ValueError(f"{what}: biases {biases} are not supported in a gated MLP (the SiLU gate is fused)")
+    gate, up, down = (sd[n] for n in names)
+    if gate.shape != up.shape or down.shape != (gate.shape[1], gate.shape[0]):
+        raise ValueError(f"{what}: gate {list(gate.shape)}, up {list(up.shape)}, down {list(down.shape)} do not "
+                         f"form an MLP")
+    return gate, up, down
+
+
+def _split(t, dim, ops, what):
+    """This rank's slice of ``t`` along ``dim`` (equal slices, a copy)."""
+    if t.shape[dim] % ops.world:
+        raise ValueError(f"{what}: size {t.shape[dim]} is not divisible by the {ops.world} ranks")
+    return t.chunk(ops.world, dim)[ops.rank].contiguous().clone()
+
+
+def _linear_state(module_or_state_dict, what):
+    sd = state_of(module_or_state_dict)
+    if "weight" not in sd or sd["weight"].dim() != 2:
+        raise ValueError(f"{what}: expected a Linear's state (a 2-D 'weight', optional 'bias'), got {sorted(sd)}")
+    return sd["weight"], sd.get("bias")
+
+
+class _ParallelLinear(nn.Module):
+    def __init__(self, in_features, out_features, bias, sequence_parallel, group, split_dim, dtype, device):
+        super().__init__()
+        self.ops = GroupOps(group)
+        self.in_features, self.out_features = in_features, out_features
+        self.sequence_parallel = bool(sequence_parallel)
+        full = (out_features, in_features)
+        if full[split_dim] % self.ops.world:
+            raise ValueError(f"{type(self).__name__}: {'out' if split_dim == 0 else 'in'}_features={full[split_dim]} "
+                             f"is not divisible by the {self.ops.world} ranks")
+        shape = list(full)
+        shape[split_dim] //= self.ops.world
+        self.weight = nn.Parameter(torch.empty(shape, dtype=dtype, device=device))
+        bias_size = shape[0] if split_dim == 0 else out_features
+        self.bias = nn.Parameter(torch.zeros(bias_size, dtype=dtype, device=device)) if bias else None
+
+    @classmethod
+    def _from_dense(cls, module_or_state_dict, group, sequence_parallel, split_dim):
+        weight, bias = _linear_state(module_or_state_dict, cls.__name__)
+        layer = cls(weight.shape[1], weight.shape[0], bias is not None, sequence_parallel=sequence_parallel,
+                    group=group, dtype=weight.dtype, device=weight.device)
+        with torch.no_grad():
+            layer.weight.copy_(_split(weight, split_dim, layer.ops, cls.__name__))
+            if bias is not None:
+                layer.bias.copy_(_split(bias, 0, layer.ops, cls.__name__) if split_dim == 0 else bias)
+        return layer
+
+
+class ColumnParallelLinear(_ParallelLinear):
+    """``x @ W.T + b`` with W [out, in] split by output features (rank r: rows r of ``W.chunk(W)``): ag_gemm.
+
+    sequence_parallel=True: x is this rank's rows [m_r, in]; returns every row, this rank's features
+    [M, out / W] (what a row-parallel layer takes). False: x [..., in] full on every rank; returns the full
+    [..., out] (the feature slices all-gathered)."""
+
+    def __init__(self, in_features, out_features, bias=True, *, sequence_parallel=False, group=None, dtype=None,
+                 device=None):
+        super().__init__(in_features, out_features, bias, sequence_parallel, group, 0, dtype, device)
+
+    @classmethod
+    def from_dense(cls, module, group=None, sequence_parallel=False):
+        """From an ``nn.Linear`` (or its state dict): this rank's output features."""
+        return cls._from_dense(module, group, sequence_parallel, 0)
+
+    def forward(self, x, total_rows=None):
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        rows = plan_rows(x2, self.ops, self.sequence_parallel, total_rows)
+        if rows.total == 0:
+            width = self.weight.shape[0] if self.sequence_parallel else self.out_features
+            return x.new_zeros((*lead, width))
+        y = drop_padding(self.ops.ag_gemm(local_rows(x2, rows), self.weight), rows)  # [M, out / W]
+        if self.bias is not None:
+            y = y + self.bias
+        if self.sequence_parallel:
+            return y
+        slices = self.ops.all_gather(y.contiguous())  # [W * M, out / W]: rank r's features r-th
+        full = slices.view(self.ops.world, rows.total, -1).permute(1, 0, 2).reshape(rows.total, self.out_features)
+        return full.reshape(*lead, self.out_features)
+
+
+class RowParallelLinear(_ParallelLinear):
+    """``x @ W.T + b`` with W [out, in] split by input features (rank r: columns r of ``W.chunk(W, 1)``): gemm_rs.
+
+    sequence_parallel=True: x holds every row and this rank's input features [M, in / W]; returns this rank's
+    ``tensor_split`` rows [m_r, out]. False: x [..., in] full on every rank; returns the full [..., out]."""
+
+    def __init__(self, in_features, out_features, bias=True, *, sequence_parallel=False, group=None, dtype=None,
+                 device=None):
+        super().__init__(in_features, out_features, bias, sequence_parallel, group, 1, dtype, device)
+
+    @classmethod
+    def from_dense(cls, module, group=None, sequence_parallel=False):
+        """From an ``nn.Linear`` (or its state dict): this rank's input features (the bias kept whole)."""
+        return cls._from_dense(module, group, sequence_parallel, 1)
+
+    def forward(self, x):
+        lead = x.shape[:-1]
+        if self.sequence_parallel:  # every row, our features: the output rows come out tensor_split
+            x2 = x.reshape(-1, self.weight.shape[1])
+            y = self.ops.gemm_rs(x2.contiguous(), self.weight)
+            return y + self.bias if self.bias is not None else y
+        x2 = x.reshape(-1, self.in_features)
+        m, width = x2.shape[0], self.weight.shape[1]
+        if m == 0:
+            return x.new_zeros((*lead, self.out_features))
+        mine = x2[:, self.ops.rank * width:(self.ops.rank + 1) * width]
+        rows = plan_rows(x2, self.ops, False)
+        padded = mine.new_zeros((rows.shard * self.ops.world, width))  # equal shares: rank r's are rows r*shard..
+        padded[:m] = mine
+        y = self.ops.gemm_rs(padded, self.weight)
+        if self.bias is not None:
+            y = y + self.bias
+        return finish_rows(y, rows, self.ops).reshape(*lead, self.out_features)
+
+
+class TensorParallelMLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with the intermediate size split over ranks: ag_gemm with the fused
+    SiLU gate, then gemm_rs. ``gate_up`` [2I/W, H] = [gate_r; up_r], ``down`` [H, I/W].
+
+    sequence_parallel=True: x is this rank's rows [m_r, H] (``total_rows`` when shards are uneven), the result
+    this rank's rows. False: x [..., H] full on every rank, the result the full [..., H], equal to the dense MLP's.
+    """
+
+    def __init__(self, hidden_size, intermediate_size, *, sequence_parallel=False, group=None, dtype=None,
+                 device=None):
+        super().__init__()
+        self.ops = GroupOps(group)
+        if intermediate_size % self.ops.world:
+            raise ValueError(f"TensorParallelMLP: intermediate_size={intermediate_size} is not divisible by the "
+                             f"{self.ops.world} ranks")
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.sequence_parallel = bool(sequence_parallel)
+        local = intermediate_size // self.ops.world
+        self.gate_up = nn.Parameter(torch.empty((2 * local, hidden_size), dtype=dtype, device=device))
+        self.down = nn.Parameter(torch.empty((hidden_size, local), dtype=dtype, device=device))
+
+    @classmethod
+    def from_dense(cls, module, group=None, sequence_parallel=False):
+        """From a gated MLP module (``gate_proj``, ``up_proj``, ``down_proj``, SiLU, no biases: LlamaMLP and
+        alike) or its state dict."""
+        gate, up, down = gated_mlp_weights(module, type(module).__name__)
+        layer = cls(gate.shape[1], gate.shape[0], sequence_parallel=sequence_parallel, group=group,
+                    dtype=gate.dtype, device=gate.device)
+        ops = layer.ops
+        with torch.no_grad():
+            layer.gate_up.copy_(torch.cat([_split(gate, 0, ops, "gate_proj"), _split(up, 0, ops, "up_proj")]))
+            layer.down.copy_(_split(down, 1, ops, "down_proj"))
+        return layer
+
+    def forward(self, x, total_rows=None):
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.hidden_size)
+        rows = plan_rows(x2, self.ops, self.sequence_parallel, total_rows)
+        if rows.total == 0:
+            return x.new_zeros((*lead, self.hidden_size))
+        h = self.ops.ag_gemm(local_rows(x2, rows), self.gate_up, activation="silu_gate")  # [W * shard, I / W]
+        y = self.ops.gemm_rs(h, self.down)  # [shard, H]: W * shard rows split evenly
+        out = finish_rows(y, rows, self.ops)
+        return out.reshape(*lead, self.hidden_size) if not self.sequence_parallel else out
+
+
+def gated_mlp_torch(x, gate_up, down):
+    """The dense gated MLP on stacked weights (``gate_up`` = [gate; up]): for replicated shared experts."""
+    h = F.linear(x, gate_up)
+    inter = gate_up.shape[0] // 2
+    return F.linear(F.silu(h[..., :inter]) * h[..., inter:], down)

@@ -1,0 +1,204 @@
+"""The expert-parallel MoE block: router top-k -> ep_dispatch -> grouped GEMMs -> ep_combine.
+
+    idx, weights = router(x)                                      this rank's tokens only
+    recv = ep_dispatch(x, idx, weights)                           rows grouped by this rank's experts
+    h = grouped_gemm(recv.x, gate_up, offsets, counts, "silu_gate")   silu(x @ gate_e.T) * (x @ up_e.T), fused
+    y = grouped_gemm(h, down, offsets, counts)                    h @ down_e.T
+    out = ep_combine(y, recv.handle) (+ shared experts)           back on the tokens' ranks, weighted, summed
+
+Rank r owns experts [r * E/W, (r + 1) * E/W) (E must divide by W); shared experts are replicated and run on the
+rank's own tokens. Group sizes stay on the device from dispatch to combine: no host sync. ``sequence_parallel``
+(``sharding.py``): True, x is this rank's tokens and so is the result; False, x is every token on every rank,
+each rank routes only its slice and the slices' results are all-gathered, so the result equals the dense
+block's. ``max_tokens`` (tokens per rank the dispatch buffers hold, the same on every rank) defaults to the
+slice size rounded up to a power of two, so that a few workspaces serve every batch size.
+
+``Router`` reproduces the routers of the blocks ``parallelize`` replaces, operation for operation: softmax top-k
+(optionally renormalised; the weights in fp32 or cast to the input's dtype) and DeepSeek-V3's sigmoid scores
+with a score-correction bias, group-limited top-k and routed scaling.
+"""
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch import nn
+
+from ..kernels.grouped_gemm import grouped_gemm
+from .linear import gated_mlp_torch, gated_mlp_weights, state_of
+from .sharding import GroupOps, finish_rows, plan_rows
+
+SCORINGS = ("softmax", "sigmoid")
+
+
+class Router(nn.Module):
+    """Top-k routing of ``x`` [T, H] over ``weight`` [E, H]: returns (ids [T, k] int64, weights [T, k]).
+
+    softmax: ``softmax(x @ W.T)`` in fp32, top-k, renormalised if ``norm_topk_prob``; weights cast back to x's
+    dtype if ``cast_weights`` (Qwen2/3-MoE) or kept in fp32 (Mixtral). sigmoid (DeepSeek-V3): fp32 logits,
+    ``sigmoid``, choice among the ``topk_group`` best of ``n_group`` groups (a group's score: its 2 best scores +
+    ``score_bias``), weights the chosen sigmoid scores, renormalised if ``norm_topk_prob``, times
+    ``routed_scaling_factor``."""
+
+    def __init__(self, hidden_size, num_experts, top_k, *, scoring="softmax", norm_topk_prob=True,
+                 cast_weights=False, n_group=1, topk_group=1, routed_scaling_factor=1.0, score_bias=False,
+                 dtype=None, device=None):
+        super().__init__()
+        if scoring not in SCORINGS:
+            raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
+        if scoring == "sigmoid" and (num_experts % n_group or not 1 <= topk_group <= n_group):
+            raise ValueError(f"group-limited routing needs n_group ({n_group}) dividing num_experts "
+                             f"({num_experts}) and 1 <= topk_group ({topk_group}) <= n_group")
+        self.num_experts, self.top_k, self.scoring = num_experts, top_k, scoring
+        self.norm_topk_prob, self.cast_weights = bool(norm_topk_prob), bool(cast_weights)
+        self.n_group, self.topk_group, self.routed_scaling_factor = n_group, topk_group, routed_scaling_factor
+        self.weight = nn.Parameter(torch.empty((num_experts, hidden_size), dtype=dtype, device=device))
+        bias = torch.zeros(num_experts, dtype=torch.float32, device=device) if score_bias else None
+        self.register_buffer("score_bias", bias)
+
+    def forward(self, x):
+        if self.scoring == "softmax":
+            logits = F.linear(x, self.weight)
+            probs = torch.softmax(logits.float(), dim=-1)
+            weights, idx = torch.topk(probs, self.top_k, dim=-1)
+            if self.norm_topk_prob:
+                weights /= weights.sum(dim=-1, keepdim=True)
+            return idx, weights.to(logits.dtype) if self.cast_weights else weights
+        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        choice = scores + self.score_bias if self.score_bias is not None else scores
+        per_group = self.num_experts // self.n_group
+        group_scores = choice.view(-1, self.n_group, per_group).topk(2, dim=-1)[0].sum(dim=-1)
+        groups = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+        keep = torch.zeros_like(group_scores).scatter_(1, groups, 1)
+        keep = keep.unsqueeze(-1).expand(-1, self.n_group, per_group).reshape(-1, self.num_experts)
+        choice = choice.masked_fill(~keep.bool(), float("-inf"))
+        idx = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, idx)
+        if self.norm_topk_prob:
+            weights /= weights.sum(dim=-1, keepdim=True) + 1e-20
+        return idx, weights * self.routed_scaling_factor
+
+
+class ExpertParallelMoE(nn.Module):
+    """A sparse MoE block with its experts split over ranks (module docstring). ``gate_up`` [E/W, 2I, H]
+    (each expert's gate rows over its up rows), ``down`` [E/W, H, I]; optional shared experts (``shared_gate_up``
+    [2Is, H], ``shared_down`` [H, Is]) and, Qwen2-MoE style, a sigmoid gate on their output
+    (``shared_expert_gate`` [1, H])."""
+
+    def __init__(self, hidden_size, intermediate_size, router, *, shared_intermediate_size=0,
+                 shared_expert_gate=False, sequence_parallel=False, max_tokens=None, align=1, group=None,
+                 dtype=None, device=None):
+        super().__init__()
+        self.ops = GroupOps(group)
+        if not isinstance(router, Router):
+            raise TypeError(f"router must be a triton_dist.nn.Router, got {type(router).__name__}")
+        experts = router.num_experts
+        if experts % self.ops.world:
+            raise ValueError(f"ExpertParallelMoE: {experts} experts are not divisible by the {self.ops.world} ranks")
+        self.hidden_size, self.intermediate_size, self.num_experts = hidden_size, intermediate_size, experts
+        self.sequence_parallel, self.max_tokens, self.align = bool(sequence_parallel), max_tokens, align
+        self.router = router
+        local = experts // self.ops.world
+        self.first_expert = self.ops.rank * local
+        self.gate_up = nn.Parameter(torch.empty((local, 2 * intermediate_size, hidden_size), dtype=dtype,
+                                                device=device))
+        self.down = nn.Parameter(torch.empty((local, hidden_size, intermediate_size), dtype=dtype, device=device))
+        self.shared_gate_up = self.shared_down = self.shared_expert_gate = None
+        if shared_intermediate_size:
+            self.shared_gate_up = nn.Parameter(torch.empty((2 * shared_intermediate_size, hidden_size), dtype=dtype,
+                                                           device=device))
+            self.shared_down = nn.Parameter(torch.empty((hidden_size, shared_intermediate_size), dtype=dtype,
+                                                        device=device))
+        if shared_expert_gate:
+            self.shared_expert_gate = nn.Parameter(torch.empty((1, hidden_size), dtype=dtype, device=device))
+
+    @classmethod
+    def from_dense(cls, module, group=None, *, router=None, sequence_parallel=False, max_tokens=None, align=1):
+        """From a sparse-MoE block of the installed transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3:
+        see ``hf.read_moe_block``), or from a state dict in their naming (``gate.weight``,
+        ``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I], optional
+        ``gate.e_score_correction_bias``, ``shared_expert(s).{gate,up,down}_proj.weight``,
+        ``shared_expert_gate.weight``) together with ``router`` (a ``Router`` giving the routing math)."""
+        if isinstance(module, nn.Module):
+            from .hf import read_moe_block
+
+            if router is not None:
+                raise ValueError("router= goes with a state dict; a module brings its own router")
+            parts = read_moe_block(module)
+        else:
+            if router is None:
+                raise ValueError("from_dense(state_dict) needs router= (a triton_dist.nn.Router: the routing math)")
+            parts = _state_dict_parts(state_of(module), router)
+        gate_up, down = parts["gate_up"], parts["down"]
+        shared = parts.get("shared")
+        layer = cls(gate_up.shape[2], gate_up.shape[1] // 2, parts["router"],
+                    shared_intermediate_size=shared[1].shape[1] if shared else 0,
+                    shared_expert_gate=parts.get("shared_gate") is not None, sequence_parallel=sequence_parallel,
+                    max_tokens=max_tokens, align=align, group=group, dtype=gate_up.dtype, device=gate_up.device)
+        mine = slice(layer.first_expert, layer.first_expert + layer.gate_up.shape[0])
+        with torch.no_grad():
+            layer.gate_up.copy_(gate_up[mine])
+            layer.down.copy_(down[mine])
+            if shared:
+                layer.shared_gate_up.copy_(shared[0])
+                layer.shared_down.copy_(shared[1])
+            if parts.get("shared_gate") is not None:
+                layer.shared_expert_gate.copy_(parts["shared_gate"])
+        return layer
+
+    def _capacity(self, rows):
+        if self.max_tokens is not None:
+            if rows.shard > self.max_tokens:
+                raise ValueError(f"{rows.shard} tokens per rank exceed max_tokens={self.max_tokens}")
+            return self.max_tokens
+        return triton.next_power_of_2(max(rows.shard, 1))
+
+    def experts(self, x, max_tokens):
+        """The routed part on this rank's tokens ``x`` [T <= max_tokens, H] (collective: every rank calls it
+        with the same ``max_tokens``)."""
+        idx, weights = self.router(x)
+        recv = self.ops.ep_dispatch(x.contiguous(), idx, weights, self.num_experts, max_tokens, self.align)
+        h = grouped_gemm(recv.x, self.gate_up, recv.expert_offsets, recv.expert_counts, activation="silu_gate")
+        y = grouped_gemm(h, self.down, recv.expert_offsets, recv.expert_counts)
+        return self.ops.ep_combine(y, recv.handle)
+
+    def forward(self, x, total_rows=None):
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.hidden_size)
+        rows = plan_rows(x2, self.ops, self.sequence_parallel, total_rows)
+        if rows.total == 0:
+            return x.new_zeros(x.shape)
+        mine = x2 if self.sequence_parallel else x2[rows.start:rows.start + rows.count]
+        out = self.experts(mine, self._capacity(rows))
+        if self.shared_gate_up is not None:
+            shared = gated_mlp_torch(mine, self.shared_gate_up, self.shared_down)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(F.linear(mine, self.shared_expert_gate)) * shared
+            out = out + shared
+        if self.sequence_parallel:
+            return out
+        padded = out.new_zeros((rows.shard, self.hidden_size))
+        padded[:out.shape[0]] = out
+        return finish_rows(padded, rows, self.ops).reshape(*lead, self.hidden_size)
+
+
+def _state_dict_parts(sd, router):
+    """``read_moe_block``'s parts from a state dict in the transformers naming (see ``from_dense``)."""
+    for key in ("experts.gate_up_proj", "experts.down_proj"):
+        if key not in sd:
+            raise ValueError(f"state dict lacks {key!r} (fused 3-D experts [E, 2I, H] / [E, H, I]); has {sorted(sd)}")
+    parts = {"router": router, "gate_up": sd["experts.gate_up_proj"], "down": sd["experts.down_proj"]}
+    with torch.no_grad():
+        if "gate.weight" in sd:
+            router.weight.copy_(sd["gate.weight"])
+        if router.score_bias is not None and "gate.e_score_correction_bias" in sd:
+            router.score_bias.copy_(sd["gate.e_score_correction_bias"])
+    for prefix in ("shared_expert.", "shared_experts."):
+        sub = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+        if sub:
+            gate, up, down = gated_mlp_weights(sub, prefix.rstrip("."))
+            parts["shared"] = (torch.cat([gate, up]), down)
+    if "shared_expert_gate.weight" in sd:
+        parts["shared_gate"] = sd["shared_expert_gate.weight"]
+    return parts

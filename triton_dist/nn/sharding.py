@@ -1,0 +1,133 @@
+"""How the layers of ``triton_dist.nn`` split rows over ranks and put them back together, and the one place where
+they reach the zoo's ops on their process group.
+
+Two modes, per layer (``sequence_parallel``):
+
+    True   rows in and out are sharded like ``torch.tensor_split(rows, W)`` (the native ag_gemm -> gemm_rs shape,
+           as between the blocks of a sequence-parallel transformer). Uneven shards: pass the layer's forward
+           ``total_rows`` (a rank cannot tell from its own shard whether a peer holds one row more).
+    False  every rank holds the full rows (a replicated model, as ``parallelize`` leaves one): the layer works on
+           this rank's slice, rows [r * m, min(M, (r + 1) * m)) with m = cdiv(M, W), padded with zero rows to m
+           so that every rank's ops see the same shapes, and all-gathers the output slices: the first M rows of
+           the gathered [W * m, ...] are the full output, equal to the dense module's.
+
+``GroupOps`` binds the ops (ag_gemm, gemm_rs, all_gather, ep_dispatch / ep_combine, sp_flash_decode) to a
+layer's process group (None: the group ``triton_dist.init`` was given).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import triton
+
+from .. import shmem
+from ..kernels import ag_gemm, all_gather, ep_combine, ep_dispatch, gemm_rs, sp_flash_decode
+from ..kernels.gemm_reducescatter import rows_of_rank
+
+
+def resolve_group(group):
+    """The group a layer runs on: a torch.distributed process group, or None (the group ``triton_dist.init`` was
+    given); anything else is a ValueError."""
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise ValueError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
+    return group
+
+
+class GroupOps:
+    """The zoo's ops on one layer's group (``resolve_group``), with its world size and this rank's index in it."""
+
+    def __init__(self, group=None):
+        self.group = resolve_group(group)
+        self.world, self.rank = shmem.world_size(self.group), shmem.rank(self.group)
+
+    def __deepcopy__(self, memo):  # no state of its own; a process group cannot be copied
+        return self
+
+    def ag_gemm(self, a, w, activation="none"):
+        return ag_gemm(a, w, activation=activation, group=self.group)
+
+    def gemm_rs(self, a, w):
+        return gemm_rs(a, w, group=self.group)
+
+    def all_gather(self, x):
+        """Every rank's ``x`` (equal shapes), gathered into a symmetric buffer cached per shape: the callers copy
+        what they keep out of it (``drop_padding``) before the next call."""
+        shape = (self.world * x.shape[0], *x.shape[1:])
+        out = shmem.workspace("nn.all_gather", (shape, x.dtype),
+                              lambda: shmem.empty(shape, x.dtype, name="nn.all_gather.out", group=self.group),
+                              group=self.group)
+        return all_gather(x, out=out, group=self.group)
+
+    def ep_dispatch(self, x, topk_idx, topk_weights, num_experts, max_tokens, align):
+        return ep_dispatch(x, topk_idx, topk_weights, num_experts=num_experts, max_tokens=max_tokens, align=align,
+                           group=self.group)
+
+    def ep_combine(self, y, handle):
+        return ep_combine(y, handle)
+
+    def sp_flash_decode(self, q, k_cache, v_cache, kv_lens, block_table, softmax_scale):
+        return sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=block_table, softmax_scale=softmax_scale,
+                               group=self.group)
+
+
+@dataclass
+class Rows:
+    """Where this rank's rows sit: ``shard`` rows per rank after padding (the same on every rank), this rank's
+    ``start`` and ``count`` of the ``total`` rows, and every rank's count (``counts``)."""
+
+    total: int
+    shard: int
+    start: int
+    count: int
+    counts: list
+    sequence_parallel: bool
+
+    @property
+    def uneven(self):
+        return any(c != self.shard for c in self.counts)
+
+
+def plan_rows(x, ops, sequence_parallel, total_rows=None):
+    """The ``Rows`` of a layer's input ``x`` [rows, ...] (the full rows, or this rank's shard)."""
+    world, rank = ops.world, ops.rank
+    if not sequence_parallel:
+        m = x.shape[0]
+        shard = triton.cdiv(m, world)
+        counts = [max(0, min(m, (r + 1) * shard) - r * shard) for r in range(world)]
+        return Rows(m, shard, rank * shard, counts[rank], counts, False)
+    total = world * x.shape[0] if total_rows is None else int(total_rows)
+    counts = [rows_of_rank(total, world, r)[1] for r in range(world)]
+    if counts[rank] != x.shape[0]:
+        raise ValueError(f"rank {rank} holds {x.shape[0]} rows, but its tensor_split share of total_rows={total} "
+                         f"is {counts[rank]}" + ("" if total_rows is not None else
+                                                 " (uneven shards: pass total_rows)"))
+    return Rows(total, triton.cdiv(total, world), rows_of_rank(total, world, rank)[0], counts[rank], counts, True)
+
+
+def local_rows(x, rows):
+    """This rank's rows of ``x``, padded with zero rows to ``rows.shard`` (equal shapes on every rank)."""
+    mine = x if rows.sequence_parallel else x[rows.start:rows.start + rows.count]
+    if mine.shape[0] == rows.shard:
+        return mine.contiguous()
+    padded = mine.new_zeros((rows.shard, *mine.shape[1:]))
+    padded[:mine.shape[0]] = mine
+    return padded
+
+
+def drop_padding(gathered, rows):
+    """[W * shard, ...] rows of every rank (padded) -> the ``rows.total`` real rows, in order, as a new tensor."""
+    if not rows.sequence_parallel:  # slices were contiguous ranges padded at the end of the whole
+        return gathered[:rows.total].clone()
+    if not rows.uneven:
+        return gathered.clone()
+    per_rank = gathered.view(len(rows.counts), rows.shard, *gathered.shape[1:])
+    return torch.cat([per_rank[r, :c] for r, c in enumerate(rows.counts)])
+
+
+def finish_rows(y, rows, ops):
+    """A layer's padded output rows of this rank [shard, ...] -> its result: this rank's rows (sequence parallel)
+    or every rank's, all-gathered (replicated)."""
+    if rows.sequence_parallel:
+        return y[:rows.count]
+    return drop_padding(ops.all_gather(y.contiguous()), rows)
