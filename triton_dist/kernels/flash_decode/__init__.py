@@ -27,6 +27,7 @@ import triton
 
 from ... import shmem
 from .. import library
+from ..launcher import Launcher
 from .config import (COMBINES, DTYPES, HEAD_DIMS, MAX_SPLITS, SMEM_PER_BLOCK, SMEM_PER_SM, check_inputs,  # noqa: F401
                      choose_splits, default_config, merge_chunk, resolve, split_smem_bytes)
 from .kernels import (LOG2E, MODE_FUSED, MODE_LOCAL, MODE_PUSH, flash_decode_merge_kernel,  # noqa: F401
@@ -103,6 +104,8 @@ class _Plan:
             num_warps=cfg["merge_num_warps"])
         if cfg["pdl"]:
             self.merge_meta["launch_pdl"] = True
+        self.split = Launcher(flash_decode_split_kernel, self.grid, **self.split_meta)
+        self.merge = Launcher(flash_decode_merge_kernel, (self.grid[1],), **self.merge_meta)
         self.exchange = shmem.workspace("flash_decode", (batch, q_heads, kv_heads, head_dim),
                                         lambda: _Exchange(batch, q_heads, kv_heads, head_dim, team.group),
                                         group=team.group) if distributed and batch else None
@@ -130,9 +133,8 @@ class _Plan:
         if self.q_copy:
             q = q.contiguous()
         table = block_table if block_table is not None else kv_lens  # a dummy pointer when not paged
-        flash_decode_split_kernel[self.grid](
-            q, k_cache, v_cache, kv_lens, table, *self.part, dst_o, dst_lse, out, flags, state, ctx,
-            *self.strides, out.stride(0), out.stride(1), *self.scalars, **self.split_meta)
+        self.split(q, k_cache, v_cache, kv_lens, table, *self.part, dst_o, dst_lse, out, flags, state, ctx,
+                   *self.strides, out.stride(0), out.stride(1), *self.scalars)
 
 
 def resolved_config(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scale=None, config=None,
@@ -207,9 +209,8 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
     plan.launch_split(q, k_cache, v_cache, kv_lens, block_table, ex.recv_o, ex.recv_lse, out, ex.flags, ex.state,
                       ctx)
     if plan.mode == MODE_PUSH:
-        flash_decode_merge_kernel[(plan.grid[1],)](
-            ex.recv_o, ex.recv_lse, ex.flags, out, ex.state, ctx, out.stride(0), out.stride(1), *plan.scalars[:3],
-            **plan.merge_meta)
+        plan.merge(ex.recv_o, ex.recv_lse, ex.flags, out, ex.state, ctx, out.stride(0), out.stride(1),
+                   *plan.scalars[:3])
     return out
 
 
