@@ -41,6 +41,13 @@ def _err(got, ref):
     return (got.double() - ref.double()).abs().max().item() / max(ref.abs().max().item(), 1.0) if ref.numel() else 0.0
 
 
+def _assert_close(results):
+    """Every rank's errors (case -> relative error, or a string when the shape was wrong) within TOL."""
+    for errs in results:
+        bad = {k: v for k, v in errs.items() if isinstance(v, str) or v > TOL}
+        assert not bad, bad
+
+
 def _tp_layers(seed):
     """Every rank builds the same dense modules and inputs; each layer's error against them, per case."""
     torch.manual_seed(seed)
@@ -74,9 +81,7 @@ def _tp_layers(seed):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_tensor_parallel_layers_match_dense(ranks, world):
-    for errs in ranks(world, _tp_layers, world):
-        bad = {k: v for k, v in errs.items() if isinstance(v, str) or v > TOL}
-        assert not bad, bad
+    _assert_close(ranks(world, _tp_layers, world))
 
 
 def _layers_on_groups(seed):
@@ -106,9 +111,7 @@ def _layers_on_groups(seed):
 
 
 def test_layers_on_their_own_groups(ranks):
-    for errs in ranks(4, _layers_on_groups, 3):
-        bad = {k: v for k, v in errs.items() if isinstance(v, str) or v > TOL}
-        assert not bad, bad
+    _assert_close(ranks(4, _layers_on_groups, 3))
 
 
 def _moe_reference(x, router, gate_up, down, shared=None, shared_gate=None):
@@ -170,9 +173,7 @@ def _moe_layers(seed):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_expert_parallel_moe_matches_dense(ranks, world):
-    for errs in ranks(world, _moe_layers, world):
-        bad = {k: v for k, v in errs.items() if isinstance(v, str) or v > TOL}
-        assert not bad, bad
+    _assert_close(ranks(world, _moe_layers, world))
 
 
 def _attention(seed):
@@ -193,9 +194,7 @@ def _attention(seed):
 
 @pytest.mark.parametrize("world", [2])
 def test_sequence_parallel_decode_attention_matches_dense(ranks, world):
-    for errs in ranks(world, _attention, 5):
-        bad = {k: v for k, v in errs.items() if isinstance(v, str) or v > TOL}
-        assert not bad, bad
+    _assert_close(ranks(world, _attention, 5))
 
 
 def _bad_layers():
