@@ -23,7 +23,8 @@ import triton.language as tl
 
 import triton_dist as td
 from harness import host_us, record
-from triton_dist.kernels import ag_gemm, all_gather, ep_combine, ep_dispatch, gemm, gemm_rs, sp_flash_decode
+from triton_dist.kernels import ag_gemm, all_gather, ep_combine, ep_dispatch, gemm_rs, sp_flash_decode
+from triton_dist.kernels.gemm import gemm
 
 CALLS = 50
 COMPARE = [  # (ours, baseline (None: a fixed target), target us)
