@@ -26,8 +26,8 @@ from .workspaces import forget_all
 
 ALIGN = 256
 DEFAULT_HEAP_BYTES = {"cpu": 256 << 20, "gpu": 2 << 30}
-# Rough poll rates of dl.wait, to turn a timeout in seconds into a poll budget (the interpreter manages ~1000/s).
-POLLS_PER_SECOND = {"cpu": 1_000, "gpu": 2_000_000}
+# Poll rates of dl.wait, to turn a timeout in seconds into a poll budget (CPU ranks count it in host milliseconds).
+POLLS_PER_SECOND = {"cpu": layout.CPU_POLLS_PER_SECOND, "gpu": 2_000_000}
 DEFAULT_WAIT_TIMEOUT_S = 60.0
 ERROR_POLL_EVERY = 8  # GPU: op calls between two host copies of the device error flag
 
