@@ -269,3 +269,13 @@ def _moe_reference_fast(x, idx, weights, gate_up, down):
 def test_layers_bf16_on_gpus(ranks):
     for errs in ranks(2, _gpu_bf16_layers):
         assert all(v < 3e-2 for v in errs.values()), errs
+
+
+def test_replicated_rows_come_in_few_sizes():
+    """Every distinct row count builds workspaces in the ops: replicated layers round rows per rank up to four
+    sizes per power of two, padding at most a quarter, exact up to 16."""
+    from triton_dist.nn.sharding import bucket_rows
+
+    sizes = [bucket_rows(r) for r in range(1, 4097)]
+    assert all(r <= s <= max(r, 16) * 1.25 for r, s in zip(range(1, 4097), sizes))
+    assert sizes[:16] == list(range(1, 17)) and len(set(sizes[1024:2048])) == 4
