@@ -76,10 +76,10 @@ SPLIT_SIG = dict(q="*bf16", k_cache="*bf16", v_cache="*bf16", kv_lens="*i32", bl
                  HKV="i32", s_max="i32", num_pages="i32", scale_log2="fp32",
                  **_const("GROUP", "GROUP_PAD", "HEAD_DIM", "BLOCK_N", "GROUP_P2", "N_SPLITS", "SPLIT_CHUNK",
                           "PAGE_SIZE", "MODE", "WORLD", "WORLD_PAD", "RANK_CHUNK", "FP32_DOT", "PDL",
-                          "RECORD_ERRORS"))
+                          "CHECK_INDICES"))
 SPLIT_DEFAULT = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_N=128, GROUP_P2=4, N_SPLITS=16, SPLIT_CHUNK=16,
                      PAGE_SIZE=0, MODE=2, WORLD=2, WORLD_PAD=2, RANK_CHUNK=2, FP32_DOT=False, PDL=False,
-                     RECORD_ERRORS=True)
+                     CHECK_INDICES=2)
 MERGE_SIG = dict(recv_o="*fp32", recv_lse="*fp32", flags="*i32", out="*bf16", state="*i32", ctx="*i64",
                  stride_ob="i32", stride_oh="i32", B="i32", HQ="i32", HKV="i32",
                  **_const("GROUP", "GROUP_P2", "HEAD_DIM", "WORLD", "WORLD_PAD", "RANK_CHUNK", "PDL"))

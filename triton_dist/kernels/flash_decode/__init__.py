@@ -95,7 +95,8 @@ class _Plan:
             N_SPLITS=n_splits, SPLIT_CHUNK=merge_chunk(group, head_dim, n_splits, cfg["num_warps"]),
             PAGE_SIZE=page_size, MODE=mode, WORLD=world, WORLD_PAD=max(2, triton.next_power_of_2(world)),
             RANK_CHUNK=merge_chunk(rank_pad, head_dim, world, cfg["num_warps"]), FP32_DOT=q.dtype == torch.float32,
-            PDL=mode == MODE_PUSH and cfg["pdl"], RECORD_ERRORS=distributed or shmem.is_initialized(),
+            PDL=mode == MODE_PUSH and cfg["pdl"],
+            CHECK_INDICES=0 if not cfg["check_indices"] else 2 if distributed or shmem.is_initialized() else 1,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         self.merge_meta = dict(
             GROUP=group, GROUP_P2=group_p2, HEAD_DIM=head_dim, WORLD=world,
@@ -162,9 +163,10 @@ def local_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_s
     else:
         _check_out(lse, (batch, q_heads), torch.float32, "lse")
     if not plan.empty:  # (with triton_dist initialised, bad indices go to the error record through a context)
-        if plan.split_meta["RECORD_ERRORS"]:
+        recording = plan.split_meta["CHECK_INDICES"] == 2
+        if recording:
             shmem.raise_pending_errors()
-        ctx = shmem.context() if plan.split_meta["RECORD_ERRORS"] else kv_lens
+        ctx = shmem.context() if recording else kv_lens
         plan.launch_split(q, k_cache, v_cache, kv_lens, block_table, out, lse, out, kv_lens, kv_lens, ctx)
     return out, lse
 
