@@ -183,6 +183,9 @@ def team(group=None):
     else:
         t = rt.teams.get(key)
         if t is None:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"group {key} is first used during CUDA-graph capture: call an op on it (or "
+                                   f"triton_dist.shmem.context(group)) once before capturing")
             t = rt.teams[key] = teams.Team(rt, group, f"{key}@{rt.token}", teams.heap_ranks_of(rt, group), 0)
             _init_team(rt, t, key)
     rt.teams[group] = t
