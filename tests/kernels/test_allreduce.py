@@ -445,7 +445,8 @@ AR_SIG = dict(x="*bf16", out="*bf16", residual="*bf16", weight="*bf16", new_resi
               rows="i32", row_len="i32", numel="i32", stage_elems="i32", slice_elems="i32", eps="fp32", ctx="*i64",
               BLOCK="constexpr", WORLD="constexpr", WORLD_P2="constexpr", TWO_SHOT="constexpr",
               ZERO_COPY="constexpr", EPILOGUE="constexpr")
-AR_ALIGNED = ("x", "out", "staging", "reduced", "row_len", "numel", "stage_elems", "slice_elems")
+AR_ALIGNED = ("x", "out", "residual", "weight", "new_residual", "staging", "reduced", "row_len", "numel", "stage_elems",
+              "slice_elems")
 
 
 @pytest.mark.parametrize("variant", ["one_shot", "two_shot_rmsnorm_fp8"])

@@ -32,7 +32,7 @@ from .. import library
 from ..gemm import (TensorDescriptor, check_launchable, check_matmul_operands, dot_precision, skinny_configs,
                     tile_accumulate, tile_coords, tile_store, tma_compatible)
 from . import config as knobs
-from .host import grown_workspace
+from .host import NCCL, grown_workspace
 from .kernels import sum_over_ranks
 
 
@@ -177,13 +177,18 @@ def _config(a, w, config, team):
 
 
 def _gemm_ar(a, w, config, team):
-    cfg = _config(a, w, config, team)
-    if cfg["path"] == "nccl":
+    key = (team.name, a.shape, w.shape, a.dtype, hardware.capturing(), config and repr(sorted(config.items())))
+    plan = _PLANS.get(key, lambda: _make_plan(a, w, config, team))
+    if plan is NCCL:
         return gemm_ar_torch(a, w, team.group)
     out = torch.empty((a.shape[0], w.shape[0]), dtype=a.dtype, device=a.device)
-    key = (team.name, a.shape, w.shape, a.dtype, tuple(sorted(cfg.items())))
-    _PLANS.get(key, lambda: _Plan(a, w, cfg, team)).launch(a, w, out)
+    plan.launch(a, w, out)
     return out
+
+
+def _make_plan(a, w, config, team):
+    cfg = _config(a, w, config, team)
+    return NCCL if cfg["path"] == "nccl" else _Plan(a, w, cfg, team)
 
 
 def gemm_ar(a, w, group=None, config=None):

@@ -71,6 +71,7 @@ class Plan:
 
 
 _CONFIGS = shmem.Plans("all_reduce.configs")  # (op, group, size bucket, ...) -> (eager, graph) configurations
+NCCL = "nccl"  # the plan of a call that takes the NCCL path
 
 
 def resolve_config(op, nbytes, team, algo, config, device, make_call, key, row_len=None):
@@ -87,12 +88,10 @@ def resolve_config(op, nbytes, team, algo, config, device, make_call, key, row_l
     return knobs.pick(configs)
 
 
-def zero_copy(x, out, algo, world):
+def zero_copy(x, in_place, algo, world):
     """Whether the peers may read x where it is: x in the heap (the same symmetric tensor on every rank), and not
     overwritten by its own one-shot result (the peers read x until the call's end). One rank: nothing to share."""
-    if world == 1:
-        return True
-    return shmem.is_symmetric(x) and not (algo == "one_shot" and out is not None and out.data_ptr() == x.data_ptr())
+    return world == 1 or (shmem.is_symmetric(x) and not (algo == "one_shot" and in_place))
 
 
 def heap_offset(x):

@@ -9,7 +9,7 @@ import triton
 from ... import hardware, shmem
 from .. import library
 from .config import MAX_ROW, bucket
-from .host import Plan, check_algo, check_tensor, heap_offset, resolve_config, zero_copy
+from .host import NCCL, Plan, check_algo, check_tensor, heap_offset, resolve_config, zero_copy
 from .kernels import EPILOGUE_RMSNORM, EPILOGUE_RMSNORM_FP8, EPILOGUE_STORE, FP8_E4M3_MAX
 
 FP8 = torch.float8_e4m3fn
@@ -37,18 +37,26 @@ def _check_out(out, x):
 
 
 def _all_reduce(x, out, algo, config, team):
-    """The op on checked, contiguous, non-empty inputs."""
+    """The op on checked, contiguous, non-empty inputs: one dictionary look-up, then the launch (or NCCL)."""
+    in_place = out is not None and out.data_ptr() == x.data_ptr()
+    key = (team.name, x.numel(), x.dtype, algo, shmem.is_symmetric(x), in_place, hardware.capturing(),
+           config and repr(sorted(config.items())))
+    plan = _PLANS["all_reduce"].get(key, lambda: _all_reduce_plan(x, in_place, algo, config, team))
+    if plan is NCCL:
+        return all_reduce_nccl(x, out, team.group)
+    out = torch.empty_like(x) if out is None else out
+    plan.launch(x, out)
+    return out
+
+
+def _all_reduce_plan(x, in_place, algo, config, team):
+    """The plan of a call (``NCCL``: the NCCL path)."""
     cfg = resolve_config("all_reduce", x.numel() * x.element_size(), team, algo, config, x.device,
                          lambda: _tuning_call(x, team), dict(dtype=str(x.dtype)))
     if cfg["algo"] == "nccl":
-        return all_reduce_nccl(x, out, team.group)
-    out = torch.empty_like(x) if out is None else out
-    in_place = zero_copy(x, out, cfg["algo"], team.size)
-    key = (team.name, x.numel(), x.dtype, in_place, tuple(sorted(cfg.items())))
-    plan = _PLANS["all_reduce"].get(key, lambda: Plan("all_reduce", x, x.dtype, cfg["block"], cfg["block"],
-                                                      EPILOGUE_STORE, cfg, in_place, team))
-    plan.launch(x, out)
-    return out
+        return NCCL
+    return Plan("all_reduce", x, x.dtype, cfg["block"], cfg["block"], EPILOGUE_STORE, cfg,
+                zero_copy(x, in_place, cfg["algo"], team.size), team)
 
 
 def _tuning_call(x, team):
@@ -122,23 +130,29 @@ def _check_rmsnorm_inputs(x, residual, weight, eps):
 
 
 def _all_reduce_rmsnorm(x, residual, weight, eps, out_fp8, algo, config, team):
+    key = (team.name, x.shape, x.dtype, weight.dtype, out_fp8, algo, shmem.is_symmetric(x), hardware.capturing(),
+           config and repr(sorted(config.items())))
+    plan = _PLANS["all_reduce_rmsnorm"].get(key, lambda: _rmsnorm_plan(x, weight, eps, out_fp8, algo, config,
+                                                                       team))
+    if plan is NCCL:
+        return all_reduce_rmsnorm_torch(x, residual, weight, eps, out_fp8, team.group)
+    normed = torch.empty(x.shape, dtype=FP8 if out_fp8 else x.dtype, device=x.device)
+    new_residual = torch.empty_like(residual)
+    scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device) if out_fp8 else None
+    plan.launch(x, normed, residual, weight, new_residual, scales, float(eps))
+    return (normed, new_residual, scales) if out_fp8 else (normed, new_residual)
+
+
+def _rmsnorm_plan(x, weight, eps, out_fp8, algo, config, team):
     hidden = x.shape[-1]
     cfg = resolve_config("all_reduce_rmsnorm", x.numel() * x.element_size(), team, algo, config, x.device,
                          lambda: _rmsnorm_tuning_call(x, weight, eps, out_fp8, team),
                          dict(dtype=str(x.dtype), hidden=hidden, fp8=out_fp8), row_len=hidden)
     if cfg["algo"] == "nccl":
-        return all_reduce_rmsnorm_torch(x, residual, weight, eps, out_fp8, team.group)
-    normed = torch.empty(x.shape, dtype=FP8 if out_fp8 else x.dtype, device=x.device)
-    new_residual = torch.empty_like(residual)
-    scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device) if out_fp8 else None
-    in_place = zero_copy(x, None, cfg["algo"], team.size)
-    key = (team.name, x.numel(), hidden, x.dtype, out_fp8, in_place, tuple(sorted(cfg.items())))
-    block = triton.next_power_of_2(hidden)
-    plan = _PLANS["all_reduce_rmsnorm"].get(key, lambda: Plan(
-        "all_reduce_rmsnorm", x, torch.float32, hidden, block, EPILOGUE_RMSNORM_FP8 if out_fp8 else EPILOGUE_RMSNORM,
-        cfg, in_place, team))
-    plan.launch(x, normed, residual, weight, new_residual, scales, float(eps))
-    return (normed, new_residual, scales) if out_fp8 else (normed, new_residual)
+        return NCCL
+    return Plan("all_reduce_rmsnorm", x, torch.float32, hidden, triton.next_power_of_2(hidden),
+                EPILOGUE_RMSNORM_FP8 if out_fp8 else EPILOGUE_RMSNORM, cfg, zero_copy(x, False, cfg["algo"], team.size),
+                team)
 
 
 def _rmsnorm_tuning_call(x, weight, eps, out_fp8, team):
