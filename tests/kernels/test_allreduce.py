@@ -144,6 +144,36 @@ def test_all_reduce_auto_nccl_and_torch_op(ranks):
     assert ranks(2, _check_auto_and_nccl) == [(True, True, True)] * 2
 
 
+def _check_eager_and_captured_configs():
+    """"auto" with different tuned choices for eager and captured calls (a stand-in for the GPU tuner): both plans
+    are made by the first (eager) call, so a captured call finds its workspace (it could not make one)."""
+    from triton_dist import hardware
+    from triton_dist.kernels.allreduce import config as knobs
+
+    dev = td.shmem.device()
+    saved = knobs.tunable, knobs.tuned, hardware.capturing
+    chosen = {"all_reduce": ({**CPU, "algo": "nccl", "num_warps": 4}, {**CPU, "algo": "two_shot", "num_warps": 4}),
+              "all_reduce_rmsnorm": ({"algo": "one_shot", "num_programs": 2, "num_warps": 4},
+                                     {"algo": "two_shot", "num_programs": 1, "num_warps": 4}),
+              "gemm_ar": tuple({**GEMM_CPU, "path": p, "partial": q, "use_tma": None, "GROUP_M": 2,
+                                "num_stages": 1, "num_warps": 4} for p, q in (("fused", "out"), ("fused", "fp32")))}
+    knobs.tunable, knobs.tuned = (lambda device, world: True), (lambda op, *args: chosen[op])
+    try:
+        x, res, w = (_inputs(s, torch.float32, 8 + i).to(dev) for i, s in enumerate([(3, 20), (3, 20), (20,)]))
+        calls = lambda: (all_reduce(x), *all_reduce_rmsnorm(x, res, w, 1e-5), gemm_ar(x, w[None]))  # noqa: E731
+        eager = calls()
+        hardware.capturing = lambda: True  # what a capture sees: no workspace may be made now
+        captured = calls()
+    finally:
+        knobs.tunable, knobs.tuned, hardware.capturing = saved
+    return [all(torch.allclose(e, c, atol=1e-5) for e, c in zip(eager, captured)),
+            torch.equal(captured[0].cpu(), _rank_order_sum(_gather(x.cpu()), torch.float32))]  # two-shot's bits
+
+
+def test_auto_takes_the_captured_config_while_a_graph_records(ranks):
+    assert ranks(2, _check_eager_and_captured_configs) == [[True, True]] * 2
+
+
 # ----------------------------------------------------------------------------------------------- + RMSNorm
 def _fp8_step(v):
     """The spacing of float8_e4m3fn numbers around |v| (3 mantissa bits; subnormals below 2**-6)."""

@@ -59,6 +59,11 @@ def candidates(nbytes, world, device, row_len=None):
     return autotune.dedupe(cands)
 
 
+def tunable(device, world):
+    """Whether "auto" takes tuned configurations: on GPUs, with peers (elsewhere the defaults)."""
+    return device.type == "cuda" and world > 1
+
+
 def tuned(op, key, cands, default, make_call, group):
     """(config for eager calls, config for calls captured into a CUDA graph) of ``op`` at ``key`` (a dict), each
     chosen among ``cands`` by ``autotune.choose`` on every rank of ``group``: timed as eager calls, and as
@@ -77,11 +82,6 @@ def tuned(op, key, cands, default, make_call, group):
 
     graph = autotune.choose(op, {**key, "timed": "graph"}, cands, make_replay, default=default, group=group)
     return eager, graph
-
-
-def pick(configs):
-    """The configuration of (eager, graph) that this call takes: the graph one while a capture records."""
-    return configs[1] if hardware.capturing() else configs[0]
 
 
 def num_programs(cfg, rows, device):

@@ -32,7 +32,7 @@ from .. import library
 from ..gemm import (TensorDescriptor, check_launchable, check_matmul_operands, dot_precision, skinny_configs,
                     tile_accumulate, tile_coords, tile_store, tma_compatible)
 from . import config as knobs
-from .host import NCCL, grown_workspace
+from .host import NCCL, grown_workspace, plan_pair
 from .kernels import sum_over_ranks
 
 
@@ -128,7 +128,6 @@ def gemm_ar_torch(a, w, group=None):
 
 
 _PLANS = shmem.Plans("gemm_ar")
-_CONFIGS = shmem.Plans("gemm_ar.configs")
 
 
 class _Plan:
@@ -161,34 +160,31 @@ class _Plan:
                                   a.shape[1], a.stride(0), w.stride(0), ws.partial_elems, self.ctx, **self.meta)
 
 
-def _config(a, w, config, team):
+def _configs(a, w, config, team):
+    """(eager, captured) configurations: ``config`` over the default, or on GPU the tuned ones (``config.tuned``)."""
     (m, k), n = a.shape, w.shape[0]
     base = default_config(m, n, k, a.dtype, a.device)
-    if config is not None or a.device.type != "cuda" or team.size == 1:
-        return autotune.with_overrides(base, config)
+    if config is not None or not knobs.tunable(a.device, team.size):
+        cfg = autotune.with_overrides(base, config)
+        return cfg, cfg
 
     def make_call():
         x, y = torch.randn_like(a), torch.randn_like(w)
         return lambda cfg: _gemm_ar(x, y, cfg, team)
 
     key = dict(m=triton.next_power_of_2(m), n=n, k=k, dtype=str(a.dtype))
-    return knobs.pick(_CONFIGS.get((team.name, *key.values()), lambda: knobs.tuned(
-        "gemm_ar", key, candidates(m, n, k, a.dtype, a.device), base, make_call, team.group)))
+    return knobs.tuned("gemm_ar", key, candidates(m, n, k, a.dtype, a.device), base, make_call, team.group)
 
 
 def _gemm_ar(a, w, config, team):
-    key = (team.name, a.shape, w.shape, a.dtype, hardware.capturing(), config and repr(sorted(config.items())))
-    plan = _PLANS.get(key, lambda: _make_plan(a, w, config, team))
+    key = (team.name, a.shape, w.shape, a.dtype, config and repr(sorted(config.items())))
+    plan = _PLANS.get(key, lambda: plan_pair(_configs(a, w, config, team), lambda cfg: (
+        NCCL if cfg["path"] == "nccl" else _Plan(a, w, cfg, team))))[hardware.capturing()]
     if plan is NCCL:
         return gemm_ar_torch(a, w, team.group)
     out = torch.empty((a.shape[0], w.shape[0]), dtype=a.dtype, device=a.device)
     plan.launch(a, w, out)
     return out
-
-
-def _make_plan(a, w, config, team):
-    cfg = _config(a, w, config, team)
-    return NCCL if cfg["path"] == "nccl" else _Plan(a, w, cfg, team)
 
 
 def gemm_ar(a, w, group=None, config=None):

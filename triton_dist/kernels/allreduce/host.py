@@ -70,22 +70,32 @@ class Plan:
             ws.reduced, ws.arrived, ws.published, ws.done, ws.state, *self.sizes, eps, self.ctx, **self.meta)
 
 
-_CONFIGS = shmem.Plans("all_reduce.configs")  # (op, group, size bucket, ...) -> (eager, graph) configurations
 NCCL = "nccl"  # the plan of a call that takes the NCCL path
 
 
-def resolve_config(op, nbytes, team, algo, config, device, make_call, key, row_len=None):
-    """The configuration of a call: ``config`` over the default (``algo`` other than "auto" replaces its algo);
-    with ``algo="auto"`` and no ``config`` on GPU, the tuned one of the call's size bucket (``key``: what else
-    the tuning depends on; ``make_call``: see ``config.tuned``)."""
+def resolve_configs(op, nbytes, team, algo, config, device, make_call, key, row_len=None):
+    """(configuration of eager calls, of calls a CUDA graph captures): ``config`` over the default (an ``algo``
+    other than "auto" replaces its algo); with ``algo="auto"`` and no ``config`` on GPU, the ones tuned for the
+    call's size bucket (``key``: what else the tuning depends on; ``make_call``: see ``config.tuned``)."""
     base = knobs.default_config(nbytes, team.size, device, row_len)
-    if algo != "auto" or config or device.type != "cuda" or team.size == 1:
-        return autotune.with_overrides({**base, **({} if algo == "auto" else {"algo": algo})}, config)
+    if algo != "auto" or config or not knobs.tunable(device, team.size):
+        cfg = autotune.with_overrides({**base, **({} if algo == "auto" else {"algo": algo})}, config)
+        return cfg, cfg
     size = knobs.bucket(nbytes)
-    configs = _CONFIGS.get((op, team.name, size, *key.values()), lambda: knobs.tuned(
-        op, {**key, "bytes": size}, knobs.candidates(nbytes, team.size, device, row_len), base, make_call,
-        team.group))
-    return knobs.pick(configs)
+    return knobs.tuned(op, {**key, "bytes": size}, knobs.candidates(nbytes, team.size, device, row_len), base,
+                       make_call, team.group)
+
+
+def plan_pair(configs, build):
+    """(plan of eager calls, plan of captured calls): ``build(config)`` of each, both now (a capture cannot make
+    workspaces). The second may grow the workspace the first holds: then the first is built again on it."""
+    first = build(configs[0])
+    if configs[1] == configs[0]:
+        return first, first
+    second = build(configs[1])
+    if first is not NCCL and second is not NCCL and first.ws is not second.ws:
+        first = build(configs[0])
+    return first, second
 
 
 def zero_copy(x, in_place, algo, world):

@@ -9,7 +9,7 @@ import triton
 from ... import hardware, shmem
 from .. import library
 from .config import MAX_ROW, bucket
-from .host import NCCL, Plan, check_algo, check_tensor, heap_offset, resolve_config, zero_copy
+from .host import NCCL, Plan, check_algo, check_tensor, heap_offset, plan_pair, resolve_configs, zero_copy
 from .kernels import EPILOGUE_RMSNORM, EPILOGUE_RMSNORM_FP8, EPILOGUE_STORE, FP8_E4M3_MAX
 
 FP8 = torch.float8_e4m3fn
@@ -39,9 +39,10 @@ def _check_out(out, x):
 def _all_reduce(x, out, algo, config, team):
     """The op on checked, contiguous, non-empty inputs: one dictionary look-up, then the launch (or NCCL)."""
     in_place = out is not None and out.data_ptr() == x.data_ptr()
-    key = (team.name, x.numel(), x.dtype, algo, shmem.is_symmetric(x), in_place, hardware.capturing(),
+    key = (team.name, x.numel(), x.dtype, algo, shmem.is_symmetric(x), in_place,
            config and repr(sorted(config.items())))
-    plan = _PLANS["all_reduce"].get(key, lambda: _all_reduce_plan(x, in_place, algo, config, team))
+    plan = _PLANS["all_reduce"].get(key, lambda: _all_reduce_plans(x, in_place, algo, config, team))[
+        hardware.capturing()]
     if plan is NCCL:
         return all_reduce_nccl(x, out, team.group)
     out = torch.empty_like(x) if out is None else out
@@ -49,14 +50,16 @@ def _all_reduce(x, out, algo, config, team):
     return out
 
 
-def _all_reduce_plan(x, in_place, algo, config, team):
-    """The plan of a call (``NCCL``: the NCCL path)."""
-    cfg = resolve_config("all_reduce", x.numel() * x.element_size(), team, algo, config, x.device,
-                         lambda: _tuning_call(x, team), dict(dtype=str(x.dtype)))
-    if cfg["algo"] == "nccl":
-        return NCCL
-    return Plan("all_reduce", x, x.dtype, cfg["block"], cfg["block"], EPILOGUE_STORE, cfg,
-                zero_copy(x, in_place, cfg["algo"], team.size), team)
+def _all_reduce_plans(x, in_place, algo, config, team):
+    """The (eager, captured) plans of a call (``NCCL``: the NCCL path)."""
+    def build(cfg):
+        if cfg["algo"] == "nccl":
+            return NCCL
+        return Plan("all_reduce", x, x.dtype, cfg["block"], cfg["block"], EPILOGUE_STORE, cfg,
+                    zero_copy(x, in_place, cfg["algo"], team.size), team)
+
+    return plan_pair(resolve_configs("all_reduce", x.numel() * x.element_size(), team, algo, config, x.device,
+                                     lambda: _tuning_call(x, team), dict(dtype=str(x.dtype))), build)
 
 
 def _tuning_call(x, team):
@@ -130,10 +133,10 @@ def _check_rmsnorm_inputs(x, residual, weight, eps):
 
 
 def _all_reduce_rmsnorm(x, residual, weight, eps, out_fp8, algo, config, team):
-    key = (team.name, x.shape, x.dtype, weight.dtype, out_fp8, algo, shmem.is_symmetric(x), hardware.capturing(),
+    key = (team.name, x.shape, x.dtype, weight.dtype, out_fp8, algo, shmem.is_symmetric(x),
            config and repr(sorted(config.items())))
-    plan = _PLANS["all_reduce_rmsnorm"].get(key, lambda: _rmsnorm_plan(x, weight, eps, out_fp8, algo, config,
-                                                                       team))
+    plan = _PLANS["all_reduce_rmsnorm"].get(key, lambda: _rmsnorm_plans(x, weight, eps, out_fp8, algo, config,
+                                                                        team))[hardware.capturing()]
     if plan is NCCL:
         return all_reduce_rmsnorm_torch(x, residual, weight, eps, out_fp8, team.group)
     normed = torch.empty(x.shape, dtype=FP8 if out_fp8 else x.dtype, device=x.device)
@@ -143,16 +146,19 @@ def _all_reduce_rmsnorm(x, residual, weight, eps, out_fp8, algo, config, team):
     return (normed, new_residual, scales) if out_fp8 else (normed, new_residual)
 
 
-def _rmsnorm_plan(x, weight, eps, out_fp8, algo, config, team):
+def _rmsnorm_plans(x, weight, eps, out_fp8, algo, config, team):
     hidden = x.shape[-1]
-    cfg = resolve_config("all_reduce_rmsnorm", x.numel() * x.element_size(), team, algo, config, x.device,
-                         lambda: _rmsnorm_tuning_call(x, weight, eps, out_fp8, team),
-                         dict(dtype=str(x.dtype), hidden=hidden, fp8=out_fp8), row_len=hidden)
-    if cfg["algo"] == "nccl":
-        return NCCL
-    return Plan("all_reduce_rmsnorm", x, torch.float32, hidden, triton.next_power_of_2(hidden),
-                EPILOGUE_RMSNORM_FP8 if out_fp8 else EPILOGUE_RMSNORM, cfg, zero_copy(x, False, cfg["algo"], team.size),
-                team)
+
+    def build(cfg):
+        if cfg["algo"] == "nccl":
+            return NCCL
+        return Plan("all_reduce_rmsnorm", x, torch.float32, hidden, triton.next_power_of_2(hidden),
+                    EPILOGUE_RMSNORM_FP8 if out_fp8 else EPILOGUE_RMSNORM, cfg,
+                    zero_copy(x, False, cfg["algo"], team.size), team)
+
+    return plan_pair(resolve_configs("all_reduce_rmsnorm", x.numel() * x.element_size(), team, algo, config,
+                                     x.device, lambda: _rmsnorm_tuning_call(x, weight, eps, out_fp8, team),
+                                     dict(dtype=str(x.dtype), hidden=hidden, fp8=out_fp8), row_len=hidden), build)
 
 
 def _rmsnorm_tuning_call(x, weight, eps, out_fp8, team):
