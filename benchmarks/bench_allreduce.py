@@ -201,37 +201,38 @@ def ratios(times, ours, baseline):
             for mode in ("eager", "graph")}
 
 
-def multi_rank(rounds):
+def timed(name, cases, make, columns, pairs, rounds, notes):
+    """The table ``name``: for each case its contenders ``make(case)`` -> (calls, problems), checked, then timed
+    eagerly and from graphs; ``columns(case)``: the row's first columns; ``pairs``: (ours, baseline) labels whose
+    ratio baseline / ours each row gets (where both ran). Returns the problems found."""
     from harness import IN_TURN, record
 
-    world, dev = td.world_size(), td.shmem.device()
-    group_name = dist.group.WORLD.group_name
     rows, problems = [], []
-    for nbytes in AR_BYTES:
-        calls, found = all_reduce_contenders(nbytes // 2, torch.bfloat16, dev, group_name)
+    for case in cases:
+        calls, found = make(case)
         problems += found
         times = eager_and_graph(calls, rounds)
-        rows.append({"bytes": nbytes, **times, **ratios(times, "ours", "NCCL"),
-                     **({f"graph: {k} / ours": times[f"graph us: {k}"] / times["graph us: ours"]
-                         for k in calls if k.startswith("torch")})})
+        rows.append({**columns(case), **times, **{k: v for ours, base in pairs if base in calls
+                                                   for k, v in ratios(times, ours, base).items()}})
         del calls
         torch.cuda.empty_cache()
-    record("all_reduce", rows, notes=f"bf16, W={world}; {IN_TURN}; graph: per call in a graph of {GRAPH_CALLS}")
-    rows = []
-    for m in GEMM_M:
-        calls, found = gemm_ar_contenders(m, HIDDEN, torch.bfloat16, dev)
-        problems += found
-        times = eager_and_graph(calls, rounds)
-        rows.append({"M": m, "N": HIDDEN, "K": HIDDEN, **times, **ratios(times, "ours", "cuBLAS + NCCL")})
-    record("gemm_ar", rows, notes=f"bf16, W={world}, full sizes (K split over the ranks); {IN_TURN}")
-    rows = []
-    for m in RMS_M:
-        calls, found = rmsnorm_contenders(m, HIDDEN, torch.bfloat16, dev)
-        problems += found
-        times = eager_and_graph(calls, rounds)
-        rows.append({"M": m, "H": HIDDEN, **times, **ratios(times, "ours", "NCCL + torch"),
-                     **ratios(times, "ours fp8", "NCCL + torch fp8")})
-    record("all_reduce_rmsnorm", rows, notes=f"bf16, W={world}; {IN_TURN}")
+    record(name, rows, notes=f"bf16, W={td.world_size()}; {IN_TURN}; graph: per call in a graph of {GRAPH_CALLS}"
+           + notes)
+    return problems
+
+
+def multi_rank(rounds):
+    dev, group_name = td.shmem.device(), dist.group.WORLD.group_name
+    problems = timed("all_reduce", AR_BYTES,
+                     lambda nbytes: all_reduce_contenders(nbytes // 2, torch.bfloat16, dev, group_name),
+                     lambda nbytes: {"bytes": nbytes},
+                     [("ours", "NCCL"), ("ours", "torch symm one-shot"), ("ours", "torch symm two-shot")], rounds, "")
+    problems += timed("gemm_ar", GEMM_M, lambda m: gemm_ar_contenders(m, HIDDEN, torch.bfloat16, dev),
+                      lambda m: {"M": m, "N": HIDDEN, "K": HIDDEN}, [("ours", "cuBLAS + NCCL")], rounds,
+                      "; full sizes (K split over the ranks)")
+    problems += timed("all_reduce_rmsnorm", RMS_M, lambda m: rmsnorm_contenders(m, HIDDEN, torch.bfloat16, dev),
+                      lambda m: {"M": m, "H": HIDDEN},
+                      [("ours", "NCCL + torch"), ("ours fp8", "NCCL + torch fp8")], rounds, "")
     return problems
 
 

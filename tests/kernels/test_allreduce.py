@@ -13,6 +13,8 @@ import triton_dist as td
 from triton_dist.kernels import all_reduce, all_reduce_rmsnorm, gemm_ar
 from triton_dist.kernels.allreduce.kernels import FP8_E4M3_MAX
 
+from triton_dist.timing import graph_of
+
 from ..conftest import error_names, gpu_only
 from ..sm90 import compile_sm90
 
@@ -95,7 +97,7 @@ def test_all_reduce_8_ranks(ranks):
 def _check_heap_resident(shape, dtype_name):
     """Zero-copy inputs (x in the heap, read in place by the peers), in-place calls (out = x), and x overwritten
     right after each call returns (the next call must still be right)."""
-    dtype, dev, problems = getattr(torch, dtype_name), td.shmem.device(), []
+    dtype, problems = getattr(torch, dtype_name), []
     x = td.shmem.empty(shape, dtype, name="ar_heap_x")
     for i, (algo, in_place) in enumerate([(a, p) for p in (False, True) for a in ALGOS] * 2):
         fresh = _inputs(shape, dtype, 100 + i)
@@ -404,11 +406,12 @@ def _check_graph_replay():
     weight = torch.rand(4096, device="cuda", dtype=torch.bfloat16)
     calls = lambda: (all_reduce(x, algo="one_shot"), all_reduce(x, algo="two_shot"),  # noqa: E731
                      *all_reduce_rmsnorm(x, res, weight, 1e-6, out_fp8=True), gemm_ar(a, w8))
-    calls()  # compile, tune, workspaces
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = calls()
+    outs = []
+
+    def record():
+        outs[:] = calls()
+
+    graph = graph_of(record)  # one eager call (compiles, tunes, makes the workspaces), then the capture
     ok = True
     for i in range(5):
         for t in (x, res, a):

@@ -131,9 +131,10 @@ _PLANS = shmem.Plans("gemm_ar")
 
 
 class _Plan:
+    """One launch of ``gemm_ar_kernel`` for a shape and configuration: grid, constants, workspace."""
+
     def __init__(self, a, w, cfg, team):
-        (m, k), n = a.shape, w.shape[0]
-        world = team.size
+        m, n, world = a.shape[0], w.shape[0], team.size
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         dtype = torch.float32 if cfg["partial"] == "fp32" else a.dtype
