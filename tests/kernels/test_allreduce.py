@@ -5,6 +5,8 @@ algorithms; heap-resident (zero-copy) and in-place inputs; 100 back-to-back call
 bad input; the torch ops under torch.compile; on GPUs bf16 against NCCL, CUDA-graph replay and a straggler; code
 generation for sm_90."""
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -342,6 +344,41 @@ def test_all_reduce_ops_reject_bad_input(ranks):
     assert ranks(2, _check_bad_input) == [expected] * 2
 
 
+def _mismatch_then_recover():
+    """A call whose shape differs on the last rank, for each op with check mode on (CollectiveMismatchError on
+    every rank at once) and for all_reduce with it off (the call ends within the wait timeout); then reset() and
+    good calls. Per rank: [(what was raised, seconds)], whether the good calls were right."""
+    dev, odd, seen = td.shmem.device(), td.rank() == td.world_size() - 1, []
+    td.shmem.set_wait_timeout(2.0)
+    calls = [lambda: all_reduce(torch.ones(40 if odd else 37, device=dev), algo="two_shot", config=CPU),
+             lambda: all_reduce_rmsnorm(torch.ones(3 if odd else 2, 8, device=dev),
+                                        torch.ones(3 if odd else 2, 8, device=dev), torch.ones(8, device=dev), 1e-6),
+             lambda: gemm_ar(torch.ones(5 if odd else 4, 16, device=dev), torch.ones(8, 16, device=dev))]
+    for check_calls, call in [(True, c) for c in calls] + [(False, calls[0])]:
+        td.shmem.check_calls(check_calls)
+        t0 = time.monotonic()
+        try:
+            call()
+            td.shmem.barrier()
+            seen.append((None, time.monotonic() - t0))
+        except Exception as exc:  # noqa: BLE001 - what each rank raised is the result
+            seen.append((type(exc).__name__, time.monotonic() - t0))
+        td.shmem.reset()
+    td.shmem.check_calls(True)
+    td.shmem.set_wait_timeout(60)
+    good = _check_all_reduce([((37,), "float32")]) + _check_rmsnorm([((2, 8), "float32", False)]) + \
+        _check_gemm_ar([(4, 8, 16, "float32", {})])
+    return seen, good
+
+
+def test_a_mismatched_call_raises_or_ends_then_reset_recovers(ranks):
+    for seen, good in ranks(3, _mismatch_then_recover):
+        assert [kind for kind, _ in seen[:3]] == ["CollectiveMismatchError"] * 3, seen
+        assert seen[3][0] in (None, "CollectiveMismatchError", "WaitTimeoutError"), seen
+        assert all(seconds < 8.0 for _, seconds in seen), seen  # a 2 s wait timeout, not the default 60 s
+        assert good == [], good
+
+
 def _check_compile():
     dev = td.shmem.device()
     x, res, w = (_inputs((4, 16), torch.float32, s).to(dev) for s in (1, 2, 3))
@@ -404,8 +441,10 @@ def _check_graph_replay():
     w8 = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16) / 64
     a = torch.randn(3, 2048, device="cuda", dtype=torch.bfloat16)
     weight = torch.rand(4096, device="cuda", dtype=torch.bfloat16)
+    # explicit configurations: "auto" may tune eager and captured calls differently (other bits); then auto
     calls = lambda: (all_reduce(x, algo="one_shot"), all_reduce(x, algo="two_shot"),  # noqa: E731
-                     *all_reduce_rmsnorm(x, res, weight, 1e-6, out_fp8=True), gemm_ar(a, w8))
+                     *all_reduce_rmsnorm(x, res, weight, 1e-6, out_fp8=True, algo="two_shot"),
+                     gemm_ar(a, w8, config={"path": "fused"}), all_reduce(x))
     outs = []
 
     def record():
@@ -419,7 +458,8 @@ def _check_graph_replay():
         td.shmem.barrier()
         graph.replay()
         eager = calls()
-        ok &= all(torch.equal(o.view(torch.uint8), e.view(torch.uint8)) for o, e in zip(outs, eager))
+        ok &= all(torch.equal(o.view(torch.uint8), e.view(torch.uint8)) for o, e in zip(outs[:-1], eager[:-1]))
+        ok &= torch.allclose(outs[-1].float(), eager[0].float(), rtol=2e-2, atol=1e-2)
     return ok
 
 
