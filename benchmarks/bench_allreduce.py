@@ -70,12 +70,33 @@ def symm_mem_calls(x, group_name):
         if dist.get_rank() == 0:
             print(f"torch symmetric-memory all-reduce unavailable: {type(exc).__name__}: {exc}", flush=True)
         return {}
-    ops = torch.ops.symm_mem
-    calls = {"torch symm one-shot": lambda: ops.one_shot_all_reduce(buf, "sum", group_name)}
+    ops, out = torch.ops.symm_mem, torch.empty_like(x)
+    in_place = symm_mem.empty(x.shape, dtype=x.dtype, device=x.device)  # two_shot_all_reduce_ sums in place: its
+    symm_mem.rendezvous(in_place, group_name)  # result grows call after call (only the first one is checked)
+    in_place.copy_(x)
+    calls = {"torch symm one-shot": lambda: ops.one_shot_all_reduce(buf, "sum", group_name),
+             "torch symm two-shot": lambda: ops.two_shot_all_reduce_(in_place, "sum", group_name)}
+    if hasattr(ops, "one_shot_all_reduce_copy"):  # copies a local input into the symmetric buffer first
+        calls["torch symm one-shot copy"] = lambda: ops.one_shot_all_reduce_copy(buf, x, "sum", group_name)
     if hasattr(ops, "two_shot_all_reduce_out"):
-        out = torch.empty_like(x)
-        calls["torch symm two-shot"] = lambda: ops.two_shot_all_reduce_out(buf, "sum", group_name, out)
+        calls["torch symm two-shot out"] = lambda: ops.two_shot_all_reduce_out(buf, "sum", group_name, out)
     return calls
+
+
+def run_once(calls, what):
+    """Every contender once: ({label: fn} of those that ran, {label: a copy of its output}). One that raises
+    (e.g. a torch symmetric-memory op this build lacks) is reported and left out."""
+    ran, outputs = {}, {}
+    for label, fn in calls.items():
+        try:
+            got = fn()
+        except Exception as exc:  # noqa: BLE001
+            if dist.get_rank() == 0:
+                print(f"{what} {label} left out: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            continue
+        ran[label] = fn
+        outputs[label] = got.clone() if isinstance(got, torch.Tensor) else tuple(t.clone() for t in got)
+    return ran, outputs
 
 
 def all_reduce_contenders(numel, dtype, device, group_name):
@@ -89,14 +110,11 @@ def all_reduce_contenders(numel, dtype, device, group_name):
              "ours zero-copy": lambda: all_reduce(heap, out),
              "NCCL": lambda: (dist.all_reduce(nccl), nccl)[1]}  # in place (the result grows call after call)
     calls.update(symm_mem_calls(x, group_name))
+    calls, outputs = run_once(calls, f"all_reduce {numel}")
     ref = all_reduce_nccl(x.float())
-    problems, ours = [], {}
-    for label, fn in calls.items():
-        got = fn().clone()
-        if _rel(got, ref) > _tol(dtype):
-            problems.append(f"all_reduce {numel} {label}: relative error {_rel(got, ref):.3g}")
-        if label.startswith("ours") and label != "ours":  # "ours" may be NCCL's order (auto)
-            ours[label] = got
+    problems = [f"all_reduce {numel} {label}: relative error {_rel(got, ref):.3g}" for label, got in outputs.items()
+                if _rel(got, ref) > _tol(dtype)]
+    ours = {k: v for k, v in outputs.items() if k.startswith("ours ")}  # "ours" (auto) may be NCCL's order
     if not all(torch.equal(t, ours["ours one-shot"]) for t in ours.values()):
         problems.append(f"all_reduce {numel}: our algorithms disagree")
     if not _same_on_every_rank(ours["ours two-shot"]):
@@ -111,10 +129,11 @@ def gemm_ar_contenders(m, hidden, dtype, device):
     calls = {"ours": lambda: gemm_ar(a, w), "ours fused": lambda: gemm_ar(a, w, config={"path": "fused"}),
              "cuBLAS + NCCL": lambda: gemm_ar_torch(a, w), "cuBLAS + ours": lambda: all_reduce(torch.matmul(a, w.T)),
              "cuBLAS alone": lambda: torch.matmul(a, w.T)}
+    calls, outputs = run_once(calls, f"gemm_ar M={m}")
     ref = all_reduce_nccl(a.float() @ w.float().T)
-    errors = {label: _rel(fn(), ref) for label, fn in calls.items() if label != "cuBLAS alone"}
-    problems = [f"gemm_ar M={m} {label}: relative error {e:.3g}" for label, e in errors.items() if e > _tol(dtype)]
-    if not _same_on_every_rank(calls["ours fused"]()):
+    problems = [f"gemm_ar M={m} {label}: relative error {_rel(got, ref):.3g}" for label, got in outputs.items()
+                if label != "cuBLAS alone" and _rel(got, ref) > _tol(dtype)]
+    if not _same_on_every_rank(outputs["ours fused"]):
         problems.append(f"gemm_ar M={m}: differs across ranks")
     return calls, problems
 
@@ -130,10 +149,10 @@ def rmsnorm_contenders(m, hidden, dtype, device, group=None):
              "NCCL + torch": lambda: all_reduce_rmsnorm_torch(x, res, weight, EPS, group=group),
              "NCCL + torch fp8": lambda: all_reduce_rmsnorm_torch(x, res, weight, EPS, True, group=group),
              "ours all_reduce + torch": lambda: F.rms_norm(res + all_reduce(x, group=group), (hidden,), weight, EPS)}
+    calls, outputs = run_once(calls, f"all_reduce_rmsnorm M={m}")
     ref_normed, ref_res = all_reduce_rmsnorm_torch(x.float(), res.float(), weight.float(), EPS, group=group)
     problems = []
-    for label, fn in calls.items():
-        got = fn()
+    for label, got in outputs.items():
         normed = got if isinstance(got, torch.Tensor) else got[0]
         if "fp8" in label:  # dequantised: within FP8's precision
             normed = normed.float() * got[2]
@@ -142,7 +161,7 @@ def rmsnorm_contenders(m, hidden, dtype, device, group=None):
             bad = _rel(normed, ref_normed) > 2 * _tol(dtype)
         if bad or (not isinstance(got, torch.Tensor) and _rel(got[1], ref_res) > _tol(dtype)):
             problems.append(f"all_reduce_rmsnorm M={m} {label}: off the reference")
-    if not all(_same_on_every_rank(t, group) for t in calls["ours fp8"]()):
+    if not all(_same_on_every_rank(t, group) for t in outputs["ours fp8"]):
         problems.append(f"all_reduce_rmsnorm M={m}: differs across ranks")
     return calls, problems
 
