@@ -48,6 +48,13 @@ def _same_on_every_rank(t, group=None):
     return all(torch.equal(p, raw) for p in parts)
 
 
+def group_of_one():
+    """A group of this rank alone (every rank makes every rank's, in the same order); None with one rank."""
+    if td.world_size() == 1:
+        return None
+    return [dist.new_group([r]) for r in range(td.world_size())][td.rank()]
+
+
 def _tol(dtype):
     return 1e-4 if dtype == torch.float32 else 2e-2
 
@@ -149,6 +156,12 @@ def rmsnorm_contenders(m, hidden, dtype, device, group=None):
              "NCCL + torch": lambda: all_reduce_rmsnorm_torch(x, res, weight, EPS, group=group),
              "NCCL + torch fp8": lambda: all_reduce_rmsnorm_torch(x, res, weight, EPS, True, group=group),
              "ours all_reduce + torch": lambda: F.rms_norm(res + all_reduce(x, group=group), (hidden,), weight, EPS)}
+    if td.world_size(group) == 1:  # the local part: the sum is x itself
+
+        def torch_add_rms_norm():
+            new_res = res + x
+            return F.rms_norm(new_res, (hidden,), weight, EPS), new_res
+        calls["torch add + rms_norm"] = torch_add_rms_norm
     calls, outputs = run_once(calls, f"all_reduce_rmsnorm M={m}")
     ref_normed, ref_res = all_reduce_rmsnorm_torch(x.float(), res.float(), weight.float(), EPS, group=group)
     problems = []
@@ -174,8 +187,10 @@ def check():
         calls, found = all_reduce_contenders(numel, torch.float32, dev, group_name)
         checked += [f"all_reduce {numel} {label}" for label in calls]
         problems += found
+    single = group_of_one()  # the local part's
     for make in (lambda: gemm_ar_contenders(3, 32, torch.float32, dev),
-                 lambda: rmsnorm_contenders(3, 40, torch.float32, dev)):
+                 lambda: rmsnorm_contenders(3, 40, torch.float32, dev),
+                 lambda: rmsnorm_contenders(2, 24, torch.float32, dev, single)):
         calls, found = make()
         checked += list(calls)
         problems += found
@@ -259,9 +274,7 @@ def local(rounds):
     """The local parts on this rank's GPU alone (a group of one)."""
     from harness import IN_TURN, in_turn, record
 
-    world, rank, dev = td.world_size(), td.rank(), td.shmem.device()
-    singles = [dist.new_group([r]) for r in range(world)] if world > 1 else [None]
-    group = singles[rank]
+    dev, group = td.shmem.device(), group_of_one()
     rows = []
     for nbytes in LOCAL_BYTES:
         x = torch.randn(nbytes // 2, device=dev).to(torch.bfloat16)
@@ -276,12 +289,11 @@ def local(rounds):
     for m in LOCAL_RMS_M:
         calls, found = rmsnorm_contenders(m, HIDDEN, torch.bfloat16, dev, group)
         problems += found
-        local_calls = {k: v for k, v in calls.items() if k != "ours all_reduce + torch"}
-        turn = in_turn(local_calls, rounds)
-        nbytes = 3 * m * HIDDEN * 2  # x and residual read, new_residual written (+ normed)
+        turn = in_turn({k: calls[k] for k in ("ours", "ours fp8", "torch add + rms_norm")}, rounds)
+        nbytes = 4 * m * HIDDEN * 2  # x and residual read, new_residual and normed written
         rows.append({"M": m, "H": HIDDEN, **{f"{k} us": v for k, v in turn.items()},
-                     "ours / torch": turn["NCCL + torch"] / turn["ours"],
-                     "ours GB/s": (nbytes + m * HIDDEN * 2) / turn["ours"] / 1e3})
+                     "torch / ours": turn["torch add + rms_norm"] / turn["ours"],
+                     "ours GB/s": nbytes / turn["ours"] / 1e3})
     record("all_reduce_rmsnorm_local", rows, notes=f"bf16, one GPU (a group of one): fused kernel vs torch add + "
            f"rms_norm; {IN_TURN}")
     return problems
