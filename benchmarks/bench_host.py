@@ -23,7 +23,7 @@ import triton.language as tl
 
 import triton_dist as td
 from harness import host_us, record
-from triton_dist.kernels import ag_gemm, all_gather, ep_combine, ep_dispatch, gemm_rs, sp_flash_decode
+from triton_dist.kernels import ag_gemm, all_gather, all_reduce, all_reduce_rmsnorm, ep_combine, ep_dispatch, gemm_rs, sp_flash_decode
 from triton_dist.kernels.gemm import gemm
 
 CALLS = 50
@@ -37,6 +37,8 @@ COMPARE = [  # (ours, baseline (None: a fixed target), target us)
     ("ep_dispatch T=128 (ours)", None, 40.0),
     ("ep_combine T=128 (ours)", None, 40.0),
     ("sp_flash_decode B=1 S=128K (ours)", None, 30.0),
+    ("all_reduce 1 MiB (ours)", "all_reduce 1 MiB NCCL", None),
+    ("all_reduce_rmsnorm 16x8192 (ours)", "all_reduce_rmsnorm 16x8192 NCCL+torch", None),
 ]
 
 
@@ -140,6 +142,20 @@ def main():
     vc = torch.randn(1, 65536, 8, 128, **bf)
     lens = torch.full((1,), 65536, dtype=torch.int32, device=dev)
     cases["sp_flash_decode B=1 S=128K (ours)"] = (lambda: sp_flash_decode(q, kc, vc, lens), "flash")
+
+    ar_x, ar_out = torch.randn(1 << 19, **bf), torch.empty(1 << 19, **bf)
+    cases["all_reduce 1 MiB (ours)"] = (lambda: all_reduce(ar_x, out=ar_out), "all_reduce")
+    cases["all_reduce 1 MiB NCCL"] = (lambda: dist.all_reduce(ar_out), None)
+    nx, nres, nw = torch.randn(16, 8192, **bf), torch.randn(16, 8192, **bf), torch.randn(8192, **bf)
+    cases["all_reduce_rmsnorm 16x8192 (ours)"] = (lambda: all_reduce_rmsnorm(nx, nres, nw, 1e-6), "rmsnorm")
+
+    nx_sum = torch.empty_like(nx)
+
+    def rmsnorm_base():
+        dist.all_reduce(nx_sum)
+        r = nres + nx_sum
+        return torch.nn.functional.rms_norm(r, (8192,), nw, 1e-6), r
+    cases["all_reduce_rmsnorm 16x8192 NCCL+torch"] = (rmsnorm_base, None)
 
     rows = []
     for name, (fn, prof_name) in cases.items():

@@ -3,7 +3,8 @@
 A test calls ``ranks(world, fn, *args)``: ``fn(*args)`` runs on every rank and its per-rank results come back.
 * ``python -m pytest`` (CPU or GPU machine): ranks are processes of pools started once per session. Tests run on
   CPU ranks (Triton interpreter, heap in /dev/shm), any ``world``; tests marked ``gpu_only`` on GPU ranks, one per
-  local GPU (skipped when the machine has fewer GPUs than ``world``, or none). This process interprets kernels.
+  local GPU (skipped when the machine has fewer GPUs than ``world``, or none). This process interprets kernels:
+  a single-GPU test runs its body through ``ranks.on_one_gpu(fn, *args)``.
 * ``torchrun --nproc-per-node=N -m pytest ...`` (``scripts/gpu_suite.sh``): this process *is* a GPU rank; ``fn``
   runs here when ``world == N`` (results gathered from all ranks), the test is skipped otherwise, and CPU-only
   tests are skipped. ``ranks.gpu_world``: the world size GPU tests get (N here, the GPU count in pools).
@@ -84,7 +85,22 @@ def ranks(_pools, request):
                                    else "cpu", wait_timeout_s=GPU_WAIT_TIMEOUT_S if on_gpu else None)
         return _pools[key].run(fn, *args, timeout=timeout, **kwargs)
 
+    def on_one_gpu(fn, *args, timeout=600, **kwargs):
+        """``fn(*args)`` on one GPU, alone: here under torchrun (each rank on its own), else on a GPU rank of a
+        pool of one (this process interprets kernels). Its result."""
+        if ON_GPU_RANKS:
+            return fn(*args, **kwargs)
+        if GPUS < 1:
+            pytest.skip("needs a GPU")
+        if ("gpu", 1) not in _pools:
+            from triton_dist.launch import RankPool
+
+            _pools[("gpu", 1)] = RankPool(1, backend=os.environ.get("TRITON_DIST_BACKEND", "auto"),
+                                          wait_timeout_s=GPU_WAIT_TIMEOUT_S)
+        return _pools[("gpu", 1)].run(fn, *args, timeout=timeout, **kwargs)[0]
+
     run.gpu_world = int(os.environ.get("WORLD_SIZE", 1)) if ON_GPU_RANKS else GPUS
+    run.on_one_gpu = on_one_gpu
     return run
 
 

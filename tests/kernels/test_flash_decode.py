@@ -286,7 +286,7 @@ def test_gpu_bf16_matches_fp64_reference(ranks, shape):
 def test_gpu_bf16_nan_past_lengths_and_paged(ranks, page_size):
     """NaN rows past every shard's length (must never reach the output), ragged and empty shards, paged caches
     with pages smaller and larger than a tile."""
-    w = td.world_size() if td.shmem.is_initialized() else 2
+    w = ranks.gpu_world
     lens = [[2048, 700, 0], [1, 2048, 65]] + [[300, 0, 2048]] * (w - 2)
     errs = ranks(w, _check, 9, 3, 32, 8, 128, 2048, lens[:w], "bfloat16", None, calls=2, page_size=page_size)
     assert max(errs) < 3e-2, errs

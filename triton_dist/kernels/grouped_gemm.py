@@ -172,8 +172,8 @@ def _tuned_config(rows, experts, w_rows, k, dtype, device, silu_gate):
         return base
     cands = []
     for c in gemm_candidates(rows, n_out, k, dtype, device):
-        if c.get("WARP_SPECIALIZE"):  # the store branch is outside what triton's warp specialisation takes
-            continue
+        if c.get("WARP_SPECIALIZE") or c.get("FLATTEN"):  # the store branch and the group look-up in the loop
+            continue  # are outside what triton's warp specialisation and loop flattening take (3.6 fails)
         if silu_gate:  # a tile holds a gate and an up accumulator: half the width
             c = {**c, "BLOCK_N": max(16, c["BLOCK_N"] // 2)}
         cands.append(c)
