@@ -198,10 +198,26 @@ def _find(module, name):
     raise AttributeError(f"no kernel {name} in {module}")
 
 
+def with_defaults(kernel, signature, constexprs):
+    """The signature and constexprs with every parameter the entry leaves out at its default, as a launch that
+    does not pass it compiles it (e.g. the FP8 scale arguments, None: constexpr, of a bf16 variant)."""
+    import inspect
+
+    full, constexprs = {}, dict(constexprs)
+    for p in inspect.signature(kernel.fn).parameters.values():  # in the kernel's order (attrs go by position)
+        if p.name in signature:
+            full[p.name] = signature[p.name]
+        elif p.default is not inspect.Parameter.empty:
+            full[p.name] = "constexpr"
+            constexprs[p.name] = p.default
+    return full, constexprs
+
+
 def compile_one(module, name, signature, constexprs, aligned, options):
     kernel = _find(module, name)
     while not hasattr(kernel, "arg_names"):
         kernel = kernel.fn
+    signature, constexprs = with_defaults(kernel, signature, constexprs)
     names = list(signature)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
