@@ -3,6 +3,7 @@ registers every ``torch.ops.triton_dist.*`` op."""
 
 from .allgather import all_gather  # noqa: F401
 from .allgather_gemm import ag_gemm  # noqa: F401
+from .allgather_gemm_fp8 import scaled_ag_gemm  # noqa: F401
 from .flash_decode import local_flash_decode, sp_flash_decode  # noqa: F401
 from .gemm_reducescatter import gemm_rs  # noqa: F401
 from .grouped_gemm import grouped_gemm  # noqa: F401

@@ -25,7 +25,7 @@ import triton.language as tl
 from .. import autotune
 from ..hardware import interpreting, num_sms
 from ..shmem.workspaces import Plans
-from .fp8 import is_fp8
+from .fp8 import FP8_DTYPES
 
 try:  # triton >= 3.4 (host-side TMA descriptors)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -278,7 +278,9 @@ def check_matmul_operands(a, b, what_a="a", what_b="w"):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16 (and float32)")
+            fp8 = " (FP8 operands go with their scales to scaled_gemm / scaled_ag_gemm / scaled_gemm_rs)" \
+                if t.dtype in FP8_DTYPES else ""
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16 (and float32){fp8}")
         if t.dim() != 2:
             raise ValueError(f"{name} must be 2-D, got shape {list(t.shape)}")
         if not t.is_contiguous():
@@ -326,17 +328,10 @@ def output_like(out, shape, a, dtype=None):
     return out
 
 
-def gemm(a, w, out=None, config=None, *, scale_a=None, scale_w=None, scaling=None, out_dtype=None,
-         fast_accum=False):
+def gemm(a, w, out=None, config=None):
     """``a @ w.T`` with the persistent core (``a`` [M, K], ``w`` [N, K]); fp16/bf16 (fp32 for tests).
     CUDA tensors on the current device, or CPU tensors under the Triton interpreter (else ValueError).
-    FP8 operands take ``scale_a``/``scale_w`` (and ``scaling``, ``out_dtype``, ``fast_accum``): see
-    ``gemm_fp8.scaled_gemm``."""
-    if scale_a is not None or scale_w is not None or is_fp8(a) or is_fp8(w):
-        from .gemm_fp8 import scaled_gemm
-
-        return scaled_gemm(a, w, scale_a, scale_w, scaling=scaling, out=out, out_dtype=out_dtype,
-                           fast_accum=fast_accum, config=config)
+    FP8 operands: ``gemm_fp8.scaled_gemm``."""
     check_matmul_operands(a, w)
     check_launchable(a)
     m, k = a.shape
