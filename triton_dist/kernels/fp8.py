@@ -14,8 +14,8 @@ A ragged K (or N) has a short last group (block); its scale covers what is there
 checked scales to the kernels (``gemm.tile_accumulate`` applies them).
 
 Quantisation (``quantize_fp8``, ``quantize``, ``ep_dispatch(quant="fp8")``): per group of values, scale =
-amax(|x|) / 448 (the largest e4m3 value) and q = x / scale rounded to e4m3 (round to nearest even, which a GPU
-conversion does; the interpreter's may land one FP8 step away); a group of zeros gets scale 1.
+amax(|x|) / 448 (the largest e4m3 value) and q = x / scale rounded to the nearest e4m3 value (ties to even); a group
+of zeros gets scale 1.
 """
 
 import dataclasses
@@ -35,14 +35,27 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # ----------------------------------------------------------------------------------------------- device side
 @triton.jit
+def to_e4m3(x):
+    """fp32 ``x`` (|x| <= 448) -> float8e4nv, rounded to the nearest e4m3 value (ties to even) in fp32 first, so
+    that the conversion itself is exact on every backend (the interpreter's drops a carry into the exponent:
+    124.3 -> 64): normal values keep 3 mantissa bits (integer rounding of the fp32 bits), subnormal ones
+    (|x| < 2**-6) are multiples of 2**-9 (an fp32 add rounds them there)."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
+    sub = (tl.abs(x) + 24576.0) - 24576.0  # 24576 = 1.5 * 2**14: one fp32 ulp there is 2**-9
+    sub = tl.where(x < 0, -sub, sub)
+    return tl.where(tl.abs(x) < 0.015625, sub, bits.to(tl.float32, bitcast=True)).to(tl.float8e4nv)
+
+
+@triton.jit
 def quantize_groups(x, BT: tl.constexpr, BH: tl.constexpr):
     """A [BT, BH] tile (BH a multiple of 128; values outside the tensor loaded as 0) in 1x128 groups ->
-    (q [BT, BH] float8e4nv, scales [BT, BH // 128] fp32), by the rule of the module docstring."""
+    (q [BT, BH] float8e4nv, scales [BT, BH // 128] fp32), by the rule of the module docstring (IEEE divisions)."""
     g = tl.reshape(x.to(tl.float32), (BT, BH // 128, 128))
     amax = tl.max(tl.abs(g), axis=2)
-    scale = tl.where(amax > 0, amax / 448.0, 1.0)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
     q = tl.clamp(tl.math.div_rn(g, scale[:, :, None]), -448.0, 448.0)
-    return tl.reshape(q, (BT, BH)).to(tl.float8e4nv), scale
+    return to_e4m3(tl.reshape(q, (BT, BH))), scale
 
 
 @triton.jit
