@@ -85,9 +85,9 @@ def _check_torch_op_fake_and_compile():
     gen = torch.Generator().manual_seed(11 + r)
     name = dist.group.WORLD.group_name
     errs = []
-    for mode, op in (("tensor", "sum"), ("row", "avg")):
-        a, sa, w, sw, da, dw = (t.to(dev) if j < 4 else t for j, t in enumerate(operands(12, 16, 48, mode, gen)))
-        b_scale = sw if mode == "tensor" else sw.t()
+    for mode, op, k in (("tensor", "sum", 48), ("row", "avg", 48), ("block", "sum", 160)):
+        a, sa, w, sw, da, dw = (t.to(dev) if j < 4 else t for j, t in enumerate(operands(12, 16, k, mode, gen)))
+        b_scale = sw if mode == "tensor" else sw.t()  # B's scales: [1], [1, N], [K/128, N/128] (an extension)
         out = torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(
             a, w.t(), sa, b_scale, op, 0, 0, name, [12, 16], None, None, torch.float32, False)
         errs.append(rel_err(out.cpu(), _reference(da, dw) / (td.world_size() if op == "avg" else 1)))

@@ -160,7 +160,7 @@ def scaled_ag_gemm(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
     shmem.check_device(a, "a and w")
     check_launchable(a)
     out_dtype = fp8.out_dtype_of(out_dtype)
-    if hardware.compiling() and config is None and activation == "none" and scales.mode != "block":
+    if hardware.compiling() and config is None and activation == "none":
         return _compiled_call(a, w, scales, out_dtype, return_gathered, group)
     if activation not in agm.ACTIVATIONS:
         raise ValueError(f"activation must be one of {agm.ACTIVATIONS}, got {activation!r}")
@@ -254,7 +254,7 @@ library.define("fused_all_gather_scaled_matmul(Tensor A, Tensor[] Bs, Tensor A_s
 
 
 def _compiled_call(a, w, scales, out_dtype, return_gathered, group):
-    """``scaled_ag_gemm`` inside torch.compile: through the torch op (per-tensor and rowwise scales)."""
+    """``scaled_ag_gemm`` inside torch.compile: through the torch op."""
     gathered, (out,) = torch.ops.triton_dist.fused_all_gather_scaled_matmul(
         a, [w.t()], scales.a, [_scale_w_of(scales.w, w)], 0, torch_group_name(group), [None], [None], [out_dtype],
         [scales.fast_accum])

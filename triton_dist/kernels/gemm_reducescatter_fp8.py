@@ -80,7 +80,7 @@ def scaled_gemm_rs(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
     shmem.check_device(a, "a")
     check_launchable(a)
     out_dtype = fp8.out_dtype_of(out_dtype)
-    if hardware.compiling() and config is None and out is None and scales.mode != "block":
+    if hardware.compiling() and config is None and out is None:
         return torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(
             a, w.t(), scales.a, _b_scale(scales.w), "sum", 0, 0, torch_group_name(group), list(a.shape[:1]) +
             [w.shape[0]], None, None, out_dtype, scales.fast_accum)
