@@ -40,16 +40,37 @@ def _rel(out, ref):
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
+def _operands(m, n, k):
+    """Row- and block-scaled e4m3 operands of the same values (a [m, k], w [n, k]) and their bf16 copies."""
+    x, y = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda") / 16
+    (a, sa), (w, sw) = fp8.quantize(x, "row"), fp8.quantize(y, "row")
+    (ab, sab), (wb, swb) = fp8.quantize(x, "group"), fp8.quantize(y, "block")
+    return (a, w, sa, sw), (ab, wb, sab, swb), (x.to(torch.bfloat16), y.to(torch.bfloat16))
+
+
+def _table_row(shape, calls, baseline, flops):
+    """Errors against ``baseline`` (the first calls also tune), then every contender timed in turn."""
+    ref = calls[baseline]().clone()
+    errs = {"ours row": _rel(calls["ours row"](), ref), "bitwise repeat": torch.equal(calls["ours row"](),
+                                                                                      calls["ours row"]())}
+    for label in ("ours block", "ours bf16"):
+        calls[label]()
+    try:
+        errs["async-TP row"] = _rel(calls["async-TP row"](), ref)
+    except Exception as exc:  # an older torch without the scaled op, or another backend
+        calls.pop("async-TP row")
+        errs["async-TP row"] = f"n/a: {type(exc).__name__}"
+    turn = in_turn(calls)
+    return {**shape, **{f"{lb} us": v for lb, v in turn.items()}, "ours row TFLOP/s": flops / turn["ours row"] / 1e6,
+            **{f"vs {lb}": turn[lb] / turn["ours row"] for lb in turn if lb != "ours row"},
+            **{f"rel err {lb}" if lb != "bitwise repeat" else lb: v for lb, v in errs.items()}}
+
+
 def ag_gemm_rows(world, group_name):
     rows = []
     for m_total, n_total, k in SHAPES:
         m, n = m_total // world, n_total // world
-        x, y = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda") / 16
-        a, sa = fp8.quantize(x, "row")
-        w, sw = fp8.quantize(y, "row")
-        ab, sab = fp8.quantize(x, "group")
-        wb, swb = fp8.quantize(y, "block")
-        xb, yb = x.to(torch.bfloat16), y.to(torch.bfloat16)
+        (a, w, sa, sw), block, bf16 = _operands(m, n, k)
         full = torch.empty((m_total, k), device="cuda", dtype=a.dtype)
         full_s = torch.empty((m_total, 1), device="cuda")
 
@@ -62,24 +83,10 @@ def ag_gemm_rows(world, group_name):
             return torch.ops.symm_mem.fused_all_gather_scaled_matmul(
                 a, [w.t()], sa, [sw.t()], 0, group_name, [None], [None], [torch.bfloat16], [False])[1][0]
 
-        calls = {"ours row": lambda: scaled_ag_gemm(a, w, sa, sw),
-                 "ours block": lambda: scaled_ag_gemm(ab, wb, sab, swb), "async-TP row": async_tp,
-                 "NCCL+cuBLAS row": nccl_cublas, "ours bf16": lambda: ag_gemm(xb, yb)}
-        errs = {"ours row": _rel(calls["ours row"](), nccl_cublas())}  # (the first calls tune)
-        for label in ("ours block", "ours bf16"):
-            calls[label]()
-        try:
-            errs["async-TP row"] = _rel(async_tp(), nccl_cublas())
-        except Exception as exc:  # an older torch without the scaled op, or another backend
-            calls.pop("async-TP row")
-            errs["async-TP row"] = f"n/a: {type(exc).__name__}"
-        turn = in_turn(calls)
-        tflops = lambda t: 2 * m_total * n * k / t / 1e6  # noqa: E731
-        rows.append({"M": m_total, "N": n_total, "K": k, **{f"{lb} us": v for lb, v in turn.items()},
-                     "ours row TFLOP/s": tflops(turn["ours row"]),
-                     **{f"vs {lb}": turn[lb] / turn["ours row"] for lb in turn if lb != "ours row"},
-                     **{f"rel err {lb}": v for lb, v in errs.items()}})
-        del a, w, ab, wb, xb, yb, full
+        calls = {"ours row": lambda: scaled_ag_gemm(a, w, sa, sw), "ours block": lambda: scaled_ag_gemm(*block),
+                 "async-TP row": async_tp, "NCCL+cuBLAS row": nccl_cublas, "ours bf16": lambda: ag_gemm(*bf16)}
+        rows.append(_table_row(dict(M=m_total, N=n_total, K=k), calls, "NCCL+cuBLAS row", 2 * m_total * n * k))
+        del a, w, block, bf16, full
         torch.cuda.empty_cache()
     record("ag_gemm_fp8", rows, notes=f"W={world}; e4m3 rows, fp32 scales, bf16 out; eager calls {IN_TURN}; "
            "'vs X' = X us / ours row us; errors against NCCL+cuBLAS")
@@ -89,12 +96,7 @@ def gemm_rs_rows(world, group_name):
     rows = []
     for m, n, k_total in SHAPES:
         k = k_total // world
-        x, y = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda") / 16
-        a, sa = fp8.quantize(x, "row")
-        w, sw = fp8.quantize(y, "row")
-        ab, sab = fp8.quantize(x, "group")
-        wb, swb = fp8.quantize(y, "block")
-        xb, yb = x.to(torch.bfloat16), y.to(torch.bfloat16)
+        (a, w, sa, sw), block, bf16 = _operands(m, n, k)
         out = torch.empty((m // world, n), device="cuda", dtype=torch.bfloat16)
 
         def cublas_nccl():
@@ -105,25 +107,10 @@ def gemm_rs_rows(world, group_name):
             return torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
                 a, w.t(), sa, sw.t(), "sum", 0, 0, group_name, [m, n], None, None, torch.bfloat16, False)
 
-        calls = {"ours row": lambda: scaled_gemm_rs(a, w, sa, sw),
-                 "ours block": lambda: scaled_gemm_rs(ab, wb, sab, swb), "async-TP row": async_tp,
-                 "cuBLAS+NCCL row": cublas_nccl, "ours bf16": lambda: gemm_rs(xb, yb)}
-        errs = {"ours row": _rel(calls["ours row"](), cublas_nccl().clone())}
-        bitwise = torch.equal(calls["ours row"](), calls["ours row"]())
-        for label in ("ours block", "ours bf16"):
-            calls[label]()
-        try:
-            errs["async-TP row"] = _rel(async_tp(), cublas_nccl().clone())
-        except Exception as exc:
-            calls.pop("async-TP row")
-            errs["async-TP row"] = f"n/a: {type(exc).__name__}"
-        turn = in_turn(calls)
-        tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731
-        rows.append({"M": m, "N": n, "K": k_total, **{f"{lb} us": v for lb, v in turn.items()},
-                     "ours row TFLOP/s": tflops(turn["ours row"]),
-                     **{f"vs {lb}": turn[lb] / turn["ours row"] for lb in turn if lb != "ours row"},
-                     **{f"rel err {lb}": v for lb, v in errs.items()}, "bitwise repeat": bitwise})
-        del a, w, ab, wb, xb, yb, out
+        calls = {"ours row": lambda: scaled_gemm_rs(a, w, sa, sw), "ours block": lambda: scaled_gemm_rs(*block),
+                 "async-TP row": async_tp, "cuBLAS+NCCL row": cublas_nccl, "ours bf16": lambda: gemm_rs(*bf16)}
+        rows.append(_table_row(dict(M=m, N=n, K=k_total), calls, "cuBLAS+NCCL row", 2 * m * n * k))
+        del a, w, block, bf16, out
         torch.cuda.empty_cache()
     record("gemm_rs_fp8", rows, notes=f"W={world}; e4m3 operands, fp32 scales, bf16 partials and out; eager calls "
            f"{IN_TURN}; 'vs X' = X us / ours row us")

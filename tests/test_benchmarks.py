@@ -1,5 +1,5 @@
-"""The benchmarks run on GPUs only; on CPU every one of them imports, the FP8 ones parse their command lines, and
-the FP8 GEMM benchmark's contenders (our core, ``torch._scaled_mm``) agree at tiny sizes."""
+"""The benchmarks run on GPUs only; on CPU every one of them imports, those with options parse their command
+lines, and the FP8 GEMM benchmark's contenders (our core, ``torch._scaled_mm``) agree at tiny sizes."""
 
 import importlib
 import os
@@ -23,12 +23,13 @@ def test_benchmark_imports(name):
     assert callable(_bench(name).main)
 
 
-@pytest.mark.parametrize("name", ["bench_gemm", "bench_fp8"])
-def test_fp8_benchmark_command_line_parses(name, monkeypatch, capsys):
+@pytest.mark.parametrize("name,flag", [("bench_grouped_gemm", "--check"), ("bench_layers", "--check"),
+                                       ("bench_gemm", "--only"), ("bench_fp8", "--only")])
+def test_benchmark_command_line_parses(name, flag, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [name, "--help"])
     with pytest.raises(SystemExit) as done:
         _bench(name).main()
-    assert done.value.code == 0 and "--only" in capsys.readouterr().out
+    assert done.value.code == 0 and flag in capsys.readouterr().out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU check of what the GPU run times")

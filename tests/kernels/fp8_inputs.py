@@ -51,7 +51,9 @@ def operands(m, n, k, mode, gen, dtype=E4M3, w_rows=None):
 
 
 def rel_err(out, ref):
-    return ((out.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+    """Max |out - ref| over max |ref|; inf when out holds a NaN (a poisoned value that was never overwritten)."""
+    err = ((out.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+    return err if err == err else float("inf")
 
 
 def fp8_steps(q, ref):
