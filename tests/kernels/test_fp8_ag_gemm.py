@@ -79,7 +79,8 @@ def test_fp8_ag_gemm_two_ranks(ranks):
 
 
 @pytest.mark.parametrize("world,cases", [
-    (3, [(5, 24, 160, "block", F32, OVERLAP), (5, 23, 37, "row", F32, {**OVERLAP, "gather_first": True})]),
+    (3, [(5, 24, 160, "block", F32, OVERLAP), (5, 23, 37, "row", F32, {**OVERLAP, "gather_first": True}),
+         (1, 24, 48, "tensor", F32, OVERLAP)]),  # one row per rank: each still keeps its own scale
     (4, [(3, 24, 48, "tensor", F32, OVERLAP), (3, 24, 160, "block", F32, {**OVERLAP, "n_chunks": 1})]),
 ])
 def test_fp8_ag_gemm_three_and_four_ranks(ranks, world, cases):

@@ -42,8 +42,8 @@ class _Plan(agm._Plan):
         self.out_dtype = out_dtype
         if self.path == "fallback":
             return
-        s = fp8.groups(k) if mode == "block" else 1
-        self.scale_ws = shmem.workspace("ag_gemm_fp8", (m_shard, s), lambda: _ScaleBuffers(m_shard, s, group),
+        s = fp8.groups(k) if mode == "block" else 1  # one per row workspace (its handshake guards them)
+        self.scale_ws = shmem.workspace("ag_gemm_fp8", (m_shard, k, dtype, s), lambda: _ScaleBuffers(m_shard, s, group),
                                         group=group)
         rows = slice(self.me * m_shard, (self.me + 1) * m_shard)
         self.scale_pushes = [(stream, self.scale_ws.peers[(self.me + step) % self.world][rows])

@@ -46,6 +46,12 @@ def _store_rows(recv_x, tile, slots, skip, hh, H, K: tl.constexpr, K_PAD: tl.con
 
 
 @triton.jit
+def _tile_groups(h0, H, BH: tl.constexpr):
+    """FP8: the 1x128 scale groups of columns [h0, h0 + BH) (BH a multiple of 128) and the groups per row."""
+    return h0 // 128 + tl.arange(0, BH // 128), tl.cdiv(H, 128)
+
+
+@triton.jit
 def _group_offsets(all_counts, counts_ready, expert_counts, expert_offsets, align, parity, epoch, pid, me, world,
                    ev, dv, ctx, timeline, EL: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr,
                    TIMELINE: tl.constexpr):
@@ -111,28 +117,29 @@ def _send_tokens(t0, c1, carry_e, carry_r, base, pending, ev, dv, kk, x, topk_id
         dl.put(recv_slots + rec[:, None] + kk[None, :], tl.where(owner == d, slot, -1), d, ctx, mask=m)
         dl.put(recv_w + rec[:, None] + kk[None, :], w, d, ctx, mask=m)
     src = x + t[:, None].to(tl.int64) * H
-    G = tl.cdiv(H, 128)  # FP8: scale groups per row
     for h0 in range(0, H, BH):
         hh = h0 + tl.arange(0, BH)
         hm = hh[None, :] < H
-        gg = h0 // 128 + tl.arange(0, BH // 128)  # FP8: the tile's groups (BH a multiple of 128)
         if FP8 == "quantize":
             tile, sc = quantize_groups(tl.load(src + hh[None, :], mask=tm[:, None] & hm, other=0.0,
                                                eviction_policy=EVICT), BT, BH)
         else:
             tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm, eviction_policy=EVICT)
-            if FP8 == "given":
-                sc = tl.load(x_scales + t[:, None].to(tl.int64) * G + gg[None, :], mask=tm[:, None] & (gg < G)[None, :])
+        if FP8 == "given":
+            gg, G = _tile_groups(h0, H, BH)
+            sc = tl.load(x_scales + t[:, None].to(tl.int64) * G + gg[None, :], mask=tm[:, None] & (gg < G)[None, :])
         for i in range(world - 1):
             d = (me + 1 + i) % world
             row = column(first, d, dv)
             dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
             dl.put(dst, tile, d, ctx, mask=(row < BIG)[:, None] & hm)
             if FP8 != "":
+                gg, G = _tile_groups(h0, H, BH)
                 dl.put(recv_scales + row[:, None].to(tl.int64) * G + gg[None, :], sc, d, ctx,
                        mask=(row < BIG)[:, None] & (gg < G)[None, :])
         _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD, EVICT)
         if FP8 != "":
+            gg, G = _tile_groups(h0, H, BH)
             _store_rows(recv_scales, sc, here, -1, gg, G, K, K_PAD, EVICT)
     return carry_e, carry_r, pending
 
@@ -215,8 +222,7 @@ def _receive_unit(u, dv, kk, n_chunks, h_parts, tail, tail_parts, H, max_tokens,
                                eviction_policy=EVICT)
                 _store_rows(recv_x, tile, slots, first, hh, H, K, K_PAD, EVICT)
                 if FP8 != "":
-                    G = tl.cdiv(H, 128)
-                    gg = h0 // 128 + tl.arange(0, BH // 128)
+                    gg, G = _tile_groups(h0, H, BH)
                     sc = tl.load(recv_scales + first[:, None].to(tl.int64) * G + gg[None, :],
                                  mask=has[:, None] & (gg < G)[None, :])
                     _store_rows(recv_scales, sc, slots, first, gg, G, K, K_PAD, EVICT)
