@@ -22,8 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import triton_dist as td
-from harness import record
-from triton_dist.timing import graph_us, time_us
+from harness import IN_TURN, in_turn, record
+from triton_dist.timing import graph_of, graph_us, time_us
 from triton_dist.kernels.flash_decode import local_flash_decode, resolved_config, sp_flash_decode
 
 HQ, HKV, D = 32, 8, 128
@@ -201,7 +201,33 @@ def main():
            "CUDA graph")
     record("flash_decode_combine", combine_rows, notes="sp_flash_decode from a CUDA graph: combine knobs on the "
            "default and on the best local config; overhead = graph - that config's local graph")
+    record("flash_decode_index_checks", index_check_rows(), notes="local_flash_decode over a paged cache (page 16), "
+           "per call in a CUDA graph of 20 calls, the device-side checks of kv_lens and page ids on and off; " + IN_TURN)
     td.finalize()
+
+
+def index_check_rows(page=16):
+    """The cost of the device-side index checks: the paged local kernel with check_indices on and off, in turn."""
+    rows = []
+    for batch, s in ((1, 131072), (32, 32768)):
+        pages = batch * s // page
+        k = torch.randn(pages, page, HKV, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        table = torch.randperm(pages, device="cuda", dtype=torch.int32).view(batch, s // page)
+        q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
+        lens = torch.full((batch,), s, dtype=torch.int32, device="cuda")
+        o, lse = torch.empty_like(q), torch.empty(batch, HQ, device="cuda")
+
+        def call(checks):
+            return lambda: local_flash_decode(q, k, v, lens, block_table=table, out=o, lse=lse,
+                                              config={"check_indices": checks})
+        graphs = {f"checks {on}": graph_of(call(on), calls=20) for on in (True, False)}
+        t = in_turn({name: g.replay for name, g in graphs.items()})
+        on, off = t["checks True"] / 20, t["checks False"] / 20
+        rows.append({"B": batch, "S": s, "checks on us": on, "checks off us": off, "cost": on / off - 1,
+                     "within 1 %": on <= 1.01 * off})
+        del k, v
+    return rows
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ the host never waits for the device and only its own cost is timed), for every o
 building blocks (an empty Triton launch, a launch with tensor descriptors, torch.matmul, an NCCL call) and the
 torch.ops dispatch of an op.
 
-With HOST_PROFILE=1, rank 0 also prints a cProfile of each op's eager calls (top functions by own time).
+Every op's figure is printed next to its baseline's, measured in the same run, with the ratio and the target
+(<= 1.2x the baseline's host time; ep_dispatch / ep_combine <= 40 us, sp_flash_decode <= 30 us). Runs at any world
+size (W=1: torchrun --nproc-per-node=1). With HOST_PROFILE=1, rank 0 also prints a cProfile of each op's eager
+calls (top functions by own time: Python, binding, launches).
 """
 
 import io
@@ -21,8 +24,20 @@ import triton.language as tl
 import triton_dist as td
 from harness import host_us, record
 from triton_dist.kernels import ag_gemm, all_gather, ep_combine, ep_dispatch, gemm_rs, sp_flash_decode
+from triton_dist.kernels.gemm import gemm
 
 CALLS = 50
+COMPARE = [  # (ours, baseline (None: a fixed target), target us)
+    ("all_gather 1 MiB (ours)", "all_gather 1 MiB NCCL", None),
+    ("ag_gemm M=128 (ours)", "ag_gemm M=128 NCCL+cuBLAS", None),
+    ("ag_gemm M=2048 (ours)", "ag_gemm M=2048 NCCL+cuBLAS", None),
+    ("gemm_rs M=128 (ours)", "gemm_rs M=128 cuBLAS+NCCL", None),
+    ("gemm_rs M=2048 (ours)", "gemm_rs M=2048 cuBLAS+NCCL", None),
+    ("gemm 128x4096x8192 (ours)", "gemm 128x4096x8192 torch.matmul", None),
+    ("ep_dispatch T=128 (ours)", None, 40.0),
+    ("ep_combine T=128 (ours)", None, 40.0),
+    ("sp_flash_decode B=1 S=128K (ours)", None, 30.0),
+]
 
 
 @triton.jit
@@ -85,9 +100,28 @@ def main():
         return rs_out
     cases["gemm_rs M=128 cuBLAS+NCCL"] = (rs_base, None)
 
+    def ag2k_base():
+        full2k = torch.empty(2048, 8192, **bf)
+        dist.all_gather_into_tensor(full2k, a2k)
+        return torch.matmul(full2k, w4k.T)
+    cases["ag_gemm M=2048 NCCL+cuBLAS"] = (ag2k_base, None)
+    ars2k = torch.randn(2048, 8192 // world, **bf)
+    rs2k_out = torch.empty(2048 // world, 8192, **bf)
+    cases["gemm_rs M=2048 (ours)"] = (lambda: gemm_rs(ars2k, wrs), "gemm_rs2048")
+
+    def rs2k_base():
+        dist.reduce_scatter_tensor(rs2k_out, torch.matmul(ars2k, wrs.T))
+        return rs2k_out
+    cases["gemm_rs M=2048 cuBLAS+NCCL"] = (rs2k_base, None)
+    g_a, g_w = torch.randn(128, 8192, **bf), torch.randn(4096, 8192, **bf)
+    cases["gemm 128x4096x8192 (ours)"] = (lambda: gemm(g_a, g_w), "gemm")
+    cases["gemm 128x4096x8192 torch.matmul"] = (lambda: torch.matmul(g_a, g_w.T), None)
+
     ag_in = torch.randn(1 << 19, **bf)
-    cases["all_gather 1 MiB (ours)"] = (lambda: all_gather(ag_in), "all_gather")
     ag_out = torch.empty(world << 19, **bf)
+    ag_sym = td.shmem.empty((world << 19,), torch.bfloat16, name="bench_host.ag_out")
+    cases["all_gather 1 MiB (ours)"] = (lambda: all_gather(ag_in, out=ag_sym), "all_gather")
+    cases["all_gather 1 MiB (ours, out allocated)"] = (lambda: all_gather(ag_in), None)
     cases["all_gather 1 MiB NCCL"] = (lambda: dist.all_gather_into_tensor(ag_out, ag_in), None)
 
     T, H, E, K = 128, 7168, 64, 8
@@ -122,6 +156,17 @@ def main():
             s = io.StringIO()
             pstats.Stats(profs[0], stream=s).sort_stats("tottime").print_stats(22)
             print(f"---- cProfile {name} ({CALLS} calls), by own time\n" + s.getvalue()[-6000:], flush=True)
+    by_name = {r["call"]: r["host us/call"] for r in rows}
+    for ours, base, target in COMPARE:
+        if ours not in by_name:
+            continue
+        t = by_name[ours]
+        limit = 1.2 * by_name[base] if base else target
+        ratio = f"{t / by_name[base]:.2f}x {base}" if base else f"target {target:.0f} us"
+        rows.append({"call": f"{ours} vs {base or 'target'}", "host us/call": t, "limit us": limit,
+                     "met": t <= limit})
+        if me == 0:
+            print(f"{ours:40s} {t:8.1f} us  {ratio:48s} {'ok' if t <= limit else 'NOT MET'}", flush=True)
     record("host", rows, notes=f"W={world}; host µs per eager call with the GPU kept busy (median of 5 batches of "
                                f"{CALLS}, max over ranks); python {os.sys.version.split()[0]}")
     td.finalize()

@@ -4,6 +4,8 @@
 #   usage: OUT=/some/dir GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_suite.sh [test paths / pytest args]
 # (GIT_COMMIT expanded in YOUR checkout: a copy of the tree on a lent machine may carry a stale .git; run62
 # recorded the session's first commit that way.)
+# SUITE_PLAIN=1 (the default on one GPU) also runs README's test command, plain `python -m pytest` (CPU-rank tests
+# and the GPU tests in GPU rank pools, the examples on the GPU included).
 # Set SUITE_SKIP_TESTS=1 or SUITE_SKIP_BENCH=1 to run half of it; SUITE_BENCH="allgather gemm_rs:120 ..." to pick
 # benchmarks (with an optional time limit each; SUITE_STEP_TIMEOUT is the default limit of every step).
 # Tests print their names (-v): a run cut by a time limit still shows which test was running.
@@ -35,6 +37,9 @@ run() {  # run "label" cmd...: log it, keep going, remember failures
 }
 TR="torchrun --nproc-per-node=$NGPU --master-port=29517"
 if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
+  if [ "${SUITE_PLAIN:-$([ "$NGPU" = 1 ] && echo 1 || echo 0)}" = 1 ]; then
+    run "tests[plain pytest]" python3 -m pytest -q -p no:cacheprovider -rs --durations=15 "${@:-tests}"
+  fi
   for be in ${SUITE_BACKENDS:-cuda nvshmem}; do
     TRITON_DIST_BACKEND=$be run "tests[$be] x$NGPU" $TR -m pytest -v -p no:cacheprovider -rs --durations=15 "${@:-tests}"
   done

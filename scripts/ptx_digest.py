@@ -77,13 +77,25 @@ SPLIT_SIG = dict(q="*bf16", k_cache="*bf16", v_cache="*bf16", kv_lens="*i32", bl
                  HKV="i32", s_max="i32", num_pages="i32", scale_log2="fp32",
                  **_const("GROUP", "GROUP_PAD", "HEAD_DIM", "BLOCK_N", "GROUP_P2", "N_SPLITS", "SPLIT_CHUNK",
                           "PAGE_SIZE", "MODE", "WORLD", "WORLD_PAD", "RANK_CHUNK", "FP32_DOT", "PDL",
-                          "RECORD_ERRORS"))
+                          "CHECK_INDICES"))
 SPLIT_DEFAULT = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_N=128, GROUP_P2=4, N_SPLITS=16, SPLIT_CHUNK=16,
                      PAGE_SIZE=0, MODE=2, WORLD=2, WORLD_PAD=2, RANK_CHUNK=2, FP32_DOT=False, PDL=False,
-                     RECORD_ERRORS=True)
+                     CHECK_INDICES=2)
 MERGE_SIG = dict(recv_o="*fp32", recv_lse="*fp32", flags="*i32", out="*bf16", state="*i32", ctx="*i64",
                  stride_ob="i32", stride_oh="i32", B="i32", HQ="i32", HKV="i32",
                  **_const("GROUP", "GROUP_P2", "HEAD_DIM", "WORLD", "WORLD_PAD", "RANK_CHUNK", "PDL"))
+AR_SIG = dict(x="*bf16", out="*bf16", residual="*bf16", weight="*bf16", new_residual="*bf16", scales="*fp32",
+              staging="*bf16", reduced="*bf16", arrived="*i32", published="*i32", done="*i32", state="*i32",
+              rows="i32", row_len="i32", numel="i32", stage_elems="i32", slice_elems="i32", eps="fp32", ctx="*i64",
+              **_const("BLOCK", "WORLD", "WORLD_P2", "TWO_SHOT", "ZERO_COPY", "EPILOGUE"))
+AR_ONE_SHOT = dict(BLOCK=2048, WORLD=2, WORLD_P2=2, TWO_SHOT=False, ZERO_COPY=False, EPILOGUE=0)
+AR_ALIGNED = ("x", "out", "residual", "weight", "new_residual", "staging", "reduced", "row_len", "numel",
+              "stage_elems", "slice_elems")
+GEMM_AR_SIG = dict(a="tensordesc<bf16[64,128]>", w="tensordesc<bf16[64,128]>", out="*bf16", partials="*bf16",
+                   flags="*i32", state="*i32", M="i32", N="i32", K="i32", stride_am="i32", stride_wn="i32",
+                   partial_elems="i32", ctx="*i64",
+                   **_const("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "USE_TMA", "DOT_PRECISION", "WORLD",
+                            "WORLD_P2"))
 DISPATCH_T4096 = dict(K=8, EL=32, BT=16, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128, MAXC=1024, FUSED_LAYOUT=False,
                       BT_COUNT=16, SENDERS_HELP=True, TIMELINE=False, PDL=True, DEFER_SIGNAL=True, EVICT="evict_first")
 DISPATCH_T128 = dict(DISPATCH_T4096, BT=2, BH=1024, EVICT="")
@@ -146,6 +158,20 @@ KERNELS = [
      dict(RS_SIG, a="*bf16", w="*bf16", out="*bf16", recv="*fp32", recv_peer="*fp32"),
      dict(RS_DEFAULT, BLOCK_N=128, USE_TMA=False, SLOTS_BLOCK=4), ("a", "w", "out", "recv", "N", "K"),
      {"num_warps": 8, "num_stages": 4}),
+    ("all_reduce/one-shot", K + "allreduce", "all_reduce_kernel", AR_SIG, AR_ONE_SHOT, AR_ALIGNED,
+     {"num_warps": 4}),
+    ("all_reduce/one-shot-zero-copy", K + "allreduce", "all_reduce_kernel", AR_SIG,
+     dict(AR_ONE_SHOT, ZERO_COPY=True), AR_ALIGNED, {"num_warps": 4}),
+    ("all_reduce/two-shot", K + "allreduce", "all_reduce_kernel", AR_SIG,
+     dict(AR_ONE_SHOT, BLOCK=4096, TWO_SHOT=True), AR_ALIGNED, {"num_warps": 4}),
+    ("all_reduce_rmsnorm/one-shot", K + "allreduce", "all_reduce_kernel", dict(AR_SIG, reduced="*fp32"),
+     dict(AR_ONE_SHOT, BLOCK=8192, EPILOGUE=1), AR_ALIGNED, {"num_warps": 16}),
+    ("all_reduce_rmsnorm/two-shot-fp8", K + "allreduce", "all_reduce_kernel",
+     dict(AR_SIG, out="*fp8e4nv", reduced="*fp32"), dict(AR_ONE_SHOT, BLOCK=8192, TWO_SHOT=True, EPILOGUE=2),
+     AR_ALIGNED, {"num_warps": 16}),
+    ("gemm_ar/decode", K + "allreduce", "gemm_ar_kernel", GEMM_AR_SIG,
+     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, USE_TMA=True, DOT_PRECISION="tf32", WORLD=2, WORLD_P2=2),
+     ("out", "partials", "N", "K", "partial_elems"), {"num_warps": 4, "num_stages": 4}),
     ("ep/layout-T4096", K + "moe_ep", "ep_layout_kernel", LAYOUT_SIG,
      dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=4, QB=64, TIMELINE=False, PDL=True), (),
      {"num_warps": 4}),

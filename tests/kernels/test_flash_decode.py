@@ -360,7 +360,7 @@ ALIGNED = ("q", "k_cache", "v_cache", "stride_qb", "stride_qh", "stride_kb", "st
 def test_split_kernel_compiles_for_sm90(page_size, dtype, mode, n_splits, pdl):
     consts = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_N=128 if dtype == "bf16" else 64, GROUP_P2=4,
                   N_SPLITS=n_splits, SPLIT_CHUNK=16, PAGE_SIZE=page_size, MODE=mode, WORLD=2, WORLD_PAD=2,
-                  RANK_CHUNK=2, FP32_DOT=dtype == "fp32", PDL=pdl, RECORD_ERRORS=True)
+                  RANK_CHUNK=2, FP32_DOT=dtype == "fp32", PDL=pdl, CHECK_INDICES=2)
     sig = {**SPLIT_SIG, **{name: "*" + dtype for name in ("q", "k_cache", "v_cache", "out")},
            **{name: "constexpr" for name in consts}}
     res = compile_sm90("triton_dist.kernels.flash_decode", "flash_decode_split_kernel", sig, consts,

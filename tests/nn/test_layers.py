@@ -41,6 +41,13 @@ def _err(got, ref):
     return (got.double() - ref.double()).abs().max().item() / max(ref.abs().max().item(), 1.0) if ref.numel() else 0.0
 
 
+def _assert_close(results):
+    """Every rank's errors (case -> relative error, or a string when the shape was wrong) within TOL."""
+    for errs in results:
+        bad = {k: v for k, v in errs.items() if isinstance(v, str) or v > TOL}
+        assert not bad, bad
+
+
 def _tp_layers(seed):
     """Every rank builds the same dense modules and inputs; each layer's error against them, per case."""
     torch.manual_seed(seed)
@@ -74,9 +81,7 @@ def _tp_layers(seed):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_tensor_parallel_layers_match_dense(ranks, world):
-    for errs in ranks(world, _tp_layers, world):
-        bad = {k: v for k, v in errs.items() if isinstance(v, str) or v > TOL}
-        assert not bad, bad
+    _assert_close(ranks(world, _tp_layers, world))
 
 
 def _layers_on_groups(seed):
@@ -106,9 +111,7 @@ def _layers_on_groups(seed):
 
 
 def test_layers_on_their_own_groups(ranks):
-    for errs in ranks(4, _layers_on_groups, 3):
-        bad = {k: v for k, v in errs.items() if isinstance(v, str) or v > TOL}
-        assert not bad, bad
+    _assert_close(ranks(4, _layers_on_groups, 3))
 
 
 def _moe_reference(x, router, gate_up, down, shared=None, shared_gate=None):
@@ -170,9 +173,7 @@ def _moe_layers(seed):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_expert_parallel_moe_matches_dense(ranks, world):
-    for errs in ranks(world, _moe_layers, world):
-        bad = {k: v for k, v in errs.items() if isinstance(v, str) or v > TOL}
-        assert not bad, bad
+    _assert_close(ranks(world, _moe_layers, world))
 
 
 def _attention(seed):
@@ -193,9 +194,7 @@ def _attention(seed):
 
 @pytest.mark.parametrize("world", [2])
 def test_sequence_parallel_decode_attention_matches_dense(ranks, world):
-    for errs in ranks(world, _attention, 5):
-        bad = {k: v for k, v in errs.items() if isinstance(v, str) or v > TOL}
-        assert not bad, bad
+    _assert_close(ranks(world, _attention, 5))
 
 
 def _bad_layers():
@@ -270,3 +269,13 @@ def _moe_reference_fast(x, idx, weights, gate_up, down):
 def test_layers_bf16_on_gpus(ranks):
     for errs in ranks(2, _gpu_bf16_layers):
         assert all(v < 3e-2 for v in errs.values()), errs
+
+
+def test_replicated_rows_come_in_few_sizes():
+    """Every distinct row count builds workspaces in the ops: replicated layers round rows per rank up to four
+    sizes per power of two, padding at most a quarter, exact up to 16."""
+    from triton_dist.nn.sharding import bucket_rows
+
+    sizes = [bucket_rows(r) for r in range(1, 4097)]
+    assert all(r <= s <= max(r, 16) * 1.25 for r, s in zip(range(1, 4097), sizes))
+    assert sizes[:16] == list(range(1, 17)) and len(set(sizes[1024:2048])) == 4

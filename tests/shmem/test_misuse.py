@@ -23,7 +23,7 @@ from triton_dist.kernels import ag_gemm, all_gather, ep_combine, ep_dispatch, ge
 
 from ..conftest import cpu_only
 
-TIMEOUT_S = 2.0
+TIMEOUT_S = 1.5
 
 
 def _gathered(x):
@@ -108,10 +108,10 @@ def _mismatch_then_recover(op, check_calls, warm):
         error = (None, "", time.monotonic() - t0)
     except Exception as exc:  # noqa: BLE001 - what each rank raised is the result
         error = (type(exc).__name__, str(exc), time.monotonic() - t0)
+    td.shmem.set_wait_timeout(60)  # (the good calls must not time out while a slow peer catches up)
     td.shmem.reset()
     td.shmem.check_calls(True)
     good = all(_good_call(op, 1 + i) for i in range(20))
-    td.shmem.set_wait_timeout(60)
     return error, good
 
 

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from .. import autotune, shmem
 from .. import language as dl
+from .launcher import Launcher
 
 
 @triton.jit
@@ -108,18 +109,30 @@ def all_gather(x, out=None, config=None, group=None):
                          f"got {out.dtype} {list(out.shape)}")
     if x.numel() == 0:
         return out
-    cfg = autotune.with_overrides(default_config(x.numel() * x.element_size(), x.device.type), config)
     src, dst = _as_words(x), _as_words(out)
     if src.dtype != dst.dtype:  # alignment of one side forbids the wider view
         src, dst = x.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
-    shard_words = src.numel()
-    n_chunks = max(1, min(cfg["n_chunks"], triton.cdiv(shard_words, cfg["block"])))
-    chunk_words = triton.cdiv(triton.cdiv(shard_words, n_chunks), cfg["block"]) * cfg["block"]
-    n_chunks = triton.cdiv(shard_words, chunk_words)
-    ws = shmem.workspace("all_gather", n_chunks, lambda: _Signals(n_chunks, group), group=group)
+    key = (team.name, src.numel(), src.dtype, x.device.type, None if config is None else repr(sorted(config.items())))
+    plan = _PLANS.get(key, lambda: _Plan(src.numel(), src.element_size(), x.device.type, team, config))
     shmem.raise_pending_errors()
-    all_gather_push_kernel[(cfg["num_programs"],)](
-        src, dst, ws.arrived, ws.ready, ws.state, shard_words, chunk_words, n_chunks, team.ctx,
-        BLOCK=cfg["block"], FLAGS_BLOCK=triton.next_power_of_2(min(world * n_chunks, 1024)),
-        num_warps=cfg["num_warps"])
+    plan.launch(src, dst, *plan.args)
     return out
+
+
+class _Plan:
+    """What every call of one (shard words, word size, group, config) shares: the chunking, the flags and the
+    bound launch."""
+
+    def __init__(self, shard_words, word_bytes, device_type, team, config):
+        cfg = autotune.with_overrides(default_config(shard_words * word_bytes, device_type), config)
+        n_chunks = max(1, min(cfg["n_chunks"], triton.cdiv(shard_words, cfg["block"])))
+        chunk_words = triton.cdiv(triton.cdiv(shard_words, n_chunks), cfg["block"]) * cfg["block"]
+        n_chunks = triton.cdiv(shard_words, chunk_words)
+        ws = shmem.workspace("all_gather", n_chunks, lambda: _Signals(n_chunks, team.group), group=team.group)
+        self.args = (ws.arrived, ws.ready, ws.state, shard_words, chunk_words, n_chunks, team.ctx)
+        self.launch = Launcher(all_gather_push_kernel, (cfg["num_programs"],), BLOCK=cfg["block"],
+                               FLAGS_BLOCK=triton.next_power_of_2(min(team.size * n_chunks, 1024)),
+                               num_warps=cfg["num_warps"])
+
+
+_PLANS = shmem.Plans("all_gather")

@@ -32,6 +32,7 @@ from . import library
 from .gemm import (check_launchable, check_matmul_operands, default_num_programs, describe_operands, dot_precision,
                    gemm_candidates, gemm_config, launch_gemm, skinny_configs, tile_accumulate, tile_coords,
                    tile_store)
+from .launcher import Launcher
 from .replay import GraphCache
 
 MAX_CHUNKS = 64  # per rank; sizes the `arrived` flags
@@ -216,6 +217,7 @@ class _Plan:
         tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * triton.cdiv(self.n, cfg["BLOCK_N"])
         self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device), tiles)),)
         self.fence = not hardware.interpreting()
+        self.handshake = Launcher(ready_handshake_kernel, (1,))
         self.precision = dot_precision(dtype)
 
 
@@ -261,7 +263,7 @@ def _start_call(a, plan, fp8=None):
     """The ready handshake (this call's epoch), then our shard pushed into every peer by the copy engines (FP8:
     its scales first, on the same streams, so that the rows' flags also cover them)."""
     shmem.raise_pending_errors()
-    ready_handshake_kernel[(1,)](plan.ws.ready, plan.ws.state, plan.ws.epoch, plan.ctx)
+    plan.handshake(plan.ws.ready, plan.ws.state, plan.ws.epoch, plan.ctx)
     if fp8 is not None:
         fp8.push_scales()
     _copy_engine_push(a, plan)

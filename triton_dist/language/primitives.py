@@ -5,6 +5,9 @@ All of them are built from Triton's own loads, stores and atomics; the one trick
 ``ptr + (heap_base[peer] - heap_base[me])``.
 """
 
+import os
+import time
+
 import triton
 import triton.language as tl
 from triton.language.extra import cuda as _cuda
@@ -128,6 +131,18 @@ def _record_timeout(flag, value, seen, ctx, CMP: tl.constexpr):
     _record(ctx, ERR_KIND_WAIT, flag.to(tl.int64) - base, value, seen, _cmp_code(CMP))
 
 
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+CPU_POLLS_PER_SECOND = tl.constexpr(layout.CPU_POLLS_PER_SECOND)
+
+
+def _host_seconds():
+    """The host's clock, for interpreted kernels only (a compiled kernel never reaches this Python function)."""
+    return time.monotonic()
+
+
+_host_seconds.__triton_builtin__ = True  # what Triton's dependency scan skips (it is no device code to hash)
+
+
 @triton.jit
 def _failed(ctx):
     """Whether a ``dl.wait`` of this rank has given up (then every later wait gives up at once)."""
@@ -186,13 +201,18 @@ def wait(flag, value, ctx, cmp: tl.constexpr = GE, mask=None):
     if _failed(ctx):  # this rank already gave up: a stalled call ends within one budget, wherever it waits
         budget = 1
     seen = _poll(flag, mask)
-    polls = 1
-    while (_all_satisfied(seen, value, mask, cmp) == 0) & (polls < budget):
-        seen = _poll(flag, mask)
-        polls += 1
-        if polls % 1024 == 0:
-            if _failed(ctx):
-                budget = polls
+    if _INTERPRETED:  # the budget in host time: the interpreter's poll rate follows the host's load
+        deadline = _host_seconds() + budget / CPU_POLLS_PER_SECOND
+        while (_all_satisfied(seen, value, mask, cmp) == 0) & (_host_seconds() < deadline) & (_failed(ctx) == 0):
+            seen = _poll(flag, mask)
+    else:
+        polls = 1
+        while (_all_satisfied(seen, value, mask, cmp) == 0) & (polls < budget):
+            seen = _poll(flag, mask)
+            polls += 1
+            if polls % 1024 == 0:
+                if _failed(ctx):
+                    budget = polls
     if _all_satisfied(seen, value, mask, cmp) == 0:
         if len(seen.shape) > 0:  # name the first flag that is still short
             bad = (_satisfied(seen, value, cmp) == 0) & (mask != 0)

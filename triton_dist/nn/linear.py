@@ -72,8 +72,14 @@ def _linear_state(module_or_state_dict, what):
 
 
 class _ParallelLinear(nn.Module):
-    def __init__(self, in_features, out_features, bias, sequence_parallel, group, split_dim, dtype, device):
+    """A linear layer whose weight is split along ``SPLIT_DIM`` (0: output features, 1: input features)."""
+
+    SPLIT_DIM = 0
+
+    def __init__(self, in_features, out_features, bias=True, *, sequence_parallel=False, group=None, dtype=None,
+                 device=None):
         super().__init__()
+        split_dim = self.SPLIT_DIM
         self.ops = GroupOps(group)
         self.in_features, self.out_features = in_features, out_features
         self.sequence_parallel = bool(sequence_parallel)
@@ -88,7 +94,10 @@ class _ParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(bias_size, dtype=dtype, device=device)) if bias else None
 
     @classmethod
-    def _from_dense(cls, module_or_state_dict, group, sequence_parallel, split_dim):
+    def from_dense(cls, module_or_state_dict, group=None, sequence_parallel=False):
+        """From an ``nn.Linear`` (or its state dict): this rank's slice of the weight (column parallel: of the
+        output features and the bias; row parallel: of the input features, the bias kept whole)."""
+        split_dim = cls.SPLIT_DIM
         weight, bias = _linear_state(module_or_state_dict, cls.__name__)
         layer = cls(weight.shape[1], weight.shape[0], bias is not None, sequence_parallel=sequence_parallel,
                     group=group, dtype=weight.dtype, device=weight.device)
@@ -106,14 +115,7 @@ class ColumnParallelLinear(_ParallelLinear):
     [M, out / W] (what a row-parallel layer takes). False: x [..., in] full on every rank; returns the full
     [..., out] (the feature slices all-gathered)."""
 
-    def __init__(self, in_features, out_features, bias=True, *, sequence_parallel=False, group=None, dtype=None,
-                 device=None):
-        super().__init__(in_features, out_features, bias, sequence_parallel, group, 0, dtype, device)
-
-    @classmethod
-    def from_dense(cls, module, group=None, sequence_parallel=False):
-        """From an ``nn.Linear`` (or its state dict): this rank's output features."""
-        return cls._from_dense(module, group, sequence_parallel, 0)
+    SPLIT_DIM = 0
 
     def forward(self, x, total_rows=None):
         lead = x.shape[:-1]
@@ -138,14 +140,7 @@ class RowParallelLinear(_ParallelLinear):
     sequence_parallel=True: x holds every row and this rank's input features [M, in / W]; returns this rank's
     ``tensor_split`` rows [m_r, out]. False: x [..., in] full on every rank; returns the full [..., out]."""
 
-    def __init__(self, in_features, out_features, bias=True, *, sequence_parallel=False, group=None, dtype=None,
-                 device=None):
-        super().__init__(in_features, out_features, bias, sequence_parallel, group, 1, dtype, device)
-
-    @classmethod
-    def from_dense(cls, module, group=None, sequence_parallel=False):
-        """From an ``nn.Linear`` (or its state dict): this rank's input features (the bias kept whole)."""
-        return cls._from_dense(module, group, sequence_parallel, 1)
+    SPLIT_DIM = 1
 
     def forward(self, x):
         lead = x.shape[:-1]

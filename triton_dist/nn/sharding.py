@@ -7,7 +7,8 @@ Two modes, per layer (``sequence_parallel``):
            as between the blocks of a sequence-parallel transformer). Uneven shards: pass the layer's forward
            ``total_rows`` (a rank cannot tell from its own shard whether a peer holds one row more).
     False  every rank holds the full rows (a replicated model, as ``parallelize`` leaves one): the layer works on
-           this rank's slice, rows [r * m, min(M, (r + 1) * m)) with m = cdiv(M, W), padded with zero rows to m
+           this rank's slice, rows [r * m, min(M, (r + 1) * m)) with m = cdiv(M, W) rounded up to a few sizes
+           per octave (``bucket_rows``: fewer distinct workspaces), padded with zero rows to m
            so that every rank's ops see the same shapes, and all-gathers the output slices: the first M rows of
            the gathered [W * m, ...] are the full output, equal to the dense module's.
 
@@ -88,12 +89,21 @@ class Rows:
         return any(c != self.shard for c in self.counts)
 
 
+def bucket_rows(rows):
+    """Rows per rank rounded up to one of a few sizes per octave (at most 1/4 padding): every distinct size
+    makes the ops build workspaces, so a model fed many sequence lengths must not see each one."""
+    if rows <= 16:
+        return rows
+    step = 1 << max(0, rows.bit_length() - 3)  # 4 sizes per power of two
+    return triton.cdiv(rows, step) * step
+
+
 def plan_rows(x, ops, sequence_parallel, total_rows=None):
     """The ``Rows`` of a layer's input ``x`` [rows, ...] (the full rows, or this rank's shard)."""
     world, rank = ops.world, ops.rank
     if not sequence_parallel:
         m = x.shape[0]
-        shard = triton.cdiv(m, world)
+        shard = bucket_rows(triton.cdiv(m, world))
         counts = [max(0, min(m, (r + 1) * shard) - r * shard) for r in range(world)]
         return Rows(m, shard, rank * shard, counts[rank], counts, False)
     total = world * x.shape[0] if total_rows is None else int(total_rows)

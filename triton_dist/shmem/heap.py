@@ -26,8 +26,8 @@ from .workspaces import forget_all
 
 ALIGN = 256
 DEFAULT_HEAP_BYTES = {"cpu": 256 << 20, "gpu": 2 << 30}
-# Rough poll rates of dl.wait, to turn a timeout in seconds into a poll budget (the interpreter manages ~1000/s).
-POLLS_PER_SECOND = {"cpu": 1_000, "gpu": 2_000_000}
+# Poll rates of dl.wait, to turn a timeout in seconds into a poll budget (CPU ranks count it in host milliseconds).
+POLLS_PER_SECOND = {"cpu": layout.CPU_POLLS_PER_SECOND, "gpu": 2_000_000}
 DEFAULT_WAIT_TIMEOUT_S = 60.0
 ERROR_POLL_EVERY = 8  # GPU: op calls between two host copies of the device error flag
 
@@ -183,6 +183,9 @@ def team(group=None):
     else:
         t = rt.teams.get(key)
         if t is None:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"group {key} is first used during CUDA-graph capture: call an op on it (or "
+                                   f"triton_dist.shmem.context(group)) once before capturing")
             t = rt.teams[key] = teams.Team(rt, group, f"{key}@{rt.token}", teams.heap_ranks_of(rt, group), 0)
             _init_team(rt, t, key)
     rt.teams[group] = t

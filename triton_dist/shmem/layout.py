@@ -50,6 +50,9 @@ INDEX_SITES = {SITE_BLOCK_TABLE: ("sp_flash_decode", "block_table (a page id)"),
                SITE_EXPERT_IDS: ("ep_dispatch", "topk_idx (an expert id)")}
 
 
+CPU_POLLS_PER_SECOND = 1000  # CPU ranks: a wait budget of N polls means N milliseconds
+
+
 def barrier_bytes(world):
     """Size of a group's barrier words."""
     return BARRIER_ARRIVALS + 4 * world

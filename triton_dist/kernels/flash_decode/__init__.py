@@ -27,6 +27,7 @@ import triton
 
 from ... import shmem
 from .. import library
+from ..launcher import Launcher
 from .config import (COMBINES, DTYPES, HEAD_DIMS, MAX_SPLITS, SMEM_PER_BLOCK, SMEM_PER_SM, check_inputs,  # noqa: F401
                      choose_splits, default_config, merge_chunk, resolve, split_smem_bytes)
 from .kernels import (LOG2E, MODE_FUSED, MODE_LOCAL, MODE_PUSH, flash_decode_merge_kernel,  # noqa: F401
@@ -94,7 +95,8 @@ class _Plan:
             N_SPLITS=n_splits, SPLIT_CHUNK=merge_chunk(group, head_dim, n_splits, cfg["num_warps"]),
             PAGE_SIZE=page_size, MODE=mode, WORLD=world, WORLD_PAD=max(2, triton.next_power_of_2(world)),
             RANK_CHUNK=merge_chunk(rank_pad, head_dim, world, cfg["num_warps"]), FP32_DOT=q.dtype == torch.float32,
-            PDL=mode == MODE_PUSH and cfg["pdl"], RECORD_ERRORS=distributed or shmem.is_initialized(),
+            PDL=mode == MODE_PUSH and cfg["pdl"],
+            CHECK_INDICES=0 if not cfg["check_indices"] else 2 if distributed or shmem.is_initialized() else 1,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         self.merge_meta = dict(
             GROUP=group, GROUP_P2=group_p2, HEAD_DIM=head_dim, WORLD=world,
@@ -103,6 +105,8 @@ class _Plan:
             num_warps=cfg["merge_num_warps"])
         if cfg["pdl"]:
             self.merge_meta["launch_pdl"] = True
+        self.split = Launcher(flash_decode_split_kernel, self.grid, **self.split_meta)
+        self.merge = Launcher(flash_decode_merge_kernel, (self.grid[1],), **self.merge_meta)
         self.exchange = shmem.workspace("flash_decode", (batch, q_heads, kv_heads, head_dim),
                                         lambda: _Exchange(batch, q_heads, kv_heads, head_dim, team.group),
                                         group=team.group) if distributed and batch else None
@@ -130,9 +134,8 @@ class _Plan:
         if self.q_copy:
             q = q.contiguous()
         table = block_table if block_table is not None else kv_lens  # a dummy pointer when not paged
-        flash_decode_split_kernel[self.grid](
-            q, k_cache, v_cache, kv_lens, table, *self.part, dst_o, dst_lse, out, flags, state, ctx,
-            *self.strides, out.stride(0), out.stride(1), *self.scalars, **self.split_meta)
+        self.split(q, k_cache, v_cache, kv_lens, table, *self.part, dst_o, dst_lse, out, flags, state, ctx,
+                   *self.strides, out.stride(0), out.stride(1), *self.scalars)
 
 
 def resolved_config(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scale=None, config=None,
@@ -160,9 +163,10 @@ def local_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_s
     else:
         _check_out(lse, (batch, q_heads), torch.float32, "lse")
     if not plan.empty:  # (with triton_dist initialised, bad indices go to the error record through a context)
-        if plan.split_meta["RECORD_ERRORS"]:
+        recording = plan.split_meta["CHECK_INDICES"] == 2
+        if recording:
             shmem.raise_pending_errors()
-        ctx = shmem.context() if plan.split_meta["RECORD_ERRORS"] else kv_lens
+        ctx = shmem.context() if recording else kv_lens
         plan.launch_split(q, k_cache, v_cache, kv_lens, block_table, out, lse, out, kv_lens, kv_lens, ctx)
     return out, lse
 
@@ -207,9 +211,8 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
     plan.launch_split(q, k_cache, v_cache, kv_lens, block_table, ex.recv_o, ex.recv_lse, out, ex.flags, ex.state,
                       ctx)
     if plan.mode == MODE_PUSH:
-        flash_decode_merge_kernel[(plan.grid[1],)](
-            ex.recv_o, ex.recv_lse, ex.flags, out, ex.state, ctx, out.stride(0), out.stride(1), *plan.scalars[:3],
-            **plan.merge_meta)
+        plan.merge(ex.recv_o, ex.recv_lse, ex.flags, out, ex.state, ctx, out.stride(0), out.stride(1),
+                   *plan.scalars[:3])
     return out
 
 

@@ -56,16 +56,18 @@ def default_config(batch, kv_heads, s_local_max, head_dim, device_type, num_sms=
     (128 tokens x 3 stages, then smaller) that fits in a block's shared memory (227 KB on Hopper; see
     ``split_smem_bytes``), 8 warps for 128-token tiles (docs/design/flash_decode.md); ``programs_per_sm`` None =
     as many as fit in an SM's shared memory, at most 2; ``n_splits`` None = ``choose_splits``; ``combine`` "auto"
-    and ``pdl`` off (see the package docstring)."""
+    and ``pdl`` off (see the package docstring); ``check_indices`` (on): kv_lens and page ids checked on the
+    device (off: trusted, what the index-check benchmark compares against)."""
     if device_type == "cpu":
         return {"block_n": 16, "n_splits": None, "programs_per_sm": 1, "num_sms": 2, "num_warps": 4,
-                "num_stages": 1, "merge_num_warps": 4, "combine": "auto", "pdl": False}
+                "num_stages": 1, "merge_num_warps": 4, "combine": "auto", "pdl": False,
+                "check_indices": True}
     for block_n, stages in ((128, 3), (64, 3), (64, 2), (32, 3), (32, 2), (16, 2)):
         if split_smem_bytes(block_n, stages, head_dim, elem_bytes) <= SMEM_PER_BLOCK:
             break
     return {"block_n": block_n, "n_splits": None, "programs_per_sm": None, "num_sms": num_sms or H200_SMS,
             "num_warps": 8 if block_n >= 128 else 4, "num_stages": stages, "merge_num_warps": 4, "combine": "auto",
-            "pdl": False}
+            "pdl": False, "check_indices": True}
 
 
 
@@ -150,8 +152,9 @@ def resolve(dims, dtype, device, config, distributed):
                          f"{cfg['n_splits']}")
     if cfg["combine"] not in COMBINES:
         raise ValueError(f"config combine must be one of {COMBINES}, got {cfg['combine']!r}")
-    if not isinstance(cfg["pdl"], bool):
-        raise ValueError(f"config pdl must be a bool, got {cfg['pdl']!r}")
+    for key in ("pdl", "check_indices"):
+        if not isinstance(cfg[key], bool):
+            raise ValueError(f"config {key} must be a bool, got {cfg[key]!r}")
     if cfg["programs_per_sm"] is None:  # as many split programs as fit in an SM's shared memory, 1 or 2
         smem = split_smem_bytes(cfg["block_n"], cfg["num_stages"], head_dim, dtype.itemsize)
         cfg["programs_per_sm"] = max(1, min(2, SMEM_PER_SM // smem))

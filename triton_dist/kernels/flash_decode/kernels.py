@@ -140,7 +140,7 @@ def flash_decode_split_kernel(
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
         GROUP_P2: tl.constexpr, N_SPLITS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PAGE_SIZE: tl.constexpr,
         MODE: tl.constexpr, WORLD: tl.constexpr, WORLD_PAD: tl.constexpr, RANK_CHUNK: tl.constexpr,
-        FP32_DOT: tl.constexpr, PDL: tl.constexpr, RECORD_ERRORS: tl.constexpr):
+        FP32_DOT: tl.constexpr, PDL: tl.constexpr, CHECK_INDICES: tl.constexpr):
     dl.launch_dependents(PDL)  # the merge launch may start once every split program is running (none starved)
     split = tl.program_id(0)
     bk = tl.program_id(1)  # (b, kv head)
@@ -150,9 +150,9 @@ def flash_decode_split_kernel(
 
     # This sequence's local tokens, cut into N_SPLITS slices of whole BLOCK_N tiles (sized per sequence, on the
     # device: ragged batches split evenly without a host sync; a slice past the end is empty). A length outside
-    # [0, s_max] is recorded (RECORD_ERRORS: ctx is a context) and clamped.
+    # [0, s_max] is clamped, and recorded with CHECK_INDICES == 2 (ctx is a context then).
     kv_raw = tl.load(kv_lens + b)
-    if RECORD_ERRORS:
+    if CHECK_INDICES == 2:
         dl.check_index(kv_raw, b, s_max + 1, ctx, SITE_KV_LENS)
     kv_len = tl.minimum(tl.maximum(kv_raw, 0), s_max).to(tl.int32)
     per_split = tl.cdiv(tl.cdiv(kv_len, N_SPLITS), BLOCK_N) * BLOCK_N
@@ -174,11 +174,12 @@ def flash_decode_split_kernel(
         if PAGE_SIZE > 0:
             at = b64 * stride_table_b + tok // PAGE_SIZE
             page = tl.load(block_table + at, mask=t_ok, other=0).to(tl.int64)
-            if RECORD_ERRORS:  # a page id outside the cache is recorded, and never read: page 0 instead
-                page_ok = dl.check_index(page, at, num_pages, ctx, SITE_BLOCK_TABLE, mask=t_ok)
-            else:
-                page_ok = (page >= 0) & (page < num_pages)
-            page = tl.where(page_ok, page, 0)
+            if CHECK_INDICES > 0:  # a page id outside the cache is never read (page 0 instead), 2: and recorded
+                if CHECK_INDICES == 2:
+                    page_ok = dl.check_index(page, at, num_pages, ctx, SITE_BLOCK_TABLE, mask=t_ok)
+                else:
+                    page_ok = (page >= 0) & (page < num_pages)
+                page = tl.where(page_ok, page, 0)
             k_rows = page * stride_kb + (tok % PAGE_SIZE) * stride_kn
             v_rows = page * stride_vb + (tok % PAGE_SIZE) * stride_vn
         else:

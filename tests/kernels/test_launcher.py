@@ -1,0 +1,104 @@
+"""The bound launch (``kernels/launcher.py``): what it keys on, how it assembles the arguments Triton bound, that it
+falls back to the plain launch whenever the arguments specialize differently, and (GPU) that it computes what the
+plain launch computes."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from triton_dist import hardware
+from triton_dist.kernels import launcher
+from triton_dist.kernels.launcher import Launcher
+
+from ..conftest import gpu_only
+
+
+def test_key_sees_dtype_alignment_and_values():
+    t = torch.zeros(64, dtype=torch.float32)
+    k = launcher._key
+    assert k((t, 3)) == k((torch.zeros(64, dtype=torch.float32), 3))  # another tensor, same class
+    assert k((t, 3)) != k((t, 4))  # another integer value
+    assert k((t, 3)) != k((t.half(), 3))  # another dtype
+    assert k((t[1:], 3)) != k((t, 3))  # 4 bytes off: no longer 16-byte aligned
+    assert k((t[4:], 3)) == k((t, 3))  # 16 bytes off: still aligned
+
+
+class _FakeCompiled:
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+class _FakeKernel:
+    """A JITFunction's surface the Launcher uses: ``kernel[grid](*args, **meta)`` and the device cache's binder."""
+
+    def __init__(self):
+        self.compiled, self.plain = _FakeCompiled(), []
+
+        def binder(x, n, BLOCK, FLAG=False, **options):  # what Triton's binder returns: every parameter, in order
+            return {"x": x, "n": n, "BLOCK": BLOCK, "FLAG": FLAG}, [], options
+        self.device_caches = {0: (None, None, None, None, binder)}
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.plain.append((grid, args, meta))
+            return self.compiled
+        return launch
+
+
+def test_binds_once_then_runs_the_compiled_kernel(monkeypatch):
+    monkeypatch.setattr(hardware, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    class _Stream:
+        cuda_stream = 7
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Stream())
+    kernel = _FakeKernel()
+    launch = Launcher(kernel, (4,), BLOCK=64, num_warps=8)
+    x, y = torch.zeros(16), torch.ones(16)
+    launch(x, 16)  # plain, then bound
+    launch(y, 16)  # the compiled kernel's run: grid, stream, handles, no hooks, every parameter in order
+    assert len(kernel.plain) == 1 and kernel.plain[0] == ((4, 1, 1), (x, 16), {"BLOCK": 64, "num_warps": 8})
+    (call,) = kernel.compiled.calls
+    assert call[:9] == (4, 1, 1, 7, "fn", "meta", None, None, None) and call[9] is y and call[10:] == (16, 64, False)
+    launch(y[1:], 16)  # misaligned: the plain launch again
+    launch(y, 15)  # another value: plain
+    assert len(kernel.plain) == 3 and len(kernel.compiled.calls) == 1
+
+
+@triton.jit
+def _scale_kernel(x, out, n, factor, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(x + offs, mask=offs < n) * factor, mask=offs < n)
+
+
+def test_interpreted_launches_stay_plain():
+    if not hardware.interpreting():
+        pytest.skip("this process compiles kernels")
+    launch = Launcher(_scale_kernel, (2,), BLOCK=64)
+    x, out = torch.arange(100, dtype=torch.float32), torch.empty(100)
+    for factor in (2.0, 3.0):
+        launch(x, out, 100, factor)
+        assert torch.equal(out, x * factor)
+    assert launch.compiled is None
+
+
+def _gpu_bound_launch():
+    x = torch.randn(1000, device="cuda")
+    launch = Launcher(_scale_kernel, (16,), BLOCK=64)
+    ok = True
+    for src, factor in [(x, 2.0), (x.clone(), 2.0), (x[1:], 2.0), (x.clone(), 3.0), (x.clone(), 2.0)]:
+        out = torch.full_like(src, float("nan"))
+        launch(src, out, src.numel(), factor)  # bound / fast / misaligned: plain / another factor: plain / fast
+        ok &= torch.equal(out, src * factor)
+    return ok and launch.compiled is not None
+
+
+@gpu_only
+def test_bound_launch_matches_the_plain_launch_on_gpu(ranks):
+    assert all(ranks(1, _gpu_bound_launch))

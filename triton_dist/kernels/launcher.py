@@ -1,0 +1,77 @@
+"""Launching a Triton kernel again for the cost of the driver call: ``Launcher``.
+
+``kernel[grid](*args, **meta)`` binds every argument on every call (the signature, the specialization key, the
+cache look-up, the check of the globals the kernel read). A ``Launcher`` is made once per (kernel, grid,
+constexprs and launch options) — ops keep one in their plans — and its first call launches the plain way and
+keeps the compiled kernel with Triton's own binding of the arguments. A later call whose runtime arguments
+specialize the same way (every tensor of the same dtype and 16-byte alignment, every other argument equal)
+calls the compiled kernel's ``run``, the launcher ``kernel[grid]`` itself ends in, with the stored constexprs.
+Anything else (another alignment or value, a launch hook, the interpreter, a Triton whose internals differ) takes
+the plain path, so a Launcher never launches differently from ``kernel[grid]``.
+"""
+
+import torch
+
+from .. import hardware
+
+
+def _key(args):
+    """What the compiled kernel depends on in ``args``: a tensor's dtype and 16-byte alignment (Triton
+    specializes pointers on it), a tensor descriptor's dtype, shape, strides, block and alignment, and every
+    other argument's value (stricter than Triton, which only looks at integers' value classes)."""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif hasattr(a, "block_shape") and hasattr(a, "base"):  # triton.tools.tensor_descriptor.TensorDescriptor
+            key.append((a.base.dtype, a.base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides),
+                        tuple(a.block_shape)))
+        else:
+            key.append(a)
+    return tuple(key)
+
+
+class Launcher:
+    """``kernel[grid](*args, **meta)``, bound once: ``Launcher(kernel, grid, **meta)(*args)``. ``args``: the
+    kernel's leading positional (runtime) arguments; ``meta``: the constexprs and launch options, fixed."""
+
+    def __init__(self, kernel, grid, **meta):
+        self.kernel, self.grid, self.meta = kernel, tuple(grid) + (1,) * (3 - len(grid)), meta
+        self.compiled = None  # the compiled kernel of the bound call
+        self.bound = None  # its arguments in signature order, as Triton bound them
+        self.key = None
+
+    def __call__(self, *args):
+        compiled = self.compiled
+        if compiled is not None and _key(args) == self.key and _no_hooks():
+            bound = self.bound
+            bound[:len(args)] = args
+            compiled.run(self.grid[0], self.grid[1], self.grid[2], torch.cuda.current_stream().cuda_stream,
+                         compiled.function, compiled.packed_metadata, None, None, None, *bound)
+            return
+        compiled = self.kernel[self.grid](*args, **self.meta)
+        if self.compiled is None and not hardware.interpreting():
+            self._bind(compiled, args)
+
+    def _bind(self, compiled, args):
+        """Keep ``compiled`` and Triton's own binding of this call's arguments (if this Triton exposes them)."""
+        try:
+            device = torch.cuda.current_device()
+            binder = self.kernel.device_caches[device][4]
+            bound_args = binder(*args, **self.meta)[0]
+            bound = list(bound_args.values())
+            compiled.function  # loaded (the plain launch did that)
+        except Exception:  # internals of another shape: stay on the plain path
+            return
+        self.compiled, self.bound, self.key = compiled, bound, _key(args)
+
+
+def _no_hooks():
+    """Launch hooks (profilers) see only plain launches. Triton keeps them in chains of callbacks (empty: none)."""
+    try:
+        from triton import knobs
+
+        return not any(getattr(h, "calls", h) for h in (knobs.runtime.launch_enter_hook,
+                                                        knobs.runtime.launch_exit_hook))
+    except Exception:
+        return False
