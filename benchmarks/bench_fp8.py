@@ -48,9 +48,14 @@ def _operands(m, n, k):
     return (a, w, sa, sw), (ab, wb, sab, swb), (x.to(torch.bfloat16), y.to(torch.bfloat16))
 
 
-def _table_row(shape, calls, baseline, flops):
-    """Errors against ``baseline`` (the first calls also tune), then every contender timed in turn."""
-    ref = calls[baseline]().clone()
+def _table_row(shape, op, bf16_op, operands, baseline, async_tp, flops):
+    """``op`` (ours) on the row- and block-scaled ``operands``, ``bf16_op`` on their bf16 copies, ``async_tp`` and
+    ``baseline`` (label, call): errors against the baseline (the first calls also tune), then every contender timed
+    in turn."""
+    (rows, block, bf16), (label, call) = operands, baseline
+    calls = {"ours row": lambda: op(*rows), "ours block": lambda: op(*block), "async-TP row": async_tp,
+             label: call, "ours bf16": lambda: bf16_op(*bf16)}
+    ref = calls[label]().clone()
     errs = {"ours row": _rel(calls["ours row"](), ref), "bitwise repeat": torch.equal(calls["ours row"](),
                                                                                       calls["ours row"]())}
     for label in ("ours block", "ours bf16"):
@@ -66,54 +71,61 @@ def _table_row(shape, calls, baseline, flops):
             **{f"rel err {lb}" if lb != "bitwise repeat" else lb: v for lb, v in errs.items()}}
 
 
-def ag_gemm_rows(world, group_name):
+def _ag_gemm_row(world, group_name, m_total, n_total, k):
+    m, n = m_total // world, n_total // world
+    operands = _operands(m, n, k)
+    a, w, sa, sw = operands[0]
+    full = torch.empty((m_total, k), device="cuda", dtype=a.dtype)
+    full_s = torch.empty((m_total, 1), device="cuda")
+
+    def nccl_cublas():
+        dist.all_gather_into_tensor(full.view(torch.uint8), a.view(torch.uint8))
+        dist.all_gather_into_tensor(full_s, sa)
+        return torch._scaled_mm(full, w.t(), full_s, sw.t(), out_dtype=torch.bfloat16)
+
+    def async_tp():
+        return torch.ops.symm_mem.fused_all_gather_scaled_matmul(
+            a, [w.t()], sa, [sw.t()], 0, group_name, [None], [None], [torch.bfloat16], [False])[1][0]
+
+    return _table_row(dict(M=m_total, N=n_total, K=k), scaled_ag_gemm, ag_gemm, operands,
+                      ("NCCL+cuBLAS row", nccl_cublas), async_tp, 2 * m_total * n * k)
+
+
+def _gemm_rs_row(world, group_name, m, n, k_total):
+    k = k_total // world
+    operands = _operands(m, n, k)
+    a, w, sa, sw = operands[0]
+    out = torch.empty((m // world, n), device="cuda", dtype=torch.bfloat16)
+
+    def cublas_nccl():
+        dist.reduce_scatter_tensor(out, torch._scaled_mm(a, w.t(), sa, sw.t(), out_dtype=torch.bfloat16))
+        return out
+
+    def async_tp():
+        return torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
+            a, w.t(), sa, sw.t(), "sum", 0, 0, group_name, [m, n], None, None, torch.bfloat16, False)
+
+    return _table_row(dict(M=m, N=n, K=k_total), scaled_gemm_rs, gemm_rs, operands,
+                      ("cuBLAS+NCCL row", cublas_nccl), async_tp, 2 * m * n * k)
+
+
+def _rows(row_of, world, group_name):
+    """One table row per shape; a shape's operands go with its row function's frame before the next shape."""
     rows = []
-    for m_total, n_total, k in SHAPES:
-        m, n = m_total // world, n_total // world
-        (a, w, sa, sw), block, bf16 = _operands(m, n, k)
-        full = torch.empty((m_total, k), device="cuda", dtype=a.dtype)
-        full_s = torch.empty((m_total, 1), device="cuda")
-
-        def nccl_cublas():
-            dist.all_gather_into_tensor(full.view(torch.uint8), a.view(torch.uint8))
-            dist.all_gather_into_tensor(full_s, sa)
-            return torch._scaled_mm(full, w.t(), full_s, sw.t(), out_dtype=torch.bfloat16)
-
-        def async_tp():
-            return torch.ops.symm_mem.fused_all_gather_scaled_matmul(
-                a, [w.t()], sa, [sw.t()], 0, group_name, [None], [None], [torch.bfloat16], [False])[1][0]
-
-        calls = {"ours row": lambda: scaled_ag_gemm(a, w, sa, sw), "ours block": lambda: scaled_ag_gemm(*block),
-                 "async-TP row": async_tp, "NCCL+cuBLAS row": nccl_cublas, "ours bf16": lambda: ag_gemm(*bf16)}
-        rows.append(_table_row(dict(M=m_total, N=n_total, K=k), calls, "NCCL+cuBLAS row", 2 * m_total * n * k))
-        del a, w, block, bf16, full
+    for shape in SHAPES:
+        rows.append(row_of(world, group_name, *shape))
         torch.cuda.empty_cache()
-    record("ag_gemm_fp8", rows, notes=f"W={world}; e4m3 rows, fp32 scales, bf16 out; eager calls {IN_TURN}; "
-           "'vs X' = X us / ours row us; errors against NCCL+cuBLAS")
+    return rows
+
+
+def ag_gemm_rows(world, group_name):
+    record("ag_gemm_fp8", _rows(_ag_gemm_row, world, group_name), notes=f"W={world}; e4m3 rows, fp32 scales, "
+           f"bf16 out; eager calls {IN_TURN}; 'vs X' = X us / ours row us; errors against NCCL+cuBLAS")
 
 
 def gemm_rs_rows(world, group_name):
-    rows = []
-    for m, n, k_total in SHAPES:
-        k = k_total // world
-        (a, w, sa, sw), block, bf16 = _operands(m, n, k)
-        out = torch.empty((m // world, n), device="cuda", dtype=torch.bfloat16)
-
-        def cublas_nccl():
-            dist.reduce_scatter_tensor(out, torch._scaled_mm(a, w.t(), sa, sw.t(), out_dtype=torch.bfloat16))
-            return out
-
-        def async_tp():
-            return torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
-                a, w.t(), sa, sw.t(), "sum", 0, 0, group_name, [m, n], None, None, torch.bfloat16, False)
-
-        calls = {"ours row": lambda: scaled_gemm_rs(a, w, sa, sw), "ours block": lambda: scaled_gemm_rs(*block),
-                 "async-TP row": async_tp, "cuBLAS+NCCL row": cublas_nccl, "ours bf16": lambda: gemm_rs(*bf16)}
-        rows.append(_table_row(dict(M=m, N=n, K=k_total), calls, "cuBLAS+NCCL row", 2 * m * n * k))
-        del a, w, block, bf16, out
-        torch.cuda.empty_cache()
-    record("gemm_rs_fp8", rows, notes=f"W={world}; e4m3 operands, fp32 scales, bf16 partials and out; eager calls "
-           f"{IN_TURN}; 'vs X' = X us / ours row us")
+    record("gemm_rs_fp8", _rows(_gemm_rs_row, world, group_name), notes=f"W={world}; e4m3 operands, fp32 scales, "
+           f"bf16 partials and out; eager calls {IN_TURN}; 'vs X' = X us / ours row us")
 
 
 def moe_ep_rows(world):
