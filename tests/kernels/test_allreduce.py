@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import triton_dist as td
 from triton_dist.kernels import all_reduce, all_reduce_rmsnorm, gemm_ar
-from triton_dist.kernels.allreduce.kernels import FP8_E4M3_MAX
+from triton_dist.kernels.fp8 import E4M3_MAX
 
 from triton_dist.timing import graph_of
 
@@ -207,7 +207,7 @@ def _check_rmsnorm(cases, group=None):
             ref = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
             if fp8:
                 scales = res[2].cpu().double()
-                ref_scales = ref.abs().amax(-1, keepdim=True) / FP8_E4M3_MAX
+                ref_scales = ref.abs().amax(-1, keepdim=True) / E4M3_MAX
                 if ((scales - ref_scales).abs() > 1e-3 * ref_scales + 1e-12).any():
                     problems.append(f"{algo} {shape} {dtype_name}: FP8 scales off")
                 want = ref / scales.clamp(min=1e-30)

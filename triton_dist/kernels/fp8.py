@@ -35,16 +35,23 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # ----------------------------------------------------------------------------------------------- device side
 @triton.jit
-def to_e4m3(x):
-    """fp32 ``x`` (|x| <= 448) -> float8e4nv, rounded to the nearest e4m3 value (ties to even) in fp32 first, so
-    that the conversion itself is exact on every backend (the interpreter's drops a carry into the exponent:
-    124.3 -> 64): normal values keep 3 mantissa bits (integer rounding of the fp32 bits), subnormal ones
-    (|x| < 2**-6) are multiples of 2**-9 (an fp32 add rounds them there)."""
+def round_to_e4m3(x):
+    """fp32 ``x`` (|x| <= 448) rounded to the nearest e4m3 value (ties to even), still in fp32, so that a conversion
+    after it is exact on every backend (the interpreter's drops a carry into the exponent: 124.3 -> 64): normal
+    values keep 3 mantissa bits (integer rounding of the fp32 bits), subnormal ones (|x| < 2**-6) are whole
+    multiples of 2**-9 (an fp32 add of 2**23 rounds them there)."""
     bits = x.to(tl.int32, bitcast=True)
-    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
-    sub = (tl.abs(x) + 24576.0) - 24576.0  # 24576 = 1.5 * 2**14: one fp32 ulp there is 2**-9
-    sub = tl.where(x < 0, -sub, sub)
-    return tl.where(tl.abs(x) < 0.015625, sub, bits.to(tl.float32, bitcast=True)).to(tl.float8e4nv)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # 3 mantissa bits
+    mag = tl.abs(x)
+    tiny = ((mag * 512.0 + 8388608.0) - 8388608.0) / 512.0  # subnormals: whole multiples of 2**-9
+    return tl.where(mag < 0.015625, tl.where(x < 0, -tiny, tiny), normal)
+
+
+@triton.jit
+def to_e4m3(x):
+    """fp32 ``x`` (|x| <= 448) -> float8e4nv, rounded to the nearest e4m3 value (ties to even): ``round_to_e4m3``,
+    then an exact conversion."""
+    return round_to_e4m3(x).to(tl.float8e4nv)
 
 
 @triton.jit
