@@ -15,5 +15,5 @@ from .moe_ep import ep_combine, ep_dispatch  # noqa: F401
 from .pingpong import ping_pong  # noqa: F401
 
 __all__ = ["ag_gemm", "all_gather", "all_reduce", "all_reduce_rmsnorm", "ep_combine", "ep_dispatch", "gemm_ar",
-           "gemm_rs", "grouped_gemm", "local_flash_decode", "ping_pong", "quantize_fp8", "scaled_ag_gemm", "scaled_gemm",
-           "scaled_gemm_rs", "sp_flash_decode"]
+           "gemm_rs", "grouped_gemm", "local_flash_decode", "ping_pong", "quantize_fp8", "scaled_ag_gemm",
+           "scaled_gemm", "scaled_gemm_rs", "sp_flash_decode"]
