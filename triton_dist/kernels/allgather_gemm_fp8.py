@@ -169,7 +169,7 @@ def scaled_ag_gemm(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
         raise ValueError(f"activation='silu_gate' takes w = [gate; up] with halves of whole scale blocks, got "
                          f"{list(w.shape)} ({scales.mode} scaling)")
     team = shmem.op_team("ag_gemm_fp8", group, lambda: dict(
-        a=tuple(a.shape), w=tuple(w.shape), dtype=str(a.dtype), scaling=scales.mode, out=str(out_dtype),
+        a=tuple(a.shape), w=tuple(w.shape), dtype=str(a.dtype), scaling=scales.mode, out_dtype=str(out_dtype),
         activation=activation, config=config, return_gathered=return_gathered))
     (m_shard, k), n = a.shape, w.shape[0]
     n_out = n // 2 if silu_gate else n

@@ -85,8 +85,8 @@ def scaled_gemm_rs(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
             a, w.t(), scales.a, _b_scale(scales.w), "sum", 0, 0, torch_group_name(group), list(a.shape[:1]) +
             [w.shape[0]], None, None, out_dtype, scales.fast_accum)
     team = shmem.op_team("gemm_rs_fp8", group, lambda: dict(
-        a=tuple(a.shape), w=tuple(w.shape), dtype=str(a.dtype), scaling=scales.mode, out=str(out_dtype),
-        config=config, given_out=out is not None))
+        a=tuple(a.shape), w=tuple(w.shape), dtype=str(a.dtype), scaling=scales.mode, out_dtype=str(out_dtype),
+        config=config, out=out is not None))
     (m, k), n = a.shape, w.shape[0]
     shape = (rs.rows_of_rank(m, team.size, team.rank)[1], n)
     if out is not None:
