@@ -11,16 +11,27 @@ power-capped, which bounds every kernel alike.
                  is it the split?)
 Device times replay one call from a CUDA graph (small shapes are otherwise host-bound); the eager columns time
 Python calls.
+
+FP8 (``--only fp8``; ``--only bf16`` skips it), one GPU's GEMMs M x N x K at FP8_SHAPES, e4m3 in, bf16 out:
+  tensor / row   our scaled GEMM core (``gemm_fp8.scaled_gemm``, autotuned) against ``torch._scaled_mm`` (cuBLAS)
+                 with per-tensor and rowwise scales, both with and without fast accumulation, timed in turn
+  block          our 128-blockwise scales (DeepSeek-V3: 1x128 groups of A, 128x128 blocks of W) against cuBLAS's
+                 per-tensor figure: cuBLAS has no block scales in this form
+  quantize       ``quantize_fp8`` (the dispatch senders' 1x128 quantisation) of 4096 x 7168 bf16 tokens: effective
+                 TB/s = (2 B read + 1 B written + 4 B per 128 values) / time, against the same in torch
 """
 
+import argparse
 import os
 
 import torch
 
 import triton_dist as td
-from harness import IN_TURN, clocks_during, head_to_head, record
+from harness import IN_TURN, clocks_during, head_to_head, in_turn, record
 from triton_dist.timing import graph_us_or_nan, time_us
+from triton_dist.kernels import fp8
 from triton_dist.kernels import gemm as core
+from triton_dist.kernels.gemm_fp8 import scaled_gemm
 
 SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8192, 8192), (512, 8192, 8192),
           (128, 8192, 8192)]
@@ -32,9 +43,86 @@ def _label(cfg):
     return " ".join(parts)
 
 
+FP8_SHAPES = [(8192, 4096, 8192), (8192, 14336, 8192), (8192, 4096, 28672), (2048, 4096, 8192), (512, 4096, 8192),
+              (128, 4096, 8192)]
+
+
+def fp8_operands(m, n, k, mode, device):
+    """e4m3 operands of a scaling mode and their scales (A: tensor / row / 1x128 groups; W: tensor / row / blocks)."""
+    x = torch.randn(m, k, device=device)
+    y = torch.randn(n, k, device=device) / 16
+    a, sa = fp8.quantize(x, {"block": "group"}.get(mode, mode))
+    w, sw = fp8.quantize(y, mode)
+    return a, sa, w, sw
+
+
+def cublas_fp8(a, w, sa, sw, mode, fast):
+    """``torch._scaled_mm`` of the same product (B = w.T, column-major; B's rowwise scales are [1, N])."""
+    sa_, sw_ = (sa, sw.t()) if mode == "row" else (sa.reshape(()), sw.reshape(()))
+    return lambda: torch._scaled_mm(a, w.t(), sa_, sw_, out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+
+def fp8_rows():
+    """The FP8 tables: GEMM core vs cuBLAS per shape (in turn), and the quantiser's throughput."""
+    rows = []
+    for m, n, k in FP8_SHAPES:
+        calls, errs = {}, {}
+        for mode in ("tensor", "row", "block"):
+            a, sa, w, sw = fp8_operands(m, n, k, mode, "cuda")
+            for fast in (False, True):
+                tag = f"{mode}{' fast' if fast else ''}"
+                out = scaled_gemm(a, w, sa, sw, scaling=mode, fast_accum=fast)  # tunes once
+                ours = (lambda a=a, w=w, sa=sa, sw=sw, mode=mode, fast=fast:
+                        scaled_gemm(a, w, sa, sw, scaling=mode, fast_accum=fast))
+                calls[f"ours {tag}"] = ours
+                if mode != "block":
+                    ref = cublas_fp8(a, w, sa, sw, mode, fast)
+                    calls[f"cuBLAS {tag}"] = ref
+                    errs[tag] = ((out.float() - ref().float()).abs().max() / ref().float().abs().max()).item()
+        turn = in_turn(calls)
+        tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731
+        row = {"M": m, "N": n, "K": k}
+        for tag in ("tensor", "tensor fast", "row", "row fast"):
+            row[f"ours {tag} us"], row[f"cuBLAS {tag} us"] = turn[f"ours {tag}"], turn[f"cuBLAS {tag}"]
+            row[f"vs cuBLAS {tag}"] = turn[f"cuBLAS {tag}"] / turn[f"ours {tag}"]
+        for tag in ("block", "block fast"):  # against the per-tensor figure: cuBLAS has no block scales here
+            base = tag.replace("block", "tensor")
+            row[f"ours {tag} us"] = turn[f"ours {tag}"]
+            row[f"vs cuBLAS {base} (no block scales)"] = turn[f"cuBLAS {base}"] / turn[f"ours {tag}"]
+        row["ours row TFLOP/s"] = tflops(turn["ours row"])
+        if m <= 2048:  # host-bound sizes: the device time too
+            row["ours row graph us"] = graph_us_or_nan(calls["ours row"], "ours row", warmup=2)
+            row["cuBLAS row graph us"] = graph_us_or_nan(calls["cuBLAS row"], "cuBLAS row", warmup=2)
+        row["max rel err vs cuBLAS"] = max(errs.values())
+        rows.append(row)
+    record("gemm_core_fp8", rows, notes=f"e4m3 a[M,K] @ w[N,K].T -> bf16 on one GPU per rank; eager calls {IN_TURN}; "
+           "'fast': fast accumulation (torch use_fast_accum=True; ours: no fp32 promotion every K step); "
+           "block: 1x128 / 128x128 scales, compared with cuBLAS per-tensor (cuBLAS has no block scales in this "
+           "form); max over ranks")
+    x = torch.randn(4096, 7168, device="cuda").to(torch.bfloat16)
+    turn = in_turn({"quantize_fp8": lambda: fp8.quantize_fp8(x), "torch": lambda: fp8.quantize(x, "group")})
+    nbytes = x.numel() * 3 + x.numel() // 128 * 4
+    q, s = fp8.quantize_fp8(x)
+    rq, rs = fp8.quantize(x, "group")
+    record("fp8_quantize", [{"tokens": 4096, "hidden": 7168, "ours us": turn["quantize_fp8"],
+                             "ours TB/s": nbytes / turn["quantize_fp8"] / 1e6, "torch us": turn["torch"],
+                             "torch TB/s": nbytes / turn["torch"] / 1e6, "scales equal": torch.equal(s, rs),
+                             "values equal": torch.equal(q.view(torch.uint8), rq.view(torch.uint8))}],
+           notes=f"per token per 1x128 group, bf16 -> e4m3 + fp32 scales; effective bytes = 2 read + 1 written per "
+           f"value + 4 per 128 values; {IN_TURN}")
+
+
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("bf16", "fp8"), help="run one of the two parts (default: both)")
+    args = parser.parse_args()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     td.init(backend="cuda")
+    if args.only != "bf16":
+        fp8_rows()
+    if args.only == "fp8":
+        td.finalize()
+        return
     world = td.world_size()
     rows = []
     # the GEMM each rank runs in AG+GEMM, then GEMM+RS's per-rank GEMMs at N = 28672 and small M (K split)

@@ -7,7 +7,8 @@ How a restructuring is verified without GPUs: the digests before and after must 
 explained). The digest covers the PTX without its debug information (``.loc``/``.file`` lines, ``//`` comments,
 debug sections and the ``$L__tmp`` labels only they refer to), so moving code between files or functions changes
 nothing unless the instructions change.
-Each entry is a kernel at the configuration its op launches by default on an H200 (bf16, 2 ranks).
+Each entry is a kernel at the configuration its op launches by default on an H200 (bf16, 2 ranks; the fp8/ entries
+and those named fp8: FP8 operands). Parameters an entry leaves out are compiled at their defaults.
 """
 
 import argparse
@@ -102,6 +103,17 @@ COMBINE_T4096 = dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, SENDERS_HE
                      DEFER_SIGNAL=True, EVICT="evict_first")
 COMBINE_T128 = dict(COMBINE_T4096, BT=2, BH=1024, EVICT="")
 
+# FP8 variants (kernels/fp8.py): e4m3 operands with 128-wide K steps, fp32 scales, bf16 results
+FP8_SCALES = dict(scale_a="*fp32", scale_w="*fp32", stride_sa="i32", stride_sw="i32", SCALES="constexpr",
+                  MAX_IMPRECISE_ACC="constexpr")
+FP8_GEMM_SIG = dict(GEMM_SIG, a="tensordesc<fp8e4nv[128,128]>", b="tensordesc<fp8e4nv[256,128]>", **FP8_SCALES)
+FP8_ROWS = dict(BLOCK_K=128, SCALES="rows", MAX_IMPRECISE_ACC=128)  # per-tensor / rowwise, promoted every K step
+FP8_BLOCKS = dict(BLOCK_K=128, SCALES="blocks", MAX_IMPRECISE_ACC=None)
+FP8_AG_SIG = dict(AG_SIG, a_local="tensordesc<fp8e4nv[128,128]>", a_full="tensordesc<fp8e4nv[128,128]>",
+                  b="tensordesc<fp8e4nv[256,128]>", scale_full="*fp32", **FP8_SCALES)
+FP8_RS_SIG = dict(RS_SIG, a="tensordesc<fp8e4nv[128,128]>", w="tensordesc<fp8e4nv[256,128]>", **FP8_SCALES)
+FP8_DISPATCH_SIG = dict(DISPATCH_SIG, recv_x="*fp8e4nv", x_scales="*fp32", recv_scales="*fp32", FP8="constexpr")
+
 # (variant id, kernel module, kernel name, signature, constexprs, aligned args, launch options)
 K = "triton_dist.kernels."
 KERNELS = [
@@ -177,6 +189,29 @@ KERNELS = [
      ("expert_out", "y", "partials", "H"), {"num_warps": 16}),
     ("ep/combine-T128", K + "moe_ep", "ep_combine_kernel", COMBINE_SIG, COMBINE_T128,
      ("expert_out", "y", "partials", "H"), {"num_warps": 8}),
+    ("gemm/fp8-rows-128x256", K + "gemm", "gemm_kernel", FP8_GEMM_SIG, dict(GEMM_BIG, **FP8_ROWS), ("K", "N"),
+     {"num_warps": 8, "num_stages": 3}),
+    ("gemm/fp8-rows-fast-accum", K + "gemm", "gemm_kernel", FP8_GEMM_SIG,
+     dict(GEMM_BIG, **{**FP8_ROWS, "MAX_IMPRECISE_ACC": None}), ("K", "N"), {"num_warps": 8, "num_stages": 3}),
+    ("gemm/fp8-blocks-128x256", K + "gemm", "gemm_kernel", FP8_GEMM_SIG, dict(GEMM_BIG, **FP8_BLOCKS), ("K", "N"),
+     {"num_warps": 8, "num_stages": 3}),
+    ("gemm/fp8-blocks-masked", K + "gemm", "gemm_kernel", dict(FP8_GEMM_SIG, a="*fp8e4nv", b="*fp8e4nv", c="*bf16"),
+     dict(GEMM_BIG, **FP8_BLOCKS, BLOCK_N=128, USE_TMA=False), (), {"num_warps": 8, "num_stages": 4}),
+    ("ag_gemm/phased-fp8-rows", K + "allgather_gemm", "ag_gemm_kernel", FP8_AG_SIG, dict(AG_DEFAULT, **FP8_ROWS),
+     ("K", "N"), {"num_warps": 8, "num_stages": 3}),
+    ("ag_gemm/phased-fp8-blocks", K + "allgather_gemm", "ag_gemm_kernel", FP8_AG_SIG,
+     dict(AG_DEFAULT, **FP8_BLOCKS), ("K", "N"), {"num_warps": 8, "num_stages": 3}),
+    ("gemm_rs/fp8-rows", K + "gemm_reducescatter", "gemm_rs_kernel", FP8_RS_SIG, dict(RS_DEFAULT, **FP8_ROWS),
+     ("recv", "N", "K", "stride_am", "stride_wn"), {"num_warps": 8, "num_stages": 3}),
+    ("gemm_rs/fp8-blocks", K + "gemm_reducescatter", "gemm_rs_kernel", FP8_RS_SIG, dict(RS_DEFAULT, **FP8_BLOCKS),
+     ("recv", "N", "K", "stride_am", "stride_wn"), {"num_warps": 8, "num_stages": 3}),
+    ("ep/dispatch-fp8-quantize-T4096", K + "moe_ep", "ep_dispatch_kernel", FP8_DISPATCH_SIG,
+     dict(DISPATCH_T4096, FP8="quantize"), ("x", "recv_x", "H"), {"num_warps": 8}),
+    ("ep/dispatch-fp8-given-T128", K + "moe_ep", "ep_dispatch_kernel", dict(FP8_DISPATCH_SIG, x="*fp8e4nv"),
+     dict(DISPATCH_T128, FP8="given"), ("x", "recv_x", "H"), {"num_warps": 8}),
+    ("fp8/quantize", K + "fp8", "quantize_fp8_kernel",
+     dict(x="*bf16", q="*fp8e4nv", scales="*fp32", T="i32", H="i32", BT="constexpr", BH="constexpr"),
+     dict(BT=16, BH=512), ("x", "q", "H"), {"num_warps": 4}),
     ("flash_decode/split-fused", K + "flash_decode", "flash_decode_split_kernel", SPLIT_SIG, SPLIT_DEFAULT,
      ("q", "k_cache", "v_cache", "part_o", "dst_o", "out"), {"num_warps": 8, "num_stages": 3}),
     ("flash_decode/split-push-paged-pdl", K + "flash_decode", "flash_decode_split_kernel", SPLIT_SIG,
@@ -224,10 +259,26 @@ def _find(module, name):
     raise AttributeError(f"no kernel {name} in {module}")
 
 
+def with_defaults(kernel, signature, constexprs):
+    """The signature and constexprs with every parameter the entry leaves out at its default, as a launch that
+    does not pass it compiles it (e.g. the FP8 scale arguments, None: constexpr, of a bf16 variant)."""
+    import inspect
+
+    full, constexprs = {}, dict(constexprs)
+    for p in inspect.signature(kernel.fn).parameters.values():  # in the kernel's order (attrs go by position)
+        if p.name in signature:
+            full[p.name] = signature[p.name]
+        elif p.default is not inspect.Parameter.empty:
+            full[p.name] = "constexpr"
+            constexprs[p.name] = p.default
+    return full, constexprs
+
+
 def compile_one(module, name, signature, constexprs, aligned, options):
     kernel = _find(module, name)
     while not hasattr(kernel, "arg_names"):
         kernel = kernel.fn
+    signature, constexprs = with_defaults(kernel, signature, constexprs)
     names = list(signature)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)

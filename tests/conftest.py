@@ -11,6 +11,7 @@ A test calls ``ranks(world, fn, *args)``: ``fn(*args)`` runs on every rank and i
 """
 
 import os
+import time
 
 import pytest
 import torch
@@ -102,6 +103,20 @@ def ranks(_pools, request):
     run.gpu_world = int(os.environ.get("WORLD_SIZE", 1)) if ON_GPU_RANKS else GPUS
     run.on_one_gpu = on_one_gpu
     return run
+
+
+def collective_outcome(call):
+    """``call()`` and then a barrier, on each rank of a misuse test: (the type name of what it raised, or None; the
+    message; the seconds until then)."""
+    import triton_dist as td
+
+    t0 = time.monotonic()
+    try:
+        call()
+        td.shmem.barrier()
+        return None, "", time.monotonic() - t0
+    except Exception as exc:  # noqa: BLE001 - what each rank raised is the result
+        return type(exc).__name__, str(exc), time.monotonic() - t0
 
 
 def error_names(calls):

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 _SCRIPT = textwrap.dedent("""
-    import collections, json, re, sys
+    import collections, inspect, json, re, sys
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -17,6 +17,10 @@ _SCRIPT = textwrap.dedent("""
     kernel = getattr(__import__(module, fromlist=[name]), name)
     while not hasattr(kernel, "arg_names"):  # unwrap autotuners / heuristics down to the JITFunction
         kernel = kernel.fn
+    params = inspect.signature(kernel.fn).parameters.values()  # one left out: compiled at its default
+    constexprs.update({p.name: p.default for p in params if p.name not in signature and p.default is not p.empty})
+    signature = {p.name: signature.get(p.name, "constexpr") for p in params
+                 if p.name in signature or p.name in constexprs}
     names = list(signature)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)

@@ -17,6 +17,9 @@ EXAMPLES = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "examples")) if 
 def _run(name, interpret):
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
     env["TRITON_INTERPRET"] = "1" if interpret else "0"
+    # this tree's triton_dist, not whichever checkout an editable install points at (a script's sys.path starts at
+    # examples/, not at the root)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, os.path.join("examples", f"{name}.py")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"

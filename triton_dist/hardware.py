@@ -31,6 +31,16 @@ def compute_major(device_index):
     return torch.cuda.get_device_capability(device_index)[0]
 
 
+def fp8_capable(device):
+    """Whether ``device`` multiplies FP8 (CPU: the interpreter does; CUDA: compute capability 8.9 or newer)."""
+    return device.type != "cuda" or _capability(device.index) >= (8, 9)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index):
+    return torch.cuda.get_device_capability(device_index)
+
+
 def pdl_capable(device):
     """Whether ``device`` runs programmatic dependent launch (a CUDA GPU of compute capability 9.0 or newer)."""
     return device.type == "cuda" and compute_major(device.index) >= 9

@@ -5,19 +5,17 @@ algorithms; heap-resident (zero-copy) and in-place inputs; 100 back-to-back call
 bad input; the torch ops under torch.compile; on GPUs bf16 against NCCL, CUDA-graph replay and a straggler; code
 generation for sm_90."""
 
-import time
-
 import pytest
 import torch
 import torch.distributed as dist
 
 import triton_dist as td
 from triton_dist.kernels import all_reduce, all_reduce_rmsnorm, gemm_ar
-from triton_dist.kernels.allreduce.kernels import FP8_E4M3_MAX
+from triton_dist.kernels.fp8 import E4M3_MAX
 
 from triton_dist.timing import graph_of
 
-from ..conftest import error_names, gpu_only
+from ..conftest import collective_outcome, error_names, gpu_only
 from ..sm90 import compile_sm90
 
 ALGOS = ("one_shot", "two_shot")
@@ -207,7 +205,7 @@ def _check_rmsnorm(cases, group=None):
             ref = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
             if fp8:
                 scales = res[2].cpu().double()
-                ref_scales = ref.abs().amax(-1, keepdim=True) / FP8_E4M3_MAX
+                ref_scales = ref.abs().amax(-1, keepdim=True) / E4M3_MAX
                 if ((scales - ref_scales).abs() > 1e-3 * ref_scales + 1e-12).any():
                     problems.append(f"{algo} {shape} {dtype_name}: FP8 scales off")
                 want = ref / scales.clamp(min=1e-30)
@@ -356,13 +354,8 @@ def _mismatch_then_recover():
              lambda: gemm_ar(torch.ones(5 if odd else 4, 16, device=dev), torch.ones(8, 16, device=dev))]
     for check_calls, call in [(True, c) for c in calls] + [(False, calls[0])]:
         td.shmem.check_calls(check_calls)
-        t0 = time.monotonic()
-        try:
-            call()
-            td.shmem.barrier()
-            seen.append((None, time.monotonic() - t0))
-        except Exception as exc:  # noqa: BLE001 - what each rank raised is the result
-            seen.append((type(exc).__name__, time.monotonic() - t0))
+        kind, _, seconds = collective_outcome(call)
+        seen.append((kind, seconds))
         td.shmem.reset()
     td.shmem.check_calls(True)
     td.shmem.set_wait_timeout(60)

@@ -21,7 +21,7 @@ import triton_dist as td
 from triton_dist.kernels import ag_gemm, all_gather, ep_combine, ep_dispatch, gemm_rs, local_flash_decode, \
     sp_flash_decode
 
-from ..conftest import cpu_only
+from ..conftest import collective_outcome, cpu_only
 
 TIMEOUT_S = 1.5
 
@@ -101,13 +101,7 @@ def _mismatch_then_recover(op, check_calls, warm):
     td.shmem.check_calls(check_calls)
     if warm:
         _good_call(op, 0)
-    t0 = time.monotonic()
-    try:
-        _mismatched_call(op)
-        td.shmem.barrier()
-        error = (None, "", time.monotonic() - t0)
-    except Exception as exc:  # noqa: BLE001 - what each rank raised is the result
-        error = (type(exc).__name__, str(exc), time.monotonic() - t0)
+    error = collective_outcome(lambda: _mismatched_call(op))
     td.shmem.set_wait_timeout(60)  # (the good calls must not time out while a slow peer catches up)
     td.shmem.reset()
     td.shmem.check_calls(True)

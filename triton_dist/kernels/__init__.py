@@ -3,12 +3,17 @@ registers every ``torch.ops.triton_dist.*`` op."""
 
 from .allgather import all_gather  # noqa: F401
 from .allgather_gemm import ag_gemm  # noqa: F401
+from .allgather_gemm_fp8 import scaled_ag_gemm  # noqa: F401
 from .allreduce import all_reduce, all_reduce_rmsnorm, gemm_ar  # noqa: F401
+from .fp8 import quantize_fp8  # noqa: F401
 from .flash_decode import local_flash_decode, sp_flash_decode  # noqa: F401
+from .gemm_fp8 import scaled_gemm  # noqa: F401
 from .gemm_reducescatter import gemm_rs  # noqa: F401
+from .gemm_reducescatter_fp8 import scaled_gemm_rs  # noqa: F401
 from .grouped_gemm import grouped_gemm  # noqa: F401
 from .moe_ep import ep_combine, ep_dispatch  # noqa: F401
 from .pingpong import ping_pong  # noqa: F401
 
 __all__ = ["ag_gemm", "all_gather", "all_reduce", "all_reduce_rmsnorm", "ep_combine", "ep_dispatch", "gemm_ar",
-           "gemm_rs", "grouped_gemm", "local_flash_decode", "ping_pong", "sp_flash_decode"]
+           "gemm_rs", "grouped_gemm", "local_flash_decode", "ping_pong", "quantize_fp8", "scaled_ag_gemm",
+           "scaled_gemm", "scaled_gemm_rs", "sp_flash_decode"]

@@ -68,12 +68,13 @@ def _gemm_tiles(a, b, c, a_rows, first_row_tile, tiles_m, num_segments, tiles_n,
                 REMOTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
                 FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                SILU_GATE: tl.constexpr):
+                SILU_GATE: tl.constexpr, scale_a=None, scale_w=None, stride_sa=None, stride_sw=None,
+                SCALES: tl.constexpr = "", MAX_IMPRECISE_ACC: tl.constexpr = None):
     """One phase: tile-rows [first_row_tile, first_row_tile + tiles_m) of ``num_segments`` segments, grouped-M
     inside a segment. The phase's tiles are numbers first_tile, first_tile + 1, ... of the whole launch; this
     program takes those congruent to ``program`` modulo ``num_programs`` (persistent, balanced across phases).
     Local segment k is rank ``me`` (phase 0, REMOTE=False, A = ``a`` itself) or rank ``(me - 1 - k) mod world``
-    (REMOTE, A = a_full)."""
+    (REMOTE, A = a_full). FP8: ``scale_a`` holds the scales of A's rows (``gemm.tile_accumulate``)."""
     phase_tiles = num_segments * tiles_m * tiles_n
     start = ((program - first_tile) % num_programs + num_programs) % num_programs
     for t in tl.range(start, phase_tiles, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
@@ -86,7 +87,8 @@ def _gemm_tiles(a, b, c, a_rows, first_row_tile, tiles_m, num_segments, tiles_n,
             seg = me
             a_row = pid_m * BLOCK_M
         acc = tile_accumulate(a, b, a_row, pid_n * BLOCK_N, a_rows, N, K, stride_am, stride_bn,
-                              BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, SILU_GATE)
+                              BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, SILU_GATE,
+                              scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC)
         tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, m_shard, N, stride_cs, stride_cm,
                    BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
 
@@ -97,9 +99,10 @@ def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
                    N_CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
                    WARP_SPECIALIZE: tl.constexpr, FENCE_ASYNC_PROXY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   SILU_GATE: tl.constexpr):
+                   SILU_GATE: tl.constexpr, scale_a=None, scale_full=None, scale_w=None, stride_sa=None,
+                   stride_sw=None, SCALES: tl.constexpr = "", MAX_IMPRECISE_ACC: tl.constexpr = None):
     """The consumer: own rows first (phase 0), then chunk by chunk the peers' rows as their flags arrive.
-    N is the output's width (SILU_GATE: half of b's rows, see ``gemm.tile_accumulate``)."""
+    N is the output's width (SILU_GATE: half of b's rows, see ``gemm.tile_accumulate``); FP8: scale_a/scale_full."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     me = dl.rank(ctx)
@@ -110,7 +113,7 @@ def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
     _gemm_tiles(a_local, b, c, m_shard, 0, tiles_m, 1, tiles_n, 0, pid, n_programs, me, world,
                 m_shard, N, K, stride_al, stride_bn, stride_cs, stride_cm,
                 False, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE,
-                DOT_PRECISION, SILU_GATE)
+                DOT_PRECISION, SILU_GATE, scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC)
     chunk_tiles = chunk_rows // BLOCK_M
     done = tiles_m * tiles_n
     # unrolled (N_CHUNKS is a compile-time constant): sibling tile loops, which warp specialisation needs
@@ -121,7 +124,8 @@ def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
         _gemm_tiles(a_full, b, c, world * m_shard, first_row_tile, rows_tiles, world - 1, tiles_n, done,
                     pid, n_programs, me, world, m_shard, N, K, stride_af, stride_bn, stride_cs, stride_cm,
                     True, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, EPILOGUE_SUBTILE, FLATTEN,
-                    WARP_SPECIALIZE, DOT_PRECISION, SILU_GATE)
+                    WARP_SPECIALIZE, DOT_PRECISION, SILU_GATE, scale_full, scale_w, stride_sa, stride_sw, SCALES,
+                    MAX_IMPRECISE_ACC)
         done += (world - 1) * rows_tiles * tiles_n
     dl.finish_call(state, epoch, n_programs)
 
@@ -234,14 +238,14 @@ def _copy_engine_push(a, plan):
                 flag.copy_(ws.epoch)
 
 
-def _run_overlapped(a, w, plan, return_gathered):
-    """A call on the kernels: the GEMM (phased, or gather first), then the side streams joined back."""
+def _run_overlapped(a, w, plan, return_gathered, fp8=None):
+    """A call on the kernels: the GEMM (phased, or gather first), then the side streams joined back (fp8: scales)."""
     ws, world, me, m_shard = plan.ws, plan.world, plan.me, plan.m_shard
-    out = torch.empty((world * m_shard, plan.n), dtype=a.dtype, device=a.device)
+    out = torch.empty((world * m_shard, plan.n), dtype=a.dtype if fp8 is None else fp8.out_dtype, device=a.device)
     if plan.cfg["gather_first"]:
-        _gather_first_gemm(a, w, plan, out)
+        _gather_first_gemm(a, w, plan, out, fp8)
     else:
-        _phased_gemm(a, w, plan, out)
+        _phased_gemm(a, w, plan, out, fp8)
     if a.is_cuda:
         main = torch.cuda.current_stream()
         for stream, _ in plan.pushes:
@@ -255,14 +259,17 @@ def _run_overlapped(a, w, plan, return_gathered):
     return out, gathered
 
 
-def _start_call(a, plan):
-    """The ready handshake (this call's epoch), then our shard pushed into every peer by the copy engines."""
+def _start_call(a, plan, fp8=None):
+    """The ready handshake (this call's epoch), then our shard pushed into every peer by the copy engines (FP8:
+    its scales first, on the same streams, so that the rows' flags also cover them)."""
     shmem.raise_pending_errors()
     plan.handshake(plan.ws.ready, plan.ws.state, plan.ws.epoch, plan.ctx)
+    if fp8 is not None:
+        fp8.push_scales()
     _copy_engine_push(a, plan)
 
 
-def _phased_gemm(a, w, plan, out):
+def _phased_gemm(a, w, plan, out, fp8=None):
     """The overlapped kernel: own rows first, then each chunk of the peers' rows as it lands. Its descriptors are
     built before anything is launched."""
     cfg, ws = plan.cfg, plan.ws
@@ -270,7 +277,7 @@ def _phased_gemm(a, w, plan, out):
     c3 = out.view(world, m_shard, n)
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, w, c3, cfg)
     a_full_arg = describe_operands(ws.a_full, w, c3, {**cfg, "use_tma": use_tma})[0]
-    _start_call(a, plan)
+    _start_call(a, plan, fp8)
     ag_gemm_kernel[plan.grid](
         a_arg, a_full_arg, b_arg, c_arg, ws.arrived, ws.state, plan.ctx,
         m_shard, n, k, a.stride(0), ws.a_full.stride(0), w.stride(0), m_shard * n, n,
@@ -279,19 +286,20 @@ def _phased_gemm(a, w, plan, out):
         USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],
         WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], FENCE_ASYNC_PROXY=use_tma and plan.fence,
         DOT_PRECISION=plan.precision, SILU_GATE=plan.silu_gate, num_stages=cfg["num_stages"],
-        num_warps=cfg["num_warps"])
+        num_warps=cfg["num_warps"], **({} if fp8 is None else fp8.kernel_args))
 
 
-def _gather_first_gemm(a, w, plan, out):
+def _gather_first_gemm(a, w, plan, out, fp8=None):
     """Small M (config ``gather_first``): our rows into a_full too, wait for the peers' rows, then the GEMM core
     over all W*m rows at once (a 128-row tile spans ranks: the weight is read once, where the phased kernel reads
     it once per phase)."""
     ws, me, m_shard = plan.ws, plan.me, plan.m_shard
-    _start_call(a, plan)
+    _start_call(a, plan, fp8)
     ws.a_full[me * m_shard:(me + 1) * m_shard].copy_(a)
     gathered_kernel[(1,)](ws.arrived, ws.state, plan.ctx, N_CHUNKS=plan.n_chunks,
                           FENCE_ASYNC_PROXY=plan.fence and a.is_cuda)
-    launch_gemm(ws.a_full, w, out.view(1, plan.world * m_shard, plan.n), plan.cfg, silu_gate=plan.silu_gate)
+    launch_gemm(ws.a_full, w, out.view(1, plan.world * m_shard, plan.n), plan.cfg, silu_gate=plan.silu_gate,
+                scales=None if fp8 is None else fp8.gathered_args)
 
 
 def _run_gather_then_matmul(a, w, plan, return_gathered):

@@ -25,6 +25,7 @@ import triton.language as tl
 from .. import autotune
 from ..hardware import interpreting, num_sms
 from ..shmem.workspaces import Plans
+from .fp8 import FP8_DTYPES
 
 try:  # triton >= 3.4 (host-side TMA descriptors)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -56,27 +57,70 @@ def tile_coords(tile, tiles_m, tiles_n, num_segments, first_segment, segment_ste
 
 
 @triton.jit
+def _scale_rows(scale, rows, stride, mask):
+    """[len(rows)] fp32: scale[rows * stride] (0 where ``mask`` is false)."""
+    return tl.load(scale + rows.to(tl.int64) * stride, mask=mask, other=0.0)
+
+
+@triton.jit
+def _block_scales(scale_a, scale_w, rows, cols, kb, a_rows, N, stride_sa, stride_sw, SCALES: tl.constexpr,
+                  SILU_GATE: tl.constexpr):
+    """SCALES "blocks": the [BLOCK_M, BLOCK_N] scales of K block ``kb`` for the gate (and up) columns: A's 1x128
+    group scales of ``rows`` times B's 128x128 block scales of ``cols``. Otherwise nothing to scale (1, 1)."""
+    if SCALES == "blocks":
+        s_a = _scale_rows(scale_a + kb, rows, stride_sa, rows < a_rows)[:, None]
+        s_gate = s_a * _scale_rows(scale_w + kb, cols // 128, stride_sw, cols < N)[None, :]
+        s_up = s_gate
+        if SILU_GATE:
+            s_up = s_a * _scale_rows(scale_w + kb, (N + cols) // 128, stride_sw, cols < N)[None, :]
+        return s_gate, s_up
+    else:  # (both branches spelt out: a constexpr if compiles only one)
+        return 1.0, 1.0
+
+
+@triton.jit
+def _mma(acc, a_tile, b_tile, s, DOT_PRECISION: tl.constexpr, SCALES: tl.constexpr,
+         MAX_IMPRECISE_ACC: tl.constexpr):
+    """One K step: ``acc + a_tile @ b_tile.T``; SCALES "blocks": the step's product accumulated on its own (in
+    fp32, the tensor cores' partial sum promoted every step) and multiplied by its block scales ``s``."""
+    if SCALES == "blocks":
+        return acc + tl.dot(a_tile, b_tile.T) * s
+    return tl.dot(a_tile, b_tile.T, acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=MAX_IMPRECISE_ACC)
+
+
+@triton.jit
 def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr = "tf32", SILU_GATE: tl.constexpr = False):
+                    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr = "tf32", SILU_GATE: tl.constexpr = False,
+                    scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = "",
+                    MAX_IMPRECISE_ACC: tl.constexpr = None):
     """fp32 ``A[a_row : a_row + BLOCK_M, :] @ B[off_n : off_n + BLOCK_N, :].T`` (rows past ``a_rows`` and
     columns past ``N`` / ``K`` count as zeros). ``a``/``b``: tensor descriptors (USE_TMA) or pointers.
 
     SILU_GATE: B is [2N, K], a gate half over an up half (rows [0, N) and [N, 2N)); the tile is
     ``silu(A @ B_gate.T) * (A @ B_up.T)`` for output columns off_n.., both products accumulated in the same K
-    loop (one A tile feeds two dots) and combined in fp32, so the [M, 2N] product never reaches memory."""
+    loop (one A tile feeds two dots) and combined in fp32, so the [M, 2N] product never reaches memory.
+
+    FP8 operands with scales (fp32, ``kernels/fp8.py``), applied in fp32 before the gate: SCALES "rows": the
+    product times ``scale_a[row * stride_sa] * scale_w[b_row * stride_sw]`` after the K loop (per-tensor scales:
+    strides 0; rowwise: a scale per row of A and per row of B); "blocks": ``scale_a[row * stride_sa + kb]`` per
+    1x128 group of A times ``scale_w[(b_row // 128) * stride_sw + kb]`` per 128x128 block of B, applied to each
+    K step (kb = its 128-wide K block: BLOCK_K divides 128). MAX_IMPRECISE_ACC: see ``tl.dot``."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # unused (and compiled away) without SILU_GATE
     k_tiles = tl.cdiv(K, BLOCK_K)
+    rows = a_row + tl.arange(0, BLOCK_M)
+    cols = off_n + tl.arange(0, BLOCK_N)
     if USE_TMA:
         for ki in range(k_tiles):
             a_tile = a.load([a_row, ki * BLOCK_K])
-            acc = tl.dot(a_tile, b.load([off_n, ki * BLOCK_K]).T, acc, input_precision=DOT_PRECISION)
+            s_gate, s_up = _block_scales(scale_a, scale_w, rows, cols, ki * BLOCK_K // 128, a_rows, N, stride_sa,
+                                         stride_sw, SCALES, SILU_GATE)
+            acc = _mma(acc, a_tile, b.load([off_n, ki * BLOCK_K]), s_gate, DOT_PRECISION, SCALES, MAX_IMPRECISE_ACC)
             if SILU_GATE:  # gate rows past N (a ragged last tile) read up rows: their columns are never stored
-                up = tl.dot(a_tile, b.load([N + off_n, ki * BLOCK_K]).T, up, input_precision=DOT_PRECISION)
+                up = _mma(up, a_tile, b.load([N + off_n, ki * BLOCK_K]), s_up, DOT_PRECISION, SCALES,
+                          MAX_IMPRECISE_ACC)
     else:
-        rows = a_row + tl.arange(0, BLOCK_M)
-        cols = off_n + tl.arange(0, BLOCK_N)
         ks = tl.arange(0, BLOCK_K)
         a_ptrs = a + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
         b_ptrs = b + cols.to(tl.int64)[:, None] * stride_bn + ks[None, :]
@@ -85,12 +129,21 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
             k_left = K - ki * BLOCK_K
             b_mask = (cols[:, None] < N) & (ks[None, :] < k_left)
             a_tile = tl.load(a_ptrs, mask=(rows[:, None] < a_rows) & (ks[None, :] < k_left), other=0.0)
-            acc = tl.dot(a_tile, tl.load(b_ptrs, mask=b_mask, other=0.0).T, acc, input_precision=DOT_PRECISION)
+            s_gate, s_up = _block_scales(scale_a, scale_w, rows, cols, ki * BLOCK_K // 128, a_rows, N, stride_sa,
+                                         stride_sw, SCALES, SILU_GATE)
+            acc = _mma(acc, a_tile, tl.load(b_ptrs, mask=b_mask, other=0.0), s_gate, DOT_PRECISION, SCALES,
+                       MAX_IMPRECISE_ACC)
             if SILU_GATE:
-                up = tl.dot(a_tile, tl.load(up_ptrs, mask=b_mask, other=0.0).T, up, input_precision=DOT_PRECISION)
+                up = _mma(up, a_tile, tl.load(up_ptrs, mask=b_mask, other=0.0), s_up, DOT_PRECISION, SCALES,
+                          MAX_IMPRECISE_ACC)
                 up_ptrs += BLOCK_K
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
+    if SCALES == "rows":
+        s_a = _scale_rows(scale_a, rows, stride_sa, rows < a_rows)[:, None]
+        acc = acc * s_a * _scale_rows(scale_w, cols, stride_sw, cols < N)[None, :]
+        if SILU_GATE:
+            up = up * s_a * _scale_rows(scale_w, N + cols, stride_sw, cols < N)[None, :]
     if SILU_GATE:
         acc = acc * tl.sigmoid(acc) * up
     return acc
@@ -122,9 +175,11 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
                 first_segment, segment_step,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                 USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
-                WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr):
+                WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr,
+                scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = "",
+                MAX_IMPRECISE_ACC: tl.constexpr = None):
     """Persistent ``C[seg] = A[seg] @ B.T`` over all segments: the reference use of the three pieces above
-    (SILU_GATE: ``silu(A @ B_gate.T) * (A @ B_up.T)``, see ``tile_accumulate``)."""
+    (SILU_GATE: ``silu(A @ B_gate.T) * (A @ B_up.T)``; FP8 scales: SCALES, see ``tile_accumulate``)."""
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     tiles_m = tl.cdiv(seg_rows, BLOCK_M)
@@ -134,7 +189,8 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
     for tile in tl.range(pid, num_tiles, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         seg, pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, num_segments, first_segment, segment_step, GROUP_M)
         acc = tile_accumulate(a, b, seg * seg_rows + pid_m * BLOCK_M, pid_n * BLOCK_N, a_rows, N, K,
-                              stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, SILU_GATE)
+                              stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, SILU_GATE,
+                              scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC)
         tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, seg_rows, N, stride_cs, stride_cm,
                    BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
 
@@ -197,9 +253,10 @@ def dot_precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 inputs: exact fp32 products; 16-bit: ignored
 
 
-def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False):
+def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False, scales=None):
     """``c3[s] = a[s*seg_rows:(s+1)*seg_rows] @ b.T`` for every segment s of ``c3`` [S, seg_rows, N]
-    (``silu_gate``: b is [2N, K], gate over up, and c3 gets ``silu(a @ b_gate.T) * (a @ b_up.T)``)."""
+    (``silu_gate``: b is [2N, K], gate over up, and c3 gets ``silu(a @ b_gate.T) * (a @ b_up.T)``; ``scales``:
+    FP8 operands' scale arguments, ``fp8.Scales.kernel_args``)."""
     segments, seg_rows, n = c3.shape
     k = a.shape[1]
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg)
@@ -211,7 +268,7 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False)
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         USE_TMA=use_tma, EPILOGUE_SUBTILE=cfg["EPILOGUE_SUBTILE"] and use_tma, FLATTEN=cfg["FLATTEN"],
         WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(a.dtype), SILU_GATE=silu_gate,
-        num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
+        num_stages=cfg["num_stages"], num_warps=cfg["num_warps"], **(scales or {}))
     return c3
 
 
@@ -221,7 +278,9 @@ def check_matmul_operands(a, b, what_a="a", what_b="w"):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16 (and float32)")
+            fp8 = " (FP8 operands go with their scales to scaled_gemm / scaled_ag_gemm / scaled_gemm_rs)" \
+                if t.dtype in FP8_DTYPES else ""
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16 (and float32){fp8}")
         if t.dim() != 2:
             raise ValueError(f"{name} must be 2-D, got shape {list(t.shape)}")
         if not t.is_contiguous():
@@ -256,20 +315,23 @@ def check_launchable(t, what="a and w"):
 _CONFIGS = Plans("gemm")  # (m, n, k, dtype, device) -> the tuned configuration
 
 
-def output_like(out, shape, a):
-    """``out`` checked to be a contiguous tensor of ``shape`` with a's dtype and device, or a new one if None."""
+def output_like(out, shape, a, dtype=None):
+    """``out`` checked to be a contiguous tensor of ``shape`` with ``dtype`` (default: a's) on a's device, or a new
+    one if None."""
+    dtype = a.dtype if dtype is None else dtype
     if out is None:
-        return torch.empty(shape, dtype=a.dtype, device=a.device)
-    if (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape) or out.dtype != a.dtype
+        return torch.empty(shape, dtype=dtype, device=a.device)
+    if (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape) or out.dtype != dtype
             or out.device != a.device or not out.is_contiguous()):
         got = f"{out.dtype} {list(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"out must be a contiguous {a.dtype} tensor of shape {list(shape)} on {a.device}, got {got}")
+        raise ValueError(f"out must be a contiguous {dtype} tensor of shape {list(shape)} on {a.device}, got {got}")
     return out
 
 
 def gemm(a, w, out=None, config=None):
     """``a @ w.T`` with the persistent core (``a`` [M, K], ``w`` [N, K]); fp16/bf16 (fp32 for tests).
-    CUDA tensors on the current device, or CPU tensors under the Triton interpreter (else ValueError)."""
+    CUDA tensors on the current device, or CPU tensors under the Triton interpreter (else ValueError).
+    FP8 operands: ``gemm_fp8.scaled_gemm``."""
     check_matmul_operands(a, w)
     check_launchable(a)
     m, k = a.shape

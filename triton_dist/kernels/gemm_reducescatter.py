@@ -42,13 +42,16 @@ SMALL_M_ROWS = 64
 def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, M, N, K, stride_am, stride_wn, own_rows,
                    ctx, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DEFER_SIGNAL: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, SLOTS_BLOCK: tl.constexpr, REMOTE_TMA: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, SLOTS_BLOCK: tl.constexpr, REMOTE_TMA: tl.constexpr,
+                   scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = "",
+                   MAX_IMPRECISE_ACC: tl.constexpr = None):
     """One launch = one gemm_rs call on this rank. ``a`` [M, K], ``w`` [N, K] and ``out`` [1, own_rows, N]:
     tensor descriptors (USE_TMA) or pointers to contiguous tensors. ``recv``: symmetric [W-1, rows_max, N]
     partial sums from the peers (slot of source q on rank d: (q - d - 1) mod W); ``arrived``: symmetric int32
     [W-1, tiles_per_dest]; ``ready``: symmetric int32 [W]; ``state``: this rank's int32[2] epoch counter.
     REMOTE_TMA (W = 2): partials go to the peer by TMA stores through ``recv_peer``, a descriptor of the peer's
-    recv [1, its rows, N] (asynchronous: the program computes on while they cross)."""
+    recv [1, its rows, N] (asynchronous: the program computes on while they cross). FP8 operands: their scales
+    (``gemm.tile_accumulate``), applied before the partials leave."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     me = dl.rank(ctx)
@@ -77,7 +80,8 @@ def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, M, N, K, s
         dest_start = dest * rows_base + tl.minimum(dest, rows_extra)
         # rows past the destination's block belong to the next one: computed, never stored
         acc = tile_accumulate(a, w, dest_start + pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_wn,
-                              BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
+                              BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, False, scale_a, scale_w, stride_sa,
+                              stride_sw, SCALES, MAX_IMPRECISE_ACC)
 
         if pending_peer >= 0:  # the previous push had a whole tile of compute to drain: publish it now
             dl.bulk_stores_done(REMOTE_TMA)
@@ -150,11 +154,12 @@ def _workspace(dtype, recv_elems, n_flags, group):
                            fits=lambda ws: ws.recv_elems >= recv_elems and ws.n_flags >= n_flags, group=group)
 
 
-def _run_overlapped(a, w, out, cfg, team):
+def _run_overlapped(a, w, out, cfg, team, scales=None):
+    """The kernel on ``out`` (``scales``: FP8 operands' scale arguments, ``fp8.Scales.kernel_args``)."""
     world, group = team.size, team.group
     (m, k), n = a.shape, w.shape[0]
     own_rows = out.shape[0]
-    partial_dtype = torch.float32 if cfg["partial"] == "fp32" else a.dtype
+    partial_dtype = torch.float32 if cfg["partial"] == "fp32" else out.dtype
     rows_max = triton.cdiv(m, world)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     tiles_per_dest = triton.cdiv(rows_max, bm) * triton.cdiv(n, bn)
@@ -190,17 +195,21 @@ def _run_overlapped(a, w, out, cfg, team):
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], USE_TMA=use_tma, EPILOGUE_SUBTILE=subtile,
         DEFER_SIGNAL=bool(cfg["DEFER_SIGNAL"]), DOT_PRECISION=dot_precision(a.dtype),
         SLOTS_BLOCK=triton.next_power_of_2(max(world - 1, 1)), REMOTE_TMA=remote_tma,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **(scales or {}))
     return out
 
 
 def gemm_rs_torch(a, w, group=None):
     """The baseline, also the small-problem path: ``torch.matmul`` then ``reduce_scatter_tensor`` (NCCL; gloo on
     CPU), rows padded to equal chunks when M % W != 0. Same row split as ``gemm_rs``."""
+    return reduce_scatter_rows(torch.matmul(a, w.t()), group)
+
+
+def reduce_scatter_rows(partial, group=None):
+    """This rank's rows (``rows_of_rank``) of the sum over ``group`` of every rank's ``partial`` [M, N]."""
     team = shmem.team(group)
     world, me = team.size, team.rank
-    m, n = a.shape[0], w.shape[0]
-    partial = torch.matmul(a, w.t())
+    m, n = partial.shape
     if world == 1:
         return partial
     rows_max = triton.cdiv(m, world)

@@ -28,13 +28,13 @@ import triton
 import triton.language as tl
 
 from ... import language as dl
+from ..fp8 import E4M3_MAX, round_to_e4m3
 
 # The epilogues (constexpr EPILOGUE); the host passes the plain numbers.
 EPILOGUE_STORE, EPILOGUE_RMSNORM, EPILOGUE_RMSNORM_FP8 = 0, 1, 2
 STORE = tl.constexpr(EPILOGUE_STORE)
 RMSNORM_FP8 = tl.constexpr(EPILOGUE_RMSNORM_FP8)
-FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
-FP8_MAX = tl.constexpr(FP8_E4M3_MAX)
+FP8_MAX = tl.constexpr(E4M3_MAX)  # the largest finite float8_e4m3fn
 
 
 @triton.jit
@@ -84,18 +84,6 @@ def _stage(x, shared, first, count, pid, n_programs, cols, row_len, numel):
 
 
 @triton.jit
-def _round_to_e4m3(y):
-    """fp32 ``y`` (|y| <= 448) rounded to the nearest float8_e4m3fn value (ties to even), still in fp32, so that
-    the conversion after it is exact: the same bits from the GPU's converter, which rounds this way, and from the
-    Triton interpreter's, which does not carry a rounded-up mantissa into the exponent."""
-    bits = y.to(tl.int32, bitcast=True)
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # 3 mantissa bits
-    mag = tl.abs(y)
-    tiny = ((mag * 512.0 + 8388608.0) - 8388608.0) / 512.0  # subnormals: whole multiples of 2**-9
-    return tl.where(mag < 0.015625, tl.where(y < 0, -tiny, tiny), normal)
-
-
-@triton.jit
 def _epilogue(s, row, offs, mask, cols, out, residual, weight, new_residual, scales, row_len, eps,
               EPILOGUE: tl.constexpr):
     """Finish one row from its fp32 sum ``s`` (see the module docstring)."""
@@ -109,7 +97,7 @@ def _epilogue(s, row, offs, mask, cols, out, residual, weight, new_residual, sca
         y = v * rstd * tl.load(weight + cols, mask=cols < row_len, other=0.0).to(tl.float32)
         if EPILOGUE == RMSNORM_FP8:
             scale = tl.max(tl.abs(y), 0) / FP8_MAX
-            q = _round_to_e4m3(tl.clamp(y / tl.where(scale > 0, scale, 1.0), -FP8_MAX, FP8_MAX))
+            q = round_to_e4m3(tl.clamp(y / tl.where(scale > 0, scale, 1.0), -FP8_MAX, FP8_MAX))
             tl.store(out + offs, q.to(out.dtype.element_ty), mask=mask)
             tl.store(scales + row, scale)
         else:

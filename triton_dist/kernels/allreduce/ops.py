@@ -8,9 +8,10 @@ import triton
 
 from ... import hardware, shmem
 from .. import library
+from ..fp8 import E4M3_MAX
 from .config import MAX_ROW, bucket
 from .host import NCCL, Plan, check_algo, check_tensor, heap_offset, plan_pair, resolve_configs, zero_copy
-from .kernels import EPILOGUE_RMSNORM, EPILOGUE_RMSNORM_FP8, EPILOGUE_STORE, FP8_E4M3_MAX
+from .kernels import EPILOGUE_RMSNORM, EPILOGUE_RMSNORM_FP8, EPILOGUE_STORE
 
 FP8 = torch.float8_e4m3fn
 _PLANS = {op: shmem.Plans(op) for op in ("all_reduce", "all_reduce_rmsnorm")}
@@ -99,8 +100,8 @@ def all_reduce(x, out=None, algo="auto", group=None, config=None):
 # ----------------------------------------------------------------------------------------------- + RMSNorm
 def quantize_fp8_rows(y):
     """(y / scale as float8_e4m3fn, scale [..., 1] fp32) with scale = amax(|y|) / 448 per row (0 for a zero row)."""
-    scale = y.float().abs().amax(-1, keepdim=True) / FP8_E4M3_MAX
-    q = (y.float() / torch.where(scale > 0, scale, torch.ones_like(scale))).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    scale = y.float().abs().amax(-1, keepdim=True) / E4M3_MAX
+    q = (y.float() / torch.where(scale > 0, scale, torch.ones_like(scale))).clamp(-E4M3_MAX, E4M3_MAX)
     return q.to(FP8), scale
 
 

@@ -21,6 +21,9 @@ workspace, valid until the next dispatch with the same shapes.
     protocol  (protocol.py)   work claims, chunk flags, the no-deadlock rule; knobs: config.py
 
 Flags carry per-call epochs; dispatch's exchange of counts doubles as its ready handshake. docs/design/moe_ep.md.
+FP8 dispatch (``quant="fp8"``, or FP8 x with its scales): the rows travel and arrive as FP8 with per-1x128-group
+scales (``recv.scales``); combine stays in the activations' dtype. Torch ops: ep_dispatch, ep_dispatch_fp8
+(x, x_scales or None, ...: x and its scales first in its results), ep_combine (quant="fp8" after an FP8 dispatch).
 """
 
 import torch
@@ -58,8 +61,21 @@ def _ep_dispatch_fake(x, topk_idx, topk_weights, num_experts, max_tokens, align,
             torch.empty((local + 1,), **i32), torch.empty((x.shape[0], world), **i32))
 
 
-def _ep_combine_op(expert_out, token_pos, num_experts, topk, max_tokens, align, group_name=None):
+def _ep_dispatch_fp8_op(x, x_scales, topk_idx, topk_weights, num_experts, max_tokens, align, group_name=None):
+    r = ep_dispatch(x, topk_idx, topk_weights, num_experts=num_experts, max_tokens=max_tokens, align=align,
+                    check_ids=False, group=shmem.group_named(group_name), quant="fp8", x_scales=x_scales)
+    return r.x, r.scales, r.expert_ids, r.weights, r.expert_counts, r.expert_offsets, r.handle.token_pos
+
+
+def _ep_dispatch_fp8_fake(x, x_scales, topk_idx, topk_weights, num_experts, max_tokens, align, group_name=None):
+    rx, *rest = _ep_dispatch_fake(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name)
+    scales = torch.empty((rx.shape[0], (x.shape[1] + 127) // 128), dtype=torch.float32, device=x.device)
+    return (rx.to(torch.float8_e4m3fn), scales, *rest)
+
+
+def _ep_combine_op(expert_out, token_pos, num_experts, topk, max_tokens, align, group_name=None, quant="none"):
     key = (num_experts, topk, max_tokens, expert_out.shape[1], expert_out.dtype, align)
+    key += ("fp8",) if quant == "fp8" else ()
     ws = shmem.workspaces.peek("moe_ep", key, shmem.group_named(group_name))
     if ws is None or ws.last is None:
         raise ValueError("torch.ops.triton_dist.ep_combine needs an earlier ep_dispatch with the same shapes")
@@ -69,12 +85,15 @@ def _ep_combine_op(expert_out, token_pos, num_experts, topk, max_tokens, align, 
     return ep_combine(expert_out, ws.last)
 
 
-def _ep_combine_fake(expert_out, token_pos, num_experts, topk, max_tokens, align, group_name=None):
+def _ep_combine_fake(expert_out, token_pos, num_experts, topk, max_tokens, align, group_name=None, quant="none"):
     return expert_out.new_empty((token_pos.shape[0], expert_out.shape[1]))
 
 
 library.define("ep_dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, int num_experts, int max_tokens, "
                "int align, str? group_name=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
                _ep_dispatch_op, _ep_dispatch_fake)
+library.define("ep_dispatch_fp8(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor topk_weights, int num_experts, "
+               "int max_tokens, int align, str? group_name=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+               "Tensor)", _ep_dispatch_fp8_op, _ep_dispatch_fp8_fake)
 library.define("ep_combine(Tensor expert_out, Tensor token_pos, int num_experts, int topk, int max_tokens, "
-               "int align, str? group_name=None) -> Tensor", _ep_combine_op, _ep_combine_fake)
+               "int align, str? group_name=None, str quant=\"none\") -> Tensor", _ep_combine_op, _ep_combine_fake)

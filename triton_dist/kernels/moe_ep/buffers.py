@@ -1,11 +1,13 @@
 """The MoE workspace (sized for the worst case, so nothing waits for the host) and what dispatch returns."""
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
 
 from ... import shmem
+from .. import fp8
 from .protocol import MAX_CHUNKS
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -19,15 +21,17 @@ def max_recv_rows(world, num_experts, topk, max_tokens, align=1):
 
 
 class Buffers:
-    """The workspace of one (E, K, max_tokens, H, dtype, align): receive buffers, counts, partials and flags
-    (symmetric: peers write them), the per-row outputs and chunk tables (local), and the epoch and work counters."""
+    """The workspace of one (E, K, max_tokens, H, dtype, align[, "fp8"]): receive buffers, counts, partials and flags
+    (symmetric: peers write them), the per-row outputs and chunk tables (local), and the epoch and work counters.
+    ``dtype``: the rows' and combine's; "fp8": the rows arrive as float8_e4m3fn with fp32 scales per 1x128 group
+    (``recv_scales``), combine stays in ``dtype``."""
 
-    def __init__(self, num_experts, topk, max_tokens, hidden, dtype, align, group):
+    def __init__(self, num_experts, topk, max_tokens, hidden, dtype, align, group, wire=None):
         w = shmem.world_size(group)
         dev = shmem.device()
         self.team = shmem.team(group)
-        self.key = (num_experts, topk, max_tokens, hidden, dtype, align)
-        self.num_experts, self.topk, self.max_tokens, self.hidden, self.dtype, self.align = self.key
+        self.key = (num_experts, topk, max_tokens, hidden, dtype, align) + ((wire,) if wire else ())
+        self.num_experts, self.topk, self.max_tokens, self.hidden, self.dtype, self.align = self.key[:6]
         self.local = num_experts // w
         self.el_pad = triton.next_power_of_2(self.local)
         self.w_pad = triton.next_power_of_2(w)
@@ -35,7 +39,10 @@ class Buffers:
         ep = self.w_pad * self.el_pad
         name = "ep."
         # symmetric: peers write here
-        self.recv_x = shmem.empty((self.max_rows, hidden), dtype, name=name + "recv_x", group=group)
+        self.recv_x = shmem.empty((self.max_rows, hidden), torch.float8_e4m3fn if wire else dtype, name=name + "recv_x",
+                                  group=group)
+        self.recv_scales = shmem.empty((self.max_rows, triton.cdiv(hidden, 128)), torch.float32,
+                                       name=name + "recv_scales", group=group) if wire else None
         self.recv_slots = shmem.empty((w, max_tokens, topk), torch.int32, name=name + "recv_slots", group=group)
         self.recv_w = shmem.empty((w, max_tokens, topk), torch.float32, name=name + "recv_w", group=group)
         self.recv_span = shmem.zeros((w, MAX_CHUNKS, 2), torch.int32, name=name + "recv_span", group=group)
@@ -65,10 +72,10 @@ class Buffers:
         self.last = None  # the EpHandle of the latest dispatch, for the torch op's combine
 
 
-def buffers(num_experts, topk, max_tokens, hidden, dtype, align, group=None):
-    """The workspace of these shapes on ``group`` (collective on first use)."""
-    key = (num_experts, topk, max_tokens, hidden, dtype, align)
-    return shmem.workspace("moe_ep", key, lambda: Buffers(*key, group), group=group)
+def buffers(num_experts, topk, max_tokens, hidden, dtype, align, group=None, wire=None):
+    """The workspace of these shapes on ``group`` (collective on first use); ``wire="fp8"``: FP8 rows."""
+    key = (num_experts, topk, max_tokens, hidden, dtype, align) + ((wire,) if wire else ())
+    return shmem.workspace("moe_ep", key, lambda: Buffers(*key[:6], group, wire), group=group)
 
 
 
@@ -92,6 +99,7 @@ class EpDispatchResult:
     expert_counts: torch.Tensor   # [EL] int32 rows per local expert
     expert_offsets: torch.Tensor  # [EL + 1] int32 first row of each expert's group (multiples of align); [EL]=end
     handle: EpHandle
+    scales: Optional[torch.Tensor] = None  # FP8 rows: [rows, ceil(H/128)] fp32, one per 1x128 group of a row
 
 
 def check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align, world):
@@ -99,8 +107,8 @@ def check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align, worl
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         shmem.check_device(t, name)
-    if x.dtype not in DTYPES:
-        raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+    if x.dtype not in DTYPES + (torch.float8_e4m3fn,):
+        raise TypeError(f"x must be bfloat16, float16, float32 (or float8_e4m3fn with x_scales), got {x.dtype}")
     if topk_idx.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"topk_idx must be int32 or int64, got {topk_idx.dtype}")
     if not topk_weights.dtype.is_floating_point:
@@ -122,3 +130,26 @@ def check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align, worl
         raise ValueError(f"topk must be in [1, num_experts={num_experts}], got {k}")
     if x.shape[1] == 0:
         raise ValueError("x has no columns")
+
+
+def check_fp8(x, quant, x_scales):
+    """A dispatch's FP8 mode ("": none, "quantize": the senders quantise x, "given": x is FP8 with x_scales) and
+    the dtype ep_combine then works in, or TypeError / ValueError."""
+    if quant not in (None, "none", "fp8"):
+        raise ValueError(f"quant must be None or 'fp8', got {quant!r}")
+    if x.dtype == torch.float8_e4m3fn:
+        groups = triton.cdiv(x.shape[1], 128)
+        if not isinstance(x_scales, torch.Tensor) or x_scales.dtype != torch.float32:
+            raise TypeError(f"x in float8_e4m3fn needs x_scales, a float32 tensor [T, {groups}] (one scale per 1x128 "
+                            f"group), got {getattr(x_scales, 'dtype', type(x_scales).__name__)}")
+        if tuple(x_scales.shape) != (x.shape[0], groups):
+            raise ValueError(f"x_scales must be [T, ceil(H/128)] = {[x.shape[0], groups]}, got {list(x_scales.shape)}")
+        shmem.check_device(x_scales, "x_scales")
+        mode, dtype = "given", torch.bfloat16
+    elif x_scales is not None:
+        raise ValueError("x_scales go with FP8 x (float8_e4m3fn); quant='fp8' computes them from x")
+    else:
+        mode, dtype = ("quantize" if quant == "fp8" else ""), x.dtype
+    if mode:
+        fp8.check_device(x)
+    return mode, dtype

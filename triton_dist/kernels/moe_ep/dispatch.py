@@ -14,6 +14,8 @@ local expert (``moe_ep/__init__.py`` describes the receive layout).
 
 EVICT ("evict_first" or ""): the L2 policy of the copies that touch a row once (loads of ``x`` and of arrived rows,
 stores into slot rows), so that rows arriving over the link (plain stores) may keep their L2 lines until read.
+FP8 (``quant="fp8"``): a sender quantises each tile of a token (1x128 groups, ``fp8.quantize_groups``) as it
+loads it, and the FP8 tile and its scales travel together (half the bytes of bf16 plus 1/64 for scales).
 """
 
 import torch
@@ -22,9 +24,10 @@ import triton.language as tl
 
 from ... import hardware, shmem
 from ... import language as dl
+from ..fp8 import quantize_groups
 from ..replay import GraphCache
 from . import protocol
-from .buffers import EpDispatchResult, EpHandle, buffers, check_inputs
+from .buffers import EpDispatchResult, EpHandle, buffers, check_fp8, check_inputs
 from .config import check_timeline, dispatch_config, register_cap, senders_help, tail
 from .layout import BIG, check_ids, column, count, ep_layout_kernel, publish_counts, route
 from .protocol import MAX_CHUNKS, TL_CHUNK, TL_PROGRAM
@@ -40,6 +43,12 @@ def _store_rows(recv_x, tile, slots, skip, hh, H, K: tl.constexpr, K_PAD: tl.con
         row = column(slots, j, kk)
         tl.store(recv_x + row[:, None].to(tl.int64) * H + hh[None, :], tile,
                  mask=((row >= 0) & (row != skip))[:, None] & (hh[None, :] < H), eviction_policy=EVICT)
+
+
+@triton.jit
+def _tile_groups(h0, H, BH: tl.constexpr):
+    """FP8: the 1x128 scale groups of columns [h0, h0 + BH) (BH a multiple of 128) and the groups per row."""
+    return h0 // 128 + tl.arange(0, BH // 128), tl.cdiv(H, 128)
 
 
 @triton.jit
@@ -74,10 +83,11 @@ def _send_tokens(t0, c1, carry_e, carry_r, base, pending, ev, dv, kk, x, topk_id
                  recv_x, recv_slots, recv_w, recv_weights, token_pos, arrived, epoch, me, world, ctx, timeline,
                  K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                  EL_PAD: tl.constexpr, W_PAD: tl.constexpr, MAXC: tl.constexpr, TIMELINE: tl.constexpr,
-                 EVICT: tl.constexpr):
+                 EVICT: tl.constexpr, x_scales=None, recv_scales=None, FP8: tl.constexpr = ""):
     """A sender's step: tokens [t0, t0 + BT) of a chunk that ends at c1. ``carry_e`` [EP] / ``carry_r`` [W_PAD]:
     the positions taken before them per padded expert / destination; returned advanced, with the pending chunk
-    (flagged here: its stores drained while this block was routed)."""
+    (flagged here: its stores drained while this block was routed). FP8 ("quantize": x's tiles quantised here,
+    "given": x FP8 with ``x_scales``): each row's 1x128 group scales go with it, into ``recv_scales``."""
     EP: tl.constexpr = W_PAD * EL_PAD
     t = t0 + tl.arange(0, BT)
     tm = t < c1
@@ -110,13 +120,27 @@ def _send_tokens(t0, c1, carry_e, carry_r, base, pending, ev, dv, kk, x, topk_id
     for h0 in range(0, H, BH):
         hh = h0 + tl.arange(0, BH)
         hm = hh[None, :] < H
-        tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm, eviction_policy=EVICT)
+        if FP8 == "quantize":
+            tile, sc = quantize_groups(tl.load(src + hh[None, :], mask=tm[:, None] & hm, other=0.0,
+                                               eviction_policy=EVICT), BT, BH)
+        else:
+            tile = tl.load(src + hh[None, :], mask=tm[:, None] & hm, eviction_policy=EVICT)
+        if FP8 == "given":
+            gg, G = _tile_groups(h0, H, BH)
+            sc = tl.load(x_scales + t[:, None].to(tl.int64) * G + gg[None, :], mask=tm[:, None] & (gg < G)[None, :])
         for i in range(world - 1):
             d = (me + 1 + i) % world
             row = column(first, d, dv)
             dst = recv_x + row[:, None].to(tl.int64) * H + hh[None, :]
             dl.put(dst, tile, d, ctx, mask=(row < BIG)[:, None] & hm)
+            if FP8 != "":
+                gg, G = _tile_groups(h0, H, BH)
+                dl.put(recv_scales + row[:, None].to(tl.int64) * G + gg[None, :], sc, d, ctx,
+                       mask=(row < BIG)[:, None] & (gg < G)[None, :])
         _store_rows(recv_x, tile, here, -1, hh, H, K, K_PAD, EVICT)
+        if FP8 != "":
+            gg, G = _tile_groups(h0, H, BH)
+            _store_rows(recv_scales, sc, here, -1, gg, G, K, K_PAD, EVICT)
     return carry_e, carry_r, pending
 
 
@@ -125,7 +149,8 @@ def _send_chunk(c, pending, chunk, base, ev, dv, kk, x, topk_idx, topk_weights, 
                 recv_w, recv_span, recv_weights, token_pos, chunk_prefix, arrived, epoch, me, world, ctx, timeline,
                 K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
                 EL_PAD: tl.constexpr, W_PAD: tl.constexpr, MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr,
-                BT_COUNT: tl.constexpr, TIMELINE: tl.constexpr, DEFER_SIGNAL: tl.constexpr, EVICT: tl.constexpr):
+                BT_COUNT: tl.constexpr, TIMELINE: tl.constexpr, DEFER_SIGNAL: tl.constexpr, EVICT: tl.constexpr,
+                x_scales=None, recv_scales=None, FP8: tl.constexpr = ""):
     """A sender's chunk ``c``: its tokens block by block, then its span of positions on every rank and its
     flags (or, DEFER_SIGNAL, they are left pending). Returns the pending chunk."""
     EP: tl.constexpr = W_PAD * EL_PAD
@@ -142,7 +167,7 @@ def _send_chunk(c, pending, chunk, base, ev, dv, kk, x, topk_idx, topk_weights, 
         carry_e, carry_r, pending = _send_tokens(
             t0, c1, carry_e, carry_r, base, pending, ev, dv, kk, x, topk_idx, topk_weights, H, E, max_tokens, recv_x,
             recv_slots, recv_w, recv_weights, token_pos, arrived, epoch, me, world, ctx, timeline, K, EL, BT, BH,
-            K_PAD, EL_PAD, W_PAD, MAXC, TIMELINE, EVICT)
+            K_PAD, EL_PAD, W_PAD, MAXC, TIMELINE, EVICT, x_scales, recv_scales, FP8)
     span = tl.arange(0, 2)
     for i in range(world):
         d = (me + 1 + i) % world
@@ -171,9 +196,9 @@ def _mark_expert_ids(q, n_recv, max_rows, my_start, my_count, lv, recv_expert_id
 def _receive_unit(u, dv, kk, n_chunks, h_parts, tail, tail_parts, H, max_tokens, recv_x, recv_slots, recv_w, recv_span,
                   recv_weights, arrived, epoch, me, world, ctx, timeline, K: tl.constexpr, BT: tl.constexpr,
                   BH: tl.constexpr, K_PAD: tl.constexpr, W_PAD: tl.constexpr, MAXC: tl.constexpr,
-                  TIMELINE: tl.constexpr, EVICT: tl.constexpr):
+                  TIMELINE: tl.constexpr, EVICT: tl.constexpr, recv_scales=None, FP8: tl.constexpr = ""):
     """Receiver unit ``u`` (chunk, column part): wait until the chunk of every peer has landed, then copy each
-    arrived row (in the token's first slot row) into the token's other slot rows here."""
+    arrived row (in the token's first slot row; FP8: with its scales) into the token's other slot rows here."""
     c, h_first, h_end = protocol.receiver_unit(u, n_chunks, h_parts, tail, tail_parts, H, BH)
     dl.wait(arrived + dv * MAXC + c, epoch, ctx, mask=(dv < world) & (dv != me))
     protocol.stamp(timeline, TL_CHUNK + 4 * c + 1, TIMELINE)
@@ -196,6 +221,11 @@ def _receive_unit(u, dv, kk, n_chunks, h_parts, tail, tail_parts, H, max_tokens,
                 tile = tl.load(recv_x + first[:, None].to(tl.int64) * H + hh[None, :], mask=has[:, None] & hm,
                                eviction_policy=EVICT)
                 _store_rows(recv_x, tile, slots, first, hh, H, K, K_PAD, EVICT)
+                if FP8 != "":
+                    gg, G = _tile_groups(h0, H, BH)
+                    sc = tl.load(recv_scales + first[:, None].to(tl.int64) * G + gg[None, :],
+                                 mask=has[:, None] & (gg < G)[None, :])
+                    _store_rows(recv_scales, sc, slots, first, gg, G, K, K_PAD, EVICT)
     protocol.stamp(timeline, TL_CHUNK + 4 * c + 2, TIMELINE)
 
 
@@ -208,9 +238,11 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
                        MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
                        SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
-                       DEFER_SIGNAL: tl.constexpr, EVICT: tl.constexpr):
+                       DEFER_SIGNAL: tl.constexpr, EVICT: tl.constexpr, x_scales=None, recv_scales=None,
+                       FP8: tl.constexpr = ""):
     """Programs [0, n_push) send chunks (``claims[1]``), the others receive (``claims[0]``); see the module
-    docstring. FUSED_LAYOUT: no layout launch, program 0 counts and publishes the totals itself."""
+    docstring. FUSED_LAYOUT: no layout launch, program 0 counts and publishes the totals itself. FP8: see
+    ``_send_tokens``."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     protocol.stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
@@ -242,7 +274,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
             pending = _send_chunk(c, pending, chunk, base, ev, dv, kk, x, topk_idx, topk_weights, T, H, E,
                                   max_tokens, recv_x, recv_slots, recv_w, recv_span, recv_weights, token_pos,
                                   chunk_prefix, arrived, epoch, me, world, ctx, timeline, K, EL, BT, BH, K_PAD,
-                                  EL_PAD, W_PAD, MAXC, FUSED_LAYOUT, BT_COUNT, TIMELINE, DEFER_SIGNAL, EVICT)
+                                  EL_PAD, W_PAD, MAXC, FUSED_LAYOUT, BT_COUNT, TIMELINE, DEFER_SIGNAL, EVICT,
+                                  x_scales, recv_scales, FP8)
             c = protocol.next_claim(claims + 1)
         protocol.flag_pending(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
         protocol.end_claims(claims + 1, c, n_chunks, n_push)
@@ -256,7 +289,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     while u < n_units:
         _receive_unit(u, dv, kk, n_chunks, h_parts, tail, tail_parts, H, max_tokens, recv_x, recv_slots, recv_w,
                       recv_span, recv_weights, arrived, epoch, me, world, ctx, timeline, K, BT, BH, K_PAD, W_PAD,
-                      MAXC, TIMELINE, EVICT)
+                      MAXC, TIMELINE, EVICT, recv_scales, FP8)
         u = protocol.next_claim(claims)
     protocol.end_claims(claims, u, n_units, claimers)
     protocol.stamp(timeline, TL_PROGRAM + 4 * pid + 3, TIMELINE)
@@ -268,7 +301,7 @@ _GRAPHS = GraphCache("moe_ep")  # eager dispatches at decode sizes, replayed fro
 
 
 def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, exact=False, check_ids=None,
-                config=None, timeline=None, group=None):
+                config=None, timeline=None, group=None, quant=None, x_scales=None):
     """Send every token to the ranks owning its top-k experts (once per rank), grouped by local expert there.
 
     ``x`` [T, H] (bf16/fp16/fp32), ``topk_idx`` [T, K] int (global expert ids, -1 = unused slot),
@@ -279,14 +312,19 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     slot and raises ``DeviceIndexError`` at the next op call (or ``check_errors()``).
     ``timeline``: optional int64 GPU tensor [TIMELINE_SLOTS] that receives the phase timeline (see TL_PROGRAM).
     ``group``: the expert-parallel group (default: the heap's); experts are split over its ranks.
+    ``quant="fp8"``: the senders quantise every token per 1x128 group (``kernels/fp8.py``'s rule) and its rows
+    cross the link and arrive as float8_e4m3fn with fp32 scales (``EpDispatchResult.scales``, [rows,
+    ceil(H/128)]: what an FP8 grouped GEMM takes); x already FP8 (float8_e4m3fn with ``x_scales`` [T,
+    ceil(H/128)]) travels as it is. ep_combine stays in x's dtype (bfloat16 for FP8 x).
     Returns an ``EpDispatchResult``; its tensors are views valid until the next dispatch of the same shapes."""
     for name, t in (("x", x), ("topk_idx", topk_idx)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     team = shmem.op_team("ep_dispatch", group, lambda: dict(
         H=x.shape[1:], K=topk_idx.shape[1:], dtype=str(x.dtype), num_experts=num_experts, max_tokens=max_tokens,
-        align=align, exact=exact, config=config))
+        align=align, exact=exact, config=config, quant=quant))
     check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align, team.size)
+    fp8_mode, dtype = check_fp8(x, quant, x_scales)
     if check_ids is None:
         check_ids = x.device.type == "cpu"
     if check_ids and topk_idx.numel() and bool(((topk_idx < -1) | (topk_idx >= num_experts)).any()):
@@ -294,7 +332,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
         raise ValueError(f"topk_idx holds expert id {bad}, outside [0, {num_experts}) (-1 marks an unused slot)")
     T, H = x.shape
     K = topk_idx.shape[1]
-    ws = buffers(num_experts, K, max_tokens, H, x.dtype, align, group)
+    ws = buffers(num_experts, K, max_tokens, H, dtype, align, group, "fp8" if fp8_mode else None)
     cfg = dispatch_config(max_tokens, H, x.device.type, config)
     n_chunks, n_prog, n_push = int(cfg.num_chunks), int(cfg.num_programs), int(cfg.push_programs)
     check_timeline(timeline, x.device, n_prog)
@@ -309,8 +347,11 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     cg = min(triton.next_power_of_2(min(int(cfg.layout_chunks), n_chunks)), 4096 // tb_layout)
     n_groups = triton.cdiv(n_chunks, cg)
     bh = min(triton.next_power_of_2(int(cfg.block_h)), triton.next_power_of_2(H))
+    if fp8_mode:  # whole 1x128 groups per tile
+        bh = max(bh, 128)
     if T == 0:  # keep real pointers for the kernels; nothing is read
         x = torch.zeros((1, H), dtype=x.dtype, device=x.device)
+        x_scales = torch.ones((1, triton.cdiv(H, 128)), device=x.device) if fp8_mode == "given" else None
         topk_idx = torch.full((1, K), -1, dtype=torch.int32, device=x.device)
         topk_weights = torch.zeros((1, K), dtype=torch.float32, device=x.device)
     x = x.contiguous()
@@ -322,7 +363,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     fused = bool(cfg.fused_layout)
     pdl = not fused and hardware.pdl_capable(x.device) and bool(cfg.pdl)
 
-    def launch(x, idx, wts):
+    def launch(x, idx, wts, *xs):  # xs: x_scales ("given")
         if not fused:
             ep_layout_kernel[(n_groups,)](
                 idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
@@ -340,17 +381,19 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
             SENDERS_HELP=senders_help(n_prog, x), TIMELINE=timeline is not None, PDL=pdl,
             DEFER_SIGNAL=bool(cfg.defer_signal), EVICT="evict_first" if cfg.stream_hints else "",
             num_warps=int(cfg.num_warps), **({"launch_pdl": True} if pdl else {}), **register_cap(cfg, x),
-            **common)
+            **common, **(dict(x_scales=xs[0] if xs else None, recv_scales=ws.recv_scales, FP8=fp8_mode)
+                         if fp8_mode else {}))
         return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
 
     # decode sizes: an eager call replays the two launches from a cached CUDA graph (inputs copied in), which
     # costs a fraction of their Python launch cost; inside a capture, under torch.compile or on CPU: direct
     replayed = False
+    inputs = (x, idx, wts) + ((x_scales.contiguous(),) if fp8_mode == "given" else ())
     if cfg.eager_graph and timeline is None:
-        graph_key = (ws.key, T, idx.dtype, wts.dtype, cfg)
-        replayed = _GRAPHS.run(graph_key, launch, (x, idx, wts), clone=False) is not None
+        graph_key = (ws.key, T, x.dtype, idx.dtype, wts.dtype, cfg)
+        replayed = _GRAPHS.run(graph_key, launch, inputs, clone=False) is not None
     if not replayed:
-        launch(x, idx, wts)
+        launch(*inputs)
     ws.calls += 1
     handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
     ws.last = handle
@@ -358,4 +401,4 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     if exact:
         rows = int(ws.expert_offsets[ws.local].item())
     return EpDispatchResult(ws.recv_x[:rows], ws.expert_ids[:rows], ws.weights[:rows], ws.expert_counts,
-                            ws.expert_offsets, handle)
+                            ws.expert_offsets, handle, ws.recv_scales[:rows] if fp8_mode else None)

@@ -1,0 +1,182 @@
+"""The GEMM core on FP8 operands (``scaled_gemm``) and the quantisation kernel.
+
+CPU (interpreter): per-tensor, rowwise and blockwise scales on ragged M / N / K (a short last 128-group), the TMA
+and the masked paths, fp32 and bf16 results, e5m2 operands, ``out=``, against an fp64 reference of the dequantised
+inputs; ``quantize_fp8`` (the kernel dispatch's senders run) within one FP8 step of torch; bad input (scale shapes
+and dtypes, mixed formats, a GPU without FP8). GPU: bf16 results against ``torch._scaled_mm`` and fp64 at larger
+shapes, every tuning candidate. sm_90: FP8 wgmma (e4m3) with TMA, the promoted accumulation, block scales.
+"""
+
+import types
+
+import pytest
+import torch
+
+from triton_dist import hardware
+from triton_dist.kernels import fp8
+from triton_dist.kernels.gemm_fp8 import scaled_gemm, scaled_gemm_candidates
+
+from ..conftest import cpu_only, gpu_only
+from ..sm90 import compile_sm90
+from .fp8_inputs import fp8_steps, operands, quantize, rel_err
+
+CPU = {"num_programs": 3}
+
+
+@cpu_only
+@pytest.mark.parametrize("mode,m,n,k,out_dtype,use_tma", [
+    ("tensor", 33, 24, 48, torch.float32, None),    # TMA (K, N multiples of 16), ragged M
+    ("tensor", 5, 7, 3, torch.float32, False),
+    ("row", 33, 23, 37, torch.float32, None),       # odd N, K: masks
+    ("row", 20, 32, 64, torch.bfloat16, True),
+    ("block", 37, 150, 300, torch.float32, None),   # ragged N and K blocks (2 of 128 + 44), masks
+    ("block", 17, 24, 160, torch.float32, True),    # TMA, a 32-wide last group
+    ("block", 17, 136, 256, torch.bfloat16, None),  # a 128-row W block and a short one
+])
+def test_scaled_gemm_matches_fp64_reference(mode, m, n, k, out_dtype, use_tma):
+    gen = torch.Generator().manual_seed(m * n + k)
+    a, sa, w, sw, da, dw = operands(m, n, k, mode, gen)
+    out = torch.full((m, n), float("nan"), dtype=out_dtype)
+    scaled_gemm(a, w, sa, sw, out=out, out_dtype=out_dtype, config={**CPU, "use_tma": use_tma})
+    assert rel_err(out, da @ dw.T) < (8e-3 if out_dtype == torch.bfloat16 else 1e-5)
+
+
+@cpu_only
+def test_scaled_gemm_e5m2_fast_accum_and_defaults():
+    gen = torch.Generator().manual_seed(1)
+    a, sa, w, sw, da, dw = operands(20, 24, 48, "row", gen, dtype=torch.float8_e5m2)
+    out = scaled_gemm(a, w, sa, sw, scaling="row", fast_accum=True, config=CPU)  # default: bfloat16
+    assert out.dtype == torch.bfloat16 and rel_err(out, da @ dw.T) < 8e-3
+    empty = scaled_gemm(a[:0], w, sa[:0], sw, out_dtype=torch.float32)
+    zeros = scaled_gemm(a[:, :0], w[:, :0], torch.ones(1), torch.ones(1))
+    assert empty.shape == (0, 24) and zeros.shape == (20, 24) and not zeros.float().abs().sum()
+
+
+@cpu_only
+def test_quantize_fp8_within_one_step_of_torch():
+    """The senders' quantisation (a Triton kernel) against torch, per token per 1x128 group: scales equal, values
+    within one FP8 step (x / scale in fp32 vs fp64 may tie differently); zeros stay zeros; e4m3 rounding itself
+    (``fp8.to_e4m3``) exact, signed zeros included."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(9, 300, generator=gen) * torch.rand(9, 1, generator=gen) * 100
+    x[3] = 0  # a token of zeros: scale 1, q 0
+    x[4, 128:256] = 0
+    q, s = fp8.quantize_fp8(x.to(torch.bfloat16))
+    ref_q, ref_s = quantize(x.to(torch.bfloat16).float(), "group")
+    assert s.shape == (9, 3) and torch.equal(s, ref_s)
+    assert fp8_steps(q, ref_q) <= 1 and not q[3].float().any() and float(s[3].min()) == 1.0
+    lib_q, lib_s = fp8.quantize(x, "group")  # the torch helper of the library agrees with the test's own
+    assert torch.equal(lib_s, quantize(x, "group")[1]) and fp8_steps(lib_q, quantize(x, "group")[0]) == 0
+    v = ((torch.rand(4096, generator=gen) * 2 - 1) * torch.exp2(torch.randint(-14, 9, (4096,), generator=gen))).clamp(
+        -448, 448)  # normal, subnormal and underflowing e4m3 values, carries into the exponent (124.3 -> 128)
+    assert torch.equal(_to_e4m3(v).view(torch.uint8), v.to(torch.float8_e4m3fn).view(torch.uint8))
+    deq = q.double() * s.double().repeat_interleave(128, 1)[:, :300]
+    assert ((deq - x.to(torch.bfloat16).double()).abs() <= x.abs().amax(1, keepdim=True).double() / 16).all()
+
+
+def _to_e4m3(v):
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x, y, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y + offs, fp8.to_e4m3(tl.load(x + offs, mask=offs < n)), mask=offs < n)
+
+    out = torch.empty(v.shape, dtype=torch.float8_e4m3fn)
+    kernel[(triton.cdiv(v.numel(), 1024),)](v, out, v.numel(), BLOCK=1024)
+    return out
+
+
+def test_scaled_gemm_rejects_bad_input(monkeypatch):
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(3)
+    a, sa, w, sw, _, _ = (t.to(dev) for t in operands(8, 160, 256, "block", gen))
+    one = torch.ones(1, device=dev)
+    cases = [
+        (lambda: scaled_gemm(a, w, sa, sw[:1]), ValueError),                  # W's block scales: 1 of 2 row blocks
+        (lambda: scaled_gemm(a, w, one, sw), ValueError),                     # modes mixed
+        (lambda: scaled_gemm(a, w, sa, sw, scaling="tensor"), ValueError),    # shapes of another mode
+        (lambda: scaled_gemm(a, w, sa, sw, scaling="blocks"), ValueError),    # no such mode
+        (lambda: scaled_gemm(a, w, sa.half(), sw), TypeError),                # scales not fp32
+        (lambda: scaled_gemm(a, w, [1.0], sw), TypeError),                    # a scale that is no tensor
+        (lambda: scaled_gemm(a, w.to(torch.float8_e5m2), one, one), TypeError),  # mixed FP8 formats
+        (lambda: scaled_gemm(a.half(), w, one, one), TypeError),              # not FP8
+        (lambda: scaled_gemm(a, w[:, :128], one, one), ValueError),           # inner dimensions differ
+        (lambda: scaled_gemm(a, w, one, one, out_dtype=torch.float8_e4m3fn), ValueError),  # an FP8 result
+        (lambda: scaled_gemm(a, w, sa, sw, config={"BLOCK_K": 256}), ValueError),  # a K step over two groups
+        (lambda: scaled_gemm(a, w, one, one, out=torch.empty(8, 160, device=dev)), ValueError),  # out: not bf16
+    ]
+    for call, exc in cases:
+        with pytest.raises(exc):
+            call()
+    with pytest.raises(TypeError, match="scaled_gemm"):  # the bf16 core names the FP8 entry points
+        from triton_dist.kernels.gemm import gemm
+        gemm(a, w)
+    # a GPU without FP8 tensor cores (compute capability below 8.9): a clear error, before any launch
+    monkeypatch.setattr(hardware, "_capability", lambda index: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ValueError, match="8.9"):
+        fp8.check_device(types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0)))
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+def _gpu_errors(m, n, k, mode, cfg):
+    gen = torch.Generator().manual_seed(m + n + k)
+    a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen))
+    out = scaled_gemm(a, w, sa, sw, config=cfg)
+    err = rel_err(out, da @ dw.T)
+    if mode != "block":  # cuBLAS agrees too (bf16 out, fast accumulation off)
+        ref = torch._scaled_mm(a, w.t(), sa if mode == "row" else sa.reshape(()), sw.t() if mode == "row"
+                               else sw.reshape(()), out_dtype=torch.bfloat16)
+        err = max(err, rel_err(out, ref.double()))
+    return err
+
+
+@gpu_only
+@pytest.mark.parametrize("mode", ["tensor", "row", "block"])
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (1000, 1536, 1032), (517, 520, 4104), (128, 4096, 8192)])
+def test_scaled_gemm_gpu(mode, m, n, k):
+    assert _gpu_errors(m, n, k, mode, None) < 1e-2
+
+
+@gpu_only
+@pytest.mark.parametrize("mode", ["row", "block"])
+def test_scaled_gemm_gpu_every_candidate(mode):
+    for cfg in scaled_gemm_candidates(1000, 1536, 1032, torch.device("cuda")):
+        assert _gpu_errors(1000, 1536, 1032, mode, cfg) < 1e-2, cfg
+
+
+# ----------------------------------------------------------------------------------------------- sm_90
+FP8_GEMM_SIGNATURE = dict(
+    a="tensordesc<fp8e4nv[128,128]>", b="tensordesc<fp8e4nv[256,128]>", c="tensordesc<bf16[1,128,256]>",
+    num_segments="i32", seg_rows="i32", N="i32", K="i32", stride_am="i32", stride_bn="i32", stride_cs="i32",
+    stride_cm="i32", first_segment="i32", segment_step="i32",
+    **{name: "constexpr" for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "USE_TMA", "EPILOGUE_SUBTILE",
+                                      "FLATTEN", "WARP_SPECIALIZE", "DOT_PRECISION", "SILU_GATE")},
+    scale_a="*fp32", scale_w="*fp32", stride_sa="i32", stride_sw="i32", SCALES="constexpr",
+    MAX_IMPRECISE_ACC="constexpr")
+FP8_GEMM_BIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, USE_TMA=True, EPILOGUE_SUBTILE=False,
+                    FLATTEN=False, WARP_SPECIALIZE=False, DOT_PRECISION="tf32", SILU_GATE=False)
+
+
+@pytest.mark.parametrize("scales,imprecise,use_tma", [("rows", 128, True), ("rows", None, True),
+                                                      ("blocks", None, True), ("blocks", None, False)])
+def test_scaled_gemm_compiles_for_sm90_with_fp8_wgmma(scales, imprecise, use_tma):
+    sig = FP8_GEMM_SIGNATURE if use_tma else dict(FP8_GEMM_SIGNATURE, a="*fp8e4nv", b="*fp8e4nv", c="*bf16")
+    res = compile_sm90("triton_dist.kernels.gemm", "gemm_kernel", sig,
+                       dict(FP8_GEMM_BIG, USE_TMA=use_tma, BLOCK_N=256 if use_tma else 128, SCALES=scales,
+                            MAX_IMPRECISE_ACC=imprecise), aligned=("K", "N"))
+    ops = res["ops"]
+    assert any(k.startswith("wgmma.mma_async.sync.aligned.") and k.endswith(".f32.e4m3.e4m3") for k in ops), ops
+    if use_tma:
+        assert any(k.startswith("cp.async.bulk.tensor.2d.shared") for k in ops), ops  # TMA loads
+        assert any(k.startswith("cp.async.bulk.tensor.3d.global") for k in ops), ops  # TMA store (bf16)
+
+
+def test_quantize_fp8_kernel_compiles_for_sm90():
+    res = compile_sm90("triton_dist.kernels.fp8", "quantize_fp8_kernel",
+                       dict(x="*bf16", q="*fp8e4nv", scales="*fp32", T="i32", H="i32", BT="constexpr",
+                            BH="constexpr"), dict(BT=16, BH=512), aligned=("x", "q", "H"))
+    ops = res["ops"]
+    assert any(k.startswith("ld.global") for k in ops) and any(k.startswith("st.global") for k in ops), ops

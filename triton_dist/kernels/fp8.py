@@ -1,0 +1,251 @@
+"""FP8 in triton_dist: the formats, the three scaling modes and their scale layouts, and the quantisation rule.
+
+Operands are ``float8_e4m3fn`` (or ``float8_e5m2``: one format for both operands), scales float32, results
+bfloat16 / float16 / float32. ``out = (A * scale_a) @ (W * scale_w).T`` accumulated in fp32 (``torch._scaled_mm``
+for the first two modes), for A [M, K] and W [N, K]:
+
+    scaling   scale_a                      scale_w                          applied to the fp32 accumulator
+    "tensor"  [1]                          [1]                              after the K loop (epilogue)
+    "row"     [M, 1]: one per row (token)  [N, 1]: one per output channel   after the K loop (epilogue)
+    "block"   [M, ceil(K/128)]: one per    [ceil(N/128), ceil(K/128)]: one  to each 128-wide K block's product,
+              1x128 group of A             per 128x128 block of W           then summed (DeepSeek-V3)
+
+A ragged K (or N) has a short last group (block); its scale covers what is there. ``Scales`` carries a call's
+checked scales to the kernels (``gemm.tile_accumulate`` applies them).
+
+Quantisation (``quantize_fp8``, ``quantize``, ``ep_dispatch(quant="fp8")``): per group of values, scale =
+amax(|x|) / 448 (the largest e4m3 value) and q = x / scale rounded to the nearest e4m3 value (ties to even); a group
+of zeros gets scale 1.
+"""
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import hardware
+
+GROUP = 128  # values per scale along K (1 x 128 groups of A, 128 x 128 blocks of W)
+E4M3_MAX = 448.0
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+MODES = ("tensor", "row", "block")
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------- device side
+@triton.jit
+def round_to_e4m3(x):
+    """fp32 ``x`` (|x| <= 448) rounded to the nearest e4m3 value (ties to even), still in fp32, so that a conversion
+    after it is exact on every backend (the interpreter's drops a carry into the exponent: 124.3 -> 64): normal
+    values keep 3 mantissa bits (integer rounding of the fp32 bits), subnormal ones (|x| < 2**-6) are whole
+    multiples of 2**-9 (an fp32 add of 2**23 rounds them there)."""
+    bits = x.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # 3 mantissa bits
+    mag = tl.abs(x)
+    tiny = ((mag * 512.0 + 8388608.0) - 8388608.0) / 512.0  # subnormals: whole multiples of 2**-9
+    return tl.where(mag < 0.015625, tl.where(x < 0, -tiny, tiny), normal)
+
+
+@triton.jit
+def to_e4m3(x):
+    """fp32 ``x`` (|x| <= 448) -> float8e4nv, rounded to the nearest e4m3 value (ties to even): ``round_to_e4m3``,
+    then an exact conversion."""
+    return round_to_e4m3(x).to(tl.float8e4nv)
+
+
+@triton.jit
+def quantize_groups(x, BT: tl.constexpr, BH: tl.constexpr):
+    """A [BT, BH] tile (BH a multiple of 128; values outside the tensor loaded as 0) in 1x128 groups ->
+    (q [BT, BH] float8e4nv, scales [BT, BH // 128] fp32), by the rule of the module docstring (IEEE divisions)."""
+    g = tl.reshape(x.to(tl.float32), (BT, BH // 128, 128))
+    amax = tl.max(tl.abs(g), axis=2)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
+    q = tl.clamp(tl.math.div_rn(g, scale[:, :, None]), -448.0, 448.0)
+    return to_e4m3(tl.reshape(q, (BT, BH))), scale
+
+
+@triton.jit
+def quantize_fp8_kernel(x, q, scales, T, H, BT: tl.constexpr, BH: tl.constexpr):
+    """Program (i, j): rows [i * BT, +BT) and columns [j * BH, +BH) of x [T, H] -> q [T, H], scales [T, G]."""
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    m = (t < T)[:, None] & (h < H)[None, :]
+    offs = t.to(tl.int64)[:, None] * H + h[None, :]
+    qt, st = quantize_groups(tl.load(x + offs, mask=m, other=0.0), BT, BH)
+    tl.store(q + offs, qt, mask=m)
+    groups = tl.cdiv(H, 128)
+    g = tl.program_id(1) * (BH // 128) + tl.arange(0, BH // 128)
+    tl.store(scales + t.to(tl.int64)[:, None] * groups + g[None, :], st, mask=(t < T)[:, None] & (g < groups)[None, :])
+
+
+# ----------------------------------------------------------------------------------------------- host side
+def is_fp8(t):
+    return getattr(t, "dtype", None) in FP8_DTYPES
+
+
+def groups(k):
+    """Scales along a dimension of ``k`` values (the last group may be short)."""
+    return triton.cdiv(k, GROUP)
+
+
+def quantize_fp8(x):
+    """``x`` [T, H] (bf16/fp16/fp32, contiguous) -> (q [T, H] float8_e4m3fn, scales [T, ceil(H/128)] fp32): per
+    token, per 1x128 group, by the rule above. A Triton kernel (the one dispatch's senders run, as a function);
+    under the interpreter on CPU."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in OUT_DTYPES:
+        raise TypeError("x must be a 2-D bfloat16 / float16 / float32 tensor")
+    check_device(x)
+    x = x.contiguous()
+    t, h = x.shape
+    q = torch.empty((t, h), dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty((t, groups(h)), dtype=torch.float32, device=x.device)
+    if t and h:
+        bt, bh = (16, 512) if x.is_cuda else (4, 128)
+        quantize_fp8_kernel[(triton.cdiv(t, bt), triton.cdiv(h, bh))](x, q, scales, t, h, BT=bt, BH=bh,
+                                                                    num_warps=4)
+    return q, scales
+
+
+def quantize(x, scaling, dtype=torch.float8_e4m3fn):
+    """``x`` [R, C] in torch (a reference and a convenience; ``quantize_fp8`` is the kernel) -> (q, scale):
+    "tensor" (scale [1]), "row" (one per row: [R, 1]), "group" (per 1x128 group: [R, ceil(C/128)], A's "block"
+    scales), "block" (per 128x128 block: [ceil(R/128), ceil(C/128)], W's "block" scales)."""
+    top = torch.finfo(dtype).max
+    x = x.float()
+    r, c = x.shape
+    if scaling == "tensor":
+        amax = x.abs().amax().reshape(1)
+    elif scaling == "row":
+        amax = x.abs().amax(dim=1, keepdim=True)
+    elif scaling in ("group", "block"):
+        rb = GROUP if scaling == "block" else 1
+        pad = torch.zeros((triton.cdiv(r, rb) * rb, groups(c) * GROUP), device=x.device)
+        pad[:r, :c] = x.abs()
+        amax = pad.view(pad.shape[0] // rb, rb, groups(c), GROUP).amax(dim=(1, 3))
+    else:
+        raise ValueError(f"scaling must be tensor, row, group or block, got {scaling!r}")
+    scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+    full = expand(scale, scaling, r, c)
+    return (x / full).clamp(-top, top).to(dtype), scale
+
+
+def expand(scale, scaling, r, c):
+    """The [r, c] scale of every element, from a ``quantize`` scale."""
+    if scaling == "tensor":
+        return scale.reshape(1, 1).expand(r, c)
+    if scaling == "row":
+        return scale.reshape(r, 1).expand(r, c)
+    rb = GROUP if scaling == "block" else 1
+    return scale.repeat_interleave(rb, 0)[:r].repeat_interleave(GROUP, 1)[:, :c]
+
+
+def check_device(t):
+    """ValueError when ``t`` sits on a GPU without FP8 tensor cores (compute capability below 8.9)."""
+    if t.is_cuda and not hardware.fp8_capable(t.device):
+        major, minor = torch.cuda.get_device_capability(t.device)
+        raise ValueError(f"FP8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); {t.device} has "
+                         f"{major}.{minor}")
+
+
+def out_dtype_of(out_dtype):
+    """The result dtype of an FP8 product: bfloat16 unless given (float16 / float32 also)."""
+    if out_dtype is None:
+        return torch.bfloat16
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"out_dtype must be bfloat16, float16 or float32 (an FP8 result is not supported), "
+                         f"got {out_dtype}")
+    return out_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Scales:
+    """A call's checked scales: ``a`` (of A's rows) and ``w`` (of W's rows), contiguous fp32, and the mode."""
+
+    mode: str
+    a: torch.Tensor
+    w: torch.Tensor
+    fast_accum: bool = False
+
+    def kernel_args(self, cfg, a=None):
+        """The scale arguments of ``gemm.tile_accumulate``; ``a``: A's scales as rows [rows, S] instead
+        (``rows_of_a``, or gathered ones). fast_accum False: the tensor cores' partial sums are promoted to fp32
+        every K step (``max_num_imprecise_acc``), like cuBLAS without fast accumulation."""
+        tensor = self.mode == "tensor"
+        stride_sa = 0 if tensor and a is None else (self.a if a is None else a).stride(0)
+        return dict(scale_a=self.a if a is None else a, scale_w=self.w, stride_sa=stride_sa,
+                    stride_sw=0 if tensor else self.w.stride(0), SCALES="blocks" if self.mode == "block" else "rows",
+                    MAX_IMPRECISE_ACC=None if self.fast_accum else cfg["BLOCK_K"])
+
+    def rows_of_a(self, m):
+        """A's scales as rows [m, S] (S: 1, or the groups of "block"): a per-tensor scale repeated, so that rows
+        gathered from several ranks keep their own scale."""
+        return self.a.reshape(1, 1).expand(m, 1).contiguous() if self.mode == "tensor" else self.a
+
+
+def _shapes(mode, m, n, k):
+    if mode == "tensor":
+        return "[1]", "[1]"
+    if mode == "row":
+        return (m, 1), (n, 1)
+    return (m, groups(k)), (groups(n), groups(k))
+
+
+def infer_mode(m, n, k, scale_a, scale_w):
+    """The scaling mode the scales' shapes name (see the module docstring), or None."""
+    if scale_a.numel() == 1 and scale_w.numel() == 1 and scale_a.dim() <= 2 and scale_w.dim() <= 2:
+        return "tensor"
+    for mode in ("row", "block"):
+        if (tuple(scale_a.shape), tuple(scale_w.shape)) == _shapes(mode, m, n, k):
+            return mode
+    return None
+
+
+def check_scales(a, w, scale_a, scale_w, scaling=None, fast_accum=False, what=("a", "w")):
+    """``Scales`` for FP8 operands ``a`` [M, K], ``w`` [N, K] (K: the operands' own, a shard's on TP ranks), or
+    TypeError (not FP8, mixed formats, scales not fp32 tensors) / ValueError (shapes that do not match the
+    mode, devices)."""
+    na, nw = what
+    for t, name in ((a, na), (w, nw)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in FP8_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}: scales go with FP8 operands (float8_e4m3fn or "
+                            f"float8_e5m2)")
+        if t.dim() != 2 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous 2-D tensor, got shape {list(t.shape)}")
+    if a.dtype != w.dtype:
+        raise TypeError(f"{na} is {a.dtype} but {nw} is {w.dtype}: mixed FP8 formats are not supported")
+    if a.shape[1] != w.shape[1]:
+        raise ValueError(f"inner dimensions differ: {na} {list(a.shape)} vs {nw} {list(w.shape)}")
+    if a.device != w.device:
+        raise ValueError(f"{na} is on {a.device} but {nw} is on {w.device}")
+    check_device(a)
+    for t, name in ((scale_a, "scale_a"), (scale_w, "scale_w")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"FP8 operands need {name}, a float32 tensor; got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}")
+        if t.device != a.device:
+            raise ValueError(f"{name} is on {t.device} but {na} is on {a.device}")
+    (m, k), n = a.shape, w.shape[0]
+    if scaling is not None and scaling not in MODES:
+        raise ValueError(f"scaling must be one of {MODES}, got {scaling!r}")
+    mode = infer_mode(m, n, k, scale_a, scale_w)
+    if scaling is not None and scaling != mode:
+        sa, sw = _shapes(scaling, m, n, k)
+        if scaling == "tensor" or (tuple(scale_a.shape), tuple(scale_w.shape)) != (sa, sw):
+            raise ValueError(f"scaling {scaling!r} takes scale_a {sa} and scale_w {sw} for {na} {list(a.shape)}, "
+                             f"{nw} {list(w.shape)}; got {list(scale_a.shape)} and {list(scale_w.shape)}")
+        mode = scaling  # e.g. "row" with M = N = 1: the same numbers as "tensor"
+    if mode is None:
+        shapes = "; ".join(f"{md}: scale_a {sa}, scale_w {sw}" for md in MODES for sa, sw in [_shapes(md, m, n, k)])
+        raise ValueError(f"scale shapes {list(scale_a.shape)} and {list(scale_w.shape)} match no scaling mode for "
+                         f"{na} {list(a.shape)}, {nw} {list(w.shape)} (expected {shapes})")
+    return Scales(mode, scale_a.contiguous(), scale_w.contiguous(), bool(fast_accum))
+
+
+def check_block_k(scales, cfg):
+    """Block scales change every 128 values of K: a K step must not straddle two groups."""
+    if scales.mode == "block" and GROUP % int(cfg["BLOCK_K"]):
+        raise ValueError(f"scaling 'block' needs BLOCK_K dividing {GROUP}, got {cfg['BLOCK_K']}")
