@@ -417,10 +417,11 @@ def _gpu_bf16(T, H, E, K, align, config=None):
 
 
 @gpu_only
-@pytest.mark.parametrize("T,align,config", [(128, 1, None), (1000, 64, None),
+@pytest.mark.parametrize("T,align,config", [(128, 1, None), (1000, 64, None), (4096, 16, None),
                                             (1000, 64, {"stream_hints": False, "combine_stream_hints": False})])
 def test_gpu_bf16(ranks, T, align, config):
-    assert all(ranks(2, _gpu_bf16, T, 1024, 64, 8, align, config))
+    """On every GPU of the run (W=1 included: the rank's own rows only, no peers)."""
+    assert all(ranks(ranks.gpu_world, _gpu_bf16, T, 1024, 64, 8, align, config))
 
 
 def _gpu_timeline():
