@@ -29,6 +29,7 @@ import triton.language as tl
 from ... import autotune, hardware, shmem
 from ... import language as dl
 from .. import library
+from ..launcher import Launcher
 from ..gemm import (TensorDescriptor, check_launchable, check_matmul_operands, dot_precision, skinny_configs,
                     tile_accumulate, tile_coords, tile_store, tma_compatible)
 from . import config as knobs
@@ -142,11 +143,11 @@ class _Plan:
                                   (m * n, tiles * world), team.group)
         self.use_tma = cfg["use_tma"] is not False and tma_compatible(a, w)
         programs = knobs.num_programs({"num_programs": cfg["num_programs"]}, tiles, a.device)
-        self.grid = (programs,)
         self.blocks = ([bm, bk], [bn, bk])
-        self.meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], USE_TMA=self.use_tma,
-                         DOT_PRECISION=dot_precision(a.dtype), WORLD=world, WORLD_P2=triton.next_power_of_2(world),
-                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        self.kernel = Launcher(gemm_ar_kernel, (programs,), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                               GROUP_M=cfg["GROUP_M"], USE_TMA=self.use_tma, DOT_PRECISION=dot_precision(a.dtype),
+                               WORLD=world, WORLD_P2=triton.next_power_of_2(world), num_warps=cfg["num_warps"],
+                               num_stages=cfg["num_stages"])
         self.ctx = team.ctx
 
     def launch(self, a, w, out):
@@ -157,8 +158,8 @@ class _Plan:
         else:
             a_arg, w_arg = a, w
         shmem.raise_pending_errors()
-        gemm_ar_kernel[self.grid](a_arg, w_arg, out, ws.partials, ws.flags, ws.state, a.shape[0], w.shape[0],
-                                  a.shape[1], a.stride(0), w.stride(0), ws.partial_elems, self.ctx, **self.meta)
+        self.kernel(a_arg, w_arg, out, ws.partials, ws.flags, ws.state, a.shape[0], w.shape[0], a.shape[1],
+                    a.stride(0), w.stride(0), ws.partial_elems, self.ctx)
 
 
 def _configs(a, w, config, team):

@@ -7,6 +7,7 @@ import triton
 
 from ... import autotune, shmem
 from ...shmem.heap import runtime
+from ..launcher import Launcher
 from . import config as knobs
 from .config import ALGOS, DTYPES
 from .kernels import all_reduce_kernel
@@ -55,19 +56,19 @@ class Plan:
         self.ws = ws = grown_workspace(op, (x.dtype, reduced_dtype),
                                        lambda sizes: Workspace(op, x.dtype, reduced_dtype, sizes, team.group),
                                        needs, team.group)
-        self.grid = (programs,)
         self.sizes = (rows, row_len, numel, ws.stage_elems, ws.slice_elems)
-        self.meta = dict(BLOCK=block, WORLD=world, WORLD_P2=triton.next_power_of_2(world), TWO_SHOT=two_shot,
-                         ZERO_COPY=zero_copy, EPILOGUE=epilogue, num_warps=cfg["num_warps"])
+        self.kernel = Launcher(all_reduce_kernel, (programs,), BLOCK=block, WORLD=world,
+                               WORLD_P2=triton.next_power_of_2(world), TWO_SHOT=two_shot, ZERO_COPY=zero_copy,
+                               EPILOGUE=epilogue, num_warps=cfg["num_warps"])
         self.ctx = team.ctx
 
     def launch(self, x, out, residual=None, weight=None, new_residual=None, scales=None, eps=0.0):
         ws = self.ws
         shmem.raise_pending_errors()
-        all_reduce_kernel[self.grid](
+        self.kernel(
             x, out, out if residual is None else residual, out if weight is None else weight,
             out if new_residual is None else new_residual, out if scales is None else scales, ws.staging,
-            ws.reduced, ws.arrived, ws.published, ws.done, ws.state, *self.sizes, eps, self.ctx, **self.meta)
+            ws.reduced, ws.arrived, ws.published, ws.done, ws.state, *self.sizes, eps, self.ctx)
 
 
 NCCL = "nccl"  # the plan of a call that takes the NCCL path
