@@ -79,7 +79,7 @@ def all_reduce(x, out=None, algo="auto", group=None, config=None):
     (``td.shmem.empty``, the same tensor on every rank of the group) is read in place by the peers (zero-copy);
     any other x is copied into the heap inside the kernel. ``out``: the result's tensor (contiguous, x's shape and
     dtype; x itself for an in-place call), else a new one. ``algo``: "auto" (by size and world size, tuned on
-    GPU), "one_shot", "two_shot" or "nccl". ``config``: knobs of ``config.default_config``.
+    GPU; in a group of one a copy), "one_shot", "two_shot" or "nccl". ``config``: knobs of ``config.default_config``.
     Collective: every rank of the group calls it alike (same shape, algo and kind of x). CUDA graphs: call it
     once per size before capturing (workspaces and tuning happen outside the capture).
     """
@@ -94,6 +94,10 @@ def all_reduce(x, out=None, algo="auto", group=None, config=None):
         in_place=out is not None and out.data_ptr() == x.data_ptr(), heap_offset=heap_offset(x)))
     if x.numel() == 0:
         return torch.empty_like(x) if out is None else out
+    if team.size == 1 and algo == "auto" and config is None:  # a group of one: the sum is x, a copy (as NCCL's)
+        if out is None:
+            return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+        return out if out.data_ptr() == x.data_ptr() else out.copy_(x)
     return _all_reduce(x.contiguous(), out, algo, config, team)
 
 
