@@ -71,6 +71,23 @@ def test_binds_once_then_runs_the_compiled_kernel(monkeypatch):
     assert len(kernel.plain) == 3 and len(kernel.compiled.calls) == 1
 
 
+def test_launchers_bind_one_launcher_per_grid_and_meta(monkeypatch):
+    monkeypatch.setattr(hardware, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    class _Stream:
+        cuda_stream = 7
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Stream())
+    kernel = _FakeKernel()
+    launches = launcher.Launchers(kernel, "test_launchers")
+    x = torch.zeros(16)
+    for grid, block in [((4,), 64), ((4,), 64), ((8,), 64), ((4,), 32), ((4,), 64)]:
+        launches(grid, x, 16, BLOCK=block)
+    # plain once per (grid, meta): (4,)/64, (8,)/64, (4,)/32; the repeats of (4,)/64 run the bound kernel
+    assert [(g, m["BLOCK"]) for g, _, m in kernel.plain] == [((4, 1, 1), 64), ((8, 1, 1), 64), ((4, 1, 1), 32)]
+    assert len(kernel.compiled.calls) == 2
+
+
 @triton.jit
 def _scale_kernel(x, out, n, factor, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -26,7 +26,7 @@ from .. import autotune
 from ..hardware import interpreting, num_sms
 from ..shmem.workspaces import Plans
 from .fp8 import FP8_DTYPES
-from .launcher import Launcher
+from .launcher import Launchers
 
 try:  # triton >= 3.4 (host-side TMA descriptors)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -254,6 +254,9 @@ def dot_precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 inputs: exact fp32 products; 16-bit: ignored
 
 
+_LAUNCH_GEMM = Launchers(gemm_kernel, "gemm_launch")  # gemm_kernel's bound launches
+
+
 def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False, scales=None):
     """``c3[s] = a[s*seg_rows:(s+1)*seg_rows] @ b.T`` for every segment s of ``c3`` [S, seg_rows, N]
     (``silu_gate``: b is [2N, K], gate over up, and c3 gets ``silu(a @ b_gate.T) * (a @ b_up.T)``; ``scales``:
@@ -272,11 +275,8 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
     if scales:  # FP8: the scale tensors are runtime arguments after the constexprs
         gemm_kernel[(programs,)](*args, **meta, **scales)
     else:  # bound once per grid and constants (``Launcher``): a call costs the driver launch
-        _LAUNCHERS.get((programs,) + tuple(meta.values()), lambda: Launcher(gemm_kernel, (programs,), **meta))(*args)
+        _LAUNCH_GEMM((programs,), *args, **meta)
     return c3
-
-
-_LAUNCHERS = Plans("gemm_launch")  # (grid, constexprs and options) -> the bound launch of gemm_kernel
 
 
 def check_matmul_operands(a, b, what_a="a", what_b="w"):

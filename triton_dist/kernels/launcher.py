@@ -13,6 +13,7 @@ the plain path, so a Launcher never launches differently from ``kernel[grid]``.
 import torch
 
 from .. import hardware
+from ..shmem.workspaces import Plans
 
 
 def _key(args):
@@ -64,6 +65,18 @@ class Launcher:
         except Exception:  # internals of another shape: stay on the plain path
             return
         self.compiled, self.bound, self.key = compiled, bound, _key(args)
+
+
+class Launchers:
+    """The ``Launcher``s of one kernel, one per grid and meta: ``launchers(grid, *args, **meta)`` launches like
+    ``kernel[grid](*args, **meta)``, bound after the first call of each (grid, meta). ``op``: the cache's name."""
+
+    def __init__(self, kernel, op):
+        self.kernel, self._bound = kernel, Plans(op)
+
+    def __call__(self, grid, *args, **meta):
+        key = (tuple(grid),) + tuple(meta.items())
+        self._bound.get(key, lambda: Launcher(self.kernel, grid, **meta))(*args)
 
 
 def _no_hooks():

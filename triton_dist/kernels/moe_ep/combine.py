@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ... import language as dl
 from ... import shmem
+from ..launcher import Launchers
 from . import protocol
 from .buffers import EpHandle
 from .config import check_timeline, combine_config, register_cap, senders_help, tail
@@ -165,6 +166,9 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
 
 
 # ----------------------------------------------------------------------------------------------------- launcher
+_LAUNCH_COMBINE = Launchers(ep_combine_kernel, "ep_combine_launch")  # its bound launches
+
+
 def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     """``y[t] = sum_j topk_weights[t, j] * expert_out[row of (t, j)]`` back on every token's own rank, summed in
     a fixed order (slot order within a rank, then rank order): bitwise reproducible.
@@ -206,11 +210,11 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     shmem.raise_pending_errors()
     n_prog, n_push = int(cfg.num_programs), int(cfg.push_programs)
     check_timeline(timeline, expert_out.device, n_prog)
-    ep_combine_kernel[(n_prog,)](
-        expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, cfg.h_parts, *tail(cfg, handle.num_chunks),
-        n_push, ws.recv_slots, ws.recv_w, ws.recv_span, tp, ws.partials, ws.combined, ws.combine_claims,
-        ws.combine_state, ws.team.ctx, ws.combine_state if timeline is None else timeline, K=ws.topk, BT=bt,
-        BH=bh, K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
+    _LAUNCH_COMBINE(
+        (n_prog,), expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, cfg.h_parts,
+        *tail(cfg, handle.num_chunks), n_push, ws.recv_slots, ws.recv_w, ws.recv_span, tp, ws.partials, ws.combined,
+        ws.combine_claims, ws.combine_state, ws.team.ctx, ws.combine_state if timeline is None else timeline,
+        K=ws.topk, BT=bt, BH=bh, K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
         SENDERS_HELP=senders_help(n_prog, expert_out), TIMELINE=timeline is not None,
         DEFER_SIGNAL=bool(cfg.defer_signal), EVICT="evict_first" if cfg.stream_hints else "",
         num_warps=int(cfg.num_warps), **register_cap(cfg, expert_out))
