@@ -61,8 +61,7 @@ class Buffers:
         self.token_pos = torch.full((max_tokens, w), -1, dtype=torch.int32, device=dev)
         self.chunk_counts = torch.zeros((MAX_CHUNKS, ep + self.w_pad), dtype=torch.int32, device=dev)
         self.chunk_prefix = torch.zeros_like(self.chunk_counts)
-        self.counted = shmem.counters(2 * MAX_CHUNKS, name=name + "counted")  # layout flags (epochs): counted,
-        # then chunk_prefix stored, per layout program
+        self.counted = shmem.counters(MAX_CHUNKS, name=name + "counted")  # layout flags (epochs)
         self.state = shmem.counters(2, name=name + "epoch")
         self.combine_state = shmem.counters(2, name=name + "combine_epoch")
         # work counters, [0]: the receivers' next unit, [1]: the senders' next chunk (shmem.counters:

@@ -7,11 +7,8 @@ expert is a *padded* index d * EL_PAD + local (powers of two, so that per-expert
                                           chunks at once (histograms keyed by chunk), stores the group's totals
                                           and raises counted[g]; then it sums the totals of the programs before
                                           it (a parallel look-back, earlier programs only) = where each of its
-                                          chunks starts (chunk_prefix) and raises counted[PREFIXED + g]; the last
-                                          program waits for every counted[PREFIXED + q] (every chunk_prefix row is
-                                          stored: the dispatch launch, started early, reads them once the counts
-                                          are out), then pushes the call's totals, counts[me, :], to every rank
-                                          and raises counts_ready[me] there.
+                                          chunks starts (chunk_prefix); the last program pushes the call's totals,
+                                          counts[me, :], to every rank and raises counts_ready[me] there.
 """
 
 import triton
@@ -20,11 +17,10 @@ import triton.language as tl
 from ... import language as dl
 from ...shmem import layout
 from . import protocol
-from .protocol import MAX_CHUNKS, TL_LAYOUT
+from .protocol import TL_LAYOUT
 
 BIG = tl.constexpr(2**30)  # "no row" in min-reductions
 SITE_EXPERT_IDS = tl.constexpr(layout.SITE_EXPERT_IDS)
-PREFIXED = tl.constexpr(MAX_CHUNKS)  # counted[g]: group g's totals stored; counted[PREFIXED + g]: its chunk_prefix
 
 
 @triton.jit
@@ -154,12 +150,7 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
              before_e[None, :] + tl.cumsum(per_expert, axis=0) - per_expert, mask=mc)
     tl.store(chunk_prefix + c[:, None] * ROW + EP + dv[None, :],
              before_r[None, :] + tl.cumsum(per_rank, axis=0) - per_rank, mask=mc)
-    tl.debug_barrier()
-    tl.atomic_xchg(counted + PREFIXED + g, epoch, sem="release", scope="gpu")  # this group's chunk_prefix is stored
     if g == n_groups - 1:
-        for q0 in range(0, g, QB):
-            q = q0 + tl.arange(0, QB)
-            dl.wait(counted + PREFIXED + q, epoch, ctx, mask=q < g)
         publish_counts(before_e + tl.sum(per_expert, axis=0), all_counts, counts_ready, epoch % 2, epoch, ctx,
                         W_PAD, EL_PAD)
     protocol.stamp(timeline, TL_LAYOUT + 4 * g + 3, TIMELINE)
