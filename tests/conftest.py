@@ -76,15 +76,19 @@ def ranks(_pools, request):
             results = [None] * world
             torch.distributed.all_gather_object(results, result)
             return results
-        from triton_dist.launch import RankPool
-
         if on_gpu and world > GPUS:
             pytest.skip(f"needs {world} GPUs, this machine has {GPUS}")
-        key = ("gpu" if on_gpu else "cpu", world)
+        return pool(on_gpu, world).run(fn, *args, timeout=timeout, **kwargs)
+
+    def pool(gpu, world):
+        """The session's pool of ``world`` GPU (or CPU) ranks, started on first use."""
+        key = ("gpu" if gpu else "cpu", world)
         if key not in _pools:
-            _pools[key] = RankPool(world, backend=os.environ.get("TRITON_DIST_BACKEND", "auto") if on_gpu
-                                   else "cpu", wait_timeout_s=GPU_WAIT_TIMEOUT_S if on_gpu else None)
-        return _pools[key].run(fn, *args, timeout=timeout, **kwargs)
+            from triton_dist.launch import RankPool
+
+            _pools[key] = RankPool(world, backend=os.environ.get("TRITON_DIST_BACKEND", "auto") if gpu else "cpu",
+                                   wait_timeout_s=GPU_WAIT_TIMEOUT_S if gpu else None)
+        return _pools[key]
 
     def on_one_gpu(fn, *args, timeout=600, **kwargs):
         """``fn(*args)`` on one GPU, alone: here under torchrun (each rank on its own), else on a GPU rank of a
@@ -93,12 +97,7 @@ def ranks(_pools, request):
             return fn(*args, **kwargs)
         if GPUS < 1:
             pytest.skip("needs a GPU")
-        if ("gpu", 1) not in _pools:
-            from triton_dist.launch import RankPool
-
-            _pools[("gpu", 1)] = RankPool(1, backend=os.environ.get("TRITON_DIST_BACKEND", "auto"),
-                                          wait_timeout_s=GPU_WAIT_TIMEOUT_S)
-        return _pools[("gpu", 1)].run(fn, *args, timeout=timeout, **kwargs)[0]
+        return pool(True, 1).run(fn, *args, timeout=timeout, **kwargs)[0]
 
     run.gpu_world = int(os.environ.get("WORLD_SIZE", 1)) if ON_GPU_RANKS else GPUS
     run.on_one_gpu = on_one_gpu

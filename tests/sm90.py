@@ -12,7 +12,7 @@ import textwrap
 
 _WORKER = textwrap.dedent("""
     import collections, json, os, re, sys, traceback
-    sys.path.insert(0, os.path.join(os.environ["PYTHONPATH"].split(os.pathsep)[0], "scripts"))
+    sys.path.insert(0, os.path.join(sys.argv[1], "scripts"))  # the repository root
     import triton
     from ptx_digest import with_defaults  # parameters a test leaves out: at their defaults, as a launch has them
     from triton.backends.compiler import GPUTarget
@@ -49,7 +49,7 @@ def _start():
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen([sys.executable, "-c", _WORKER], env=env, stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", _WORKER, root], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     atexit.register(proc.kill)
     return proc

@@ -51,13 +51,19 @@ class _FakeKernel:
         return launch
 
 
-def test_binds_once_then_runs_the_compiled_kernel(monkeypatch):
+class _Stream:
+    cuda_stream = 7
+
+
+@pytest.fixture
+def compiling(monkeypatch):
+    """As on a GPU: kernels compiled (not interpreted), device 0, a current stream whose handle is 7."""
     monkeypatch.setattr(hardware, "interpreting", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-
-    class _Stream:
-        cuda_stream = 7
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Stream())
+
+
+def test_binds_once_then_runs_the_compiled_kernel(compiling):
     kernel = _FakeKernel()
     launch = Launcher(kernel, (4,), BLOCK=64, num_warps=8)
     x, y = torch.zeros(16), torch.ones(16)
@@ -71,13 +77,7 @@ def test_binds_once_then_runs_the_compiled_kernel(monkeypatch):
     assert len(kernel.plain) == 3 and len(kernel.compiled.calls) == 1
 
 
-def test_launchers_bind_one_launcher_per_grid_and_meta(monkeypatch):
-    monkeypatch.setattr(hardware, "interpreting", lambda: False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-
-    class _Stream:
-        cuda_stream = 7
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Stream())
+def test_launchers_bind_one_launcher_per_grid_and_meta(compiling):
     kernel = _FakeKernel()
     launches = launcher.Launchers(kernel, "test_launchers")
     x = torch.zeros(16)
