@@ -8,7 +8,6 @@ valid, ``kv_lens``); every rank gets the attention over the whole sequence. Copy
 """
 
 import math
-import os
 
 import torch
 import torch.distributed as dist
@@ -38,10 +37,8 @@ def reference(q, k, v, kv_lens, scale):
 
 
 def main():
-    on_gpu = torch.cuda.is_available()
-    if on_gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     rank, dev = td.rank(), td.shmem.device()
+    on_gpu = dev.type == "cuda"  # (CPU ranks on a GPU machine too: TRITON_INTERPRET=1)
     # Small enough for the interpreter on CPU; a real decode shape on GPUs.
     batch, q_heads, kv_heads, head_dim, s_local = (4, 32, 8, 128, 8192) if on_gpu else (2, 8, 2, 64, 32)
     dtype = torch.bfloat16 if on_gpu else torch.float16  # (the interpreter's bf16 tl.dot is unreliable)

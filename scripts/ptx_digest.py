@@ -3,6 +3,9 @@
     python scripts/ptx_digest.py              # table: kernel variant, digest, PTX size
     python scripts/ptx_digest.py --json out   # also write the digests to a file
 
+Exit status 1 when a variant does not compile or a kernel of the package (``*_kernel``) has no entry: CI runs it
+under the GPU image's Triton (3.6) as well as the newest (``.ci/run``).
+
 How a restructuring is verified without GPUs: the digests before and after must be equal (or each difference
 explained). The digest covers the PTX without its debug information (``.loc``/``.file`` lines, ``//`` comments,
 debug sections and the ``$L__tmp`` labels only they refer to), so moving code between files or functions changes
@@ -96,6 +99,15 @@ GEMM_AR_SIG = dict(a="tensordesc<bf16[64,128]>", w="tensordesc<bf16[64,128]>", o
                    partial_elems="i32", ctx="*i64",
                    **_const("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "USE_TMA", "DOT_PRECISION", "WORLD",
                             "WORLD_P2"))
+GROUPED_SIG = dict(x="tensordesc<bf16[128,64]>", w="tensordesc<bf16[128,64]>", out_desc="tensordesc<bf16[1,128,128]>",
+                   out="*bf16", offsets="*i32", counts="*i32", E="i32", rows="i32", N="i32", K="i32", w_rows="i32",
+                   stride_xm="i32", stride_we="i32", stride_wn="i32", stride_om="i32",
+                   **_const("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "E_PAD", "HAS_COUNTS", "USE_TMA",
+                            "EPILOGUE_SUBTILE", "FLATTEN", "WARP_SPECIALIZE", "DOT_PRECISION", "SILU_GATE"))
+GROUPED_DEFAULT = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, E_PAD=32, HAS_COUNTS=False, USE_TMA=True,
+                       EPILOGUE_SUBTILE=False, FLATTEN=False, WARP_SPECIALIZE=False, DOT_PRECISION="tf32",
+                       SILU_GATE=False)
+GROUPED_ALIGNED = ("K", "N", "stride_xm", "stride_wn", "stride_om")
 DISPATCH_T4096 = dict(K=8, EL=32, BT=16, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128, MAXC=1024, FUSED_LAYOUT=False,
                       BT_COUNT=16, SENDERS_HELP=True, TIMELINE=False, PDL=True, DEFER_SIGNAL=True, EVICT="evict_first")
 DISPATCH_T128 = dict(DISPATCH_T4096, BT=2, BH=1024, EVICT="")
@@ -172,6 +184,15 @@ KERNELS = [
     ("gemm_ar/decode", K + "allreduce", "gemm_ar_kernel", GEMM_AR_SIG,
      dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, USE_TMA=True, DOT_PRECISION="tf32", WORLD=2, WORLD_P2=2),
      ("out", "partials", "N", "K", "partial_elems"), {"num_warps": 4, "num_stages": 4}),
+    ("grouped_gemm/128x256", K + "grouped_gemm", "grouped_gemm_kernel",
+     dict(GROUPED_SIG, w="tensordesc<bf16[256,64]>", out_desc="tensordesc<bf16[1,128,256]>"), GROUPED_DEFAULT,
+     GROUPED_ALIGNED, {"num_warps": 8, "num_stages": 3}),
+    ("grouped_gemm/128x128-silu-counts", K + "grouped_gemm", "grouped_gemm_kernel", GROUPED_SIG,
+     dict(GROUPED_DEFAULT, BLOCK_N=128, HAS_COUNTS=True, SILU_GATE=True), GROUPED_ALIGNED,
+     {"num_warps": 8, "num_stages": 3}),
+    ("grouped_gemm/masked-fp32", K + "grouped_gemm", "grouped_gemm_kernel",
+     dict(GROUPED_SIG, x="*fp32", w="*fp32", out_desc="*fp32", out="*fp32"),
+     dict(GROUPED_DEFAULT, BLOCK_N=128, USE_TMA=False), (), {"num_warps": 8, "num_stages": 3}),
     ("ep/layout-T4096", K + "moe_ep", "ep_layout_kernel", LAYOUT_SIG,
      dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=4, QB=64, TIMELINE=False, PDL=True), (),
      {"num_warps": 4}),
@@ -285,11 +306,40 @@ def compile_one(module, name, signature, constexprs, aligned, options):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 
+def launched_kernels():
+    """Every kernel of the package (a ``@triton.jit`` function named ``*_kernel`` at module level: what the ops
+    launch; ``triton_dist.language`` holds device functions, not kernels) as (module, name)."""
+    import importlib
+    import pkgutil
+
+    import triton_dist
+
+    found = set()
+    for info in pkgutil.walk_packages(triton_dist.__path__, "triton_dist."):
+        if info.name.startswith("triton_dist.language"):
+            continue
+        mod = importlib.import_module(info.name)
+        for name, obj in vars(mod).items():
+            if name.endswith("_kernel") and isinstance(obj, triton.runtime.jit.JITFunction) and \
+                    obj.__module__ == info.name:
+                found.add((info.name, name))
+    return found
+
+
+def uncovered_kernels():
+    """Kernels of the package that no entry of KERNELS compiles."""
+    listed = {name for _, _, name, *_ in KERNELS}
+    return sorted(f"{module}.{name}" for module, name in launched_kernels() if name not in listed)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write {variant: digest} here")
     parser.add_argument("only", nargs="*", help="variant ids to compile (default: all)")
     args = parser.parse_args()
+    missing = [] if args.only else uncovered_kernels()
+    for name in missing:
+        print(f"{name}: no entry in KERNELS (add one: every kernel is compiled here)", flush=True)
     digests = {}
     for vid, module, name, sig, consts, aligned, options in KERNELS:
         if args.only and vid not in args.only:
@@ -304,7 +354,12 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"triton": triton.__version__, "digests": digests}, f, indent=1, sort_keys=True)
+    failed = [vid for vid, d in digests.items() if d.startswith("error")]
+    print(f"triton {triton.__version__}: {len(digests) - len(failed)} of {len(digests)} variants compiled for sm_90"
+          + (f"; FAILED: {', '.join(failed)}" if failed else "") + (f"; {len(missing)} kernels not listed" if missing
+                                                                      else ""), flush=True)
+    return 1 if failed or missing else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

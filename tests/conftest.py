@@ -2,7 +2,7 @@
 
 A test calls ``ranks(world, fn, *args)``: ``fn(*args)`` runs on every rank and its per-rank results come back.
 * ``python -m pytest`` (CPU or GPU machine): ranks are processes of pools started once per session. Tests run on
-  CPU ranks (Triton interpreter, heap in /dev/shm), any ``world``; tests marked ``gpu_only`` on GPU ranks, one per
+  CPU ranks (Triton interpreter, heap in /dev/shm), any ``world``; tests marked ``gpu`` (``gpu_only``) on GPU ranks, one per
   local GPU (skipped when the machine has fewer GPUs than ``world``, or none). This process interprets kernels:
   a single-GPU test runs its body through ``ranks.on_one_gpu(fn, *args)``.
 * ``torchrun --nproc-per-node=N -m pytest ...`` (``scripts/gpu_suite.sh``): this process *is* a GPU rank; ``fn``
@@ -23,13 +23,13 @@ if not ON_GPU_RANKS:  # this process runs the CPU tests' kernels (GPU tests go t
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TRITON_DIST_CHECK_CALLS", "1")  # every op call's signature compared across ranks
 
-gpu_only = pytest.mark.gpu_only
+gpu_only = pytest.mark.gpu  # the GPU tier: python -m pytest -m gpu (README)
 cpu_only = pytest.mark.skipif(ON_GPU_RANKS, reason="exercises the CPU (interpreter) backend")
 GPU_WAIT_TIMEOUT_S = 20
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu_only: needs GPUs (runs on GPU ranks: pools, or torchrun)")
+    config.addinivalue_line("markers", "gpu: needs GPUs (runs on GPU ranks: pools, or torchrun); the GPU tier")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs a GPU: run on a GPU machine (python -m pytest, or torchrun: "
                                        "scripts/gpu_suite.sh)")
         for item in items:
-            if item.get_closest_marker("gpu_only"):
+            if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
 
 
@@ -51,7 +51,7 @@ def _pools():
 
 @pytest.fixture
 def ranks(_pools, request):
-    on_gpu = request.node.get_closest_marker("gpu_only") is not None
+    on_gpu = request.node.get_closest_marker("gpu") is not None
     if ON_GPU_RANKS:  # initialised before the test body runs: a test may ask td.world_size() first
         import triton_dist as td
 

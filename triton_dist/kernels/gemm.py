@@ -92,8 +92,8 @@ def _mma(acc, a_tile, b_tile, s, DOT_PRECISION: tl.constexpr, SCALES: tl.constex
 @triton.jit
 def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr = "tf32", SILU_GATE: tl.constexpr = False,
-                    scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = "",
+                    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr = None, SILU_GATE: tl.constexpr = False,
+                    scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = None,
                     MAX_IMPRECISE_ACC: tl.constexpr = None):
     """fp32 ``A[a_row : a_row + BLOCK_M, :] @ B[off_n : off_n + BLOCK_N, :].T`` (rows past ``a_rows`` and
     columns past ``N`` / ``K`` count as zeros). ``a``/``b``: tensor descriptors (USE_TMA) or pointers.
@@ -106,7 +106,9 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
     product times ``scale_a[row * stride_sa] * scale_w[b_row * stride_sw]`` after the K loop (per-tensor scales:
     strides 0; rowwise: a scale per row of A and per row of B); "blocks": ``scale_a[row * stride_sa + kb]`` per
     1x128 group of A times ``scale_w[(b_row // 128) * stride_sw + kb]`` per 128x128 block of B, applied to each
-    K step (kb = its 128-wide K block: BLOCK_K divides 128). MAX_IMPRECISE_ACC: see ``tl.dot``."""
+    K step (kb = its 128-wide K block: BLOCK_K divides 128). MAX_IMPRECISE_ACC, DOT_PRECISION (None: the default):
+    see ``tl.dot``. (Defaults are None, never strings: triton 3.6 passes a left-out default of a nested call as a
+    plain Python value, and a str then fails to compile.)"""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # unused (and compiled away) without SILU_GATE
     k_tiles = tl.cdiv(K, BLOCK_K)

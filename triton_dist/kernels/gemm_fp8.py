@@ -43,9 +43,12 @@ def scaled_gemm_candidates(m, n, k, device):
 
 def scaled_mm_torch(a, w, scales, out_dtype):
     """The same product by torch: ``torch._scaled_mm`` (cuBLAS on a GPU) for per-tensor and rowwise scales, our
-    core where cuBLAS takes none of it (block scales in this form, e5m2 x e5m2, rowwise into fp16 / fp32). The
+    core where cuBLAS takes none of it (block scales in this form, e5m2 x e5m2, rowwise into fp16 / fp32, N or K
+    not a multiple of 16). The
     baseline and the fallback paths' GEMM."""
-    if scales.mode == "block" or a.dtype == torch.float8_e5m2 or (scales.mode == "row" and out_dtype != torch.bfloat16):
+    cublas_takes = not (w.shape[0] % 16 or a.shape[1] % 16)  # N and K in multiples of 16 (cuBLAS' alignment)
+    if scales.mode == "block" or a.dtype == torch.float8_e5m2 or (scales.mode == "row" and out_dtype != torch.bfloat16) \
+            or not cublas_takes:
         return scaled_gemm(a, w, scales.a, scales.w, scaling=scales.mode, out_dtype=out_dtype,
                            fast_accum=scales.fast_accum)
     sw = scales.w.reshape(1, -1) if scales.mode == "row" else scales.w.reshape(())

@@ -38,6 +38,7 @@ from .primitives import (  # noqa: F401
     num_ranks,
     put,
     rank,
+    rank_lanes,
     signal,
     symm_at,
     timestamp,

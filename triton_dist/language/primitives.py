@@ -31,6 +31,14 @@ SET = tl.constexpr("set")
 ADD = tl.constexpr("add")
 
 
+def rank_lanes(world):
+    """Host side: the length of a kernel's rank axis (``tl.arange(0, rank_lanes(W))``, masked to ``< W``), to pass
+    as a constexpr: a power of two, at least 2. A rank axis of one lane is miscompiled by triton 3.6 inside
+    ep_combine's kernels (a group of one on an H200: 60 % of tokens wrong, right with two lanes;
+    docs/design/moe_ep.md), so no kernel gets one."""
+    return max(2, triton.next_power_of_2(world))
+
+
 @triton.jit
 def rank(ctx):
     """This rank's index (int32 scalar)."""

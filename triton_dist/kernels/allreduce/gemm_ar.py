@@ -146,7 +146,7 @@ class _Plan:
         self.blocks = ([bm, bk], [bn, bk])
         self.kernel = Launcher(gemm_ar_kernel, (programs,), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                                GROUP_M=cfg["GROUP_M"], USE_TMA=self.use_tma, DOT_PRECISION=dot_precision(a.dtype),
-                               WORLD=world, WORLD_P2=triton.next_power_of_2(world), num_warps=cfg["num_warps"],
+                               WORLD=world, WORLD_P2=dl.rank_lanes(world), num_warps=cfg["num_warps"],
                                num_stages=cfg["num_stages"])
         self.ctx = team.ctx
 

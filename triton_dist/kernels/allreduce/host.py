@@ -6,6 +6,7 @@ import torch
 import triton
 
 from ... import autotune, shmem
+from ... import language as dl
 from ...shmem.heap import runtime
 from ..launcher import Launcher
 from . import config as knobs
@@ -58,7 +59,7 @@ class Plan:
                                        needs, team.group)
         self.sizes = (rows, row_len, numel, ws.stage_elems, ws.slice_elems)
         self.kernel = Launcher(all_reduce_kernel, (programs,), BLOCK=block, WORLD=world,
-                               WORLD_P2=triton.next_power_of_2(world), TWO_SHOT=two_shot, ZERO_COPY=zero_copy,
+                               WORLD_P2=dl.rank_lanes(world), TWO_SHOT=two_shot, ZERO_COPY=zero_copy,
                                EPILOGUE=epilogue, num_warps=cfg["num_warps"])
         self.ctx = team.ctx
 

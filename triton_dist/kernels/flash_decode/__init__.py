@@ -25,6 +25,7 @@ import math
 import torch
 import triton
 
+from ... import language as dl
 from ... import shmem
 from .. import library
 from ..launcher import Launcher
@@ -93,14 +94,14 @@ class _Plan:
         self.split_meta = dict(
             GROUP=group, GROUP_PAD=pad, HEAD_DIM=head_dim, BLOCK_N=cfg["block_n"], GROUP_P2=group_p2,
             N_SPLITS=n_splits, SPLIT_CHUNK=merge_chunk(group, head_dim, n_splits, cfg["num_warps"]),
-            PAGE_SIZE=page_size, MODE=mode, WORLD=world, WORLD_PAD=max(2, triton.next_power_of_2(world)),
+            PAGE_SIZE=page_size, MODE=mode, WORLD=world, WORLD_PAD=dl.rank_lanes(world),
             RANK_CHUNK=merge_chunk(rank_pad, head_dim, world, cfg["num_warps"]), FP32_DOT=q.dtype == torch.float32,
             PDL=mode == MODE_PUSH and cfg["pdl"],
             CHECK_INDICES=0 if not cfg["check_indices"] else 2 if distributed or shmem.is_initialized() else 1,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         self.merge_meta = dict(
             GROUP=group, GROUP_P2=group_p2, HEAD_DIM=head_dim, WORLD=world,
-            WORLD_PAD=max(2, triton.next_power_of_2(world)),
+            WORLD_PAD=dl.rank_lanes(world),
             RANK_CHUNK=merge_chunk(group, head_dim, world, cfg["merge_num_warps"]), PDL=cfg["pdl"],
             num_warps=cfg["merge_num_warps"])
         if cfg["pdl"]:

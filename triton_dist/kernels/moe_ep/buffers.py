@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 import triton
 
+from ... import language as dl
 from ... import shmem
 from .. import fp8
 from .protocol import MAX_CHUNKS
@@ -33,8 +34,8 @@ class Buffers:
         self.key = (num_experts, topk, max_tokens, hidden, dtype, align) + ((wire,) if wire else ())
         self.num_experts, self.topk, self.max_tokens, self.hidden, self.dtype, self.align = self.key[:6]
         self.local = num_experts // w
-        self.el_pad = triton.next_power_of_2(self.local)
-        self.w_pad = triton.next_power_of_2(w)
+        self.el_pad = max(2, triton.next_power_of_2(self.local))  # (no one-lane axis: dl.rank_lanes)
+        self.w_pad = dl.rank_lanes(w)  # (W = 1: two lanes, see dl.rank_lanes)
         self.max_rows = max_recv_rows(w, num_experts, topk, max_tokens, align)
         ep = self.w_pad * self.el_pad
         name = "ep."
