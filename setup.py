@@ -7,5 +7,5 @@ setup(
     packages=find_packages(include=["triton_dist", "triton_dist.*"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.6", "triton>=3.3", "numpy", "nvidia-ml-py"],
-    extras_require={"test": ["pytest>=7", "pytest-timeout", "transformers"]},
+    extras_require={"test": ["pytest>=7", "pytest-timeout", "pytest-xdist", "transformers"]},
 )

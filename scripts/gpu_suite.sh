@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
-# The whole GPU suite in one call: tests under torchrun on every GPU of the node, then every benchmark.
+# The whole GPU suite in one call: the GPU tier and the rest of the tests, then every benchmark.
 # Writes $OUT/suite.log, $OUT/results.json (every benchmark) and $OUT/table.md (short tables).
 #   usage: OUT=/some/dir GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_suite.sh [test paths / pytest args]
 # (GIT_COMMIT expanded in YOUR checkout: a copy of the tree on a lent machine may carry a stale .git; run62
 # recorded the session's first commit that way.)
-# SUITE_PLAIN=1 (the default on one GPU) also runs README's test command, plain `python -m pytest` (CPU-rank tests
-# and the GPU tests in GPU rank pools, the examples on the GPU included).
+# Tests: the GPU tier (`python -m pytest -m gpu`, in SUITE_WORKERS xdist workers), then the rest of README's test
+# command (`-m "not gpu"`, SUITE_CPU_WORKERS workers; SUITE_REST=0 skips it); on several GPUs also as torchrun ranks.
 # Set SUITE_SKIP_TESTS=1 or SUITE_SKIP_BENCH=1 to run half of it; SUITE_BENCH="allgather gemm_rs:120 ..." to pick
 # benchmarks (with an optional time limit each; SUITE_STEP_TIMEOUT is the default limit of every step).
 # Tests print their names (-v): a run cut by a time limit still shows which test was running.
-# Durations on 2xH200: the tests on one backend 450 s (runs 32-33) to ~800 s (run48: a fresh node, cut at 70 %
-# by a 560 s limit), every benchmark ~260 s. Where one call may last 600 s, run the benchmarks as one call and the
-# tests as two, e.g. "tests/kernels/test_[a-g]*.py" then the rest (run48 + run49).
+# Durations: benchmarks/results/ (each run's suite.log has every step's time).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
@@ -37,12 +35,20 @@ run() {  # run "label" cmd...: log it, keep going, remember failures
 }
 TR="torchrun --nproc-per-node=$NGPU --master-port=29517"
 if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
-  if [ "${SUITE_PLAIN:-$([ "$NGPU" = 1 ] && echo 1 || echo 0)}" = 1 ]; then
-    run "tests[plain pytest]" python3 -m pytest -q -p no:cacheprovider -rs --durations=15 "${@:-tests}"
+  # The GPU tier (README): every GPU test and every example on the local GPUs, in xdist workers that share them
+  # (their compiles run in parallel); its own autotune cache, so the benchmarks tune on an idle GPU.
+  TRITON_DIST_CACHE_DIR=$(mktemp -d) run "tests[gpu tier]" python3 -m pytest -m gpu -n "${SUITE_WORKERS:-4}" \
+    --dist loadfile -p no:cacheprovider -v -rs --durations=25 "${@:-tests}"
+  if [ "${SUITE_REST:-1}" = 1 ]; then  # the rest of README's test command: CPU ranks, sm_90 compiles
+    run "tests[not gpu]" python3 -m pytest -m "not gpu" -n "${SUITE_CPU_WORKERS:-8}" --dist loadfile \
+      -p no:cacheprovider -rs --durations=15 "${@:-tests}"
   fi
-  for be in ${SUITE_BACKENDS:-cuda nvshmem}; do
-    TRITON_DIST_BACKEND=$be run "tests[$be] x$NGPU" $TR -m pytest -v -p no:cacheprovider -rs --durations=15 "${@:-tests}"
-  done
+  if [ "$NGPU" -gt 1 ]; then  # the GPU tests as torchrun ranks, on each GPU backend
+    for be in ${SUITE_BACKENDS:-cuda nvshmem}; do
+      TRITON_DIST_BACKEND=$be run "tests[$be] x$NGPU" $TR -m pytest -v -p no:cacheprovider -rs --durations=15 \
+        "${@:-tests}"
+    done
+  fi
 fi
 if [ "${SUITE_SKIP_BENCH:-0}" != 1 ]; then
   for b in ${SUITE_BENCH:-$(ls benchmarks/bench_*.py | sed 's#benchmarks/bench_##; s#\.py##')}; do

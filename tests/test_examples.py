@@ -1,6 +1,7 @@
 """Every example, started as a user starts it, runs to the end with its own checks (assertions against a torch
 reference on every rank) passing: ``python examples/<name>.py`` with no GPU (two CPU ranks) and, on a GPU machine,
-on the local GPU (one rank). A rank that fails makes the launcher raise, so the process exits non-zero."""
+on the local GPU (one rank), started by python and by torchrun. A rank that fails makes the launcher raise, so the
+process exits non-zero."""
 
 import os
 import subprocess
@@ -14,14 +15,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py"))
 
 
-def _run(name, interpret):
+def _run(name, interpret, torchrun=False):
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
     env["TRITON_INTERPRET"] = "1" if interpret else "0"
     # this tree's triton_dist, not whichever checkout an editable install points at (a script's sys.path starts at
     # examples/, not at the root)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, os.path.join("examples", f"{name}.py")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    script = os.path.join("examples", f"{name}.py")
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--standalone"] if torchrun \
+        else [sys.executable]
+    proc = subprocess.run(launcher + [script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return proc.stdout
 
@@ -38,9 +41,11 @@ def test_example_runs_on_two_cpu_ranks(name):
 
 
 @gpu_only
+@pytest.mark.parametrize("launcher", ["python", "torchrun"])
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_example_runs_on_one_gpu(name):
+def test_example_runs_on_one_gpu(name, launcher):
+    """``python examples/<name>.py`` and ``torchrun --nproc-per-node=1 examples/<name>.py`` on one GPU."""
     if ON_GPU_RANKS:
         pytest.skip("plain pytest on a GPU machine runs this (torchrun's ranks hold the GPUs)")
-    out = _run(name, interpret=False)
+    out = _run(name, interpret=False, torchrun=launcher == "torchrun")
     assert "x1]" in out or "rank 0" in out, out[-2000:]
