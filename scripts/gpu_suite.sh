@@ -37,8 +37,8 @@ TR="torchrun --nproc-per-node=$NGPU --master-port=29517"
 if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
   # The GPU tier (README): every GPU test and every example on the local GPUs, in xdist workers that share them
   # (their compiles run in parallel); its own autotune cache, so the benchmarks tune on an idle GPU.
-  TRITON_DIST_CACHE_DIR=$(mktemp -d) run "tests[gpu tier]" python3 -m pytest -m gpu -n "${SUITE_WORKERS:-4}" \
-    --dist loadfile -p no:cacheprovider -v -rs --durations=25 "${@:-tests}"
+  TRITON_DIST_CACHE_DIR=$(mktemp -d) run "tests[gpu tier]" python3 -m pytest -m gpu -n "${SUITE_WORKERS:-6}" \
+    --dist load -p no:cacheprovider -v -rs --durations=25 "${@:-tests}"
   if [ "${SUITE_REST:-1}" = 1 ]; then  # the rest of README's test command: CPU ranks, sm_90 compiles
     run "tests[not gpu]" python3 -m pytest -m "not gpu" -n "${SUITE_CPU_WORKERS:-8}" --dist loadfile \
       -p no:cacheprovider -rs --durations=15 "${@:-tests}"

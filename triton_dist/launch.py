@@ -63,7 +63,15 @@ class RankPool:
         self._procs = []
         self._start()
 
-    def _start(self):
+    def _start(self, attempts=3):
+        for attempt in range(attempts):
+            try:
+                return self._start_once()
+            except RankError as exc:  # another process bound the free port before rank 0 did: a new one
+                if "EADDRINUSE" not in str(exc) or attempt == attempts - 1:
+                    raise
+
+    def _start_once(self):
         from .shmem.heap import _free_port
 
         ctx = mp.get_context("spawn")

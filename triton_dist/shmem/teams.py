@@ -80,8 +80,9 @@ class Team:
 
 
 def group_key(group):
-    """What identifies a torch.distributed group on every member: its name."""
-    return group.group_name if hasattr(group, "group_name") else str(id(group))
+    """What identifies a torch.distributed group on every member: its name. (isinstance, not hasattr: torch
+    2.11's dynamo traces the one and not the other inside a compiled function.)"""
+    return group.group_name if isinstance(group, dist.ProcessGroup) else str(id(group))
 
 
 def heap_ranks_of(rt, group):
