@@ -13,6 +13,7 @@ from .gemm_reducescatter_fp8 import scaled_gemm_rs  # noqa: F401
 from .grouped_gemm import grouped_gemm  # noqa: F401
 from .moe_ep import ep_combine, ep_dispatch  # noqa: F401
 from .pingpong import ping_pong  # noqa: F401
+from . import autograd  # noqa: F401,E402  (the ops' backward formulas, registered on torch.ops.triton_dist)
 
 __all__ = ["ag_gemm", "all_gather", "all_reduce", "all_reduce_rmsnorm", "ep_combine", "ep_dispatch", "gemm_ar",
            "gemm_rs", "grouped_gemm", "local_flash_decode", "ping_pong", "quantize_fp8", "scaled_ag_gemm",

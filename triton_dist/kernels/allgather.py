@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import autotune, shmem
+from .. import autotune, hardware, shmem
 from .. import language as dl
+from . import library
 from .launcher import Launcher
 
 
@@ -88,13 +89,14 @@ def all_gather(x, out=None, config=None, group=None):
 
     ``x``: this rank's shard (any contiguous tensor; zero rows allowed). ``out``: a symmetric tensor of shape
     ``[world * x.shape[0], *x.shape[1:]]`` and x's dtype, allocated for the group if not given (an allocation is
-    an agreement between the ranks: pass ``out`` for repeated calls and CUDA graphs).
+    an agreement between the ranks: pass ``out`` for repeated calls and CUDA graphs). Also
+    ``torch.ops.triton_dist.all_gather(x, group_name)`` (a new tensor every call, through a cached symmetric
+    buffer), which an ``x`` that requires grad goes through: its gradient is this rank's rows of the sum of every
+    rank's (``kernels/autograd.py``).
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    shmem.check_device(x, "x")
-    if x.dim() == 0:
-        raise ValueError("x must have at least one dimension")
+    _check_input(x)
+    if out is None and config is None and (library.needs_grad(x) or hardware.compiling()):
+        return torch.ops.triton_dist.all_gather(x, shmem.group_name(group))
     team = shmem.op_team("all_gather", group, lambda: dict(shape=tuple(x.shape), dtype=str(x.dtype),
                                                            out=None if out is None else tuple(out.shape),
                                                            config=config))
@@ -117,6 +119,36 @@ def all_gather(x, out=None, config=None, group=None):
     shmem.raise_pending_errors()
     plan.launch(src, dst, *plan.args)
     return out
+
+
+def _check_input(x):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    shmem.check_device(x, "x")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension")
+
+
+def gathered(x, group=None):
+    """``all_gather(x)`` as a new tensor: through a symmetric buffer cached per (shape, dtype, group), so that
+    repeated calls (a training loop's) allocate nothing on the heap."""
+    shape = (shmem.world_size(group) * x.shape[0], *x.shape[1:])
+    buf = shmem.workspace("all_gather.gathered", (shape, x.dtype),
+                          lambda: shmem.empty(shape, x.dtype, name="all_gather.gathered", group=group), group=group)
+    return all_gather(x, out=buf, group=group).clone()
+
+
+def _all_gather_op(x, group_name=None):
+    _check_input(x)
+    return gathered(x, shmem.group_named(group_name))
+
+
+def _all_gather_fake(x, group_name=None):
+    _check_input(x)
+    return x.new_empty((shmem.world_size(shmem.group_named(group_name)) * x.shape[0], *x.shape[1:]))
+
+
+library.define("all_gather(Tensor x, str? group_name=None) -> Tensor", _all_gather_op, _all_gather_fake)
 
 
 class _Plan:

@@ -491,7 +491,7 @@ library.define('ag_gemm(Tensor a, Tensor w, bool return_gathered=False, str acti
                'str? group_name=None) -> (Tensor, Tensor)', _ag_gemm_op, _ag_gemm_fake)
 
 
-def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=None):
+def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=None, keep_gathered=False):
     """``all_gather(a) @ w.T`` on every rank of ``group`` (default: the heap's), the gather overlapped with the GEMM.
 
     a: this rank's row shard [m, K]; w: this rank's weight slice [N_local, K] (``linear`` convention); both
@@ -507,10 +507,21 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=N
     ([2*I, K]) and the result is ``silu(x @ w_gate.T) * (x @ w_up.T)``, [W*m, I], with x = all_gather(a): both
     products accumulate in fp32 in the same tile and only the gated result is written (no [W*m, 2I] tensor, no
     separate activation pass).
+
+    Autograd: when ``a`` or ``w`` requires grad the call goes through the torch op, whose backward is
+    ``grad_a = gemm_rs(grad_out, w.T)`` and ``grad_w = grad_out.T @ all_gather(a)`` (``kernels/autograd.py``);
+    the gathered input is gathered again in the backward (as Megatron-LM does) unless ``keep_gathered``
+    (memory for one all-gather less). ``config`` is for calls without grad (ValueError otherwise).
     """
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
-    if config is None and hardware.compiling():
+    if library.needs_grad(a, w):
+        if config is not None:
+            raise ValueError("ag_gemm: config= is for calls without grad (the differentiable op takes the tuned "
+                             "configuration); call it under torch.no_grad() or drop config")
+        out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, activation,
+                                                      shmem.group_name(group))
+    elif config is None and hardware.compiling():
         out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, shmem.group_name(group))
     else:
         _check_inputs(a, w, activation)

@@ -382,8 +382,16 @@ def gemm_rs(a, w, config=None, out=None, group=None):
     traces through it; eager calls of this function skip the op dispatcher). CUDA graphs: call it once before
     capturing, so that tuning and workspaces happen outside the capture.
     ``out``: optional preallocated [rows of this rank, N] result (contiguous, a's dtype and device).
+
+    Autograd: when ``a`` or ``w`` requires grad the call goes through the torch op (``config`` and ``out`` are for
+    calls without grad), whose backward gathers every rank's output rows' gradient G [M, N] with the gather
+    overlapped: ``grad_a = ag_gemm(grad_out, w.T) = G @ w``, ``grad_w = G.T @ a`` (``kernels/autograd.py``).
     """
     _check_inputs(a, w)
+    if library.needs_grad(a, w):
+        if config is not None or out is not None:
+            raise ValueError("gemm_rs: config= and out= are for calls without grad (under torch.no_grad())")
+        return torch.ops.triton_dist.gemm_rs(a, w, shmem.group_name(group))
     if config is None and out is None and hardware.compiling():
         return torch.ops.triton_dist.gemm_rs(a, w, shmem.group_name(group))
     return _gemm_rs(a, w, config, out, group)

@@ -4,7 +4,8 @@ Ops are defined with ``torch.library.Library`` (a schema, one CompositeExplicitA
 implementation for torch.compile) rather than ``torch.library.custom_op``, whose Python wrapper (output aliasing
 checks, autograd plumbing) costs more per eager call than the small-M GPU work it wraps. The implementations are
 the ops' own Python functions, so eager calls of ``torch.ops.triton_dist.X`` and of ``triton_dist.kernels.X`` do
-the same work.
+the same work. A call whose inputs require grad goes through the op (``needs_grad``): its backward is registered
+on it (``kernels/autograd.py``).
 """
 
 import torch
@@ -20,3 +21,9 @@ def define(schema, impl, fake):
     _LIB.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"triton_dist::{name}", fake, lib=_LIB)
     return getattr(torch.ops.triton_dist, name)
+
+
+def needs_grad(*tensors):
+    """Whether a call must go through its torch op so that autograd records it: grad mode on and an input that
+    requires grad."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sharding import GroupOps, finish_rows, local_rows, plan_rows, drop_padding
+from .sharding import (GroupOps, drop_padding, finish_rows, gather_slices, local_rows, plan_rows, replicated_param,
+                       take_slice)
 
 
 def state_of(module_or_state_dict):
@@ -124,14 +125,12 @@ class ColumnParallelLinear(_ParallelLinear):
         if rows.total == 0:
             width = self.weight.shape[0] if self.sequence_parallel else self.out_features
             return x.new_zeros((*lead, width))
-        y = drop_padding(self.ops.ag_gemm(local_rows(x2, rows), self.weight), rows)  # [M, out / W]
+        y = drop_padding(self.ops.ag_gemm(local_rows(x2, rows, self.ops), self.weight), rows)  # [M, out / W]
         if self.bias is not None:
             y = y + self.bias
         if self.sequence_parallel:
             return y
-        slices = self.ops.all_gather(y.contiguous())  # [W * M, out / W]: rank r's features r-th
-        full = slices.view(self.ops.world, rows.total, -1).permute(1, 0, 2).reshape(rows.total, self.out_features)
-        return full.reshape(*lead, self.out_features)
+        return gather_slices(y, self.ops, 1).reshape(*lead, self.out_features)  # every rank's features
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -147,19 +146,19 @@ class RowParallelLinear(_ParallelLinear):
         if self.sequence_parallel:  # every row, our features: the output rows come out tensor_split
             x2 = x.reshape(-1, self.weight.shape[1])
             y = self.ops.gemm_rs(x2.contiguous(), self.weight)
-            return y + self.bias if self.bias is not None else y
+            return y + replicated_param(self.bias, self.ops) if self.bias is not None else y
         x2 = x.reshape(-1, self.in_features)
         m, width = x2.shape[0], self.weight.shape[1]
         if m == 0:
             return x.new_zeros((*lead, self.out_features))
-        mine = x2[:, self.ops.rank * width:(self.ops.rank + 1) * width]
+        mine = take_slice(x2, self.ops, 1, self.ops.rank * width, width)
         rows = plan_rows(x2, self.ops, False)
         padded = mine.new_zeros((rows.shard * self.ops.world, width))  # equal shares: rank r's are rows r*shard..
         padded[:m] = mine
-        y = self.ops.gemm_rs(padded, self.weight)
-        if self.bias is not None:
+        y = finish_rows(self.ops.gemm_rs(padded, self.weight), rows, self.ops)
+        if self.bias is not None:  # on the full rows: the (replicated) bias sees every row's gradient
             y = y + self.bias
-        return finish_rows(y, rows, self.ops).reshape(*lead, self.out_features)
+        return y.reshape(*lead, self.out_features)
 
 
 class TensorParallelMLP(nn.Module):
@@ -202,7 +201,7 @@ class TensorParallelMLP(nn.Module):
         rows = plan_rows(x2, self.ops, self.sequence_parallel, total_rows)
         if rows.total == 0:
             return x.new_zeros((*lead, self.hidden_size))
-        h = self.ops.ag_gemm(local_rows(x2, rows), self.gate_up, activation="silu_gate")  # [W * shard, I / W]
+        h = self.ops.ag_gemm(local_rows(x2, rows, self.ops), self.gate_up, activation="silu_gate")  # [W*shard, I/W]
         y = self.ops.gemm_rs(h, self.down)  # [shard, H]: W * shard rows split evenly
         out = finish_rows(y, rows, self.ops)
         return out.reshape(*lead, self.hidden_size) if not self.sequence_parallel else out

@@ -14,6 +14,14 @@ Two modes, per layer (``sequence_parallel``):
 
 ``GroupOps`` binds the ops (ag_gemm, gemm_rs, all_gather, ep_dispatch / ep_combine, sp_flash_decode) to a
 layer's process group (None: the group ``triton_dist.init`` was given).
+
+Training. The ops' gradients are those of the sum of every rank's loss (``kernels/autograd.py``): right for
+sequence-parallel rows, where each rank's loss covers its own rows. A replicated model has ONE loss, copied on
+every rank, so where a layer takes its slice of replicated rows or features it gathers the slices' gradients in
+the backward (every rank gets the whole gradient, as the dense module would), and where it gathers the slices of
+its output it takes its own slice of the gradient (``take_slice`` / ``gather_slices``: Megatron-LM's
+scatter / gather conjugates). A replicated parameter used on sequence-parallel rows (a row-parallel bias) gets
+the sum of every rank's gradient (``replicated_param``).
 """
 
 from dataclasses import dataclass
@@ -23,7 +31,7 @@ import torch.distributed as dist
 import triton
 
 from .. import shmem
-from ..kernels import ag_gemm, all_gather, ep_combine, ep_dispatch, gemm_rs, sp_flash_decode
+from ..kernels import ag_gemm, all_gather, all_reduce, ep_combine, ep_dispatch, gemm_rs, sp_flash_decode
 from ..kernels.gemm_reducescatter import rows_of_rank
 
 
@@ -50,6 +58,9 @@ class GroupOps:
 
     def gemm_rs(self, a, w):
         return gemm_rs(a, w, group=self.group)
+
+    def all_reduce(self, x):
+        return all_reduce(x, group=self.group)
 
     def all_gather(self, x):
         """Every rank's ``x`` (equal shapes), gathered into a symmetric buffer cached per shape: the callers copy
@@ -115,9 +126,9 @@ def plan_rows(x, ops, sequence_parallel, total_rows=None):
     return Rows(total, triton.cdiv(total, world), rows_of_rank(total, world, rank)[0], counts[rank], counts, True)
 
 
-def local_rows(x, rows):
+def local_rows(x, rows, ops):
     """This rank's rows of ``x``, padded with zero rows to ``rows.shard`` (equal shapes on every rank)."""
-    mine = x if rows.sequence_parallel else x[rows.start:rows.start + rows.count]
+    mine = x if rows.sequence_parallel else take_slice(x, ops, 0, rows.start, rows.count, rows)
     if mine.shape[0] == rows.shard:
         return mine.contiguous()
     padded = mine.new_zeros((rows.shard, *mine.shape[1:]))
@@ -140,4 +151,76 @@ def finish_rows(y, rows, ops):
     or every rank's, all-gathered (replicated)."""
     if rows.sequence_parallel:
         return y[:rows.count]
-    return drop_padding(ops.all_gather(y.contiguous()), rows)
+    return gather_slices(y, ops, 0, rows)
+
+
+# ----------------------------------------------------------------------------------------------- training
+def _gather(t, ops, dim, rows):
+    """Every rank's ``t`` (equal shapes) concatenated along ``dim`` (rows: ``rows.total`` real ones, padding
+    dropped), a new tensor."""
+    if dim == 0:
+        return drop_padding(ops.all_gather(t.contiguous()), rows)
+    slices = ops.all_gather(t.contiguous()).view(ops.world, *t.shape)  # [W, M, f]: rank r's features r-th
+    return slices.permute(1, 0, 2).reshape(t.shape[0], ops.world * t.shape[1])
+
+
+class _TakeSlice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ops, dim, start, count, rows):
+        ctx.ops, ctx.dim, ctx.rows, ctx.count = ops, dim, rows, count
+        return x.narrow(dim, start, count).clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.dim == 0:  # rows: every rank's padded slice gradient, gathered
+            padded = grad.new_zeros((ctx.rows.shard, *grad.shape[1:]))
+            padded[:ctx.count] = grad
+            return _gather(padded, ctx.ops, 0, ctx.rows), None, None, None, None, None
+        return _gather(grad, ctx.ops, 1, None), None, None, None, None, None
+
+
+class _GatherSlices(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, ops, dim, rows):
+        ctx.ops, ctx.dim, ctx.rows, ctx.width = ops, dim, rows, y.shape[dim]
+        return _gather(y, ops, dim, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.dim == 0:  # this rank's rows of the (replicated) gradient, padded back to the shard
+            rows = ctx.rows
+            own = grad.new_zeros((rows.shard, *grad.shape[1:]))
+            own[:rows.count] = grad[rows.start:rows.start + rows.count]
+            return own, None, None, None
+        return grad.narrow(1, ctx.ops.rank * ctx.width, ctx.width), None, None, None
+
+
+class _ReplicatedParam(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, p, ops):
+        ctx.ops = ops
+        return p.view_as(p)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.ops.all_reduce(grad.contiguous()), None
+
+
+def take_slice(x, ops, dim, start, count, rows=None):
+    """``x.narrow(dim, start, count)`` of a replicated ``x`` (dim 0: rows, ``rows`` their ``Rows``; 1: features);
+    backward: every rank's slice gradient gathered, so that each rank holds the whole gradient."""
+    return _TakeSlice.apply(x, ops, dim, start, count, rows) if torch.is_grad_enabled() and x.requires_grad \
+        else x.narrow(dim, start, count)
+
+
+def gather_slices(y, ops, dim, rows=None):
+    """Every rank's slice ``y`` concatenated along ``dim`` (0: rows, padding dropped; 1: features), the
+    replicated result; backward: this rank's slice of the gradient."""
+    return _GatherSlices.apply(y, ops, dim, rows) if torch.is_grad_enabled() and y.requires_grad \
+        else _gather(y, ops, dim, rows)
+
+
+def replicated_param(p, ops):
+    """``p`` (the same on every rank) for use on this rank's share of the rows: backward sums every rank's
+    gradient."""
+    return _ReplicatedParam.apply(p, ops) if torch.is_grad_enabled() and p.requires_grad else p

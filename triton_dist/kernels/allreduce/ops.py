@@ -82,11 +82,17 @@ def all_reduce(x, out=None, algo="auto", group=None, config=None):
     GPU; in a group of one a copy), "one_shot", "two_shot" or "nccl". ``config``: knobs of ``config.default_config``.
     Collective: every rank of the group calls it alike (same shape, algo and kind of x). CUDA graphs: call it
     once per size before capturing (workspaces and tuning happen outside the capture).
+    Autograd: an ``x`` that requires grad goes through the torch op (``out`` and ``config`` are for calls without
+    grad); the gradient is that of the sum of every rank's loss: ``all_reduce`` of the output's gradient.
     """
     check_tensor(x, "x")
     check_algo(algo)
     if out is not None:
         _check_out(out, x)
+    if library.needs_grad(x):
+        if out is not None or config is not None:
+            raise ValueError("all_reduce: out= and config= are for calls without grad (under torch.no_grad())")
+        return torch.ops.triton_dist.all_reduce(x, algo, shmem.group_name(group))
     if out is None and config is None and hardware.compiling():
         return torch.ops.triton_dist.all_reduce(x, algo, shmem.group_name(group))
     team = shmem.op_team("all_reduce", group, lambda: dict(
@@ -203,7 +209,8 @@ def all_reduce_rmsnorm(x, residual, weight, eps, out_fp8=False, group=None, algo
 
 # ----------------------------------------------------------------------------------------------- torch ops
 def _all_reduce_op(x, algo="auto", group_name=None):
-    return all_reduce(x, algo=algo, group=shmem.group_named(group_name))
+    with torch.no_grad():  # (below autograd: the public function must not route back to the op)
+        return all_reduce(x, algo=algo, group=shmem.group_named(group_name))
 
 
 def _all_reduce_fake(x, algo="auto", group_name=None):

@@ -1,0 +1,136 @@
+"""Autograd through the ops (``kernels/autograd.py``), on CPU ranks (fp32 under the interpreter: exact products):
+every gradient against an fp64 torch reference of the whole computation across the ranks — the objective is the
+sum of every rank's loss, each rank's loss a random weighting of its own outputs — at 1, 2 and 3 ranks with
+uneven row counts; bitwise the same gradients on a second run; the same under torch.compile (fullgraph); calls
+that cannot be differentiated (config= / out= with grad) refused."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import triton_dist as td
+from triton_dist.kernels import ag_gemm, all_gather, all_reduce, gemm_rs
+
+from ..conftest import error_names
+
+
+def _all(seed, shape):
+    """Every rank's tensor of ``shape`` (the same on every rank: each rank takes its own), fp64."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(td.world_size())]
+
+
+def _leaf(t):
+    return t.float().to(td.shmem.device()).requires_grad_()
+
+
+def _rel(got, ref):
+    return ((got.double().cpu() - ref).abs().max() / ref.abs().max().clamp(min=1e-30)).item()
+
+
+def _grads(m, k, n, seed):
+    """{what: relative error} of every gradient on this rank."""
+    r, world = td.rank(), td.world_size()
+    errs = {}
+    # ag_gemm: out_r = cat(a) @ w_r.T (plain and with the SiLU gate), loss_r = sum(out_r * R_r)
+    for activation in ("none", "silu_gate"):
+        cols = 2 * n if activation == "silu_gate" else n
+        a64, w64, r64 = _all(seed, (m, k)), _all(seed + 1, (cols, k)), _all(seed + 2, (world * m, n))
+        ref_a = [t.clone().requires_grad_() for t in a64]
+        ref_w = [t.clone().requires_grad_() for t in w64]
+        x = torch.cat(ref_a)
+        loss = 0
+        for s in range(world):
+            h = x @ ref_w[s].T
+            out = F.silu(h[:, :n]) * h[:, n:] if activation == "silu_gate" else h
+            loss = loss + (out * r64[s]).sum()
+        loss.backward()
+        for keep in (False, True):
+            a, w = _leaf(a64[r]), _leaf(w64[r])
+            out = ag_gemm(a, w, activation=activation, keep_gathered=keep)
+            (out * r64[r].float().to(out.device)).sum().backward()
+            errs[f"ag_gemm {activation} keep={keep} a"] = _rel(a.grad, ref_a[r].grad)
+            errs[f"ag_gemm {activation} keep={keep} w"] = _rel(w.grad, ref_w[r].grad)
+    # the gathered output used too: its gradient reaches a as a reduce-scatter
+    a64, w64 = _all(seed + 3, (m, k)), _all(seed + 4, (n, k))
+    rg = _all(seed + 5, (world * m, k))
+    ref_a = [t.clone().requires_grad_() for t in a64]
+    x = torch.cat(ref_a)
+    sum(((x @ w64[s].T).sum() + (x * rg[s]).sum()) for s in range(world)).backward()
+    a = _leaf(a64[r])
+    out, gath = ag_gemm(a, _leaf(w64[r]), return_gathered=True)
+    (out.sum() + (gath * rg[r].float().to(gath.device)).sum()).backward()
+    errs["ag_gemm gathered a"] = _rel(a.grad, ref_a[r].grad)
+    # gemm_rs: out_r = rows_r(sum_s a_s @ w_s.T), M rows uneven over the ranks
+    rows = world * m + (1 if world > 1 else 0)
+    a64, w64 = _all(seed + 6, (rows, k)), _all(seed + 7, (n, k))
+    weights = torch.randn(rows, n, generator=torch.Generator().manual_seed(seed + 8), dtype=torch.float64)
+    ref_a = [t.clone().requires_grad_() for t in a64]
+    ref_w = [t.clone().requires_grad_() for t in w64]
+    (sum(ai @ wi.T for ai, wi in zip(ref_a, ref_w)) * weights).sum().backward()
+    a, w = _leaf(a64[r]), _leaf(w64[r])
+    out = gemm_rs(a, w)
+    mine = torch.tensor_split(weights, world)[r]
+    (out * mine.float().to(out.device)).sum().backward()
+    errs["gemm_rs a"], errs["gemm_rs w"] = _rel(a.grad, ref_a[r].grad), _rel(w.grad, ref_w[r].grad)
+    # all_gather and all_reduce
+    x64, r64 = _all(seed + 9, (m, k)), _all(seed + 10, (world * m, k))
+    ref = [t.clone().requires_grad_() for t in x64]
+    sum((torch.cat(ref) * r64[s]).sum() for s in range(world)).backward()
+    x = _leaf(x64[r])
+    (all_gather(x) * r64[r].float().to(x.device)).sum().backward()
+    errs["all_gather"] = _rel(x.grad, ref[r].grad)
+    r64 = _all(seed + 11, (m, k))
+    ref = [t.clone().requires_grad_() for t in x64]
+    sum((sum(ref) * r64[s]).sum() for s in range(world)).backward()
+    x = _leaf(x64[r])
+    (all_reduce(x) * r64[r].float().to(x.device)).sum().backward()
+    errs["all_reduce"] = _rel(x.grad, ref[r].grad)
+    return errs
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_gradients_match_fp64(ranks, world):
+    for errs in ranks(world, _grads, 5, 24, 16, world):
+        bad = {k: v for k, v in errs.items() if not v < 1e-5}
+        assert not bad, bad
+
+
+def _twice_and_compiled():
+    """Gradients of a TP MLP-like chain (ag_gemm SiLU gate -> gemm_rs) twice eagerly and once under
+    torch.compile(fullgraph=True): (bitwise equal eager runs, compiled error vs eager)."""
+    r = td.rank()
+    g = torch.Generator().manual_seed(7 + r)
+    x0, gu0, d0 = torch.randn(6, 32, generator=g), torch.randn(48, 32, generator=g), torch.randn(32, 24, generator=g)
+
+    def step(fn):
+        x, gu, d = (t.clone().requires_grad_() for t in (x0, gu0, d0))
+        fn(x, gu, d).backward()
+        return [t.grad for t in (x, gu, d)]
+
+    def chain(x, gu, d):
+        return (gemm_rs(ag_gemm(x, gu, activation="silu_gate"), d) ** 2).sum()
+
+    first, second = step(chain), step(chain)
+    compiled = step(torch.compile(chain, fullgraph=True))
+    same = all(torch.equal(p, q) for p, q in zip(first, second))
+    return same, max(_rel(c, e.double()) for c, e in zip(compiled, first))
+
+
+def test_gradients_bitwise_reproducible_and_compiled(ranks):
+    for same, err in ranks(2, _twice_and_compiled):
+        assert same and err < 1e-6, (same, err)
+
+
+def _refusals():
+    a = torch.randn(4, 16, requires_grad=True)
+    w = torch.randn(8, 16, requires_grad=True)
+    return error_names([lambda: ag_gemm(a, w, config={"path": "overlap"}),
+                        lambda: gemm_rs(a, w, config={"path": "fallback"}),
+                        lambda: gemm_rs(a, w, out=torch.empty(2, 8)),
+                        lambda: all_reduce(a, out=torch.empty(4, 16))])
+
+
+def test_calls_that_cannot_be_differentiated_are_refused(ranks):
+    for names in ranks(2, _refusals):
+        assert names == ["ValueError"] * 4, names

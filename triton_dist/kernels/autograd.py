@@ -1,0 +1,126 @@
+"""Backward formulas of the zoo's ops, registered on ``torch.ops.triton_dist.*`` (``torch.library.
+register_autograd``), so that they work eagerly, under ``torch.compile`` and with activation checkpointing. The
+public functions route a call whose inputs require grad through its op (``library.needs_grad``).
+
+Every gradient is that of the SUM of every rank's loss (as ``torch.distributed.nn``'s collectives): an output
+that every rank holds a copy of sends each copy's gradient back. Layers that keep activations replicated on every
+rank (one loss, copied) undo that where they split and gather rows (``nn/sharding.py``).
+
+    ag_gemm    out = all_gather(a) @ w.T                grad_a = gemm_rs(grad_out, w.T)      (reduce-scatter)
+                                                        grad_w = grad_out.T @ all_gather(a)
+               silu_gate: h = all_gather(a) @ w.T again (one overlapped ag_gemm), d h from silu(gate) * up
+    gemm_rs    out = rows_r(sum_s a_s @ w_s.T)          G = every rank's grad_out rows, gathered:
+                                                        grad_a = ag_gemm(grad_out, w.T) = G @ w, grad_w = G.T @ a
+    all_gather out = cat_s x_s                          grad_x = rows_r(sum_s grad_s)
+    all_reduce out = sum_s x_s                          grad_x = all_reduce(grad_out)
+
+The sums run in fixed orders (the ops' own), so gradients are bitwise the same run to run.
+"""
+
+import torch
+
+from .. import shmem
+from .allgather import gathered
+from .allgather_gemm import ag_gemm
+from .allreduce import all_reduce
+from .gemm_reducescatter import gemm_rs, rows_of_rank
+
+
+def _own_rows(full, group):
+    """This rank's ``tensor_split`` rows of ``full``."""
+    start, count = rows_of_rank(full.shape[0], shmem.world_size(group), shmem.rank(group))
+    return full[start:start + count]
+
+
+def _reduce_scatter(t, group):
+    """This rank's rows of the sum over the ranks of ``t`` (every rank's equal-shaped ``t``)."""
+    return _own_rows(all_reduce(t.contiguous(), group=group), group).contiguous()
+
+
+def _silu_gate_backward(h, grad):
+    """d/d[gate | up] of silu(gate) * up, in fp32, as h's dtype."""
+    half = h.shape[1] // 2
+    gate, up, g = h[:, :half].float(), h[:, half:].float(), grad.float()
+    s = torch.sigmoid(gate)
+    return torch.cat([g * up * s * (1 + gate * (1 - s)), g * gate * s], dim=1).to(h.dtype)
+
+
+# ----------------------------------------------------------------------------------------------- ag_gemm
+def _columns(w, activation):
+    return w.shape[0] // 2 if activation == "silu_gate" else w.shape[0]
+
+
+def _ag_gemm_setup(ctx, inputs, output):
+    a, w, return_gathered, activation, group_name = inputs
+    ctx.activation, ctx.group_name = activation, group_name
+    ctx.set_materialize_grads(False)  # an unused gathered output: None, not a tensor of zeros to reduce
+    ctx.save_for_backward(a, w, output[1] if return_gathered else None)
+
+
+def _ag_gemm_backward(ctx, grad_out, grad_gathered):
+    a, w, kept = ctx.saved_tensors
+    group = shmem.group_named(ctx.group_name)
+    if grad_out is None:
+        grad_out = a.new_zeros((shmem.world_size(group) * a.shape[0], _columns(w, ctx.activation)))
+    if ctx.activation == "silu_gate":  # the pre-activation again: one overlapped ag_gemm (or a GEMM of what is kept)
+        h, x = (kept @ w.T, kept) if kept is not None else ag_gemm(a, w, return_gathered=True, group=group)
+        grad_out = _silu_gate_backward(h, grad_out)
+    else:
+        x = kept
+    grad_a = grad_w = None
+    if ctx.needs_input_grad[0]:
+        grad_a = gemm_rs(grad_out.contiguous(), w.T.contiguous(), group=group)
+        if grad_gathered is not None:
+            grad_a = grad_a + _reduce_scatter(grad_gathered, group)
+    if ctx.needs_input_grad[1]:
+        x = gathered(a, group) if x is None else x
+        grad_w = grad_out.T @ x
+    return grad_a, grad_w, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------- gemm_rs
+def _gemm_rs_setup(ctx, inputs, output):
+    a, w, group_name = inputs
+    ctx.group_name = group_name
+    ctx.save_for_backward(a, w)
+
+
+def _gemm_rs_backward(ctx, grad_out):
+    a, w = ctx.saved_tensors
+    group = shmem.group_named(ctx.group_name)
+    world, m = shmem.world_size(group), a.shape[0]
+    if grad_out is None:
+        return None, None, None
+    shard = -(-m // world)  # every rank's rows padded to the largest share: ag_gemm takes equal shapes
+    padded = grad_out.new_zeros((shard, grad_out.shape[1]))
+    padded[:grad_out.shape[0]] = grad_out
+    out, g = ag_gemm(padded, w.T.contiguous(), return_gathered=True, group=group)
+    if shard * world != m:  # drop every rank's padding rows
+        keep = torch.cat([torch.arange(r * shard, r * shard + rows_of_rank(m, world, r)[1], device=a.device)
+                          for r in range(world)])
+        out, g = out[keep], g[keep]
+    return (out if ctx.needs_input_grad[0] else None), (g.T @ a if ctx.needs_input_grad[1] else None), None
+
+
+# ----------------------------------------------------------------------------------------------- collectives
+def _all_gather_setup(ctx, inputs, output):
+    ctx.group_name = inputs[1]
+
+
+def _all_gather_backward(ctx, grad_out):
+    return _reduce_scatter(grad_out, shmem.group_named(ctx.group_name)), None
+
+
+def _all_reduce_setup(ctx, inputs, output):
+    ctx.algo, ctx.group_name = inputs[1], inputs[2]
+
+
+def _all_reduce_backward(ctx, grad_out):
+    return all_reduce(grad_out.contiguous(), algo=ctx.algo, group=shmem.group_named(ctx.group_name)), None, None
+
+
+for _name, _backward, _setup in (("ag_gemm", _ag_gemm_backward, _ag_gemm_setup),
+                                 ("gemm_rs", _gemm_rs_backward, _gemm_rs_setup),
+                                 ("all_gather", _all_gather_backward, _all_gather_setup),
+                                 ("all_reduce", _all_reduce_backward, _all_reduce_setup)):
+    torch.library.register_autograd(f"triton_dist::{_name}", _backward, setup_context=_setup)
