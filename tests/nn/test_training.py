@@ -2,7 +2,7 @@
 replicated mode (one loss, the same on every rank: each rank gets the whole input gradient and its shard of the
 weights') and sequence-parallel mode (each rank's loss on its own rows, the objective their sum) — and a tiny
 Hugging Face Llama, parallelised, trained 20 AdamW steps beside the same model trained without triton_dist: the
-same loss curve and final weights."""
+same loss curve and final weights; the layers under torch.compile (fullgraph) and activation checkpointing."""
 
 import copy
 
@@ -131,3 +131,32 @@ def test_parallelized_llama_trains_like_the_original(ranks):
         assert plain[-1] < plain[0] - 0.5, plain  # it learned something
         assert max(abs(a - b) / abs(b) for a, b in zip(ours, plain)) < 1e-5, (ours, plain)
         assert worst < 1e-4, worst
+
+
+def _compiled_and_checkpointed(sp):
+    """The MLP layer's gradients (input and weights) eagerly, under torch.compile(fullgraph=True) and under
+    activation checkpointing: largest difference of each from the eager ones."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    layer = TensorParallelMLP.from_dense(GatedMLP(16, 32), sequence_parallel=sp)
+    x0 = torch.randn(7, 16)
+    if sp:
+        x0 = torch.tensor_split(x0, td.world_size())[td.rank()]
+    forward = (lambda x: layer(x, total_rows=7)) if sp else layer
+
+    def grads(fn):
+        layer.zero_grad()
+        x = x0.clone().requires_grad_()
+        (fn(x) ** 2).sum().backward()
+        return [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+
+    eager = grads(forward)
+    others = grads(torch.compile(forward, fullgraph=True)), grads(lambda x: checkpoint(forward, x, use_reentrant=False))
+    return [max((a - b).abs().max().item() for a, b in zip(eager, o)) for o in others]
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_layer_trains_under_compile_and_checkpointing(ranks, sp):
+    for compiled, checkpointed in ranks(2, _compiled_and_checkpointed, sp):
+        assert compiled < 1e-6 and checkpointed == 0.0, (compiled, checkpointed)

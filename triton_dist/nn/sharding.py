@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import triton
 
-from .. import shmem
+from .. import hardware, shmem
 from ..kernels import ag_gemm, all_gather, all_reduce, ep_combine, ep_dispatch, gemm_rs, sp_flash_decode
 from ..kernels.gemm_reducescatter import rows_of_rank
 
@@ -64,7 +64,10 @@ class GroupOps:
 
     def all_gather(self, x):
         """Every rank's ``x`` (equal shapes), gathered into a symmetric buffer cached per shape: the callers copy
-        what they keep out of it (``drop_padding``) before the next call."""
+        what they keep out of it (``drop_padding``) before the next call. (Under torch.compile: the torch op, a
+        new tensor.)"""
+        if hardware.compiling():
+            return all_gather(x, group=self.group)
         shape = (self.world * x.shape[0], *x.shape[1:])
         out = shmem.workspace("nn.all_gather", (shape, x.dtype),
                               lambda: shmem.empty(shape, x.dtype, name="nn.all_gather.out", group=self.group),
