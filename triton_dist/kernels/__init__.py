@@ -14,7 +14,9 @@ from .grouped_gemm import grouped_gemm  # noqa: F401
 from .moe_ep import ep_combine, ep_dispatch  # noqa: F401
 from .pingpong import ping_pong  # noqa: F401
 from . import autograd  # noqa: F401,E402  (the ops' backward formulas, registered on torch.ops.triton_dist)
+from .async_tp import fused_all_gather_matmul, fused_matmul_reduce_scatter, use_for_torch_async_tp  # noqa: F401
 
-__all__ = ["ag_gemm", "all_gather", "all_reduce", "all_reduce_rmsnorm", "ep_combine", "ep_dispatch", "gemm_ar",
-           "gemm_rs", "grouped_gemm", "local_flash_decode", "ping_pong", "quantize_fp8", "scaled_ag_gemm",
-           "scaled_gemm", "scaled_gemm_rs", "sp_flash_decode"]
+__all__ = ["ag_gemm", "all_gather", "all_reduce", "all_reduce_rmsnorm", "ep_combine", "ep_dispatch",
+           "fused_all_gather_matmul", "fused_matmul_reduce_scatter", "gemm_ar", "gemm_rs", "grouped_gemm",
+           "local_flash_decode", "ping_pong", "quantize_fp8", "scaled_ag_gemm", "scaled_gemm", "scaled_gemm_rs",
+           "sp_flash_decode", "use_for_torch_async_tp"]

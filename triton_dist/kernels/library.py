@@ -23,6 +23,15 @@ def define(schema, impl, fake):
     return getattr(torch.ops.triton_dist, name)
 
 
+def define_composite(schema, impl):
+    """Register ``torch.ops.triton_dist.<name>`` as a composition of other ops (CompositeImplicitAutograd): its
+    autograd and its tracing under torch.compile are those of the ops ``impl`` calls."""
+    name = schema.split("(", 1)[0].strip()
+    _LIB.define(schema)
+    _LIB.impl(name, impl, "CompositeImplicitAutograd")
+    return getattr(torch.ops.triton_dist, name)
+
+
 def needs_grad(*tensors):
     """Whether a call must go through its torch op so that autograd records it: grad mode on and an input that
     requires grad."""

@@ -1,0 +1,150 @@
+"""PyTorch async-TP's ops on the zoo (``kernels/async_tp.py``), on CPU ranks: the cases of PyTorch's own tests of
+``fused_all_gather_matmul`` (BATCH 8, M 64, N 16, K 32, three Bs, gather_dim 0, 1 and 2) and
+``fused_matmul_reduce_scatter`` (scatter_dim 0, 1 and 2, "avg" and "sum"), against the reference semantics
+(values in fp64 and the strides of torch's fallbacks), at 2 and 3 ranks; their gradients against fp64 (the sum of
+every rank's loss); under torch.compile (fullgraph) forward and backward as eagerly; ``torch.ops.symm_mem.*``
+routed to them; bad arguments refused."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import triton_dist as td
+from triton_dist.kernels import fused_all_gather_matmul, fused_matmul_reduce_scatter, use_for_torch_async_tp
+
+from ..conftest import error_names
+
+SHAPES = {2: (8, 64, 16, 32), 3: (6, 9, 12, 15)}  # (BATCH, M, N, K): PyTorch's at 2 ranks; divisible by 3
+
+
+def _every(t):
+    parts = [torch.empty_like(t) for _ in range(td.world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return parts
+
+
+def _ag_reference(shards, Bs, dim):
+    """torch's fallback in fp64: the gathered A (in its layout) and each product."""
+    world = len(shards)
+    a = torch.stack(shards).double()  # [W, *shard]
+    if dim == shards[0].dim() - 1:
+        full = torch.cat(list(a), dim=-1)
+        return full, [full @ B.double() for B in Bs]
+    full = a.movedim(dim + 1, 1).flatten(0, 1)  # gathered dim first, contiguous
+    return full.movedim(0, dim), [(full @ B.double()).movedim(0, dim) for B in Bs]
+
+
+def _rel(got, ref):
+    return ((got.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def _all_gather_matmul():
+    """{case: (value error, strides equal)} for every gather_dim, and the gradients' errors."""
+    r, world = td.rank(), td.world_size()
+    BATCH, M, N, K = SHAPES[world]
+    results = {}
+    for dim in (0, 1, 2):
+        shape = [BATCH, M, K]
+        shape[dim] //= world
+        g = torch.Generator().manual_seed(42 + r)
+        a = torch.rand(shape, generator=g)
+        Bs = [torch.rand(shape[-1] * (world if dim == 2 else 1), N, generator=g) for _ in range(3)]
+        got_a, got = fused_all_gather_matmul(a, Bs, dim)
+        ref_a, ref = _ag_reference(_every(a), Bs, dim)
+        results[f"gather_dim {dim} A"] = (_rel(got_a, ref_a), got_a.stride() == ref_a.stride())
+        for i, (o, ro) in enumerate(zip(got, ref)):
+            results[f"gather_dim {dim} mm{i}"] = (_rel(o, ro), o.stride() == ro.stride())
+        none_a, again = torch.ops.triton_dist.fused_all_gather_matmul(a, Bs, dim, None, return_A=False)
+        results[f"gather_dim {dim} torch op"] = (max(_rel(o, ro) for o, ro in zip(again, ref)), none_a is None)
+        # gradients: the objective is the sum over the ranks of each rank's weighted outputs
+        weights = [torch.randn(o.shape, generator=torch.Generator().manual_seed(7 + r)) for o in got]
+        leaf_a, leaf_bs = a.clone().requires_grad_(), [B.clone().requires_grad_() for B in Bs]
+        _, outs = torch.ops.triton_dist.fused_all_gather_matmul(leaf_a, leaf_bs, dim, None)
+        sum((o * wt).sum() for o, wt in zip(outs, weights)).backward()
+        every_a, every_w = _every(a), [_every(wt) for wt in weights]
+        every_b = [_every(B) for B in Bs]
+        ref_leaf = [t.double().requires_grad_() for t in every_a]
+        ref_bs = [[t.double().requires_grad_() for t in per_b] for per_b in every_b]
+        loss = 0
+        for q in range(world):
+            _, products = _ag_reference(ref_leaf, [ref_bs[i][q] for i in range(3)], dim)
+            loss = loss + sum((p * every_w[i][q].double()).sum() for i, p in enumerate(products))
+        loss.backward()
+        results[f"gather_dim {dim} grad A"] = (_rel(leaf_a.grad, ref_leaf[r].grad), True)
+        results[f"gather_dim {dim} grad B"] = (max(_rel(b.grad, ref_bs[i][r].grad) for i, b in enumerate(leaf_bs)),
+                                               True)
+    return results
+
+
+def _matmul_reduce_scatter():
+    r, world = td.rank(), td.world_size()
+    BATCH, M, N, K = SHAPES[world]
+    results = {}
+    for dim in (0, 1, 2):
+        for op in ("avg", "sum"):
+            g = torch.Generator().manual_seed(42 + r)
+            a, b = torch.rand(BATCH, M, K, generator=g), torch.rand(K, N, generator=g)
+            got = fused_matmul_reduce_scatter(a, b, op, dim)
+            total = sum(x.double() @ y.double() for x, y in zip(_every(a), _every(b)))
+            ref = total.chunk(world, dim)[r].contiguous() / (world if op == "avg" else 1)
+            results[f"scatter_dim {dim} {op}"] = (_rel(got, ref), got.stride() == ref.stride())
+        leaf_a, leaf_b = a.clone().requires_grad_(), b.clone().requires_grad_()
+        weight = torch.randn(ref.shape, generator=torch.Generator().manual_seed(3 + r))
+        (torch.ops.triton_dist.fused_matmul_reduce_scatter(leaf_a, leaf_b, "sum", dim, None) * weight).sum().backward()
+        ref_a = [t.double().requires_grad_() for t in _every(a)]
+        ref_b = [t.double().requires_grad_() for t in _every(b)]
+        full_w = torch.cat([w.double() for w in _every(weight)], dim)
+        (sum(x @ y for x, y in zip(ref_a, ref_b)) * full_w).sum().backward()
+        results[f"scatter_dim {dim} grad"] = (max(_rel(leaf_a.grad, ref_a[r].grad), _rel(leaf_b.grad, ref_b[r].grad)),
+                                              True)
+    return results
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_fused_all_gather_matmul_matches_torch(ranks, world):
+    for res in ranks(world, _all_gather_matmul):
+        bad = {k: v for k, v in res.items() if not (v[0] < 1e-5 and v[1])}
+        assert not bad, bad
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_fused_matmul_reduce_scatter_matches_torch(ranks, world):
+    for res in ranks(world, _matmul_reduce_scatter):
+        bad = {k: v for k, v in res.items() if not (v[0] < 1e-5 and v[1])}
+        assert not bad, bad
+
+
+def _routed_and_refused():
+    """torch.ops.symm_mem's ops routed here (CPU tensors), and what bad arguments raise."""
+    use_for_torch_async_tp(("CPU",))
+    world = td.world_size()
+    a, Bs = torch.rand(4, 6, 8), [torch.rand(8, 5) for _ in range(2)]
+    group_name = dist.group.WORLD.group_name
+    ref_a, ref = fused_all_gather_matmul(a, Bs, 1, group_name)
+    got_a, got = torch.ops.symm_mem.fused_all_gather_matmul(a, Bs, 1, group_name)
+    routed = torch.equal(got_a, ref_a) and all(torch.equal(x, y) for x, y in zip(got, ref))
+    rs = torch.ops.symm_mem.fused_matmul_reduce_scatter(torch.rand(2 * world, 3, 8), Bs[0], "sum", 0, group_name)
+    routed &= tuple(rs.shape) == (2, 3, 5)
+    # torch.compile(fullgraph) of both ops, forward and backward, as eager
+    x, y = torch.rand(4, 6, 8, requires_grad=True), torch.rand(8, 5, requires_grad=True)
+
+    def chain(x, y):
+        _, (o,) = torch.ops.triton_dist.fused_all_gather_matmul(x, [y], 1, None)
+        return torch.ops.triton_dist.fused_matmul_reduce_scatter(o, y.t().contiguous(), "sum", 0, None).sum()
+
+    chain(x, y).backward()
+    eager = (x.grad.clone(), y.grad.clone())
+    x.grad = y.grad = None
+    torch.compile(chain, fullgraph=True)(x, y).backward()
+    routed &= torch.equal(eager[0], x.grad) and torch.equal(eager[1], y.grad)
+    names = error_names([lambda: fused_all_gather_matmul(a, [torch.rand(7, 5)], 0),
+                         lambda: fused_all_gather_matmul(a, Bs, 3),
+                         lambda: fused_all_gather_matmul(a, [], 0),
+                         lambda: fused_matmul_reduce_scatter(a, Bs[0], "max", 0),
+                         lambda: fused_matmul_reduce_scatter(torch.rand(world + 1, 3, 8), Bs[0], "sum", 0)])
+    return routed, names
+
+
+def test_torch_async_tp_ops_routed_and_bad_arguments_refused(ranks):
+    for routed, names in ranks(2, _routed_and_refused):
+        assert routed and names == ["ValueError"] * 5, (routed, names)
