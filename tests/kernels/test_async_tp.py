@@ -2,7 +2,7 @@
 ``fused_all_gather_matmul`` (BATCH 8, M 64, N 16, K 32, three Bs, gather_dim 0, 1 and 2) and
 ``fused_matmul_reduce_scatter`` (scatter_dim 0, 1 and 2, "avg" and "sum"), against the reference semantics
 (values in fp64 and the strides of torch's fallbacks), at 2 and 3 ranks; their gradients against fp64 (the sum of
-every rank's loss); under torch.compile (fullgraph) forward and backward as eagerly; ``torch.ops.symm_mem.*``
+every rank's loss); under torch.compile (fullgraph) forward and backward as eagerly (within 1e-6); ``torch.ops.symm_mem.*``
 routed to them; bad arguments refused."""
 
 import pytest
@@ -136,7 +136,8 @@ def _routed_and_refused():
     eager = (x.grad.clone(), y.grad.clone())
     x.grad = y.grad = None
     torch.compile(chain, fullgraph=True)(x, y).backward()
-    routed &= torch.equal(eager[0], x.grad) and torch.equal(eager[1], y.grad)
+    routed &= max(_rel(x.grad, eager[0].double()), _rel(y.grad, eager[1].double())) < 1e-6  # (inductor sums y's
+    # two gradient terms in its own order)
     names = error_names([lambda: fused_all_gather_matmul(a, [torch.rand(7, 5)], 0),
                          lambda: fused_all_gather_matmul(a, Bs, 3),
                          lambda: fused_all_gather_matmul(a, [], 0),
