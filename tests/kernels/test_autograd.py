@@ -2,7 +2,8 @@
 every gradient against an fp64 torch reference of the whole computation across the ranks — the objective is the
 sum of every rank's loss, each rank's loss a random weighting of its own outputs — at 1, 2 and 3 ranks with
 uneven row counts; bitwise the same gradients on a second run; the same under torch.compile (fullgraph); calls
-that cannot be differentiated (config= / out= with grad) refused."""
+that cannot be differentiated (config= / out= with grad) refused; the grouped GEMM's gradients (padding between
+groups, an empty group) in this process."""
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 import triton_dist as td
 from triton_dist.kernels import ag_gemm, all_gather, all_reduce, gemm_rs
 
-from ..conftest import error_names
+from ..conftest import cpu_only, error_names
 
 
 def _all(seed, shape):
@@ -134,3 +135,42 @@ def _refusals():
 def test_calls_that_cannot_be_differentiated_are_refused(ranks):
     for names in ranks(2, _refusals):
         assert names == ["ValueError"] * 4, names
+
+
+@cpu_only  # CPU tensors: the interpreter in this process (GPU: test_dtypes / the layers' GPU tests)
+@pytest.mark.parametrize("activation", ["none", "silu_gate"])
+@pytest.mark.parametrize("counts", [False, True])
+def test_grouped_gemm_gradients_match_fp64(activation, counts):
+    """Groups with alignment padding between them (counts) or packed (offsets only), one empty; padding rows of
+    the incoming gradient hold NaN (what the forward leaves there must not leak into any gradient)."""
+    from triton_dist.kernels import grouped_gemm
+
+    gen = torch.Generator().manual_seed(11)
+    sizes, pad, K, N = [5, 0, 19, 3], 4 if counts else 0, 24, 10
+    starts, row = [], 0
+    for n in sizes:
+        starts.append(row)
+        row += n + (pad - n % pad) % pad if pad else n
+    offsets = torch.tensor(starts + [row], dtype=torch.int32)
+    width = 2 * N if activation == "silu_gate" else N
+    x64, w64 = torch.randn(row, K, generator=gen, dtype=torch.float64), torch.randn(4, width, K, generator=gen,
+                                                                                     dtype=torch.float64)
+    weighting = torch.randn(row, N, generator=gen, dtype=torch.float64)
+    ref_x, ref_w = x64.clone().requires_grad_(), w64.clone().requires_grad_()
+    loss = 0
+    for e, (s, n) in enumerate(zip(starts, sizes)):
+        h = ref_x[s:s + n] @ ref_w[e].T
+        out = F.silu(h[:, :N]) * h[:, N:] if activation == "silu_gate" else h
+        loss = loss + (out * weighting[s:s + n]).sum()
+    loss.backward()
+    inside = torch.zeros(row, dtype=torch.bool)
+    for s, n in zip(starts, sizes):
+        inside[s:s + n] = True
+    x, w = x64.float().requires_grad_(), w64.float().requires_grad_()
+    out = grouped_gemm(x, w, offsets, torch.tensor(sizes, dtype=torch.int32) if counts else None,
+                       activation=activation)
+    grad = torch.where(inside[:, None], weighting.float(), float("nan"))
+    out.backward(grad)
+    assert torch.isfinite(x.grad).all() and torch.isfinite(w.grad).all()
+    assert _rel(x.grad, ref_x.grad) < 1e-5 and _rel(w.grad, ref_w.grad) < 1e-5, (_rel(x.grad, ref_x.grad),
+                                                                                  _rel(w.grad, ref_w.grad))

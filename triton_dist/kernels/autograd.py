@@ -13,6 +13,9 @@ rank (one loss, copied) undo that where they split and gather rows (``nn/shardin
                                                         grad_a = ag_gemm(grad_out, w.T) = G @ w, grad_w = G.T @ a
     all_gather out = cat_s x_s                          grad_x = rows_r(sum_s grad_s)
     all_reduce out = sum_s x_s                          grad_x = all_reduce(grad_out)
+    grouped_gemm  out[g_e] = x[g_e] @ w[e].T            grad_x[g_e] = grad[g_e] @ w[e] (a grouped GEMM, w[e].T
+                                                        as the weight; zeros outside the groups),
+                                                        grad_w[e] = grad[g_e].T @ x[g_e] (grouped_weight_grad)
 
 The sums run in fixed orders (the ops' own), so gradients are bitwise the same run to run.
 """
@@ -24,6 +27,7 @@ from .allgather import gathered
 from .allgather_gemm import ag_gemm
 from .allreduce import all_reduce
 from .gemm_reducescatter import gemm_rs, rows_of_rank
+from .grouped_gemm import grouped_gemm, grouped_weight_grad
 
 
 def _own_rows(full, group):
@@ -119,8 +123,28 @@ def _all_reduce_backward(ctx, grad_out):
     return all_reduce(grad_out.contiguous(), algo=ctx.algo, group=shmem.group_named(ctx.group_name)), None, None
 
 
+# ----------------------------------------------------------------------------------------------- grouped_gemm
+def _grouped_setup(ctx, inputs, output):
+    x, w, offsets, counts, activation = inputs
+    ctx.activation = activation
+    ctx.save_for_backward(x, w, offsets, counts)
+
+
+def _grouped_backward(ctx, grad):
+    x, w, offsets, counts = ctx.saved_tensors
+    if ctx.activation == "silu_gate":  # the pre-activation again (rows outside the groups: zeros)
+        h = grouped_gemm(x, w, offsets, counts, out=x.new_zeros((x.shape[0], w.shape[1])))
+        grad = _silu_gate_backward(h, grad)
+    grad = grad.contiguous()
+    grad_x = grouped_gemm(grad, w.transpose(1, 2).contiguous(), offsets, counts, out=torch.zeros_like(x)) \
+        if ctx.needs_input_grad[0] else None
+    grad_w = grouped_weight_grad(grad, x, offsets, counts, w.shape[0]) if ctx.needs_input_grad[1] else None
+    return grad_x, grad_w, None, None, None
+
+
 for _name, _backward, _setup in (("ag_gemm", _ag_gemm_backward, _ag_gemm_setup),
                                  ("gemm_rs", _gemm_rs_backward, _gemm_rs_setup),
                                  ("all_gather", _all_gather_backward, _all_gather_setup),
-                                 ("all_reduce", _all_reduce_backward, _all_reduce_setup)):
+                                 ("all_reduce", _all_reduce_backward, _all_reduce_setup),
+                                 ("grouped_gemm", _grouped_backward, _grouped_setup)):
     torch.library.register_autograd(f"triton_dist::{_name}", _backward, setup_context=_setup)

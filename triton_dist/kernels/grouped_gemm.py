@@ -112,6 +112,35 @@ def grouped_gemm_kernel(x, w, out_desc, out, offsets, counts, E, rows, N, K, w_r
                     SILU_GATE)
 
 
+@triton.jit
+def grouped_weight_grad_kernel(dy, x, dw, offsets, counts, rows, N, K, stride_dym, stride_xm, stride_we, stride_wn,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               HAS_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The weights' gradient of the grouped GEMM, program (e, n tile, k tile):
+    ``dw[e, n tile, k tile] = dy[rows of e, n tile].T @ x[rows of e, k tile]`` (fp32 accumulation over the group's
+    rows, BLOCK_M at a time; an empty group gives zeros)."""
+    e = tl.program_id(0)
+    start = tl.load(offsets + e)
+    if HAS_COUNTS:
+        n_rows = tl.load(counts + e)
+    else:
+        n_rows = tl.load(offsets + e + 1) - start
+    start = tl.minimum(tl.maximum(start, 0), rows)  # clamped to the buffer, as the forward does
+    n_rows = tl.minimum(tl.maximum(n_rows, 0), rows - start)
+    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.program_id(2) * BLOCK_K + tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for m0 in range(0, n_rows, BLOCK_M):
+        local = m0 + tl.arange(0, BLOCK_M)
+        ms = (start + local).to(tl.int64)
+        inside = (local < n_rows)[:, None]
+        a = tl.load(dy + ms[:, None] * stride_dym + ns[None, :], mask=inside & (ns < N)[None, :], other=0.0)
+        b = tl.load(x + ms[:, None] * stride_xm + ks[None, :], mask=inside & (ks < K)[None, :], other=0.0)
+        acc = tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
+    dst = dw + e.to(tl.int64) * stride_we + ns.to(tl.int64)[:, None] * stride_wn + ks[None, :]
+    tl.store(dst, acc.to(dw.dtype.element_ty), mask=(ns < N)[:, None] & (ks < K)[None, :])
+
+
 # ----------------------------------------------------------------------------------------------- launcher
 def default_config(rows, n, k, dtype, device, silu_gate=False):
     """The GEMM core's configuration for the shape (``gemm.gemm_config``; SILU_GATE: half-width tiles, as a
@@ -247,8 +276,14 @@ def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", ou
     Rows outside every group are left untouched (``out=None``: uninitialised there). ``config``: overrides of
     ``default_config``. Also ``torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts,
     activation)``. No host sync: CUDA-graph capturable after a first call of the shape (tuning).
+    Autograd: an ``x`` or ``w`` that requires grad goes through the torch op; the backward is a grouped GEMM with
+    each expert's weight transposed (``grad_x``) and ``grouped_weight_grad`` (``grad_w``), ``kernels/autograd.py``.
     """
     _check_inputs(x, w, expert_offsets, expert_counts, activation)
+    if library.needs_grad(x, w):
+        if out is not None or config is not None:
+            raise ValueError("grouped_gemm: out= and config= are for calls without grad (under torch.no_grad())")
+        return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation)
     if config is None and out is None and hardware.compiling():
         return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation)
     return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config)
@@ -274,6 +309,27 @@ def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config):
     else:
         cfg = autotune.with_overrides(default_config(rows, shape[1], k, x.dtype, x.device, silu_gate), config)
     return launch_grouped_gemm(x, w, expert_offsets, expert_counts, out, cfg, silu_gate)
+
+
+def grouped_weight_grad(dy, x, expert_offsets, expert_counts, experts):
+    """``dw[e] = dy[rows of e].T @ x[rows of e]`` for every expert e: [E, N, K] for dy [rows, N], x [rows, K] (the
+    grouped GEMM's weight gradient; groups as ``grouped_gemm`` reads them, on the device)."""
+    rows, n = dy.shape
+    k = x.shape[1]
+    dw = torch.empty((experts, n, k), dtype=x.dtype, device=x.device)
+    if experts == 0 or n == 0 or k == 0:
+        return dw
+    if x.is_cuda:
+        bm, bn, bk, warps, stages = 64, 128, 64 if x.dtype == torch.float32 else 128, 8, 3
+    else:
+        bm, bn, bk, warps, stages = 16, 16, 16, 4, 1
+    dy, x = dy.contiguous(), x.contiguous()
+    grouped_weight_grad_kernel[(experts, triton.cdiv(n, bn), triton.cdiv(k, bk))](
+        dy, x, dw, expert_offsets, expert_offsets if expert_counts is None else expert_counts, rows, n, k,
+        dy.stride(0), x.stride(0), dw.stride(0), dw.stride(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        HAS_COUNTS=expert_counts is not None, DOT_PRECISION=dot_precision(x.dtype), num_warps=warps,
+        num_stages=stages)
+    return dw
 
 
 def grouped_gemm_torch(x, w, expert_offsets, expert_counts=None, activation="none", out=None):
@@ -304,4 +360,5 @@ def _grouped_gemm_fake(x, w, expert_offsets, expert_counts=None, activation="non
 library.define('grouped_gemm(Tensor x, Tensor w, Tensor expert_offsets, Tensor? expert_counts=None, '
                'str activation="none") -> Tensor', _grouped_gemm_op, _grouped_gemm_fake)
 
-__all__ = ["grouped_gemm", "grouped_gemm_kernel", "grouped_gemm_torch", "default_config", "ACTIVATIONS"]
+__all__ = ["grouped_gemm", "grouped_gemm_kernel", "grouped_gemm_torch", "grouped_weight_grad",
+           "grouped_weight_grad_kernel", "default_config", "ACTIVATIONS"]
