@@ -174,3 +174,57 @@ def test_grouped_gemm_gradients_match_fp64(activation, counts):
     assert torch.isfinite(x.grad).all() and torch.isfinite(w.grad).all()
     assert _rel(x.grad, ref_x.grad) < 1e-5 and _rel(w.grad, ref_w.grad) < 1e-5, (_rel(x.grad, ref_x.grad),
                                                                                   _rel(w.grad, ref_w.grad))
+
+
+def _moe_grads(T, H, E, K, align):
+    """Dispatch -> one linear layer per expert (grouped_gemm) -> combine, on this rank's tokens; the gradients of
+    x, the top-k weights and the experts' weights against fp64 torch over every rank's tokens (some slots unused,
+    one rank without tokens when T allows)."""
+    from triton_dist.kernels import ep_combine, ep_dispatch, grouped_gemm
+
+    r, world = td.rank(), td.world_size()
+    el = E // world
+    tokens = [T if q != world - 1 or world == 1 else 0 for q in range(world)]  # the last rank: no tokens
+    g = torch.Generator().manual_seed(21)
+    every = []
+    for q in range(world):
+        x = torch.randn(tokens[q], H, generator=g, dtype=torch.float64)
+        idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(tokens[q])]) if tokens[q] else \
+            torch.zeros((0, K), dtype=torch.int64)
+        if tokens[q]:
+            idx[torch.rand(tokens[q], K, generator=g) < 0.2] = -1
+        every.append((x, idx, torch.rand(tokens[q], K, generator=g, dtype=torch.float64),
+                      torch.randn(tokens[q], H, generator=g, dtype=torch.float64)))
+    experts = torch.randn(E, H, H, generator=g, dtype=torch.float64) / H ** 0.5
+    # reference: the sum over the ranks of each rank's weighted outputs
+    ref_x = [e[0].clone().requires_grad_() for e in every]
+    ref_w = [e[2].clone().requires_grad_() for e in every]
+    ref_e = experts.clone().requires_grad_()
+    loss = 0
+    for q in range(world):
+        idx = every[q][1]
+        y = torch.zeros(tokens[q], H, dtype=torch.float64)
+        for j in range(K):
+            used = idx[:, j] >= 0
+            f = torch.einsum("th,tnh->tn", ref_x[q], ref_e[idx[:, j].clamp(min=0)])
+            y = y + torch.where(used[:, None], ref_w[q][:, j:j + 1] * f, 0.0)
+        loss = loss + (y * every[q][3]).sum()
+    loss.backward()
+    x = every[r][0].float().requires_grad_()
+    w = every[r][2].float().requires_grad_()
+    mine = experts[r * el:(r + 1) * el].float().requires_grad_()
+    recv = ep_dispatch(x, every[r][1], w, num_experts=E, max_tokens=max(T, 1), align=align)
+    h = grouped_gemm(recv.x, mine, recv.expert_offsets, recv.expert_counts)
+    y = ep_combine(h, recv.handle)
+    (y * every[r][3].float()).sum().backward()
+    errs = {"x": _rel(x.grad, ref_x[r].grad) if tokens[r] else 0.0,
+            "topk_weights": _rel(w.grad, ref_w[r].grad) if tokens[r] else 0.0,
+            "experts": _rel(mine.grad, ref_e.grad[r * el:(r + 1) * el])}
+    return errs
+
+
+@pytest.mark.parametrize("world,align", [(1, 1), (2, 4), (3, 1)])
+def test_moe_dispatch_combine_gradients_match_fp64(ranks, world, align):
+    for errs in ranks(world, _moe_grads, 9, 16, 2 * world, 2, align):
+        bad = {k: v for k, v in errs.items() if not v < 1e-5}
+        assert not bad, bad

@@ -18,6 +18,7 @@ workspace, valid until the next dispatch with the same shapes.
     layout    (layout.py)     per-chunk counts and where each chunk's rows start; counts pushed to every rank
     dispatch  (dispatch.py)   each token crosses the link once per destination rank, then fans out to its slots
     combine   (combine.py)    one partial per (token, rank) comes back; the sum runs in slot, then rank order
+    training  (training.py)   autograd: each the other's backward, the top-k weights' gradient included
     protocol  (protocol.py)   work claims, chunk flags, the no-deadlock rule; knobs: config.py
 
 Flags carry per-call epochs; dispatch's exchange of counts doubles as its ready handshake. docs/design/moe_ep.md.
@@ -31,9 +32,11 @@ import torch
 from ... import shmem
 from .. import library
 from .buffers import EpDispatchResult, EpHandle, max_recv_rows  # noqa: F401
-from .combine import ep_combine, ep_combine_kernel  # noqa: F401
+from .combine import ep_combine_kernel  # noqa: F401
 from .config import CombineConfig, DispatchConfig, combine_config, dispatch_config  # noqa: F401
-from .dispatch import ep_dispatch, ep_dispatch_kernel  # noqa: F401
+from .dispatch import ep_dispatch_kernel  # noqa: F401
+from .training import ep_combine, ep_dispatch  # noqa: F401  (the kernels' ops, with autograd: training.py)
+from . import combine as _combine, dispatch as _dispatch
 from .layout import ep_layout_kernel  # noqa: F401
 from .protocol import MAX_CHUNKS, TIMELINE_SLOTS, TL_CHUNK, TL_LAYOUT, TL_PROGRAM  # noqa: F401
 
@@ -44,7 +47,7 @@ def _fake_rows(num_experts, topk, max_tokens, align, group):
 
 
 def _ep_dispatch_op(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name=None):
-    r = ep_dispatch(x, topk_idx, topk_weights, num_experts=num_experts, max_tokens=max_tokens, align=align,
+    r = _dispatch.ep_dispatch(x, topk_idx, topk_weights, num_experts=num_experts, max_tokens=max_tokens, align=align,
                     check_ids=False, group=shmem.group_named(group_name))
     # zero-copy: views of the workspace (distinct buffers, so no two outputs alias), valid until the next dispatch
     return r.x, r.expert_ids, r.weights, r.expert_counts, r.expert_offsets, r.handle.token_pos
@@ -62,7 +65,7 @@ def _ep_dispatch_fake(x, topk_idx, topk_weights, num_experts, max_tokens, align,
 
 
 def _ep_dispatch_fp8_op(x, x_scales, topk_idx, topk_weights, num_experts, max_tokens, align, group_name=None):
-    r = ep_dispatch(x, topk_idx, topk_weights, num_experts=num_experts, max_tokens=max_tokens, align=align,
+    r = _dispatch.ep_dispatch(x, topk_idx, topk_weights, num_experts=num_experts, max_tokens=max_tokens, align=align,
                     check_ids=False, group=shmem.group_named(group_name), quant="fp8", x_scales=x_scales)
     return r.x, r.scales, r.expert_ids, r.weights, r.expert_counts, r.expert_offsets, r.handle.token_pos
 
@@ -82,7 +85,7 @@ def _ep_combine_op(expert_out, token_pos, num_experts, topk, max_tokens, align, 
     if token_pos.shape[0] != ws.last.num_tokens:
         raise ValueError(f"token_pos has {token_pos.shape[0]} tokens, the latest dispatch had "
                          f"{ws.last.num_tokens}")
-    return ep_combine(expert_out, ws.last)
+    return _combine.ep_combine(expert_out, ws.last)
 
 
 def _ep_combine_fake(expert_out, token_pos, num_experts, topk, max_tokens, align, group_name=None, quant="none"):
