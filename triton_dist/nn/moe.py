@@ -25,7 +25,7 @@ from torch import nn
 
 from ..kernels.grouped_gemm import grouped_gemm
 from .linear import gated_mlp_torch, gated_mlp_weights, state_of
-from .sharding import GroupOps, finish_rows, plan_rows
+from .sharding import GroupOps, finish_rows, plan_rows, replicated_param, take_slice
 
 SCORINGS = ("softmax", "sigmoid")
 
@@ -57,15 +57,17 @@ class Router(nn.Module):
         bias = torch.zeros(num_experts, dtype=torch.float32, device=device) if score_bias else None
         self.register_buffer("score_bias", bias)
 
-    def forward(self, x):
+    def forward(self, x, weight=None):
+        """(ids, weights) of ``x``'s rows; ``weight``: the router weight to use (default: ``self.weight``)."""
+        weight = self.weight if weight is None else weight
         if self.scoring == "softmax":
-            logits = F.linear(x, self.weight)
+            logits = F.linear(x, weight)
             probs = torch.softmax(logits.float(), dim=-1)
             weights, idx = torch.topk(probs, self.top_k, dim=-1)
             if self.norm_topk_prob:
-                weights /= weights.sum(dim=-1, keepdim=True)
+                weights = weights / weights.sum(dim=-1, keepdim=True)
             return idx, weights.to(logits.dtype) if self.cast_weights else weights
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        scores = F.linear(x.float(), weight.float()).sigmoid()
         choice = scores + self.score_bias if self.score_bias is not None else scores
         per_group = self.num_experts // self.n_group
         group_scores = choice.view(-1, self.n_group, per_group).topk(2, dim=-1)[0].sum(dim=-1)
@@ -76,7 +78,7 @@ class Router(nn.Module):
         idx = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, idx)
         if self.norm_topk_prob:
-            weights /= weights.sum(dim=-1, keepdim=True) + 1e-20
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return idx, weights * self.routed_scaling_factor
 
 
@@ -157,7 +159,7 @@ class ExpertParallelMoE(nn.Module):
     def experts(self, x, max_tokens):
         """The routed part on this rank's tokens ``x`` [T <= max_tokens, H] (collective: every rank calls it
         with the same ``max_tokens``)."""
-        idx, weights = self.router(x)
+        idx, weights = self.router(x, replicated_param(self.router.weight, self.ops))  # (on this rank's rows)
         recv = self.ops.ep_dispatch(x.contiguous(), idx, weights, self.num_experts, max_tokens, self.align)
         h = grouped_gemm(recv.x, self.gate_up, recv.expert_offsets, recv.expert_counts, activation="silu_gate")
         y = grouped_gemm(h, self.down, recv.expert_offsets, recv.expert_counts)
@@ -169,12 +171,13 @@ class ExpertParallelMoE(nn.Module):
         rows = plan_rows(x2, self.ops, self.sequence_parallel, total_rows)
         if rows.total == 0:
             return x.new_zeros(x.shape)
-        mine = x2 if self.sequence_parallel else x2[rows.start:rows.start + rows.count]
+        mine = x2 if self.sequence_parallel else take_slice(x2, self.ops, 0, rows.start, rows.count, rows)
         out = self.experts(mine, self._capacity(rows))
-        if self.shared_gate_up is not None:
-            shared = gated_mlp_torch(mine, self.shared_gate_up, self.shared_down)
+        if self.shared_gate_up is not None:  # replicated weights on this rank's rows: their gradients summed
+            shared = gated_mlp_torch(mine, replicated_param(self.shared_gate_up, self.ops),
+                                     replicated_param(self.shared_down, self.ops))
             if self.shared_expert_gate is not None:
-                shared = torch.sigmoid(F.linear(mine, self.shared_expert_gate)) * shared
+                shared = torch.sigmoid(F.linear(mine, replicated_param(self.shared_expert_gate, self.ops))) * shared
             out = out + shared
         if self.sequence_parallel:
             return out
