@@ -168,9 +168,9 @@ def _tiny_qwen2_moe():
     cfg = Qwen2MoeConfig(vocab_size=64, hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
                          shared_expert_intermediate_size=12, num_experts=4, num_experts_per_tok=2,
                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, mlp_only_layers=[0],
-                         max_position_embeddings=32)
+                         max_position_embeddings=32, output_router_logits=True, router_aux_loss_coef=0.1)
     torch.manual_seed(0)
-    return Qwen2MoeForCausalLM(cfg)
+    return Qwen2MoeForCausalLM(cfg)  # (its loss: cross-entropy + 0.1 x the load-balancing loss)
 
 
 def _train_moe(steps):
@@ -203,8 +203,9 @@ def _train_moe(steps):
 
 
 def test_parallelized_moe_model_trains_like_the_original(ranks):
-    """Qwen2-MoE (a dense layer and a sparse-MoE layer with a gated shared expert), experts split over 2 ranks:
-    the router, the experts and the shared expert all learn as in the original. (Weights within 1e-3 after 20
+    """Qwen2-MoE (a dense layer and a sparse-MoE layer with a gated shared expert), experts split over 2 ranks,
+    trained on its loss with the load-balancing term: the router, the experts and the shared expert all learn as
+    in the original. (Weights within 1e-3 after 20
     steps: AdamW divides each gradient by its own running scale, so entries whose gradient is ~0 — the attention's
     key biases, which softmax ignores — step by ~lr on rounding noise; the first step's gradients of the router
     and the shared-expert gate agree within 2e-7, 2026-12-02.)"""

@@ -101,6 +101,7 @@ class ExpertParallelMoE(nn.Module):
         self.hidden_size, self.intermediate_size, self.num_experts = hidden_size, intermediate_size, experts
         self.sequence_parallel, self.max_tokens, self.align = bool(sequence_parallel), max_tokens, align
         self.router = router
+        self.gate = None  # a transformers router module (use_gate), else the routing is self.router's
         local = experts // self.ops.world
         self.first_expert = self.ops.rank * local
         self.gate_up = nn.Parameter(torch.empty((local, 2 * intermediate_size, hidden_size), dtype=dtype,
@@ -128,6 +129,7 @@ class ExpertParallelMoE(nn.Module):
             if router is not None:
                 raise ValueError("router= goes with a state dict; a module brings its own router")
             parts = read_moe_block(module)
+            parts["hf_gate"] = module.gate
         else:
             if router is None:
                 raise ValueError("from_dense(state_dict) needs router= (a triton_dist.nn.Router: the routing math)")
@@ -147,7 +149,27 @@ class ExpertParallelMoE(nn.Module):
                 layer.shared_down.copy_(shared[1])
             if parts.get("shared_gate") is not None:
                 layer.shared_expert_gate.copy_(parts["shared_gate"])
+        if parts.get("hf_gate") is not None:
+            layer.use_gate(parts["hf_gate"])
         return layer
+
+    def use_gate(self, gate):
+        """Route with a transformers block's own router module ``gate`` (its output: (logits, weights, ids)):
+        the routing is the block's, and transformers records its logits (``output_router_logits``: the
+        load-balancing loss). The layer's router shares its weight. Replicated mode runs it on every row, as the
+        dense block does; sequence-parallel mode on this rank's rows, its weight's gradient summed over the ranks."""
+        self.gate = gate
+        self.router.weight = gate.weight
+        if self.sequence_parallel and self.ops.world > 1:
+            gate.weight.register_hook(self.ops.all_reduce)
+
+    def _route(self, x):
+        """(ids, weights) of the rows ``x`` (replicated mode: every row; sequence parallel: this rank's)."""
+        if self.gate is not None:
+            _, weights, idx = self.gate(x)
+            return idx, weights
+        weight = self.router.weight
+        return self.router(x, replicated_param(weight, self.ops) if self.sequence_parallel else weight)
 
     def _capacity(self, rows):
         if self.max_tokens is not None:
@@ -156,10 +178,9 @@ class ExpertParallelMoE(nn.Module):
             return self.max_tokens
         return triton.next_power_of_2(max(rows.shard, 1))
 
-    def experts(self, x, max_tokens):
-        """The routed part on this rank's tokens ``x`` [T <= max_tokens, H] (collective: every rank calls it
-        with the same ``max_tokens``)."""
-        idx, weights = self.router(x, replicated_param(self.router.weight, self.ops))  # (on this rank's rows)
+    def experts(self, x, idx, weights, max_tokens):
+        """The routed part on this rank's tokens ``x`` [T <= max_tokens, H] and their routing (collective: every
+        rank calls it with the same ``max_tokens``)."""
         recv = self.ops.ep_dispatch(x.contiguous(), idx, weights, self.num_experts, max_tokens, self.align)
         h = grouped_gemm(recv.x, self.gate_up, recv.expert_offsets, recv.expert_counts, activation="silu_gate")
         y = grouped_gemm(h, self.down, recv.expert_offsets, recv.expert_counts)
@@ -171,8 +192,14 @@ class ExpertParallelMoE(nn.Module):
         rows = plan_rows(x2, self.ops, self.sequence_parallel, total_rows)
         if rows.total == 0:
             return x.new_zeros(x.shape)
-        mine = x2 if self.sequence_parallel else take_slice(x2, self.ops, 0, rows.start, rows.count, rows)
-        out = self.experts(mine, self._capacity(rows))
+        idx, weights = self._route(x2)  # replicated: every row's, as the dense block (its logits recorded)
+        if self.sequence_parallel:
+            mine = x2
+        else:  # this rank's rows; their routing's gradient gathered back to every row
+            mine = take_slice(x2, self.ops, 0, rows.start, rows.count, rows)
+            idx = idx[rows.start:rows.start + rows.count]
+            weights = take_slice(weights, self.ops, 0, rows.start, rows.count, rows)
+        out = self.experts(mine, idx, weights, self._capacity(rows))
         if self.shared_gate_up is not None:  # replicated weights on this rank's rows: their gradients summed
             shared = gated_mlp_torch(mine, replicated_param(self.shared_gate_up, self.ops),
                                      replicated_param(self.shared_down, self.ops))

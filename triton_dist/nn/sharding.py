@@ -212,6 +212,7 @@ class _ReplicatedParam(torch.autograd.Function):
 def take_slice(x, ops, dim, start, count, rows=None):
     """``x.narrow(dim, start, count)`` of a replicated ``x`` (dim 0: rows, ``rows`` their ``Rows``; 1: features);
     backward: every rank's slice gradient gathered, so that each rank holds the whole gradient."""
+    start = min(start, x.shape[dim] - count)  # (a rank without rows: an empty slice at the end)
     return _TakeSlice.apply(x, ops, dim, start, count, rows) if torch.is_grad_enabled() and x.requires_grad \
         else x.narrow(dim, start, count)
 
