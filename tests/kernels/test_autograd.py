@@ -228,3 +228,48 @@ def test_moe_dispatch_combine_gradients_match_fp64(ranks, world, align):
     for errs in ranks(world, _moe_grads, 9, 16, 2 * world, 2, align):
         bad = {k: v for k, v in errs.items() if not v < 1e-5}
         assert not bad, bad
+
+
+def _allreduce_grads(m, k, n, h):
+    """gemm_ar and all_reduce_rmsnorm (both outputs used, an fp32 weight beside fp32 activations): every gradient
+    against fp64 (the sum of every rank's loss)."""
+    from triton_dist.kernels import all_reduce_rmsnorm, gemm_ar
+
+    r, world = td.rank(), td.world_size()
+    errs = {}
+    a64, w64, g64 = _all(31, (m, k)), _all(32, (n, k)), _all(33, (m, n))
+    ref_a = [t.clone().requires_grad_() for t in a64]
+    ref_w = [t.clone().requires_grad_() for t in w64]
+    total = sum(x @ y.T for x, y in zip(ref_a, ref_w))
+    sum((total * g).sum() for g in g64).backward()
+    a, w = _leaf(a64[r]), _leaf(w64[r])
+    (gemm_ar(a, w) * g64[r].float()).sum().backward()
+    errs["gemm_ar a"], errs["gemm_ar w"] = _rel(a.grad, ref_a[r].grad), _rel(w.grad, ref_w[r].grad)
+    x64, res64, gn64, gr64 = _all(34, (m, h)), _all(35, (m, h)), _all(36, (m, h)), _all(37, (m, h))
+    wt64 = _all(38, (h,))[0] + 1.0  # the same norm weight on every rank (a replicated parameter)
+    ref_x = [t.clone().requires_grad_() for t in x64]
+    ref_res = [t.clone().requires_grad_() for t in res64]
+    ref_wt = wt64.clone().requires_grad_()
+    summed = sum(ref_x)
+    loss = 0
+    for q in range(world):
+        new = ref_res[q] + summed
+        normed = new * torch.rsqrt(new.pow(2).mean(-1, keepdim=True) + 1e-6) * ref_wt
+        loss = loss + (normed * gn64[q]).sum() + (new * gr64[q]).sum()
+    loss.backward()
+    x, res, wt = _leaf(x64[r]), _leaf(res64[r]), _leaf(wt64)
+    normed, new = all_reduce_rmsnorm(x, res, wt, 1e-6)
+    ((normed * gn64[r].float()).sum() + (new * gr64[r].float()).sum()).backward()
+    errs["rmsnorm x"], errs["rmsnorm residual"] = _rel(x.grad, ref_x[r].grad), _rel(res.grad, ref_res[r].grad)
+    # the weight is each rank's copy: its gradient is this rank's loss's, the reference's is every rank's
+    wt_ref = torch.autograd.grad(sum((((ref_res[q] + summed) * torch.rsqrt((ref_res[q] + summed).pow(2).mean(
+        -1, keepdim=True) + 1e-6) * ref_wt) * gn64[q]).sum() for q in [r]), ref_wt)[0]
+    errs["rmsnorm weight"] = _rel(wt.grad, wt_ref)
+    return errs
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_allreduce_ops_gradients_match_fp64(ranks, world):
+    for errs in ranks(world, _allreduce_grads, 5, 24, 16, 32):
+        bad = {k: v for k, v in errs.items() if not v < 1e-5}
+        assert not bad, bad

@@ -13,6 +13,10 @@ rank (one loss, copied) undo that where they split and gather rows (``nn/shardin
                                                         grad_a = ag_gemm(grad_out, w.T) = G @ w, grad_w = G.T @ a
     all_gather out = cat_s x_s                          grad_x = rows_r(sum_s grad_s)
     all_reduce out = sum_s x_s                          grad_x = all_reduce(grad_out)
+    gemm_ar    out = sum_s a_s @ w_s.T                  G = all_reduce(grad_out): grad_a = G @ w, grad_w = G.T @ a
+    all_reduce_rmsnorm  new_res = res + sum_s x_s,      d new_res = grad_new_res + the norm's backward of grad_normed:
+               normed = rmsnorm(new_res) * weight       grad_res = d new_res, grad_x = all_reduce(d new_res),
+                                                        grad_weight = sum over rows of grad_normed * rmsnorm(new_res)
     grouped_gemm  out[g_e] = x[g_e] @ w[e].T            grad_x[g_e] = grad[g_e] @ w[e] (a grouped GEMM, w[e].T
                                                         as the weight; zeros outside the groups),
                                                         grad_w[e] = grad[g_e].T @ x[g_e] (grouped_weight_grad)
@@ -26,6 +30,7 @@ from .. import shmem
 from .allgather import gathered
 from .allgather_gemm import ag_gemm
 from .allreduce import all_reduce
+from .allreduce.ops import rmsnorm_backward
 from .gemm_reducescatter import gemm_rs, rows_of_rank
 from .grouped_gemm import grouped_gemm, grouped_weight_grad
 
@@ -123,6 +128,35 @@ def _all_reduce_backward(ctx, grad_out):
     return all_reduce(grad_out.contiguous(), algo=ctx.algo, group=shmem.group_named(ctx.group_name)), None, None
 
 
+def _gemm_ar_setup(ctx, inputs, output):
+    ctx.group_name = inputs[2]
+    ctx.save_for_backward(inputs[0], inputs[1])
+
+
+def _gemm_ar_backward(ctx, grad_out):
+    a, w = ctx.saved_tensors
+    g = all_reduce(grad_out.contiguous(), group=shmem.group_named(ctx.group_name))
+    return (g @ w if ctx.needs_input_grad[0] else None), (g.T @ a if ctx.needs_input_grad[1] else None), None
+
+
+def _rmsnorm_setup(ctx, inputs, output):
+    x, residual, weight, eps, out_fp8, algo, group_name = inputs
+    ctx.eps, ctx.algo, ctx.group_name = eps, algo, group_name
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(output[1], weight)  # new_residual: what the norm was taken of
+
+
+def _rmsnorm_backward(ctx, grad_normed, grad_residual, _):
+    new_residual, weight = ctx.saved_tensors
+    d_res, grad_weight = rmsnorm_backward(new_residual, weight, ctx.eps, grad_normed)
+    if grad_residual is not None:
+        d_res = d_res + grad_residual.float()
+    grad_x = all_reduce(d_res.to(new_residual.dtype).contiguous(), algo=ctx.algo,
+                        group=shmem.group_named(ctx.group_name)) if ctx.needs_input_grad[0] else None
+    return (grad_x, d_res.to(new_residual.dtype) if ctx.needs_input_grad[1] else None,
+            grad_weight.to(weight.dtype) if ctx.needs_input_grad[2] else None, None, None, None, None)
+
+
 # ----------------------------------------------------------------------------------------------- grouped_gemm
 def _grouped_setup(ctx, inputs, output):
     x, w, offsets, counts, activation = inputs
@@ -146,5 +180,7 @@ for _name, _backward, _setup in (("ag_gemm", _ag_gemm_backward, _ag_gemm_setup),
                                  ("gemm_rs", _gemm_rs_backward, _gemm_rs_setup),
                                  ("all_gather", _all_gather_backward, _all_gather_setup),
                                  ("all_reduce", _all_reduce_backward, _all_reduce_setup),
-                                 ("grouped_gemm", _grouped_backward, _grouped_setup)):
+                                 ("grouped_gemm", _grouped_backward, _grouped_setup),
+                                 ("gemm_ar", _gemm_ar_backward, _gemm_ar_setup),
+                                 ("all_reduce_rmsnorm", _rmsnorm_backward, _rmsnorm_setup)):
     torch.library.register_autograd(f"triton_dist::{_name}", _backward, setup_context=_setup)

@@ -126,6 +126,18 @@ def all_reduce_rmsnorm_torch(x, residual, weight, eps, out_fp8=False, group=None
     return q, new_residual, scales
 
 
+def rmsnorm_backward(h, weight, eps, grad):
+    """fp32 (d h, d weight) of ``normed = h * rsqrt(mean(h^2) + eps) * weight`` over the last dim, for ``grad`` of
+    normed (None: zeros)."""
+    h = h.float()
+    if grad is None:
+        return torch.zeros_like(h), torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+    r = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    gw = grad.float() * weight.float()
+    d_h = r * gw - h * r.pow(3) * (h * gw).mean(-1, keepdim=True)
+    return d_h, (grad.float() * h * r).reshape(-1, h.shape[-1]).sum(0)
+
+
 def _check_rmsnorm_inputs(x, residual, weight, eps):
     for t, name in ((x, "x"), (residual, "residual"), (weight, "weight")):
         check_tensor(t, name)
@@ -189,9 +201,18 @@ def all_reduce_rmsnorm(x, residual, weight, eps, out_fp8=False, group=None, algo
     ``weight``: [H], x's dtype or float32; ``eps`` > 0. The sum is the one of ``all_reduce`` (fp32, rank order),
     each rank adds its own residual; new_residual is rounded to its dtype before the norm is taken. A symmetric
     ``x`` is read in place (zero-copy). ``algo``, ``config``, collectiveness, graphs: as ``all_reduce``.
+    Autograd (``x``, ``residual`` or ``weight`` requiring grad: through the torch op; not with ``out_fp8`` or
+    ``config``): gradients of the residual, the weight and x (``all_reduce`` of new_residual's gradient),
+    ``kernels/autograd.py``.
     """
     _check_rmsnorm_inputs(x, residual, weight, eps)
     check_algo(algo)
+    if library.needs_grad(x, residual, weight):
+        if out_fp8 or config is not None:
+            raise ValueError("all_reduce_rmsnorm: out_fp8=True and config= have no backward (call it under "
+                             "torch.no_grad())")
+        return tuple(torch.ops.triton_dist.all_reduce_rmsnorm(x, residual, weight, float(eps), False, algo,
+                                                              shmem.group_name(group))[:2])
     if config is None and hardware.compiling():
         res = torch.ops.triton_dist.all_reduce_rmsnorm(x, residual, weight, float(eps), out_fp8, algo,
                                                        shmem.group_name(group))
@@ -218,7 +239,8 @@ def _all_reduce_fake(x, algo="auto", group_name=None):
 
 
 def _rmsnorm_op(x, residual, weight, eps, out_fp8=False, algo="auto", group_name=None):
-    res = all_reduce_rmsnorm(x, residual, weight, eps, out_fp8, shmem.group_named(group_name), algo)
+    with torch.no_grad():  # (below autograd: the public function must not route back to the op)
+        res = all_reduce_rmsnorm(x, residual, weight, eps, out_fp8, shmem.group_named(group_name), algo)
     return res if out_fp8 else (*res, x.new_empty((0,), dtype=torch.float32))
 
 
