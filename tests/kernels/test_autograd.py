@@ -98,7 +98,7 @@ def test_gradients_match_fp64(ranks, world):
 
 
 def _twice_and_compiled():
-    """Gradients of a TP MLP-like chain (ag_gemm SiLU gate -> gemm_rs) twice eagerly and once under
+    """Gradients of a TP MLP-like chain (ag_gemm SiLU gate -> gemm_rs) three times eagerly and once under
     torch.compile(fullgraph=True): (bitwise equal eager runs, compiled error vs eager)."""
     r = td.rank()
     g = torch.Generator().manual_seed(7 + r)
@@ -112,9 +112,9 @@ def _twice_and_compiled():
     def chain(x, gu, d):
         return (gemm_rs(ag_gemm(x, gu, activation="silu_gate"), d) ** 2).sum()
 
-    first, second = step(chain), step(chain)
+    first, second, third = step(chain), step(chain), step(chain)
     compiled = step(torch.compile(chain, fullgraph=True))
-    same = all(torch.equal(p, q) for p, q in zip(first, second))
+    same = all(torch.equal(p, q) and torch.equal(p, o) for p, q, o in zip(first, second, third))
     return same, max(_rel(c, e.double()) for c, e in zip(compiled, first))
 
 
@@ -228,6 +228,28 @@ def test_moe_dispatch_combine_gradients_match_fp64(ranks, world, align):
     for errs in ranks(world, _moe_grads, 9, 16, 2 * world, 2, align):
         bad = {k: v for k, v in errs.items() if not v < 1e-5}
         assert not bad, bad
+
+
+def _moe_grads_three_times():
+    """The MoE chain's gradients (x, top-k weights, experts) three times: bitwise equal?"""
+    from triton_dist.kernels import ep_combine, ep_dispatch, grouped_gemm
+
+    g = torch.Generator().manual_seed(5 + td.rank())
+    x0, w0 = torch.randn(7, 16, generator=g), torch.rand(7, 2, generator=g)
+    idx = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(7)])
+    e0 = torch.randn(2, 16, 16, generator=g)
+    runs = []
+    for _ in range(3):
+        x, w, e = (t.clone().requires_grad_() for t in (x0, w0, e0))
+        recv = ep_dispatch(x, idx, w, num_experts=4, max_tokens=7)
+        ep_combine(grouped_gemm(recv.x, e, recv.expert_offsets, recv.expert_counts), recv.handle).pow(2).sum() \
+            .backward()
+        runs.append([x.grad, w.grad, e.grad])
+    return all(torch.equal(p, q) for run in runs[1:] for p, q in zip(runs[0], run))
+
+
+def test_moe_gradients_bitwise_reproducible(ranks):
+    assert all(ranks(2, _moe_grads_three_times))
 
 
 def _allreduce_grads(m, k, n, h):

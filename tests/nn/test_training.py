@@ -213,3 +213,30 @@ def test_parallelized_moe_model_trains_like_the_original(ranks):
         assert plain[-1] < plain[0] - 0.5, plain
         assert max(abs(a - b) / abs(b) for a, b in zip(ours, plain)) < 1e-5, (ours, plain)
         assert worst < 1e-3, worst
+
+
+def _train_compiled(steps):
+    """The parallelised Llama's forward under torch.compile(fullgraph=True), trained beside the eager original:
+    the largest relative difference of their loss curves."""
+    plain = _tiny_llama()
+    ours = copy.deepcopy(plain)
+    parallelize(ours)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (plain, ours)]
+    forwards = [lambda ids: plain(ids, labels=ids).loss,
+                torch.compile(lambda ids: ours(ids, labels=ids).loss, fullgraph=True)]
+    gen = torch.Generator().manual_seed(5)
+    batches = [torch.randint(0, 64, (2, 9), generator=gen) for _ in range(2)]
+    curves = ([], [])
+    for step in range(steps):
+        for forward, opt, curve in zip(forwards, opts, curves):
+            opt.zero_grad()
+            loss = forward(batches[step % 2])
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+    return max(abs(a - b) / abs(b) for a, b in zip(*curves))
+
+
+def test_parallelized_llama_trains_under_compile(ranks):
+    for worst in ranks(2, _train_compiled, 5):
+        assert worst < 1e-5, worst
