@@ -149,3 +149,95 @@ def _routed_and_refused():
 def test_torch_async_tp_ops_routed_and_bad_arguments_refused(ranks):
     for routed, names in ranks(2, _routed_and_refused):
         assert routed and names == ["ValueError"] * 5, (routed, names)
+
+
+# ----------------------------------------------------------------------------------------------- FP8
+E4M3 = torch.float8_e4m3fn
+
+
+def _close(got, ref, dtype):
+    """Relative error of ``got`` against the fp64 ``ref`` (an FP8 result: within one e4m3 step, 1/8)."""
+    err = (got.double() - ref).abs().max() / ref.abs().max()
+    return err.item() < {torch.bfloat16: 1e-2, torch.float32: 1e-5, E4M3: 0.13}[dtype]
+
+
+def _scaled_all_gather_matmul():
+    """PyTorch's cases of fused_all_gather_scaled_matmul: gather_dim 0 / 1 x tensor-wise (FP8, bf16 and fp32
+    products), row-wise sharded and row-wise replicated A scales, three Bs; random positive scales."""
+    r, world = td.rank(), td.world_size()
+    BATCH, M, N, K = 8, 64, 16, 32
+    results = {}
+    for dim in (0, 1):
+        lead = [BATCH, M]
+        lead[dim] //= world
+        full = [BATCH, M]
+        g = torch.Generator().manual_seed(42 + r)
+        a = torch.rand(*lead, K, generator=g).to(E4M3)
+        Bs = [torch.rand(N, K, generator=g).to(E4M3).T for _ in range(3)]  # views of [N, K] weights, as torch's test
+        for mode in ("tensor-wise", "row-wise-sharded", "row-wise-replicated"):
+            if mode == "tensor-wise":
+                a_scale = torch.rand((), generator=torch.Generator().manual_seed(1)) + 0.05
+                b_scales = [torch.rand((), generator=g) + 0.05 for _ in range(3)]
+                dtypes = [None, torch.bfloat16, torch.float32]
+            else:
+                replicated = torch.rand(*full, 1, generator=torch.Generator().manual_seed(2)) + 0.05
+                a_scale = replicated if mode == "row-wise-replicated" else \
+                    replicated.narrow(dim, r * lead[dim], lead[dim]).contiguous()
+                b_scales = [torch.rand(1, N, generator=g) + 0.05 for _ in range(3)]
+                dtypes = [torch.bfloat16] * 3
+            got_a, got = torch.ops.triton_dist.fused_all_gather_scaled_matmul(
+                a, Bs, a_scale, b_scales, dim, dist.group.WORLD.group_name, [None] * 3, [None] * 3, dtypes,
+                [False] * 3)
+            shards = [t.view(torch.uint8) for t in _every(a.view(torch.uint8))]
+            ref_a = torch.stack(shards).movedim(dim + 1, 1).flatten(0, 1).movedim(0, dim)
+            deq_a = ref_a.view(E4M3).double() * (a_scale.double() if mode == "tensor-wise" else
+                                                 (replicated.double() if mode != "tensor-wise" else None))
+            ok = torch.equal(got_a.view(torch.uint8), ref_a) and got_a.stride() == ref_a.stride()
+            for o, B, sb, d in zip(got, Bs, b_scales, dtypes):
+                want = d or E4M3
+                ref = deq_a @ (B.double() * sb.double())
+                ok &= o.dtype == want and tuple(o.shape) == tuple(ref.shape) and _close(o, ref, want)
+            results[f"gather_dim {dim} {mode}"] = ok
+    return results
+
+
+def test_fused_all_gather_scaled_matmul_matches_torch(ranks):
+    for res in ranks(2, _scaled_all_gather_matmul):
+        assert all(res.values()), res
+
+
+def _scaled_matmul_reduce_scatter():
+    """PyTorch's cases of fused_scaled_matmul_reduce_scatter: scatter_dim 0 / 1 (and 2: N), row-wise and
+    tensor-wise scales, "avg", bf16 out; and a 2-D A with output_shape naming the 3-D product."""
+    r, world = td.rank(), td.world_size()
+    BATCH, M, N, K = 8, 64, 16, 32
+    name = dist.group.WORLD.group_name
+    results = {}
+    for dim in (0, 1, 2):
+        for rowwise in (True, False):
+            g = torch.Generator().manual_seed(42 + r)
+            a = torch.rand(BATCH, M, K, generator=g).to(E4M3)
+            b = torch.rand(N, K, generator=g).to(E4M3).T
+            a_scale = torch.rand(BATCH, M, 1, generator=g) + 0.05 if rowwise else torch.rand((), generator=g) + 0.05
+            b_scale = torch.rand(1, N, generator=g) + 0.05 if rowwise else torch.rand((), generator=g) + 0.05
+            got = torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(
+                a, b, a_scale, b_scale, "avg", dim, dim, name, [BATCH, M, N], out_dtype=torch.bfloat16)
+            parts = [(x.view(E4M3).double() * sa.double()) @ (y.view(E4M3).double() * sb.double())
+                     for x, sa, y, sb in zip(_every(a.view(torch.uint8)), _every(a_scale),
+                                             _every(b.t().contiguous().view(torch.uint8)), _every(b_scale))
+                     for y in [y.t()]]
+            ref = (sum(parts) / world).chunk(world, dim)[r]
+            results[f"scatter_dim {dim} rowwise={rowwise}"] = (got.is_contiguous() and got.dtype == torch.bfloat16
+                                                               and _close(got, ref, torch.bfloat16))
+        if dim == 1:  # A given 2-D (flattened), the product's shape in output_shape
+            flat = torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(
+                a.reshape(BATCH * M, K), b, a_scale, b_scale, "sum", 1, 0, name, [BATCH, M, N],
+                out_dtype=torch.float32)
+            results["2-D A, output_shape"] = _close(flat, ref * world, torch.float32) and \
+                tuple(flat.shape) == (BATCH, M // world, N)
+    return results
+
+
+def test_fused_scaled_matmul_reduce_scatter_matches_torch(ranks):
+    for res in ranks(2, _scaled_matmul_reduce_scatter):
+        assert all(res.values()), res

@@ -150,15 +150,12 @@ def _check_bad_input():
         lambda: scaled_ag_gemm(a, w, one, one, out_dtype=torch.float8_e4m3fn),  # no FP8 result
         lambda: scaled_ag_gemm(a, w[:7], one, one, activation="silu_gate"),   # odd rows
         lambda: agm.ag_gemm(a, w),                                            # FP8 without scales
-        lambda: torch.ops.triton_dist.fused_all_gather_scaled_matmul(         # two Bs
-            a, [w.t(), w.t()], sa, [sw.t(), sw.t()], 0, name, [None, None], [None, None], [BF16, BF16],
-            [False, False]),
         lambda: torch.ops.triton_dist.fused_all_gather_scaled_matmul(         # a bias
             a, [w.t()], sa, [sw.t()], 0, name, [torch.zeros(8, device=dev)], [None], [BF16], [False]),
-        lambda: torch.ops.triton_dist.fused_all_gather_scaled_matmul(         # gather_dim 1
-            a, [w.t()], sa, [sw.t()], 1, name, [None], [None], [BF16], [False]),
-        lambda: torch.ops.triton_dist.fused_all_gather_scaled_matmul(         # no out dtype (an FP8 result)
-            a, [w.t()], sa, [sw.t()], 0, name, [None], [None], [None], [False]),
+        lambda: torch.ops.triton_dist.fused_all_gather_scaled_matmul(         # K gathered (the last dim)
+            a, [w.t()], one, [one], 1, name, [None], [None], [BF16], [False]),
+        lambda: torch.ops.triton_dist.fused_all_gather_scaled_matmul(         # a scale per B missing
+            a, [w.t(), w.t()], sa, [sw.t()], 0, name, [None, None], [None, None], [BF16, BF16], [False, False]),
     ]
     return error_names(cases)
 
@@ -166,8 +163,7 @@ def _check_bad_input():
 def test_fp8_ag_gemm_rejects_bad_input(ranks):
     for names in ranks(2, _check_bad_input):
         assert names == ["ValueError", "TypeError", "TypeError", "TypeError", "TypeError", "ValueError",
-                         "ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "ValueError",
-                         "ValueError"], names
+                         "ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "ValueError"], names
 
 
 # ----------------------------------------------------------------------------------------------- GPU

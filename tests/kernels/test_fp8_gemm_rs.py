@@ -122,8 +122,8 @@ def _check_bad_input():
         lambda: scaled_gemm_rs(a, w.to(torch.float8_e5m2), one, one),           # mixed FP8 formats
         lambda: scaled_gemm_rs(a, w, sa, sw, config={**TILES, "BLOCK_K": 256}),  # a K step over two groups
         lambda: scaled_gemm_rs(a, w, one, one, out=torch.empty(4, 16, device=dev)),  # out: fp32, not bf16
-        lambda: torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(       # scatter dim 1
-            a, w.t(), one, one, "sum", 1, 1, name, [8, 16], None, None, BF16, False),
+        lambda: torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(       # output_shape not A @ B's
+            a, w.t(), one, one, "sum", 0, 0, name, [8, 15], None, None, BF16, False),
         lambda: torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(       # a result scale
             a, w.t(), one, one, "sum", 0, 0, name, [8, 16], None, one, BF16, False),
         lambda: torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(       # reduce_op max

@@ -7,8 +7,7 @@ per row, so gathered rows keep their own rank's scale) into every peer's ``scale
 ahead of the rows, so each chunk's flag, raised after its rows, covers them too. ``tile_accumulate`` applies the
 scales (``kernels/fp8.py``); W's never move.
 
-Also ``torch.ops.triton_dist.fused_all_gather_scaled_matmul``: the schema of ``torch.ops.symm_mem``'s op of the
-same name (async-TP), for one B with gather_dim 0, no bias and no result scale.
+Async-TP's ``fused_all_gather_scaled_matmul`` on this op: ``async_tp.py``.
 """
 
 import dataclasses
@@ -18,7 +17,7 @@ import torch.distributed as dist
 
 from .. import autotune, hardware, shmem
 from . import allgather_gemm as agm
-from . import fp8, library
+from . import fp8
 from .gemm import check_launchable
 from .gemm_fp8 import fp8_tiles, scaled_mm_torch
 from .replay import GraphCache
@@ -187,77 +186,12 @@ def scaled_ag_gemm(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
     return (out, gathered) if return_gathered else out
 
 
-# ----------------------------------------------------------------------------------------------- torch ops
-SCALAR_TYPES = {5: torch.float16, 6: torch.float32, 15: torch.bfloat16}  # c10::ScalarType numbers in a list
-
-
-def torch_dtype(d):
-    """A dtype of a ``ScalarType?`` argument (lists of them arrive as c10::ScalarType numbers)."""
-    return SCALAR_TYPES.get(d, d) if isinstance(d, int) else d
-
-
-def _torch_op_args(A_shard, Bs, A_scale, B_scales, gather_dim, biases, result_scales, out_dtypes, use_fast_accum,
-                   group):
-    """(a, w, scale_a, scale_w, out_dtype, fast_accum) of the torch op's arguments, or ValueError for what it
-    does not cover."""
-    if len(Bs) != 1 or len(B_scales) != 1:
-        raise ValueError(f"triton_dist's fused_all_gather_scaled_matmul takes one B, got {len(Bs)}")
-    if A_shard.dim() != 2 or gather_dim not in (0, -2):
-        raise ValueError(f"triton_dist's fused_all_gather_scaled_matmul gathers a 2-D A_shard along dim 0, got "
-                         f"shape {list(A_shard.shape)}, gather_dim {gather_dim}")
-    if any(b is not None for b in biases) or any(r is not None for r in result_scales):
-        raise ValueError("triton_dist's fused_all_gather_scaled_matmul takes no biases and no result_scales")
-    out_dtype = torch_dtype(out_dtypes[0]) if out_dtypes else None
-    if out_dtype is None:
-        raise ValueError("triton_dist's fused_all_gather_scaled_matmul needs out_dtypes (bfloat16, float16 or "
-                         "float32): it has no FP8 result")
-    m, k = A_shard.shape
-    a_scale = A_scale
-    if A_scale.dim() == 2 and A_scale.shape[1] == 1 and A_scale.shape[0] == shmem.world_size(group) * m != m:
-        me = shmem.rank(group)  # row-wise replicated: every rank holds the gathered rows' scales
-        a_scale = A_scale[me * m:(me + 1) * m]
-    return (A_shard, Bs[0].t(), a_scale, _scale_w_of(B_scales[0], Bs[0]), out_dtype,
-            bool(use_fast_accum[0]) if use_fast_accum else False)
-
-
-def _scale_w_of(b_scale, b):
-    """W's scales from B's ([K, N], W = B.t()) and back: [1] stays, [1, N] <-> [N, 1], [K/128, N/128] <->
-    [N/128, K/128]."""
-    if b_scale.numel() == 1:
-        return b_scale
-    return b_scale.t()
-
-
-def _fused_ag_scaled_mm(A_shard, Bs, A_scale, B_scales, gather_dim, group_name, biases, result_scales, out_dtypes,
-                        use_fast_accum):
-    group = shmem.group_named(group_name)
-    a, w, sa, sw, out_dtype, fast = _torch_op_args(A_shard, Bs, A_scale, B_scales, gather_dim, biases, result_scales,
-                                                   out_dtypes, use_fast_accum, group)
-    out, gathered = scaled_ag_gemm(a, w.contiguous(), sa, sw, out_dtype=out_dtype, fast_accum=fast,
-                                   return_gathered=True, group=group)
-    return gathered, [out]
-
-
-def _fused_ag_scaled_mm_fake(A_shard, Bs, A_scale, B_scales, gather_dim, group_name, biases, result_scales,
-                             out_dtypes, use_fast_accum):
-    group = shmem.group_named(group_name)
-    a, w, _, _, out_dtype, _ = _torch_op_args(A_shard, Bs, A_scale, B_scales, gather_dim, biases, result_scales,
-                                              out_dtypes, use_fast_accum, group)
-    rows = shmem.world_size(group) * a.shape[0]
-    return a.new_empty((rows, a.shape[1])), [a.new_empty((rows, w.shape[0]), dtype=out_dtype)]
-
-
-library.define("fused_all_gather_scaled_matmul(Tensor A, Tensor[] Bs, Tensor A_scale, Tensor[] B_scales, "
-               "int gather_dim, str group_name, Tensor?[] biases, Tensor?[] result_scales, "
-               "ScalarType?[] out_dtypes, bool[] use_fast_accum) -> (Tensor, Tensor[])",
-               _fused_ag_scaled_mm, _fused_ag_scaled_mm_fake)
-
-
+# ----------------------------------------------------------------------------------------------- torch.compile
 def _compiled_call(a, w, scales, out_dtype, return_gathered, group):
     """``scaled_ag_gemm`` inside torch.compile: through the torch op."""
     gathered, (out,) = torch.ops.triton_dist.fused_all_gather_scaled_matmul(
-        a, [w.t()], scales.a, [_scale_w_of(scales.w, w)], 0, torch_group_name(group), [None], [None], [out_dtype],
-        [scales.fast_accum])
+        a, [w.t()], scales.a, [scales.w if scales.w.numel() == 1 else scales.w.t()], 0, torch_group_name(group),
+        [None], [None], [out_dtype], [scales.fast_accum])  # (async_tp.py: B = W.t(), B's scales likewise)
     return (out, gathered) if return_gathered else out
 
 

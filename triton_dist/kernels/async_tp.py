@@ -10,18 +10,25 @@ How they map onto the zoo: the gathered (scattered) dim moves to the front and e
 rows, so that one rank's block of rows is one rank's slice; the Bs ([K, N] each, views of weights [N, K] as torch
 passes them) are stacked into one weight, so that ONE ag_gemm serves them all. Gathering K (the last dim) needs
 the all-gather and a local product. Scattering N: the transposed product, ``B.T @ A.T``, is reduce-scattered by
-rows. The results come out in the layouts (strides) of
-torch's fallbacks. Both are CompositeImplicitAutograd: the backward is the ops' own (``kernels/autograd.py``), and
-torch.compile traces them down to ``triton_dist::ag_gemm`` / ``gemm_rs``. ``use_for_torch_async_tp()`` makes
-``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter`` (what the micro-pipeline TP pass
-emits) run these.
+rows. The results come out in the layouts (strides) of torch's fallbacks. Both are CompositeImplicitAutograd:
+the backward is the ops' own (``kernels/autograd.py``), and torch.compile traces them down to
+``triton_dist::ag_gemm`` / ``gemm_rs``. ``use_for_torch_async_tp()`` makes ``torch.ops.symm_mem.
+fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter`` (what the micro-pipeline TP pass emits) run these.
+
+The FP8 ops, ``fused_all_gather_scaled_matmul`` and ``fused_scaled_matmul_reduce_scatter``, map the same way onto
+``scaled_ag_gemm`` / ``scaled_gemm_rs`` (per-tensor, row-wise — A's sharded or replicated — and, an extension,
+128-blockwise scales; an FP8 result where out_dtype is None). No bias, no result scale; no backward.
 """
+
+import math
 
 import torch
 
 from .. import shmem
 from . import library
 from . import autograd  # noqa: F401  (the backward of the ops these decompose into)
+from .allgather_gemm_fp8 import scaled_ag_gemm
+from .gemm_reducescatter_fp8 import scaled_gemm_rs
 
 
 def _rows_first(t, dim):
@@ -101,6 +108,198 @@ library.define_composite("fused_all_gather_matmul(Tensor A, Tensor[] Bs, int gat
                          "bool return_A=True) -> (Tensor?, Tensor[])", fused_all_gather_matmul)
 library.define_composite("fused_matmul_reduce_scatter(Tensor A, Tensor B, str reduce_op, int scatter_dim, "
                          "str? group_name) -> Tensor", fused_matmul_reduce_scatter)
+
+
+# ----------------------------------------------------------------------------------------------- FP8 (scaled)
+SCALAR_TYPES = {5: torch.float16, 6: torch.float32, 15: torch.bfloat16}  # c10::ScalarType numbers in a list
+
+
+def _dtype(d, fp8_dtype):
+    """A ``ScalarType?`` argument as a dtype (lists of them may arrive as c10::ScalarType numbers); None: the
+    operands' FP8 dtype (an FP8 result, as ``torch._scaled_mm``)."""
+    d = SCALAR_TYPES.get(d, d) if isinstance(d, int) else d
+    return fp8_dtype if d is None else d
+
+
+def _row_scales(scale, lead, dim, what):
+    """``scale`` of a tensor whose leading dims are ``lead`` ([*lead, 1] row-wise, or one value) as the rows of
+    ``_rows_first``: [rows, 1], or the single value [1]."""
+    if scale.numel() == 1:
+        return scale.reshape(1).float()
+    if list(scale.shape) != list(lead) + [1]:
+        raise ValueError(f"{what}: row-wise scales must be {list(lead) + [1]}, got {list(scale.shape)}")
+    return scale.movedim(dim, 0).reshape(-1, 1).contiguous()
+
+
+def _b_scales(Bs, B_scales, what):
+    """W's scales for each B ([K, N] = W.t()): one value, [1, N] (per output column) or [K/128, N/128] (blocks):
+    as W's, [1] / [N, 1] / [N/128, K/128]."""
+    out = []
+    for B, sb in zip(Bs, B_scales):
+        if sb.numel() == 1:
+            out.append(sb.reshape(1).float())
+        elif tuple(sb.shape) == (1, B.shape[1]):
+            out.append(sb.t().contiguous())
+        elif sb.dim() == 2 and sb.shape[0] * 128 >= B.shape[0] and sb.shape[1] * 128 >= B.shape[1] > 1:
+            out.append(sb.t().contiguous())
+        else:
+            raise ValueError(f"{what}: B scale {list(sb.shape)} fits no scaling mode of B {list(B.shape)}")
+    return out
+
+
+def _scaled_products(rows, rows_scale, ws, w_scales, out_dtypes, fast, run):
+    """Every B's product of ``rows`` (FP8 [R, K], scales [R, 1] or [1]) by ``ws`` ([N_b, K] each, scales as
+    ``_b_scales``) through ``run(a, w, scale_a, scale_w, mode, out_dtype, fast_accum)``; per-tensor or row-wise
+    scales of every B with one fast_accum: ONE call over the stacked weights (scales as rows), fp32 when the Bs
+    want different dtypes; block scales (or differing fast_accum): a call per B. Returns the list of products."""
+    blocks = any(sw.dim() == 2 and sw.shape[1] > 1 for sw in w_scales)
+    if len(ws) > 1 and not blocks and len(set(fast)) == 1:
+        w = torch.cat(ws).contiguous()
+        sw = torch.cat([sw.expand(wi.shape[0], 1) if sw.numel() == 1 else sw for sw, wi in zip(w_scales, ws)])
+        sa = rows_scale.expand(rows.shape[0], 1).contiguous() if rows_scale.numel() == 1 else rows_scale
+        common = out_dtypes[0] if len(set(out_dtypes)) == 1 and out_dtypes[0] in (torch.bfloat16, torch.float16,
+                                                                                 torch.float32) else torch.float32
+        out = run(rows, w, sa, sw.contiguous(), "row", common, fast[0])
+        return [o.to(d) for o, d in zip(out.split([wi.shape[0] for wi in ws], dim=-1), out_dtypes)]
+    outs = []
+    for w, sw, d, f in zip(ws, w_scales, out_dtypes, fast):
+        mode = "block" if sw.dim() == 2 and sw.shape[1] > 1 else ("tensor" if rows_scale.numel() == 1 and
+                                                                   sw.numel() == 1 else "row")
+        sa = rows_scale.expand(rows.shape[0], 1).contiguous() if mode == "row" and rows_scale.numel() == 1 else \
+            rows_scale
+        sw = sw.expand(w.shape[0], 1).contiguous() if mode == "row" and sw.numel() == 1 else sw
+        native = d in (torch.bfloat16, torch.float16, torch.float32)
+        outs.append(run(rows, w.contiguous(), sa, sw, mode, d if native else torch.float32, f).to(d))
+    return outs
+
+
+def _no_extras(biases, result_scales, what):
+    if any(b is not None for b in biases) or any(r is not None for r in result_scales):
+        raise ValueError(f"{what}: biases and result scales are not supported")
+
+
+def fused_all_gather_scaled_matmul(A_shard, Bs, A_scale, B_scales, gather_dim, group_name, biases, result_scales,
+                                   out_dtypes, use_fast_accum):
+    """Async-TP's FP8 all-gather + matmuls on ``scaled_ag_gemm``: ``A`` = all_gather(A_shard, gather_dim) (FP8, any
+    batch dims, gather_dim one of A's leading dims) times each B ([K, N] FP8, a view of a weight [N, K]), scaled:
+    A's scales one value, row-wise of this rank's rows ([*A_shard.shape[:-1], 1]) or of every rank's (the
+    gathered shape, "replicated"), or 1x128 groups of a 2-D A; B's one value, [1, N] or 128x128 blocks. out_dtypes
+    per B (None: FP8, as torch._scaled_mm). Returns (A, [products]) in torch's fallback's layout."""
+    what = "fused_all_gather_scaled_matmul"
+    group = shmem.group_named(group_name)
+    world, rank = shmem.world_size(group), shmem.rank(group)
+    dim = _check(A_shard, Bs, gather_dim, what)
+    if not Bs or not len(Bs) == len(B_scales) == len(out_dtypes):
+        raise ValueError(f"{what}: one B scale and out dtype per B, got {len(Bs)} Bs, {len(B_scales)} scales, "
+                         f"{len(out_dtypes)} dtypes")
+    if dim == A_shard.dim() - 1:
+        raise ValueError(f"{what}: gather_dim must be a leading dim of A (row scales do not survive gathering K)")
+    _no_extras(biases, result_scales, what)
+    rows, moved = _rows_first(A_shard, dim)
+    lead, full = list(A_shard.shape[:-1]), list(A_shard.shape[:-1])
+    full[dim] *= world
+    if A_scale.dim() == 2 and A_shard.dim() == 2 and A_scale.shape[1] > 1:  # 1x128 groups of a 2-D A
+        scale_rows = A_scale
+    elif A_scale.numel() > 1 and list(A_scale.shape[:-1]) == full and full != lead:  # replicated row-wise
+        scale_rows = _row_scales(A_scale.narrow(dim, rank * lead[dim], lead[dim]), lead, dim, what)
+    else:
+        scale_rows = _row_scales(A_scale, lead, dim, what)
+    dtypes = [_dtype(d, A_shard.dtype) for d in out_dtypes]
+    fast = [bool(f) for f in (use_fast_accum or [False] * len(Bs))]
+    gathered = []
+
+    def run(a, w, sa, sw, mode, out_dtype, fast_accum):
+        out, g = scaled_ag_gemm(a, w, sa, sw, scaling=mode, out_dtype=out_dtype, fast_accum=fast_accum,
+                                return_gathered=True, group=group)
+        gathered.append(g)
+        return out
+
+    outs = _scaled_products(rows, scale_rows, [B.t() for B in Bs], _b_scales(Bs, B_scales, what), dtypes, fast, run)
+    shape = (world * moved[0], *moved[1:-1])
+    return (gathered[0].view(*shape, A_shard.shape[-1]).movedim(0, dim),
+            [o.contiguous().view(*shape, o.shape[-1]).movedim(0, dim) for o in outs])
+
+
+def _fused_ag_scaled_fake(A_shard, Bs, A_scale, B_scales, gather_dim, group_name, biases, result_scales,
+                          out_dtypes, use_fast_accum):
+    what = "fused_all_gather_scaled_matmul"
+    dim = _check(A_shard, Bs, gather_dim, what)
+    _no_extras(biases, result_scales, what)
+    shape = list(A_shard.shape)
+    shape[dim] *= shmem.world_size(shmem.group_named(group_name))
+    return A_shard.new_empty(shape), [A_shard.new_empty(shape[:-1] + [B.shape[1]], dtype=_dtype(d, A_shard.dtype))
+                                      for B, d in zip(Bs, out_dtypes)]
+
+
+def fused_scaled_matmul_reduce_scatter(A, B, A_scale, B_scale, reduce_op, orig_scatter_dim,
+                                       scatter_dim_after_maybe_reshape, group_name, output_shape, bias=None,
+                                       result_scale=None, out_dtype=None, use_fast_accum=False):
+    """Async-TP's FP8 matmul + reduce-scatter on ``scaled_gemm_rs``: ``A @ B`` (A FP8 with leading dims, or 2-D
+    with ``output_shape`` naming the product's unflattened shape; B [K, N] FP8), scaled (A: one value, row-wise
+    [*A.shape[:-1], 1], or 1x128 groups of a 2-D A; B: one value, [1, N] or blocks), reduce-scattered along
+    ``orig_scatter_dim`` of the product ("sum" / "avg"); out_dtype None: FP8. Contiguous, as torch's fallback."""
+    what = "fused_scaled_matmul_reduce_scatter"
+    _no_extras([bias], [result_scale], what)
+    if reduce_op not in ("sum", "avg"):
+        raise ValueError(f"{what}: reduce_op must be 'sum' or 'avg', got {reduce_op!r}")
+    group = shmem.group_named(group_name)
+    world = shmem.world_size(group)
+    k = A.shape[-1]
+    shape = list(output_shape) if output_shape is not None else list(A.shape[:-1]) + [B.shape[1]]
+    lead = shape[:-1]
+    if shape[-1] != B.shape[1] or A.numel() // max(k, 1) != math.prod(lead):
+        raise ValueError(f"{what}: output_shape {shape} is not A @ B's ({list(A.shape)} @ {list(B.shape)})")
+    A2 = A.reshape(*lead, k)
+    dim = _check(A2, [B], orig_scatter_dim, what)
+    size = shape[dim]
+    if size % world:
+        raise ValueError(f"{what}: dim {orig_scatter_dim} of the product has {size} entries, not divisible by the "
+                         f"{world} ranks")
+    if A_scale.dim() == 2 and A.dim() == 2 and A_scale.shape[1] > 1:  # 1x128 groups of a 2-D A
+        if dim != 0 or len(lead) != 1:
+            raise ValueError(f"{what}: block scales take a 2-D product scattered along dim 0")
+        scale_rows = A_scale
+    else:
+        scale_rows = _row_scales(A_scale.reshape(*lead, 1) if A_scale.numel() > 1 else A_scale, lead, dim, what)
+    [w_scale] = _b_scales([B], [B_scale], what)
+    dtype = _dtype(out_dtype, A.dtype)
+    native = dtype in (torch.bfloat16, torch.float16, torch.float32)
+    if dim == A2.dim() - 1:  # N scattered: (A @ B).T = B.T @ A.T reduce-scattered by rows, the scales' roles swapped
+        if w_scale.dim() == 2 and w_scale.shape[1] > 1:
+            raise ValueError(f"{what}: block scales cannot scatter the last dim")
+        flat = A2.reshape(-1, k).contiguous()
+        sa = scale_rows.expand(flat.shape[0], 1).contiguous() if scale_rows.numel() == 1 else scale_rows
+        sw = w_scale.expand(B.shape[1], 1).contiguous() if w_scale.numel() == 1 else w_scale
+        out = scaled_gemm_rs(B.t().contiguous(), flat, sw, sa, scaling="row", out_dtype=dtype if native else
+                             torch.float32, fast_accum=bool(use_fast_accum), group=group)
+        out = out.t().reshape(*lead, size // world)
+    else:
+        rows, moved = _rows_first(A2, dim)
+        [out] = _scaled_products(rows, scale_rows, [B.t()], [w_scale], [dtype], [bool(use_fast_accum)],
+                                 lambda a, w, sa, sw, mode, d, f: scaled_gemm_rs(a, w, sa, sw, scaling=mode, out_dtype=d,
+                                                                                 fast_accum=f, group=group))
+        out = out.view(moved[0] // world, *moved[1:-1], B.shape[1]).movedim(0, dim)
+    out = out.contiguous()
+    if reduce_op == "avg":
+        out = (out.float() / world).to(dtype) if not native else out / world
+    return out.to(dtype)
+
+
+def _fused_scaled_rs_fake(A, B, A_scale, B_scale, reduce_op, orig_scatter_dim, scatter_dim_after_maybe_reshape,
+                          group_name, output_shape, bias=None, result_scale=None, out_dtype=None, use_fast_accum=False):
+    shape = list(output_shape) if output_shape is not None else list(A.shape[:-1]) + [B.shape[1]]
+    shape[orig_scatter_dim % len(shape)] //= shmem.world_size(shmem.group_named(group_name))
+    return A.new_empty(shape, dtype=_dtype(out_dtype, A.dtype))
+
+
+library.define("fused_all_gather_scaled_matmul(Tensor A, Tensor[] Bs, Tensor A_scale, Tensor[] B_scales, "
+               "int gather_dim, str group_name, Tensor?[] biases, Tensor?[] result_scales, "
+               "ScalarType?[] out_dtypes, bool[] use_fast_accum) -> (Tensor, Tensor[])",
+               fused_all_gather_scaled_matmul, _fused_ag_scaled_fake)
+library.define("fused_scaled_matmul_reduce_scatter(Tensor A, Tensor B, Tensor A_scale, Tensor B_scale, "
+               "str reduce_op, int orig_scatter_dim, int scatter_dim_after_maybe_reshape, str group_name, "
+               "SymInt[]? output_shape, Tensor? bias=None, Tensor? result_scale=None, ScalarType? out_dtype=None, "
+               "bool use_fast_accum=False) -> Tensor", fused_scaled_matmul_reduce_scatter, _fused_scaled_rs_fake)
 
 
 _ROUTED = []

@@ -5,8 +5,7 @@ of ``kernels/fp8.py`` over this rank's K slice), then travels as a bf16 (the out
 (``partial="fp32"``) partial and is summed on its destination in the same fixed ring order: bitwise
 reproducible. FP8 halves the bytes read by the GEMM; the partials are the output's.
 
-Also ``torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter``: the schema of ``torch.ops.symm_mem``'s op of
-the same name (async-TP), for a 2-D A scattered along dim 0 (sum or avg), no bias and no result scale.
+Async-TP's ``fused_scaled_matmul_reduce_scatter`` on this op: ``async_tp.py``.
 """
 
 import dataclasses
@@ -14,9 +13,9 @@ import dataclasses
 import torch
 
 from .. import autotune, hardware, shmem
-from . import fp8, library
+from . import fp8
 from . import gemm_reducescatter as rs
-from .allgather_gemm_fp8 import torch_dtype, torch_group_name
+from .allgather_gemm_fp8 import torch_group_name
 from .gemm import check_launchable, output_like
 from .gemm_fp8 import fp8_tiles, scaled_mm_torch
 from .replay import GraphCache
@@ -82,8 +81,8 @@ def scaled_gemm_rs(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
     out_dtype = fp8.out_dtype_of(out_dtype)
     if hardware.compiling() and config is None and out is None:
         return torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(
-            a, w.t(), scales.a, _b_scale(scales.w), "sum", 0, 0, torch_group_name(group), list(a.shape[:1]) +
-            [w.shape[0]], None, None, out_dtype, scales.fast_accum)
+            a, w.t(), scales.a, scales.w if scales.w.numel() == 1 else scales.w.t(), "sum", 0, 0,
+            torch_group_name(group), [a.shape[0], w.shape[0]], None, None, out_dtype, scales.fast_accum)
     team = shmem.op_team("gemm_rs_fp8", group, lambda: dict(
         a=tuple(a.shape), w=tuple(w.shape), dtype=str(a.dtype), scaling=scales.mode, out_dtype=str(out_dtype),
         config=config, out=out is not None))
@@ -101,53 +100,3 @@ def scaled_gemm_rs(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
         key = (team.name, m, n, k, a.dtype, scales.mode, scales.fast_accum, out_dtype, repr(sorted(config.items())))
         cfg = autotune.with_overrides(default_config(m, n, k, a.device, team.size), config)
     return _call(a, w, scales, out_dtype, cfg, out, team, key)
-
-
-# ----------------------------------------------------------------------------------------------- torch op
-def _b_scale(scale_w):
-    """B's scales (B = W.t()) from W's and back: [1] stays, [N, 1] <-> [1, N]."""
-    return scale_w if scale_w.numel() == 1 else scale_w.t()
-
-
-def _torch_op_args(A, B, reduce_op, orig_scatter_dim, scatter_dim_after_maybe_reshape, output_shape, bias,
-                   result_scale, out_dtype):
-    if A.dim() != 2 or B.dim() != 2 or orig_scatter_dim != 0 or scatter_dim_after_maybe_reshape != 0:
-        raise ValueError(f"triton_dist's fused_scaled_matmul_reduce_scatter scatters a 2-D A along dim 0, got A "
-                         f"{list(A.shape)}, scatter dims {orig_scatter_dim}, {scatter_dim_after_maybe_reshape}")
-    if output_shape is not None and list(output_shape) != [A.shape[0], B.shape[1]]:
-        raise ValueError(f"output_shape {list(output_shape)} is not A @ B's [{A.shape[0]}, {B.shape[1]}]")
-    if bias is not None or result_scale is not None:
-        raise ValueError("triton_dist's fused_scaled_matmul_reduce_scatter takes no bias and no result_scale")
-    if reduce_op not in ("sum", "avg"):
-        raise ValueError(f"reduce_op must be sum or avg, got {reduce_op!r}")
-    out_dtype = torch_dtype(out_dtype)
-    if out_dtype is None:
-        raise ValueError("triton_dist's fused_scaled_matmul_reduce_scatter needs out_dtype (bfloat16, float16 or "
-                         "float32): it has no FP8 result")
-    return out_dtype
-
-
-def _fused_scaled_mm_rs(A, B, A_scale, B_scale, reduce_op, orig_scatter_dim, scatter_dim_after_maybe_reshape,
-                        group_name, output_shape, bias=None, result_scale=None, out_dtype=None, use_fast_accum=False):
-    out_dtype = _torch_op_args(A, B, reduce_op, orig_scatter_dim, scatter_dim_after_maybe_reshape, output_shape,
-                               bias, result_scale, out_dtype)
-    group = shmem.group_named(group_name)
-    out = scaled_gemm_rs(A, B.t().contiguous(), A_scale, _b_scale(B_scale), out_dtype=out_dtype,
-                         fast_accum=use_fast_accum, group=group)
-    return out.div_(shmem.world_size(group)) if reduce_op == "avg" else out
-
-
-def _fused_scaled_mm_rs_fake(A, B, A_scale, B_scale, reduce_op, orig_scatter_dim, scatter_dim_after_maybe_reshape,
-                             group_name, output_shape, bias=None, result_scale=None, out_dtype=None,
-                             use_fast_accum=False):
-    out_dtype = _torch_op_args(A, B, reduce_op, orig_scatter_dim, scatter_dim_after_maybe_reshape, output_shape,
-                               bias, result_scale, out_dtype)
-    group = shmem.group_named(group_name)
-    rows = rs.rows_of_rank(A.shape[0], shmem.world_size(group), shmem.rank(group))[1]
-    return A.new_empty((rows, B.shape[1]), dtype=out_dtype)
-
-
-library.define("fused_scaled_matmul_reduce_scatter(Tensor A, Tensor B, Tensor A_scale, Tensor B_scale, "
-               "str reduce_op, int orig_scatter_dim, int scatter_dim_after_maybe_reshape, str group_name, "
-               "SymInt[]? output_shape, Tensor? bias=None, Tensor? result_scale=None, ScalarType? out_dtype=None, "
-               "bool use_fast_accum=False) -> Tensor", _fused_scaled_mm_rs, _fused_scaled_mm_rs_fake)
