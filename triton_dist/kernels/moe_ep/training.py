@@ -43,7 +43,10 @@ def _unit_handle(handle):
 def _scalars_home(row_values, slots, token_pos, group):
     """[T, K]: the value of the row of every (token, slot) of this rank's tokens, from ``row_values`` [rows] of
     every rank (``slots`` [W, max_tokens, K]: this rank's rows of each rank's received tokens, -1: none)."""
-    mine = torch.where(slots >= 0, row_values[slots.clamp(min=0).long()], 0.0)  # [W (their rank), max_tokens, K]
+    # (records past what a rank sent are stale memory: clamped here, and never picked at home, where only the
+    # positions a token took are read)
+    ok = (slots >= 0) & (slots < row_values.shape[0])
+    mine = torch.where(ok, row_values[torch.where(ok, slots, 0).long()], 0.0)  # [W (their rank), max_tokens, K]
     theirs = torch.empty_like(mine)  # [W (the expert's rank), max_tokens, K]
     if mine.shape[0] > 1:
         dist.all_to_all_single(theirs, mine.contiguous(), group=group)
