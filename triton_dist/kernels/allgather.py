@@ -131,7 +131,9 @@ def _check_input(x):
 
 def gathered(x, group=None):
     """``all_gather(x)`` as a new tensor: through a symmetric buffer cached per (shape, dtype, group), so that
-    repeated calls (a training loop's) allocate nothing on the heap."""
+    repeated calls (a training loop's) allocate nothing on the heap. (Under torch.compile: the torch op.)"""
+    if hardware.compiling():
+        return torch.ops.triton_dist.all_gather(x, shmem.group_name(group))
     shape = (shmem.world_size(group) * x.shape[0], *x.shape[1:])
     buf = shmem.workspace("all_gather.gathered", (shape, x.dtype),
                           lambda: shmem.empty(shape, x.dtype, name="all_gather.gathered", group=group), group=group)

@@ -32,7 +32,7 @@ from .allgather_gemm import ag_gemm
 from .allreduce import all_reduce
 from .allreduce.ops import rmsnorm_backward
 from .gemm_reducescatter import gemm_rs, rows_of_rank
-from .grouped_gemm import grouped_gemm, grouped_weight_grad
+from .grouped_gemm import group_rows, grouped_gemm, grouped_weight_grad
 
 
 def _own_rows(full, group):
@@ -166,11 +166,12 @@ def _grouped_setup(ctx, inputs, output):
 
 def _grouped_backward(ctx, grad):
     x, w, offsets, counts = ctx.saved_tensors
-    if ctx.activation == "silu_gate":  # the pre-activation again (rows outside the groups: zeros)
-        h = grouped_gemm(x, w, offsets, counts, out=x.new_zeros((x.shape[0], w.shape[1])))
+    inside = group_rows(x.shape[0], offsets, counts, x.device)[:, None]  # rows outside the groups: zeros
+    if ctx.activation == "silu_gate":  # the pre-activation again
+        h = torch.where(inside, grouped_gemm(x, w, offsets, counts), 0)
         grad = _silu_gate_backward(h, grad)
-    grad = grad.contiguous()
-    grad_x = grouped_gemm(grad, w.transpose(1, 2).contiguous(), offsets, counts, out=torch.zeros_like(x)) \
+    grad = torch.where(inside, grad, 0).contiguous()
+    grad_x = torch.where(inside, grouped_gemm(grad, w.transpose(1, 2).contiguous(), offsets, counts), 0) \
         if ctx.needs_input_grad[0] else None
     grad_w = grouped_weight_grad(grad, x, offsets, counts, w.shape[0]) if ctx.needs_input_grad[1] else None
     return grad_x, grad_w, None, None, None

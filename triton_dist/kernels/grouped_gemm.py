@@ -314,6 +314,8 @@ def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config):
 def grouped_weight_grad(dy, x, expert_offsets, expert_counts, experts):
     """``dw[e] = dy[rows of e].T @ x[rows of e]`` for every expert e: [E, N, K] for dy [rows, N], x [rows, K] (the
     grouped GEMM's weight gradient; groups as ``grouped_gemm`` reads them, on the device)."""
+    if hardware.compiling():
+        return torch.ops.triton_dist.grouped_weight_grad(dy, x, expert_offsets, expert_counts, experts)
     rows, n = dy.shape
     k = x.shape[1]
     dw = torch.empty((experts, n, k), dtype=x.dtype, device=x.device)
@@ -359,6 +361,17 @@ def _grouped_gemm_fake(x, w, expert_offsets, expert_counts=None, activation="non
 
 library.define('grouped_gemm(Tensor x, Tensor w, Tensor expert_offsets, Tensor? expert_counts=None, '
                'str activation="none") -> Tensor', _grouped_gemm_op, _grouped_gemm_fake)
+library.define("grouped_weight_grad(Tensor dy, Tensor x, Tensor expert_offsets, Tensor? expert_counts, int experts) "
+               "-> Tensor", grouped_weight_grad,
+               lambda dy, x, offsets, counts, experts: x.new_empty((experts, dy.shape[1], x.shape[1])))
+
+
+def group_rows(rows, expert_offsets, expert_counts, device):
+    """[rows] bool: the rows inside some expert's group (on the device, no sync)."""
+    r = torch.arange(rows, device=device)[:, None]
+    start = expert_offsets[:-1].long()[None, :]
+    n = (expert_counts if expert_counts is not None else expert_offsets[1:] - expert_offsets[:-1]).long()[None, :]
+    return ((r >= start) & (r < start + n)).any(dim=1)
 
 __all__ = ["grouped_gemm", "grouped_gemm_kernel", "grouped_gemm_torch", "grouped_weight_grad",
            "grouped_weight_grad_kernel", "default_config", "ACTIVATIONS"]

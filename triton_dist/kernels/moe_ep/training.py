@@ -14,8 +14,9 @@ Combine's backward dispatches g with unit weights, so the handle it leaves is th
 with (another dispatch of the same shapes in between, or no combine at all: it dispatches zeros to get one). The
 forward keeps copies of the rows, their weights, the routing and the records (later dispatches of the same
 shapes reuse the workspace). Rows outside every expert group (padding) carry no gradient. Sums run in the
-kernels' fixed orders: bitwise reproducible. Eager and activation checkpointing; not traced by torch.compile (the
-handle is host state); the FP8 dispatch has no backward.
+kernels' fixed orders: bitwise reproducible. Eager and activation checkpointing; under torch.compile they run
+eagerly between the compiled graphs (the handle is host state; fullgraph=True cannot take them); the FP8 dispatch
+has no backward.
 """
 
 import functools
@@ -121,7 +122,12 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     if quant is not None or x_scales is not None or exact:
         raise ValueError("ep_dispatch: the FP8 dispatch and exact=True have no backward (call it under "
                          "torch.no_grad(), or without them)")
-    args = {k: v for k, v in kwargs.items() if k not in ("quant", "x_scales", "exact")}
+    return _dispatch_with_grad(x, topk_idx, topk_weights,
+                               {k: v for k, v in kwargs.items() if k not in ("quant", "x_scales", "exact")})
+
+
+@torch.compiler.disable  # (host state: under torch.compile the differentiable MoE ops run eagerly, a graph break)
+def _dispatch_with_grad(x, topk_idx, topk_weights, args):
     holder = {}
     rows, weights, ids, counts, offsets = _Dispatch.apply(x, topk_idx, topk_weights, args, holder)
     handle = holder["handle"]
@@ -137,4 +143,9 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
         return _combine.ep_combine(expert_out, handle, out=out, config=config, timeline=timeline)
     if out is not None:
         raise ValueError("ep_combine: out= is for calls without grad (under torch.no_grad())")
-    return _Combine.apply(expert_out, weights, handle, dict(config=config, timeline=timeline))
+    return _combine_with_grad(expert_out, weights, handle, dict(config=config, timeline=timeline))
+
+
+@torch.compiler.disable
+def _combine_with_grad(expert_out, weights, handle, args):
+    return _Combine.apply(expert_out, weights, handle, args)
