@@ -3,7 +3,8 @@ every gradient against an fp64 torch reference of the whole computation across t
 sum of every rank's loss, each rank's loss a random weighting of its own outputs — at 1, 2 and 3 ranks with
 uneven row counts; bitwise the same gradients on a second run; the same under torch.compile (fullgraph); calls
 that cannot be differentiated (config= / out= with grad) refused; the grouped GEMM's gradients (padding between
-groups, an empty group) in this process."""
+groups, an empty group) in this process; MoE dispatch/combine, gemm_ar and all_reduce_rmsnorm; a TP chain on
+groups {0, 1} and {2, 3} of 4 ranks."""
 
 import pytest
 import torch
@@ -299,3 +300,34 @@ def test_allreduce_ops_gradients_match_fp64(ranks, world):
     for errs in ranks(world, _allreduce_grads, 5, 24, 16, 32):
         bad = {k: v for k, v in errs.items() if not v < 1e-5}
         assert not bad, bad
+
+
+def _grads_on_groups():
+    """4 ranks as TP groups {0, 1} and {2, 3}: an ag_gemm (SiLU gate) -> gemm_rs chain on each group; every
+    gradient against fp64 over the group's members only."""
+    from .test_groups import _new_groups
+
+    r = td.rank()
+    (tp,) = _new_groups([[0, 1], [2, 3]])
+    members = [0, 1] if r < 2 else [2, 3]
+    me = members.index(r)
+    g = torch.Generator().manual_seed(40)
+    data = [(torch.randn(3, 16, generator=g, dtype=torch.float64), torch.randn(20, 16, generator=g,
+                                                                                dtype=torch.float64),
+             torch.randn(16, 10, generator=g, dtype=torch.float64)) for _ in range(4)]
+    mine = [data[q] for q in members]
+    refs = [[t.clone().requires_grad_() for t in d] for d in mine]
+    x = torch.cat([d[0] for d in refs])
+    full = 0  # the group's product, every row: sum over members of silu(gate) * up @ down.T
+    for _, gu, down in refs:
+        h = x @ gu.T
+        full = full + (F.silu(h[:, :10]) * h[:, 10:]) @ down.T
+    full.pow(2).sum().backward()  # = the sum over members of their output rows squared
+    a, gu, down = (t.float().requires_grad_() for t in mine[me])
+    gemm_rs(ag_gemm(a, gu, activation="silu_gate", group=tp), down, group=tp).pow(2).sum().backward()
+    return max(_rel(t.grad, ref.grad) for t, ref in zip((a, gu, down), refs[me]))
+
+
+def test_gradients_on_groups_match_fp64(ranks):
+    for err in ranks(4, _grads_on_groups):
+        assert err < 1e-5, err
