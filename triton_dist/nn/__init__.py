@@ -1,9 +1,10 @@
 """Drop-in layers for real models, on triton_dist's overlapped ops, and ``parallelize`` for Hugging Face models.
 
     ColumnParallelLinear, RowParallelLinear, TensorParallelMLP   linear.py    ag_gemm / gemm_rs
-    Router, ExpertParallelMoE                                    moe.py       ep_dispatch -> grouped GEMMs -> ep_combine
+    Router, ExpertParallelMoE                                    router.py, moe.py  ep_dispatch -> grouped GEMMs -> ep_combine
     DecodeAttention, SequenceParallelDecodeAttention             attention.py sp_flash_decode
     parallelize(model)                                           hf.py        swaps a transformers model's blocks
+                                                                 (hf_blocks.py: which blocks, how they are read)
 
 Every layer has ``from_dense(module, group=None)``, which loads this rank's shard from the unsharded module, and
 the forward semantics of the module it replaces (``sequence_parallel=False``: full activations in and out on

@@ -22,7 +22,6 @@ import torch.distributed as dist
 from . import layout, teams
 from .backends import CpuHeap, TorchSymmHeap, nvshmem_available
 from .errors import CollectiveMismatchError, HeapExhaustedError, NotInitializedError, error_from_record
-from .workspaces import forget_all
 
 ALIGN = 256
 DEFAULT_HEAP_BYTES = {"cpu": 256 << 20, "gpu": 2 << 30}
@@ -145,6 +144,20 @@ def _free_port():
         return s.getsockname()[1]
 
 
+_DEPENDENTS = []  # what keeps pointers into the heap (workspaces.py registers its caches): dropped with it
+
+
+def on_heap_drop(fn):
+    """Have ``finalize`` and ``reset`` call ``fn()`` (no arguments) when they drop the heap's contents."""
+    _DEPENDENTS.append(fn)
+    return fn
+
+
+def _drop_dependents():
+    for fn in _DEPENDENTS:
+        fn()
+
+
 def finalize():
     """Release the heap. Collective; tolerates peers that died (the closing barrier is bounded)."""
     global _RT
@@ -160,7 +173,7 @@ def finalize():
     except Exception as exc:  # a dead peer must not turn exit into a hang or a crash
         warnings.warn(f"triton_dist.finalize: closing barrier failed on rank {rt.rank}: {exc}")
     _RT = None
-    forget_all()  # every op's workspaces point into this heap
+    _drop_dependents()  # every op's workspaces point into this heap
     gc.collect()
     rt.heap.close()
 
@@ -538,7 +551,7 @@ def reset():
     if rt.kind == "gpu":
         torch.cuda.synchronize()
     dist.barrier(group=rt.group)
-    forget_all()
+    _drop_dependents()
     gc.collect()
     rt.heap.local[layout.BARRIER_COUNT: layout.FENCE_SCRATCH].zero_()
     for t in set(rt.teams.values()):

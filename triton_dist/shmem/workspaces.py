@@ -14,6 +14,7 @@
 """
 
 from .. import hardware
+from .heap import barrier, is_initialized, on_heap_drop, team
 
 _WORKSPACES = {}  # (op, key) -> workspace
 _CACHES = {}  # op -> [plan caches and graph caches: anything with .clear()]
@@ -28,8 +29,6 @@ def register(op, cache):
 def workspace(op, key, build, fits=None, group=None):
     """The workspace of ``op`` for ``key`` on ``group``: ``build()`` on first use (collective over the group; it
     allocates with ``group=``), then the same object."""
-    from .heap import barrier, team
-
     key = (team(group).name, key)
     ws = _WORKSPACES.get((op, key))
     if ws is not None and (fits is None or fits(ws)):
@@ -48,8 +47,6 @@ def workspace(op, key, build, fits=None, group=None):
 
 def peek(op, key, group=None):
     """The workspace of ``op`` for ``key`` on ``group`` if one was built, else None (never builds)."""
-    from .heap import team
-
     return _WORKSPACES.get((op, (team(group).name, key)))
 
 
@@ -90,14 +87,13 @@ def _clear(op=None):
 def release_workspaces():
     """Free every op's cached workspaces, plans and CUDA graphs. Collective: every rank calls it at the same point
     (after a barrier, so that no peer still writes into the buffers); later calls build them again."""
-    from .heap import barrier, is_initialized
-
     if is_initialized():
         barrier()
     forget_all()
 
 
+@on_heap_drop
 def forget_all():
-    """Drop every cache without a barrier (the heap is going away: ``finalize``)."""
+    """Drop every cache without a barrier (the heap is going away: ``finalize``, ``reset``)."""
     _clear()
     _WORKSPACES.clear()
