@@ -1,9 +1,9 @@
 """Drop-in layers for real models, on triton_dist's overlapped ops, and ``parallelize`` for Hugging Face models.
 
-    ColumnParallelLinear, RowParallelLinear, TensorParallelMLP   linear.py    ag_gemm / gemm_rs
-    Router, ExpertParallelMoE                                    router.py, moe.py  ep_dispatch -> grouped GEMMs -> ep_combine
-    DecodeAttention, SequenceParallelDecodeAttention             attention.py sp_flash_decode
-    parallelize(model)                                           hf.py        swaps a transformers model's blocks
+    ColumnParallelLinear, RowParallelLinear, TensorParallelMLP   linear.py     ag_gemm / gemm_rs
+    ExpertParallelMoE (Router: router.py)                        moe.py        ep_dispatch -> grouped GEMMs -> combine
+    DecodeAttention, SequenceParallelDecodeAttention             attention.py  sp_flash_decode
+    parallelize(model)                                           hf.py         swaps a transformers model's blocks
                                                                  (hf_blocks.py: which blocks, how they are read)
 
 Every layer has ``from_dense(module, group=None)``, which loads this rank's shard from the unsharded module, and
