@@ -2,7 +2,8 @@
 
 A test calls ``ranks(world, fn, *args)``: ``fn(*args)`` runs on every rank and its per-rank results come back.
 * ``python -m pytest`` (CPU or GPU machine): ranks are processes of pools started once per session. Tests run on
-  CPU ranks (Triton interpreter, heap in /dev/shm), any ``world``; tests marked ``gpu`` (``gpu_only``) on GPU ranks, one per
+  CPU ranks (Triton interpreter, heap in /dev/shm), any ``world``; tests marked ``gpu`` (``gpu_only``) on GPU
+  ranks, one per
   local GPU (skipped when the machine has fewer GPUs than ``world``, or none). This process interprets kernels:
   a single-GPU test runs its body through ``ranks.on_one_gpu(fn, *args)``.
 * ``torchrun --nproc-per-node=N -m pytest ...`` (``scripts/gpu_suite.sh``): this process *is* a GPU rank; ``fn``

@@ -2,8 +2,8 @@
 ``fused_all_gather_matmul`` (BATCH 8, M 64, N 16, K 32, three Bs, gather_dim 0, 1 and 2) and
 ``fused_matmul_reduce_scatter`` (scatter_dim 0, 1 and 2, "avg" and "sum"), against the reference semantics
 (values in fp64 and the strides of torch's fallbacks), at 2 and 3 ranks; their gradients against fp64 (the sum of
-every rank's loss); under torch.compile (fullgraph) forward and backward as eagerly (within 1e-6); ``torch.ops.symm_mem.*``
-routed to them; bad arguments refused."""
+every rank's loss); under torch.compile (fullgraph) forward and backward as eagerly (within 1e-6);
+``torch.ops.symm_mem.*`` routed to them; bad arguments refused."""
 
 import pytest
 import torch
@@ -25,7 +25,6 @@ def _every(t):
 
 def _ag_reference(shards, Bs, dim):
     """torch's fallback in fp64: the gathered A (in its layout) and each product."""
-    world = len(shards)
     a = torch.stack(shards).double()  # [W, *shard]
     if dim == shards[0].dim() - 1:
         full = torch.cat(list(a), dim=-1)

@@ -80,7 +80,7 @@ def fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name=None, return_A=T
     return (gathered.view(*shape, A_shard.shape[-1]).movedim(0, dim) if return_A else None), outs
 
 
-# ----------------------------------------------------------------------------------------------- matmul + reduce-scatter
+# ------------------------------------------------------------------------------------------- matmul + reduce-scatter
 def fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name=None):
     """``reduce_scatter(A @ B, reduce_op, scatter_dim)`` (async-TP's op; see the module docstring): rank r gets the
     r-th of W equal slices of ``scatter_dim`` of the sum (``"avg"``: the mean) over the ranks of ``A @ B``."""
@@ -275,9 +275,10 @@ def fused_scaled_matmul_reduce_scatter(A, B, A_scale, B_scale, reduce_op, orig_s
         out = out.t().reshape(*lead, size // world)
     else:
         rows, moved = _rows_first(A2, dim)
-        [out] = _scaled_products(rows, scale_rows, [B.t()], [w_scale], [dtype], [bool(use_fast_accum)],
-                                 lambda a, w, sa, sw, mode, d, f: scaled_gemm_rs(a, w, sa, sw, scaling=mode, out_dtype=d,
-                                                                                 fast_accum=f, group=group))
+        def run(a, w, sa, sw, mode, d, f):
+            return scaled_gemm_rs(a, w, sa, sw, scaling=mode, out_dtype=d, fast_accum=f, group=group)
+
+        [out] = _scaled_products(rows, scale_rows, [B.t()], [w_scale], [dtype], [bool(use_fast_accum)], run)
         out = out.view(moved[0] // world, *moved[1:-1], B.shape[1]).movedim(0, dim)
     out = out.contiguous()
     if reduce_op == "avg":

@@ -47,8 +47,8 @@ def scaled_mm_torch(a, w, scales, out_dtype):
     not a multiple of 16). The
     baseline and the fallback paths' GEMM."""
     cublas_takes = not (w.shape[0] % 16 or a.shape[1] % 16)  # N and K in multiples of 16 (cuBLAS' alignment)
-    if scales.mode == "block" or a.dtype == torch.float8_e5m2 or (scales.mode == "row" and out_dtype != torch.bfloat16) \
-            or not cublas_takes:
+    if scales.mode == "block" or a.dtype == torch.float8_e5m2 or not cublas_takes or \
+            (scales.mode == "row" and out_dtype != torch.bfloat16):
         return scaled_gemm(a, w, scales.a, scales.w, scaling=scales.mode, out_dtype=out_dtype,
                            fast_accum=scales.fast_accum)
     sw = scales.w.reshape(1, -1) if scales.mode == "row" else scales.w.reshape(())
