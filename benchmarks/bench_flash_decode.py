@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import triton_dist as td
+from triton_dist import hardware
 from harness import IN_TURN, in_turn, record
 from triton_dist.timing import graph_of, graph_us, time_us
 from triton_dist.kernels.flash_decode import local_flash_decode, resolved_config, sp_flash_decode
@@ -85,7 +86,7 @@ def main():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     td.init(backend="cuda")
     w, r = td.world_size(), td.rank()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = hardware.num_sms()
     rows, sweep_rows, combine_rows = [], [], []
     pdl_broken = False  # a PDL launch that failed (e.g. in graph capture) is not retried
     scale = 1.0 / math.sqrt(D)

@@ -15,6 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from triton_dist.timing import check_timeable
+
 
 def environment():
     try:
@@ -38,6 +40,7 @@ def host_us(fn, calls=50, profile=None):
     """Host µs per call of ``fn`` while the GPU is busy (a sleep kernel queued ahead of each batch, so the host
     never waits for the device): median of 5 batches of ``calls`` calls, max over ranks. With ``profile`` (a
     list), a cProfile of the last batch is appended to it."""
+    check_timeable()
     fn()
     torch.cuda.synchronize()
     dist.barrier()
@@ -164,6 +167,7 @@ def clocks_during(fn, iters=40):
 
 def record(name, rows, notes=""):
     """Rank 0 writes ``$BENCH_DIR/<name>.json`` (default benchmarks/results/raw) and prints a table."""
+    check_timeable()  # rows timed where ranks share a GPU are not figures
     if dist.get_rank() != 0:
         return
     out_dir = os.environ.get("BENCH_DIR", os.path.join(os.path.dirname(__file__), "results", "raw"))

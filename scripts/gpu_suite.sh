@@ -39,6 +39,12 @@ if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
   # (their compiles run in parallel); its own autotune cache, so the benchmarks tune on an idle GPU.
   TRITON_DIST_CACHE_DIR=$(mktemp -d) run "tests[gpu tier]" python3 -m pytest -m gpu -n "${SUITE_WORKERS:-6}" \
     --dist load -p no:cacheprovider -v -rs --durations=25 "${@:-tests}"
+  # Several ranks on each GPU (the shared-gpu backend, under MPS): the multi-rank GPU tests at the worlds of
+  # SUITE_SHARED_WORLDS (default on one GPU: 2 and 4; "" skips)
+  for w in ${SUITE_SHARED_WORLDS-$([ "$NGPU" -eq 1 ] && echo 2 4)}; do
+    TRITON_DIST_GPU_WORLD=$w TRITON_DIST_CACHE_DIR=$(mktemp -d) run "tests[gpu tier] W=$w" python3 -m pytest -m gpu \
+      -n "${SUITE_SHARED_WORKERS:-4}" --dist load -p no:cacheprovider -v -rs --durations=15 "${@:-tests}"
+  done
   if [ "${SUITE_REST:-1}" = 1 ]; then  # the rest of README's test command: CPU ranks, sm_90 compiles
     run "tests[not gpu]" python3 -m pytest -m "not gpu" -n "${SUITE_CPU_WORKERS:-8}" --dist loadfile \
       -p no:cacheprovider -rs --durations=15 "${@:-tests}"
@@ -62,6 +68,10 @@ if [ "${SUITE_SKIP_BENCH:-0}" != 1 ]; then
       run "bench $name x$NGPU" $TR "benchmarks/bench_$name.py"
     fi
   done
+fi
+MPS_PIPE=${TMPDIR:-/tmp}/triton_dist_mps_pipe
+if [ -d "$MPS_PIPE" ]; then  # the MPS daemon the shared-gpu pools started (launch.start_mps): stop it
+  CUDA_MPS_PIPE_DIRECTORY=$MPS_PIPE bash -c 'echo quit | nvidia-cuda-mps-control' >/dev/null 2>&1 || true
 fi
 python3 - "$BENCH_DIR" "$OUT" <<'PY'
 import glob, json, os, sys

@@ -3,9 +3,12 @@
 A test calls ``ranks(world, fn, *args)``: ``fn(*args)`` runs on every rank and its per-rank results come back.
 * ``python -m pytest`` (CPU or GPU machine): ranks are processes of pools started once per session. Tests run on
   CPU ranks (Triton interpreter, heap in /dev/shm), any ``world``; tests marked ``gpu`` (``gpu_only``) on GPU
-  ranks, one per
-  local GPU (skipped when the machine has fewer GPUs than ``world``, or none). This process interprets kernels:
-  a single-GPU test runs its body through ``ranks.on_one_gpu(fn, *args)``.
+  ranks, one per local GPU, or, where the machine has fewer GPUs than ``world``, several ranks per GPU (the
+  ``shared-gpu`` backend, under MPS; skipped with no GPU). This process interprets kernels: a single-GPU test runs
+  its body through ``ranks.on_one_gpu(fn, *args)``.
+* ``TRITON_DIST_GPU_WORLD=W python -m pytest -m gpu``: the GPU tests that take ``ranks.gpu_world`` run at world W
+  (on a 1-GPU machine: W ranks sharing it), the single-GPU ones (``on_one_gpu``) are skipped (the plain run has
+  them).
 * ``torchrun --nproc-per-node=N -m pytest ...`` (``scripts/gpu_suite.sh``): this process *is* a GPU rank; ``fn``
   runs here when ``world == N`` (results gathered from all ranks), the test is skipped otherwise, and CPU-only
   tests are skipped. ``ranks.gpu_world``: the world size GPU tests get (N here, the GPU count in pools).
@@ -19,6 +22,7 @@ import torch
 
 ON_GPU_RANKS = torch.cuda.is_available() and "LOCAL_RANK" in os.environ
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+GPU_WORLD = int(os.environ["TRITON_DIST_GPU_WORLD"]) if os.environ.get("TRITON_DIST_GPU_WORLD") else None
 
 if not ON_GPU_RANKS:  # this process runs the CPU tests' kernels (GPU tests go to GPU rank processes)
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -77,18 +81,24 @@ def ranks(_pools, request):
             results = [None] * world
             torch.distributed.all_gather_object(results, result)
             return results
-        if on_gpu and world > GPUS:
-            pytest.skip(f"needs {world} GPUs, this machine has {GPUS}")
         return pool(on_gpu, world).run(fn, *args, timeout=timeout, **kwargs)
 
     def pool(gpu, world):
-        """The session's pool of ``world`` GPU (or CPU) ranks, started on first use."""
-        key = ("gpu" if gpu else "cpu", world)
+        """The session's pool of ``world`` GPU (or CPU) ranks, started on first use. GPU ranks share the GPUs
+        where there are fewer than ``world``; a process keeps one such pool (MPS serves a limited number of
+        processes, and test workers run side by side)."""
+        shared = gpu and world > GPUS
+        key = ("shared-gpu" if shared else "gpu" if gpu else "cpu", world)
         if key not in _pools:
             from triton_dist.launch import RankPool
 
-            _pools[key] = RankPool(world, backend=os.environ.get("TRITON_DIST_BACKEND", "auto") if gpu else "cpu",
-                                   wait_timeout_s=GPU_WAIT_TIMEOUT_S if gpu else None)
+            if shared:
+                for other in [k for k in _pools if k[0] == "shared-gpu"]:
+                    _pools.pop(other).close()
+                backend = "shared-gpu"
+            else:
+                backend = os.environ.get("TRITON_DIST_BACKEND", "auto") if gpu else "cpu"
+            _pools[key] = RankPool(world, backend=backend, wait_timeout_s=GPU_WAIT_TIMEOUT_S if gpu else None)
         return _pools[key]
 
     def on_one_gpu(fn, *args, timeout=600, **kwargs):
@@ -98,9 +108,11 @@ def ranks(_pools, request):
             return fn(*args, **kwargs)
         if GPUS < 1:
             pytest.skip("needs a GPU")
+        if GPU_WORLD is not None:
+            pytest.skip(f"a single-GPU test (TRITON_DIST_GPU_WORLD={GPU_WORLD} runs the multi-rank ones)")
         return pool(True, 1).run(fn, *args, timeout=timeout, **kwargs)[0]
 
-    run.gpu_world = int(os.environ.get("WORLD_SIZE", 1)) if ON_GPU_RANKS else GPUS
+    run.gpu_world = int(os.environ.get("WORLD_SIZE", 1)) if ON_GPU_RANKS else GPU_WORLD or GPUS
     run.on_one_gpu = on_one_gpu
     return run
 

@@ -10,8 +10,9 @@
 * **Tuned once.** Choices live in memory and in ``$TRITON_DIST_CACHE_DIR`` (default ``~/.cache/triton_dist/
   autotune``), one JSON file per op, keyed by GPU, world size, the op's key, the library versions and a digest
   of the candidate list (new candidates tune again).
-* **Never at the wrong time.** No tuning under the interpreter, during CUDA-graph capture or a torch.compile trace
-  (the cached choice or ``default`` then, identical on every rank). ``TRITON_DIST_AUTOTUNE=0`` turns it off.
+* **Never at the wrong time.** No tuning under the interpreter, during CUDA-graph capture or a torch.compile trace,
+  nor where ranks share a GPU (the cached choice or ``default`` then, identical on every rank).
+  ``TRITON_DIST_AUTOTUNE=0`` turns it off.
 * **Fair on a power-capped GPU.** Candidates are timed in turn, ``rounds`` times, each round in a different order
   (``turn_order``), each timing after ~50 ms of the candidate itself (``WARMUP_US``), and each keeps the median of
   its rounds: a GPU at its power limit drifts by several percent within a second.
@@ -33,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from . import hardware
-from .timing import max_over_ranks, median_us
+from .timing import max_over_ranks, median_us, timeable
 
 _CHOSEN = {}  # full key -> config (identical on every rank)
 SPAN_US = 5000.0  # later rounds time a candidate over about this long ...
@@ -86,7 +87,7 @@ def full_key(op, key, collective=True, candidates=None, group=None):
 def tuning_allowed():
     if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("TRITON_DIST_AUTOTUNE", "1") == "0":
         return False
-    if not torch.cuda.is_available():
+    if not timeable():  # no GPU, or ranks sharing one (their timings measure each other)
         return False
     return not (hardware.capturing() or hardware.compiling())
 

@@ -15,14 +15,30 @@ def interpreting():
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+_RANKS_PER_GPU = 1  # ranks sharing this process's GPU (the shared-gpu backend), set by shmem.init
+
+
 def num_sms(device_index=None):
-    """SM count of a CUDA device (None: the current one)."""
+    """The SMs this rank may fill on a CUDA device (None: the current one): the device's count, or this rank's
+    share when several ranks share the GPU. A grid that waits on a peer must leave the peer room to run: under
+    MPS with ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` the device already reports the share; otherwise an equal
+    part of the SMs."""
     return _sm_count(torch.cuda.current_device() if device_index is None else device_index)
 
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index):
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    count = torch.cuda.get_device_properties(device_index).multi_processor_count
+    if _RANKS_PER_GPU > 1 and not os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+        count = max(1, count // _RANKS_PER_GPU)
+    return count
+
+
+def share_gpu(ranks):
+    """Record that ``ranks`` ranks (this one included) share this process's GPU."""
+    global _RANKS_PER_GPU
+    _RANKS_PER_GPU = max(1, int(ranks))
+    _sm_count.cache_clear()
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,13 +7,23 @@
 Ranks start once and serve many calls (starting one costs seconds of imports). A call that raises on any rank,
 or does not finish in time, raises here with every rank's error, and the pool restarts so that the next call
 begins from clean state.
+
+``RankPool(4, backend="shared-gpu")`` runs 4 ranks on one GPU (docs/design/shmem.md): the pool starts the MPS
+daemon when none runs (so that the ranks' kernels are co-resident), gives each rank an equal share of the SMs,
+and runs one call at a time per machine (the ranks of two pools waiting on their peers could fill the GPU).
 """
 
+import contextlib
+import fcntl
 import gc
 import multiprocessing as mp
 import os
+import shutil
+import subprocess
+import tempfile
 import time
 import traceback
+import warnings
 
 
 AFTER_AN_ERROR_S = 30  # how long the other ranks of a call may still take once one rank has failed
@@ -54,13 +64,71 @@ def _worker(rank, world, port, backend, heap_size, wait_timeout_s, conn):
     conn.send(("bye", None))
 
 
+def mps_running():
+    """Whether an MPS control daemon answers (on the pipe directory of ``CUDA_MPS_PIPE_DIRECTORY``)."""
+    exe = shutil.which("nvidia-cuda-mps-control")
+    if exe is None:
+        return False
+    try:
+        done = subprocess.run([exe], input="get_server_list\n", capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and "Cannot find MPS control daemon" not in done.stdout + done.stderr
+
+
+def start_mps():
+    """Start the MPS control daemon unless one runs. None when it runs, else why it cannot (the ranks of a GPU
+    then time-slice: correct, but every wait on a peer costs milliseconds). It stays up for later pools; stop it
+    with ``echo quit | nvidia-cuda-mps-control``."""
+    if mps_running():  # the user's daemon (its pipe directory in the environment, or the default one)
+        return None
+    exe = shutil.which("nvidia-cuda-mps-control")
+    if exe is None:
+        return "nvidia-cuda-mps-control is not on PATH"
+    for var, sub in (("CUDA_MPS_PIPE_DIRECTORY", "pipe"), ("CUDA_MPS_LOG_DIRECTORY", "log")):
+        os.makedirs(os.environ.setdefault(var, os.path.join(tempfile.gettempdir(), f"triton_dist_mps_{sub}")),
+                    exist_ok=True)
+    if mps_running():  # started by another process of ours (e.g. another test worker)
+        return None
+    try:
+        done = subprocess.run([exe, "-d"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"nvidia-cuda-mps-control -d failed: {exc}"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if mps_running():
+            return None
+        time.sleep(0.2)
+    return f"nvidia-cuda-mps-control -d did not start a daemon (exit {done.returncode}: {done.stderr.strip()})"
+
+
+@contextlib.contextmanager
+def _one_shared_gpu_call():
+    """Calls of several ranks on one GPU run one at a time on the machine: their waiting grids fill their SM
+    shares, so two such calls at once could leave each other's peers no SM to run on."""
+    with open(os.path.join(tempfile.gettempdir(), "triton_dist_shared_gpu.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 class RankPool:
     def __init__(self, world, backend="cpu", heap_size=None, start_timeout=120, wait_timeout_s=None):
-        """``backend``: "cpu" (interpreter ranks) or a GPU backend ("auto", "cuda", "nvshmem": rank r on GPU
-        r mod the GPU count)."""
+        """``backend``: "cpu" (interpreter ranks), a GPU backend ("auto", "cuda", "nvshmem": rank r on GPU
+        r mod the GPU count) or "shared-gpu" (the ranks share the GPUs, e.g. 4 ranks on one). ``mode``: how
+        the ranks run ("cpu", "gpu", "mps" or "time-sliced")."""
         self.world, self.backend, self.heap_size, self.start_timeout = world, backend, heap_size, start_timeout
         self.wait_timeout_s = wait_timeout_s
+        self.mode = "cpu" if backend == "cpu" else "gpu"
         self._procs = []
+        if backend == "shared-gpu":
+            why = start_mps()
+            self.mode = "mps" if why is None else "time-sliced"
+            if why is not None:
+                warnings.warn(f"{world} ranks share the GPU without MPS ({why}): their kernels time-slice, so "
+                              f"every wait on a peer costs milliseconds")
         self._start()
 
     def _start(self, attempts=3):
@@ -77,9 +145,15 @@ class RankPool:
         ctx = mp.get_context("spawn")
         port = _free_port()
         self._conns, self._procs = [], []
-        # the ranks inherit the environment when they start: interpreter ranks on CPU, compiled kernels on GPU
-        interpret = os.environ.get("TRITON_INTERPRET")
+        # the ranks inherit the environment when they start: interpreter ranks on CPU, compiled kernels on GPU;
+        # ranks sharing a GPU under MPS each get an equal part of its SMs
+        saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
         os.environ["TRITON_INTERPRET"] = "1" if self.backend == "cpu" else "0"
+        if self.mode == "mps":
+            import torch
+
+            per_gpu = -(-self.world // max(1, torch.cuda.device_count()))
+            os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // per_gpu)
         try:
             for r in range(self.world):
                 parent, child = ctx.Pipe()
@@ -89,11 +163,13 @@ class RankPool:
                 self._conns.append(parent)
                 self._procs.append(p)
         finally:
-            if self.backend != "cpu":  # a CPU pool's setting stays: this process may run interpreted kernels too
-                if interpret is None:
-                    del os.environ["TRITON_INTERPRET"]
+            for k, v in saved.items():
+                if k == "TRITON_INTERPRET" and self.backend == "cpu":
+                    continue  # a CPU pool's setting stays: this process may run interpreted kernels too
+                if v is None:
+                    os.environ.pop(k, None)
                 else:
-                    os.environ["TRITON_INTERPRET"] = interpret
+                    os.environ[k] = v
         self._collect(self.start_timeout, "start")
 
     def _collect(self, timeout, what):
@@ -129,9 +205,11 @@ class RankPool:
         """``fn(*args, **kwargs)`` on every rank; the list of per-rank results."""
         if not self._procs:
             self._start()
-        for c in self._conns:
-            c.send((fn, args, kwargs))
-        return self._collect(timeout, fn.__name__)
+        one_at_a_time = _one_shared_gpu_call() if self.backend == "shared-gpu" else contextlib.nullcontext()
+        with one_at_a_time:
+            for c in self._conns:
+                c.send((fn, args, kwargs))
+            return self._collect(timeout, fn.__name__)
 
     def _kill(self):
         for p in self._procs:

@@ -2,7 +2,8 @@
 
 Every rank runs the same fixed number of iterations (never ``triton.testing.do_bench``: it picks counts per rank
 and the collectives deadlock); each call is timed with CUDA events; a rank reports its median and the figure is
-the max over ranks. Used by the examples and the benchmarks.
+the max over ranks. Used by the examples and the benchmarks. Where ranks share a GPU (the ``shared-gpu``
+backend) no figure means anything — they share its SMs and memory bandwidth — and the timers refuse.
 """
 
 import math
@@ -11,6 +12,23 @@ import time
 
 import torch
 import torch.distributed as dist
+
+
+class SharedGpuTimingError(RuntimeError):
+    """A timing asked for where several ranks share one GPU."""
+
+
+def timeable():
+    """Whether speed figures mean something here: a GPU with one rank per GPU."""
+    from . import shmem
+
+    return torch.cuda.is_available() and not (shmem.is_initialized() and shmem.backend() == "shared-gpu")
+
+
+def check_timeable():
+    if torch.cuda.is_available() and not timeable():
+        raise SharedGpuTimingError("no speed figures where ranks share a GPU (backend 'shared-gpu'): they share its "
+                                   "SMs and memory bandwidth; time on one rank per GPU")
 
 
 def max_over_ranks(value, group=None):
@@ -43,6 +61,7 @@ def warm_up(fn, calls, span_us=0.0, group=None, collective=True):
 def median_us(fn, iters=20, warmup=5, warmup_us=0.0, group=None, collective=True):
     """This rank's median µs of ``fn()`` over ``iters`` calls, each timed with CUDA events, after ``warm_up``.
     ``collective``: the ranks of ``group`` start timing together (a barrier): every one of them must call."""
+    check_timeable()
     warm_up(fn, warmup, warmup_us, group, collective)
     if collective and dist.is_initialized():
         dist.barrier(group=group)
@@ -94,6 +113,8 @@ def graph_us_or_nan(fn, what, **kwargs):
 def _or_nan(timer, fn, what, **kwargs):
     try:
         return timer(fn, **kwargs)
+    except SharedGpuTimingError:
+        raise
     except Exception as exc:
         if dist.get_rank() == 0:
             print(f"{what} failed: {type(exc).__name__}: {exc}", flush=True)

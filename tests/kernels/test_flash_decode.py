@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import triton_dist as td
+from triton_dist import hardware
 from triton_dist.kernels.flash_decode import (_PLANS, SMEM_PER_BLOCK, choose_splits, default_config,
                                               local_flash_decode, resolved_config, sp_flash_decode,
                                               split_smem_bytes)
@@ -329,7 +330,7 @@ def test_gpu_cuda_graph_replay(ranks, config):
 def _check_fused_guard():
     """combine='fused' is refused where waiting programs could fill the GPU (B * Hkv >= SMs); 'auto' falls back."""
     dev = td.shmem.device()
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    sms = hardware.num_sms(dev.index)  # this rank's SMs (its share when ranks share the GPU)
     q = torch.randn(sms, 8, 64, device=dev, dtype=torch.bfloat16)
     k = torch.randn(sms, 16, 1, 64, device=dev, dtype=torch.bfloat16)
     lens = torch.full((sms,), 16, dtype=torch.int32, device=dev)

@@ -9,7 +9,7 @@ import triton.language as tl
 import triton_dist as td
 import triton_dist.language as dl
 
-from ..conftest import ON_GPU_RANKS
+from ..conftest import ON_GPU_RANKS, gpu_only
 
 WORLDS = [2, 4]
 
@@ -320,3 +320,20 @@ def test_primitives_compile_for_sm90(kernel):
         assert any("acquire" in op for op in ops), ops
     if kernel == "_launch_control_kernel":  # programmatic dependent launch and the bulk-store wait, emitted
         assert {"griddepcontrol.launch_dependents", "griddepcontrol.wait", "cp.async.bulk.wait_group"} <= set(ops), ops
+
+
+# The same checks on GPU ranks: one per GPU, or several sharing a GPU where the machine has fewer (the shared-gpu
+# backend, under MPS): real memory ordering between processes, which the interpreter cannot show.
+@gpu_only
+@pytest.mark.parametrize("world", WORLDS + [8])
+def test_gpu_primitives(ranks, world):
+    assert ranks(world, _check_rank) == [[r, world] for r in range(world)]
+    assert ranks(world, _check_put_get, 129, "bfloat16") == [True] * world
+    assert all(ranks(world, _check_signal_wait))
+    assert ranks(world, _check_barrier, 200) == [0] * world
+
+
+@gpu_only
+@pytest.mark.parametrize("world", WORLDS)
+def test_gpu_wait_times_out_with_a_named_error(ranks, world):
+    test_wait_times_out_with_a_named_error(ranks, world)

@@ -5,6 +5,9 @@
   them, so nothing is left behind, even when a rank dies.
 * ``TorchSymmHeap``: PyTorch symmetric memory (NVSHMEM or CUDA backend); peers are reached over NVLink by address.
   A world of one rank takes a plain device allocation (nothing to map).
+* ``SharedGpuHeap``: several ranks (processes) on ONE GPU, where torch's symmetric memory and NCCL refuse to go:
+  each rank allocates its heap on the device and exports it by CUDA IPC; the handles travel over the (gloo)
+  group and every rank maps its peers'. Peers are then reached by address, exactly as on separate GPUs.
 """
 
 import os
@@ -74,4 +77,24 @@ class TorchSymmHeap:
     def close(self):
         self.peers = []
         self.handle = None
+        self.local = None
+
+
+class SharedGpuHeap:
+    name = "shared-gpu"
+
+    def __init__(self, nbytes, group, rank, world, device):
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        self.device = device
+        self.local = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        rebuild, handle = reduce_tensor(self.local)  # an IPC handle of the allocation, and how to open it
+        handles = [None] * world
+        dist.all_gather_object(handles, handle, group=group)
+        # a process cannot open its own IPC handle: its own heap is the local tensor
+        self.peers = [self.local if r == rank else rebuild(*handles[r]) for r in range(world)]
+        self.bases = [t.data_ptr() for t in self.peers]
+
+    def close(self):
+        self.peers = []
         self.local = None

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from . import layout, teams
-from .backends import CpuHeap, TorchSymmHeap, nvshmem_available
+from .. import hardware
+from .backends import CpuHeap, SharedGpuHeap, TorchSymmHeap, nvshmem_available
 from .errors import CollectiveMismatchError, HeapExhaustedError, NotInitializedError, error_from_record
 
 ALIGN = 256
@@ -76,20 +77,27 @@ def is_initialized():
     return _RT is not None
 
 
+BACKENDS = ("auto", "nvshmem", "cuda", "shared-gpu", "cpu")
+
+
 def init(group=None, backend="auto", heap_size=None, wait_timeout_s=None, check_calls=None):
-    """Create this rank's heap and map every peer's. ``backend``: "auto" (NVSHMEM if torch has it, else CUDA
-    symmetric memory, on GPU; shared memory on CPU), "nvshmem", "cuda" or "cpu". Collective over ``group``
-    (default: the torch.distributed default group, started from the torchrun environment if needed); ops may run
-    on any group of its ranks (``group=`` of every op). ``check_calls``: compare every op call's signature across
-    the ranks before launching (``CollectiveMismatchError``); default: the ``TRITON_DIST_CHECK_CALLS`` variable."""
+    """Create this rank's heap and map every peer's. ``backend``: "auto" (on GPU: NVSHMEM if torch has it, else
+    CUDA symmetric memory, or "shared-gpu" when torchrun starts more ranks than the node has GPUs; shared memory
+    on CPU), "nvshmem", "cuda", "shared-gpu" (several ranks on one GPU: heaps shared by CUDA IPC, a gloo group;
+    run it under MPS, docs/design/shmem.md) or "cpu". Collective over ``group`` (default: the torch.distributed
+    default group, started from the torchrun environment if needed); ops may run on any group of its ranks
+    (``group=`` of every op). ``check_calls``: compare every op call's signature across the ranks before
+    launching (``CollectiveMismatchError``); default: the ``TRITON_DIST_CHECK_CALLS`` variable."""
     global _RT
     if _RT is not None:
         return
-    use_gpu = backend in ("nvshmem", "cuda") or (backend == "auto" and torch.cuda.is_available())
-    if backend not in ("auto", "nvshmem", "cuda", "cpu"):
-        raise ValueError(f"unknown backend {backend!r}: use 'auto', 'nvshmem', 'cuda' or 'cpu'")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(map(repr, BACKENDS))}")
+    use_gpu = backend != "cpu" and (backend != "auto" or torch.cuda.is_available())
+    if backend == "auto" and use_gpu and _more_local_ranks_than_gpus():
+        backend = "shared-gpu"
     if not dist.is_initialized():
-        _init_process_group(use_gpu)
+        _init_process_group(use_gpu, nccl=backend != "shared-gpu")
     group = group or dist.group.WORLD
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if world > layout.MAX_RANKS:
@@ -97,16 +105,20 @@ def init(group=None, backend="auto", heap_size=None, wait_timeout_s=None, check_
     kind = "gpu" if use_gpu else "cpu"
     nbytes = heap_size or int(os.environ.get("TRITON_DIST_HEAP_SIZE", 0)) or DEFAULT_HEAP_BYTES[kind]
     nbytes = -(-nbytes // 4096) * 4096
+    if backend in ("cpu", "shared-gpu") and dist.get_backend(group) != "gloo":  # host-side exchange by gloo
+        group = dist.new_group(dist.get_process_group_ranks(group), backend="gloo")
     if use_gpu:
         device = torch.device("cuda", torch.cuda.current_device())
         if backend == "auto":
             backend = "nvshmem" if nvshmem_available() else "cuda"
-        heap = TorchSymmHeap(nbytes, group, rank, world, device, backend)
+        if backend == "shared-gpu":
+            heap = SharedGpuHeap(nbytes, group, rank, world, device)
+            hardware.share_gpu(_ranks_on_my_gpu(group, world))
+        else:
+            heap = TorchSymmHeap(nbytes, group, rank, world, device, backend)
         heap.local[: layout.RESERVED_BYTES].zero_()
         torch.cuda.synchronize()
     else:
-        if dist.get_backend(group) != "gloo":
-            group = dist.new_group(dist.get_process_group_ranks(group), backend="gloo")
         heap = CpuHeap(nbytes, group, rank, world)
     token = [uuid.uuid4().hex[:12]]
     if world > 1:
@@ -127,13 +139,30 @@ def init(group=None, backend="auto", heap_size=None, wait_timeout_s=None, check_
     atexit.register(finalize)
 
 
-def _init_process_group(use_gpu):
+def _more_local_ranks_than_gpus():
+    """torchrun started more ranks on this node than it has GPUs (``--nproc-per-node`` > GPU count)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", 1)) > torch.cuda.device_count()
+
+
+def _ranks_on_my_gpu(group, world):
+    """How many ranks of ``group`` run on this rank's GPU (they share its SMs)."""
+    here = (os.uname().nodename, str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid))
+    everyone = [None] * world
+    dist.all_gather_object(everyone, here, group=group)
+    return everyone.count(here)
+
+
+def _init_process_group(use_gpu, nccl=True):
+    """The default group from torchrun's environment (or a world of one): NCCL on GPU, gloo on CPU and where
+    several ranks share a GPU (NCCL refuses that). Rank ``LOCAL_RANK`` takes GPU ``LOCAL_RANK`` mod the count."""
     if use_gpu and "LOCAL_RANK" in os.environ:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     if "WORLD_SIZE" not in os.environ:  # a plain `python script.py`: a world of one
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
-    kwargs = {"device_id": torch.device("cuda", torch.cuda.current_device())} if use_gpu else {}
-    dist.init_process_group("nccl" if use_gpu else "gloo", **kwargs)
+    if use_gpu and nccl:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    else:
+        dist.init_process_group("gloo")
 
 
 def _free_port():
@@ -173,6 +202,7 @@ def finalize():
     except Exception as exc:  # a dead peer must not turn exit into a hang or a crash
         warnings.warn(f"triton_dist.finalize: closing barrier failed on rank {rt.rank}: {exc}")
     _RT = None
+    hardware.share_gpu(1)
     _drop_dependents()  # every op's workspaces point into this heap
     gc.collect()
     rt.heap.close()
@@ -233,7 +263,7 @@ def group():
 
 
 def backend():
-    """"cpu", "cuda" or "nvshmem"."""
+    """The heap's backend: "cpu", "cuda", "nvshmem" or "shared-gpu"."""
     return runtime().heap.name
 
 
