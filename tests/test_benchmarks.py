@@ -24,6 +24,7 @@ def test_benchmark_imports(name):
 
 
 @pytest.mark.parametrize("name,flag", [("bench_grouped_gemm", "--check"), ("bench_layers", "--check"),
+                                       ("bench_backward", "--check"), ("bench_backward", "--only"),
                                        ("bench_gemm", "--only"), ("bench_fp8", "--only")])
 def test_benchmark_command_line_parses(name, flag, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [name, "--help"])

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import triton_dist as td
 from triton_dist.kernels import ag_gemm, all_gather, all_reduce, gemm_rs
 
-from ..conftest import cpu_only, error_names
+from ..conftest import cpu_only, error_names, gpu_only
 
 
 def _all(seed, shape):
@@ -331,3 +331,150 @@ def _grads_on_groups():
 def test_gradients_on_groups_match_fp64(ranks):
     for err in ranks(4, _grads_on_groups):
         assert err < 1e-5, err
+
+
+# ----------------------------------------------------------------------------------------------- GPU, bf16
+# The same gradients in bf16 on GPUs. bf16 keeps 8 bits of mantissa, so no bf16 computation is exact: each of ours
+# is held to what plain torch achieves on the same bf16 inputs (the same computation, no communication: an
+# all-gather is exact, a reduce-scatter sums bf16 partials), both measured against fp64 torch of the whole
+# computation. Ours may be BF16_FACTOR times worse (other summation orders, the SiLU gate's pre-activation
+# recomputed in the backward, partials summed in fp32 or bf16), and never needs to beat one bf16 rounding at the
+# reference's largest value (BF16_FLOOR). A wrong row, a stale buffer or a missing rank's term costs O(1).
+BF16_FACTOR = 3.0
+BF16_FLOOR = 2.0 ** -8
+GPU_OP_SHAPES = [(333, 520, 1032), (512, 1024, 2048)]  # (rows per rank, N, K): rows off every tile, and round
+
+
+def bf16_bound(torch_err):
+    return max(BF16_FACTOR * torch_err, BF16_FLOOR)
+
+
+def _err(got, ref):
+    """max |got - ref| / max |ref|, inf when ``got`` holds a non-finite value (a poisoned one that was read) or has
+    another shape, or ``ref`` is all zeros (nothing would be tested)."""
+    if got is None or tuple(got.shape) != tuple(ref.shape) or not torch.isfinite(got).all():
+        return float("inf")
+    scale = ref.double().abs().max()
+    return float("inf") if scale == 0 else ((got.double() - ref.double()).abs().max() / scale).item()
+
+
+def _poison_workspaces():
+    """NaN in the buffers peers' rows, partial tiles and MoE rows land in, records nobody wrote in the MoE's
+    (as another layer's calls between a forward and its backward would leave them): a value read that this call
+    did not write shows."""
+    for ws in td.shmem.workspaces.cached("ag_gemm"):
+        ws.a_full.fill_(float("nan"))
+    for ws in td.shmem.workspaces.cached("gemm_rs"):
+        ws.recv.fill_(float("nan"))
+    for ws in td.shmem.workspaces.cached("moe_ep"):
+        for rows in (ws.recv_x, ws.recv_w, ws.partials):
+            rows.fill_(float("nan"))
+        ws.recv_slots.fill_(10 ** 9)
+    td.shmem.barrier()
+
+
+class default_configs:
+    """The ops' default configurations, not tuned ones (tuning compiles every candidate of every new shape: the
+    tuned paths have their own GPU tests); the setting restored afterwards (pool ranks run many tests)."""
+
+    def __enter__(self):
+        import os
+
+        self.saved = os.environ.get("TRITON_DIST_AUTOTUNE")
+        os.environ["TRITON_DIST_AUTOTUNE"] = "0"
+
+    def __exit__(self, *exc):
+        import os
+
+        if self.saved is None:
+            os.environ.pop("TRITON_DIST_AUTOTUNE", None)
+        else:
+            os.environ["TRITON_DIST_AUTOTUNE"] = self.saved
+
+
+def _ours_on_poisoned_workspaces(fn, inputs, weighting):
+    """``fn(*leaves)``'s output and the gradients of sum(out * weighting) w.r.t. the leaves (copies of ``inputs``),
+    run twice: first on throwaway inputs of the same shapes (every call of the forward and the backward builds its
+    workspaces), then on ``inputs`` with the workspaces poisoned before the forward and before the backward."""
+    for throwaway in (True, False):
+        leaves = [(torch.randn_like(t) if throwaway else t).detach().clone().requires_grad_() for t in inputs]
+        _poison_workspaces()
+        out = fn(*leaves)
+        _poison_workspaces()
+        (out.double() * weighting.double()).sum().backward()
+    return [out] + [t.grad for t in leaves]
+
+
+def _silu_gate(h, activation):
+    half = h.shape[1] // 2
+    return F.silu(h[:, :half]) * h[:, half:] if activation == "silu_gate" else h
+
+
+def _gpu_op_grads(m, n, k, seed, dtype=torch.bfloat16):
+    """ag_gemm (plain and SiLU gate, the input gathered again or kept) and gemm_rs in bf16 on this rank's GPU:
+    {what: (our error, plain torch's bf16 error)} of the output and of every gradient, both against fp64 torch
+    of the whole computation (``dtype`` float32: CPU ranks run it too). Every rank makes every rank's inputs from
+    one seed (fresh per call) and takes its own; the objective is the sum over the ranks of each rank's output
+    weighted by random bf16 values (exact in either dtype). Ours on poisoned workspaces."""
+    dev, r, world = td.shmem.device(), td.rank(), td.world_size()
+    gen = torch.Generator(device=dev).manual_seed(seed)
+
+    def every(*shape, scale=1.0):
+        return [(torch.randn(*shape, device=dev, generator=gen) * scale).to(dtype) for _ in range(world)]
+
+    def torch_run(dtype, inputs, loss_of):
+        """(this rank's output, gradients of this rank's inputs) of plain torch in ``dtype``."""
+        leaves = [[t.to(dtype, copy=True).requires_grad_() for t in each] for each in inputs]
+        outs = loss_of(*leaves)
+        sum((o.double() * wt.double()).sum() for o, wt in outs).backward()
+        return [outs[r][0]] + [each[r].grad for each in leaves]
+
+    errs = {}
+    for activation in ("none", "silu_gate"):
+        for keep in (False, True):
+            cols = 2 * n if activation == "silu_gate" else n
+            a, w, weighting = every(m, k), every(cols, k, scale=k ** -0.5), every(world * m, n)
+
+            def ag_gemm_torch(a_, w_):  # rank s: cat(a) @ w_s.T (then the gate), weighted by its weighting
+                x = torch.cat(a_)
+                return [(_silu_gate(x @ w_[s].T, activation), weighting[s]) for s in range(world)]
+
+            ref, plain = (torch_run(dt, (a, w), ag_gemm_torch) for dt in (torch.float64, dtype))
+            ours = _ours_on_poisoned_workspaces(
+                lambda x, y: ag_gemm(x, y, activation=activation, keep_gathered=keep), (a[r], w[r]), weighting[r])
+            for what, got, want, theirs in zip(("out", "a", "w"), ours, ref, plain):
+                errs[f"ag_gemm {activation} keep={keep} {what}"] = (_err(got, want), _err(theirs, want))
+    # gemm_rs: out_r = rows_r(sum_s a_s @ w_s.T), the rows uneven over the ranks when there are several
+    rows = world * m + (1 if world > 1 else 0)
+    a, w = every(rows, k), every(n, k, scale=k ** -0.5)
+    weighting = torch.randn(rows, n, device=dev, generator=gen).to(dtype)  # rank q: its rows of it
+
+    def gemm_rs_torch(a_, w_):
+        total = sum(x @ y.T for x, y in zip(a_, w_))  # bf16: each rank's partial rounded, then summed
+        return list(zip(torch.tensor_split(total, world), torch.tensor_split(weighting, world)))
+
+    ref, plain = (torch_run(dt, (a, w), gemm_rs_torch) for dt in (torch.float64, dtype))
+    ours = _ours_on_poisoned_workspaces(gemm_rs, (a[r], w[r]), torch.tensor_split(weighting, world)[r])
+    for what, got, want, theirs in zip(("out", "a", "w"), ours, ref, plain):
+        errs[f"gemm_rs {what}"] = (_err(got, want), _err(theirs, want))
+    return errs
+
+
+def _gpu_op_grads_default_configs(m, n, k, seed):
+    with default_configs():
+        return _gpu_op_grads(m, n, k, seed)
+
+
+def _bf16_failures(errs):
+    return {what: f"ours {ours:.3g} > bound {bf16_bound(theirs):.3g} (plain torch {theirs:.3g})"
+            for what, (ours, theirs) in errs.items() if not ours <= bf16_bound(theirs)}
+
+
+@gpu_only
+@pytest.mark.parametrize("m,n,k", GPU_OP_SHAPES)
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_op_gradients_bf16_on_gpus(ranks, world, m, n, k):
+    """W = 1 on one GPU; W = 2, 4 where the machine (or the several-ranks-on-one-GPU mode) has the ranks."""
+    args = (_gpu_op_grads_default_configs, m, n, k, 1000 * world + m)
+    for errs in [ranks.on_one_gpu(*args)] if world == 1 else ranks(world, *args):
+        assert not _bf16_failures(errs), _bf16_failures(errs)

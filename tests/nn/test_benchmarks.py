@@ -1,5 +1,6 @@
-"""The benchmarks of the nn layers and the grouped GEMM run on GPUs only; on CPU their contenders are checked
-against each other at tiny fp32 sizes (the same code the timed runs call). Command lines: tests/test_benchmarks.py."""
+"""The benchmarks of the nn layers, their backward and the grouped GEMM run on GPUs only; on CPU their contenders
+are checked against each other at tiny fp32 sizes (the same code the timed runs call). Command lines:
+tests/test_benchmarks.py."""
 
 import os
 import sys
@@ -32,3 +33,15 @@ def test_layer_benchmark_contenders_agree(ranks):
     pytest.importorskip("transformers")
     for checked, problems in ranks(2, _layers_check):
         assert problems == [] and len(checked) >= 4, (checked, problems)
+
+
+def _backward_check():
+    return _bench("bench_backward").check()
+
+
+def test_backward_benchmark_contenders_agree(ranks):
+    """Every contender of bench_backward (the layers both ways, HF, ag_gemm / gemm_rs, torch's autograd): output and
+    every gradient against its baseline's at tiny fp32 sizes."""
+    pytest.importorskip("transformers")
+    for checked, problems in ranks(2, _backward_check):
+        assert problems == [] and len(checked) >= 6, (checked, problems)

@@ -8,11 +8,13 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import triton_dist as td
 from triton_dist.nn import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP, parallelize
 
+from ..conftest import gpu_only
 from .test_layers import GatedMLP
 
 TOL = 1e-5
@@ -265,3 +267,201 @@ def _train_moe_compiled(steps):
 def test_parallelized_moe_model_trains_under_compile(ranks):
     for worst in ranks(2, _train_moe_compiled, 3):
         assert worst < 1e-5, worst
+
+
+# ----------------------------------------------------------------------------------------------- GPU, bf16
+# The layers' gradients in bf16 on GPUs, held to plain torch's bf16 error on the same module (tests/kernels/
+# test_autograd.py: BF16_FACTOR, BF16_FLOOR and why), both against the module in fp64; fresh random inputs and
+# weights per call. Ours steps twice, first on a throwaway input (every workspace gets built), then on the input
+# with the ops' workspaces poisoned before the forward and before the backward.
+def _bf16_failures(errs):
+    from ..kernels.test_autograd import _bf16_failures as failures
+
+    return failures(errs)
+
+
+def _weighted_loss(out, weighting):
+    return (out.double() * weighting.double()).sum()  # d loss / d out = weighting: exact in bf16
+
+
+def _randomised(module, gen, dtype):
+    """``module`` with O(1)-activation random weights (fan-in scaled), in ``dtype``."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, device=p.device, generator=gen) / p.shape[-1] ** 0.5)
+    return module.to(dtype)
+
+
+def _torch_grads(module, dtype, x, weighting, params):
+    """A copy of ``module`` in ``dtype`` on every row: (output, x's gradient, {name: gradient of each of
+    ``params``})."""
+    ref = copy.deepcopy(module).to(dtype)
+    xr = x.to(dtype, copy=True).requires_grad_()
+    out = ref(xr)
+    _weighted_loss(out, weighting).backward()
+    named = dict(ref.named_parameters())
+    return out, xr.grad, {name: named[name].grad for name in params}
+
+
+def _compare(errs, what, ours, ref, plain):
+    from ..kernels.test_autograd import _err
+
+    errs[what] = (_err(ours, ref), _err(plain, ref))
+
+
+GPU_MLP = dict(hidden=1024, inter=2816)
+GPU_MOE = dict(hidden=512, experts=16, top_k=4, inter=256, shared=512)
+
+
+def _gpu_mlp_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MLP):
+    """TensorParallelMLP against the dense gated MLP: {what: (our error, plain torch's error)} of the output, the
+    input's gradient and this rank's slices of the weights' gradients (``dtype`` float32 and small ``sizes``: CPU
+    ranks run it too)."""
+    from ..kernels.test_autograd import _poison_workspaces, default_configs
+
+    dev, world, rank = td.shmem.device(), td.world_size(), td.rank()
+    gen = torch.Generator(device=dev).manual_seed(tokens + 10 * world + sp)
+    H, inter = sizes["hidden"], sizes["inter"]
+    dense = _randomised(GatedMLP(H, inter).to(dev), gen, dtype)
+    x = torch.randn(tokens, H, device=dev, generator=gen).to(dtype)
+    weighting = torch.randn(tokens, H, device=dev, generator=gen).to(dtype)
+    names = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+    ref, plain = (_torch_grads(dense, dt, x, weighting, names) for dt in (torch.float64, dtype))
+
+    def shards(grads):  # as this rank holds them: gate_up = [gate_r; up_r], down's r-th column slice
+        return {"gate_up": torch.cat([grads[n].chunk(world, 0)[rank] for n in names[:2]]),
+                "down": grads[names[2]].chunk(world, 1)[rank]}
+
+    def rows(t):  # this rank's rows in sequence-parallel mode, all of them otherwise
+        return torch.tensor_split(t, world)[rank] if sp else t
+
+    layer = TensorParallelMLP.from_dense(dense, sequence_parallel=sp)
+    with default_configs():
+        for throwaway in (True, False):
+            layer.zero_grad(set_to_none=True)
+            xi = (torch.randn_like(rows(x)) if throwaway else rows(x)).clone().requires_grad_()
+            _poison_workspaces()
+            out = layer(xi, total_rows=tokens) if sp else layer(xi)
+            _poison_workspaces()
+            _weighted_loss(out, rows(weighting)).backward()
+    errs = {}
+    _compare(errs, "out", out, rows(ref[0]), rows(plain[0]))
+    _compare(errs, "x", xi.grad, rows(ref[1]), rows(plain[1]))
+    mine, want, theirs = {n: getattr(layer, n).grad for n in ("gate_up", "down")}, shards(ref[2]), shards(plain[2])
+    for name in mine:
+        _compare(errs, name, mine[name], want[name], theirs[name])
+    return errs
+
+
+@gpu_only
+@pytest.mark.parametrize("tokens,sp", [(517, False), (517, True), (1024, False)])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_mlp_layer_gradients_bf16_on_gpus(ranks, world, tokens, sp):
+    """W = 1 on one GPU; W = 2, 4 where the machine (or the several-ranks-on-one-GPU mode) has the ranks."""
+    args = (_gpu_mlp_grads, tokens, sp)
+    for errs in [ranks.on_one_gpu(*args)] if world == 1 else ranks(world, *args):
+        assert not _bf16_failures(errs), _bf16_failures(errs)
+
+
+class _PinnedRouter(nn.Module):
+    """A transformers top-k router (``gate``: its weight, ``norm_topk_prob``) with the experts of each token fixed
+    to ``idx``: the references differentiate the routing our layer took, not another one where two experts'
+    scores nearly tie and fp64 (or another bf16 product) orders them the other way."""
+
+    def __init__(self, gate, idx):
+        super().__init__()
+        self.gate, self.idx = gate, idx
+
+    def forward(self, h):
+        logits = F.linear(h, self.gate.weight)
+        probs = F.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+        top = probs.gather(1, self.idx)
+        if self.gate.norm_topk_prob:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return logits, top.to(logits.dtype), self.idx
+
+
+def _gpu_moe_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MOE):
+    """ExpertParallelMoE made from a Qwen2-MoE block (a gated shared expert beside the routed ones) against the
+    block: {what: (our error, plain torch's error)} of the output and the gradients of the input, the router,
+    this rank's experts and the shared expert."""
+    from transformers import Qwen2MoeConfig
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    from triton_dist.nn import ExpertParallelMoE
+
+    dev, world, rank = td.shmem.device(), td.world_size(), td.rank()
+    gen = torch.Generator(device=dev).manual_seed(tokens + 10 * world + sp)
+    H = sizes["hidden"]
+    cfg = Qwen2MoeConfig(hidden_size=H, num_experts=sizes["experts"], num_experts_per_tok=sizes["top_k"],
+                         moe_intermediate_size=sizes["inter"], shared_expert_intermediate_size=sizes["shared"],
+                         num_attention_heads=4, num_key_value_heads=4)
+    block = _randomised(Qwen2MoeSparseMoeBlock(cfg).to(dev), gen, dtype)
+    if hasattr(block.experts, "config"):  # the loop over experts: transformers' grouped_mm takes no fp64
+        block.experts.config._experts_implementation = "eager"
+    x = torch.randn(1, tokens, H, device=dev, generator=gen).to(dtype)
+    weighting = torch.randn(1, tokens, H, device=dev, generator=gen).to(dtype)
+
+    def rows(t):  # this rank's tokens in sequence-parallel mode, all of them otherwise
+        return torch.tensor_split(t[0], world)[rank] if sp else t
+
+    # ours first: the experts it routed each token to pin the references' routing
+    from ..kernels.test_autograd import _poison_workspaces, default_configs
+
+    layer = ExpertParallelMoE.from_dense(copy.deepcopy(block), sequence_parallel=sp)
+    routed = []
+    layer.gate.register_forward_hook(lambda mod, inp, out: routed.append(out[2]))
+    with default_configs():
+        for throwaway in (True, False):
+            layer.zero_grad(set_to_none=True)
+            xi = (torch.randn_like(rows(x)) if throwaway else rows(x)).clone().requires_grad_()
+            _poison_workspaces()
+            out = layer(xi, total_rows=tokens) if sp else layer(xi)
+            _poison_workspaces()
+            _weighted_loss(out, rows(weighting)).backward()
+    idx = routed[-1]
+    if sp:  # every rank's tokens' experts
+        every = [None] * world
+        torch.distributed.all_gather_object(every, idx.cpu())
+        idx = torch.cat(every).to(dev)
+    names = ("gate.weight", "experts.gate_up_proj", "experts.down_proj", "shared_expert.gate_proj.weight",
+             "shared_expert.up_proj.weight", "shared_expert.down_proj.weight", "shared_expert_gate.weight")
+    results = []
+    for dt in (torch.float64, dtype):
+        pinned = copy.deepcopy(block)
+        pinned.gate = _PinnedRouter(pinned.gate, idx)
+        got = _torch_grads(pinned, dt, x, weighting, ["gate.gate.weight"] + list(names[1:]))
+        results.append((got[0], got[1], {name: g for name, g in zip(names, got[2].values())}))
+    ref, plain = results
+    local = layer.gate_up.shape[0]
+    mine = slice(rank * local, (rank + 1) * local)
+
+    def held(grads):  # the gradients as this rank holds them
+        return {"router": grads["gate.weight"], "gate_up": grads["experts.gate_up_proj"][mine],
+                "down": grads["experts.down_proj"][mine],
+                "shared_gate_up": torch.cat([grads["shared_expert.gate_proj.weight"],
+                                             grads["shared_expert.up_proj.weight"]]),
+                "shared_down": grads["shared_expert.down_proj.weight"],
+                "shared_expert_gate": grads["shared_expert_gate.weight"]}
+
+    errs = {}
+    _compare(errs, "out", out, rows(ref[0]), rows(plain[0]))
+    _compare(errs, "x", xi.grad, rows(ref[1]), rows(plain[1]))
+    ours = {"router": layer.gate.weight.grad, "gate_up": layer.gate_up.grad, "down": layer.down.grad,
+            "shared_gate_up": layer.shared_gate_up.grad, "shared_down": layer.shared_down.grad,
+            "shared_expert_gate": layer.shared_expert_gate.grad}
+    want, theirs = held(ref[2]), held(plain[2])
+    for name in ours:
+        _compare(errs, name, ours[name], want[name], theirs[name])
+    return errs
+
+
+@gpu_only
+@pytest.mark.parametrize("tokens,sp", [(333, False), (333, True), (1024, False)])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_moe_layer_gradients_bf16_on_gpus(ranks, world, tokens, sp):
+    """Router, experts and shared expert; W = 1 on one GPU, W = 2, 4 where the ranks are."""
+    pytest.importorskip("transformers")
+    args = (_gpu_moe_grads, tokens, sp)
+    for errs in [ranks.on_one_gpu(*args)] if world == 1 else ranks(world, *args):
+        assert not _bf16_failures(errs), _bf16_failures(errs)
