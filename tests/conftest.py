@@ -31,6 +31,7 @@ os.environ.setdefault("TRITON_DIST_CHECK_CALLS", "1")  # every op call's signatu
 gpu_only = pytest.mark.gpu  # the GPU tier: python -m pytest -m gpu (README)
 cpu_only = pytest.mark.skipif(ON_GPU_RANKS, reason="exercises the CPU (interpreter) backend")
 GPU_WAIT_TIMEOUT_S = 20
+SHARED_GPU_WAIT_TIMEOUT_S = 60
 
 
 def pytest_configure(config):
@@ -98,7 +99,10 @@ def ranks(_pools, request):
                 backend = "shared-gpu"
             else:
                 backend = os.environ.get("TRITON_DIST_BACKEND", "auto") if gpu else "cpu"
-            _pools[key] = RankPool(world, backend=backend, wait_timeout_s=GPU_WAIT_TIMEOUT_S if gpu else None)
+            # ranks sharing a GPU also share the host's cores: one may still be compiling a kernel while its
+            # peers already wait on it, so their waits get longer
+            timeout_s = None if not gpu else SHARED_GPU_WAIT_TIMEOUT_S if shared else GPU_WAIT_TIMEOUT_S
+            _pools[key] = RankPool(world, backend=backend, wait_timeout_s=timeout_s)
         return _pools[key]
 
     def on_one_gpu(fn, *args, timeout=600, **kwargs):
