@@ -598,4 +598,3 @@ def reset():
     if rt.kind == "gpu":
         torch.cuda.synchronize()
     dist.barrier(group=rt.group)
-
