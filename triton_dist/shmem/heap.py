@@ -89,10 +89,10 @@ def init(group=None, backend="auto", heap_size=None, wait_timeout_s=None, check_
     (``group=`` of every op). ``check_calls``: compare every op call's signature across the ranks before
     launching (``CollectiveMismatchError``); default: the ``TRITON_DIST_CHECK_CALLS`` variable."""
     global _RT
-    if _RT is not None:
-        return
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(map(repr, BACKENDS))}")
+    if _RT is not None:
+        return
     use_gpu = backend != "cpu" and (backend != "auto" or torch.cuda.is_available())
     if backend == "auto" and use_gpu and _more_local_ranks_than_gpus():
         backend = "shared-gpu"
