@@ -11,7 +11,7 @@ import triton_dist as td
 from triton_dist import hardware, launch, timing
 from triton_dist.shmem import heap
 
-from .conftest import cpu_only
+from ..conftest import cpu_only
 
 
 @pytest.fixture
