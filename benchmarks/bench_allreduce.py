@@ -16,8 +16,6 @@ algorithms). ``--check``: the same contenders at tiny fp32 sizes (runs on CPU ra
 Goals on 2xH200: ours <= 0.7x NCCL's latency at <= 1 MiB from a graph, "auto" never slower than NCCL.
 """
 
-import argparse
-import os
 
 import torch
 import torch.distributed as dist
@@ -300,17 +298,13 @@ def local(rounds):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only check the contenders at tiny fp32 sizes")
-    parser.add_argument("--local", action="store_true", help="also time the local parts at W >= 2")
-    parser.add_argument("--rounds", type=int, default=5, help="in-turn rounds")
-    args = parser.parse_args()
-    if args.check or not torch.cuda.is_available():
-        from triton_dist.launch import run_main
+    from harness import start
 
-        return run_main(run_check)
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    td.init(backend="cuda", heap_size=4 << 30)
+    args = start(__doc__, run_check, 4 << 30,
+                 lambda parser: parser.add_argument("--local", action="store_true",
+                                                    help="also time the local parts at W >= 2"))
+    if args is None:
+        return
     problems = multi_rank(args.rounds) if td.world_size() > 1 else []
     if td.world_size() == 1 or args.local:
         problems += local(args.rounds)

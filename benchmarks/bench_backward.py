@@ -22,10 +22,8 @@ All timed in turn (``harness.in_turn``), max over ranks. ``--check``: the same c
 each other (runs on CPU ranks too).
 """
 
-import argparse
 import contextlib
 import copy
-import os
 
 import torch
 import torch.distributed as dist
@@ -258,21 +256,15 @@ def run_check():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only check the contenders at tiny fp32 sizes")
-    parser.add_argument("--only", default=",".join(CASES), help=f"comma-separated cases of {', '.join(CASES)}")
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--rounds", type=int, default=5, help="in-turn rounds")
-    args = parser.parse_args()
-    if args.check or not torch.cuda.is_available():
-        from triton_dist.launch import run_main
+    from harness import IN_TURN, in_turn, record, start
 
-        return run_main(run_check)
+    def add_arguments(parser):
+        parser.add_argument("--only", default=",".join(CASES), help=f"comma-separated cases of {', '.join(CASES)}")
+        parser.add_argument("--tokens", type=int, default=4096)
 
-    from harness import IN_TURN, in_turn, record
-
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    td.init(backend="cuda", heap_size=8 << 30)
+    args = start(__doc__, run_check, 8 << 30, add_arguments)
+    if args is None:
+        return
     only = [c for c in args.only.split(",") if c]
     try:
         import transformers  # noqa: F401  (the layer baselines are its modules)

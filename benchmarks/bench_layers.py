@@ -14,9 +14,7 @@ All timed in turn (``harness.in_turn``), max over ranks. ``--check``: the same c
 against each other (runs on CPU ranks too).
 """
 
-import argparse
 import copy
-import os
 
 import torch
 
@@ -107,20 +105,12 @@ def run_check():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only check the contenders at tiny fp32 sizes")
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--rounds", type=int, default=5, help="in-turn rounds")
-    args = parser.parse_args()
-    if args.check or not torch.cuda.is_available():
-        from triton_dist.launch import run_main
+    from harness import IN_TURN, in_turn, record, start
 
-        return run_main(run_check)
-
-    from harness import IN_TURN, in_turn, record
-
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    td.init(backend="cuda", heap_size=8 << 30)
+    args = start(__doc__, run_check, 8 << 30,
+                 lambda parser: parser.add_argument("--tokens", type=int, default=4096))
+    if args is None:
+        return
     try:
         import transformers  # noqa: F401  (the baselines are its modules)
     except ImportError:

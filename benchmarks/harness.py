@@ -4,6 +4,7 @@ same process on the same inputs, one after another or, where the GPU's power-sta
 (``in_turn``).
 """
 
+import argparse
 import cProfile
 import datetime
 import functools
@@ -16,6 +17,29 @@ import torch
 import torch.distributed as dist
 
 from triton_dist.timing import check_timeable
+
+
+def start(doc, run_check, heap_size, add_arguments=None):
+    """A benchmark's command line and start: ``--check`` (its contenders against each other at tiny fp32 sizes,
+    ``run_check`` on every rank; also what runs with no GPU, on CPU ranks) and ``--rounds`` (in-turn rounds), plus
+    what ``add_arguments(parser)`` adds. With a GPU and no ``--check``: this process is a rank, on its GPU and
+    initialised with ``heap_size``; returns the parsed arguments. Otherwise runs the check and returns None."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only check the contenders at tiny fp32 sizes")
+    parser.add_argument("--rounds", type=int, default=5, help="in-turn rounds")
+    if add_arguments is not None:
+        add_arguments(parser)
+    args = parser.parse_args()
+    if args.check or not torch.cuda.is_available():
+        from triton_dist.launch import run_main
+
+        run_main(run_check)
+        return None
+    import triton_dist as td
+
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    td.init(backend="cuda", heap_size=heap_size)
+    return args
 
 
 def environment():

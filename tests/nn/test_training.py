@@ -353,14 +353,18 @@ def _gpu_mlp_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MLP):
     return errs
 
 
+def _assert_bf16_gradients(ranks, world, check, *args):
+    """``check(*args)`` on one GPU (W = 1) or on ``world`` ranks; no rank's errors over their bounds."""
+    for errs in [ranks.on_one_gpu(check, *args)] if world == 1 else ranks(world, check, *args):
+        assert not _bf16_failures(errs), _bf16_failures(errs)
+
+
 @gpu_only
 @pytest.mark.parametrize("tokens,sp", [(517, False), (517, True), (1024, False)])
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_mlp_layer_gradients_bf16_on_gpus(ranks, world, tokens, sp):
     """W = 1 on one GPU; W = 2, 4 where the machine (or the several-ranks-on-one-GPU mode) has the ranks."""
-    args = (_gpu_mlp_grads, tokens, sp)
-    for errs in [ranks.on_one_gpu(*args)] if world == 1 else ranks(world, *args):
-        assert not _bf16_failures(errs), _bf16_failures(errs)
+    _assert_bf16_gradients(ranks, world, _gpu_mlp_grads, tokens, sp)
 
 
 class _PinnedRouter(nn.Module):
@@ -462,6 +466,4 @@ def _gpu_moe_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MOE):
 def test_moe_layer_gradients_bf16_on_gpus(ranks, world, tokens, sp):
     """Router, experts and shared expert; W = 1 on one GPU, W = 2, 4 where the ranks are."""
     pytest.importorskip("transformers")
-    args = (_gpu_moe_grads, tokens, sp)
-    for errs in [ranks.on_one_gpu(*args)] if world == 1 else ranks(world, *args):
-        assert not _bf16_failures(errs), _bf16_failures(errs)
+    _assert_bf16_gradients(ranks, world, _gpu_moe_grads, tokens, sp)
