@@ -511,7 +511,9 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=N
     Autograd: when ``a`` or ``w`` requires grad the call goes through the torch op, whose backward is
     ``grad_a = gemm_rs(grad_out, w.T)`` and ``grad_w = grad_out.T @ all_gather(a)`` (``kernels/autograd.py``);
     the gathered input is gathered again in the backward (as Megatron-LM does) unless ``keep_gathered``
-    (memory for one all-gather less). ``config`` is for calls without grad (ValueError otherwise).
+    (memory for one all-gather less). With ``silu_gate`` the pre-activation is kept and the activation is torch's
+    (a direct call of the torch op with ``"silu_gate"`` computes it again in its backward). ``config`` is for
+    calls without grad (ValueError otherwise).
     """
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
@@ -519,8 +521,14 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=N
         if config is not None:
             raise ValueError("ag_gemm: config= is for calls without grad (the differentiable op takes the tuned "
                              "configuration); call it under torch.no_grad() or drop config")
-        out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, activation,
-                                                      shmem.group_name(group))
+        name = shmem.group_name(group)
+        if activation == "silu_gate":  # training keeps the pre-activation (as Megatron keeps SwiGLU's input): the
+            # backward then needs no second GEMM; the activation is torch's, as in the modules it replaces
+            h, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, "none", name)
+            half = h.shape[1] // 2
+            out = torch.nn.functional.silu(h[:, :half]) * h[:, half:]
+        else:
+            out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, activation, name)
     elif config is None and hardware.compiling():
         out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, shmem.group_name(group))
     else:
