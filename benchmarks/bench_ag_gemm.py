@@ -29,7 +29,7 @@ import triton_dist as td
 from harness import IN_TURN, head_to_head, host_us, knob_sweep, record
 from triton_dist.timing import time_us, time_us_or_nan
 from triton_dist.kernels import ag_gemm
-from triton_dist.kernels import gemm as core
+from triton_dist.kernels.gemm import gemm, skinny_configs
 from triton_dist.kernels.allgather_gemm import default_config
 
 SWEEP = [("n_chunks=1", {}), ("n_chunks=2", {"n_chunks": 2}), ("n_chunks=4", {"n_chunks": 4}),
@@ -87,7 +87,7 @@ def main():
         t_over = time_us(lambda: ag_gemm(a, w, config=over))
         t_replay = time_us(lambda: ag_gemm(a, w, config={**over, "path": "graph"})) if m_total <= 2048 else \
             float("nan")
-        gather_first = {**over, "path": "graph", "gather_first": True, **core.skinny_configs(a.dtype)[1]}
+        gather_first = {**over, "path": "graph", "gather_first": True, **skinny_configs(a.dtype)[1]}
         t_gather = time_us(lambda: ag_gemm(a, w, config=gather_first)) if m_total <= 512 else float("nan")
         h_ours = host_us(lambda: ag_gemm(a, w), calls=20)
         if (m_total, n_total, k) in ((8192, 8192, 8192), (2048, 8192, 8192)):
@@ -98,7 +98,7 @@ def main():
         # head to head timed in turn: each sees the same mix of the power-capped GPU's states
         turn = head_to_head(lambda: ag_gemm(a, w), {"NCCL+cuBLAS": nccl_cublas,
                             "async-TP": _async_tp(a, w.T, group_name)},
-                            {"GEMM": lambda: torch.matmul(full, w.T), "our GEMM": lambda: core.gemm(full, w)})
+                            {"GEMM": lambda: torch.matmul(full, w.T), "our GEMM": lambda: gemm(full, w)})
         tflops = lambda t: 2 * m_total * n * k / t / 1e6  # noqa: E731
         rows.append({"M": m_total, "N": n_total, "K": k, "ours us": t_ours, "ours TFLOP/s": tflops(t_ours),
                      "op us": t_op, "ours fallback us": t_fb, "ours overlap us": t_over,

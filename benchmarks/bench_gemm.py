@@ -30,7 +30,7 @@ import triton_dist as td
 from harness import IN_TURN, clocks_during, head_to_head, in_turn, record
 from triton_dist.timing import graph_us_or_nan, time_us
 from triton_dist.kernels import fp8
-from triton_dist.kernels import gemm as core
+from triton_dist.kernels.gemm import gemm, gemm_candidates, gemm_config
 from triton_dist.kernels.gemm_fp8 import scaled_gemm
 
 SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8192, 8192), (512, 8192, 8192),
@@ -133,15 +133,15 @@ def main():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
         ref = (a @ w.T).float()
-        core.gemm(a, w, out=out)  # tunes once
+        gemm(a, w, out=out)  # tunes once
         err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-        t_tuned = time_us(lambda: core.gemm(a, w, out=out))
+        t_tuned = time_us(lambda: gemm(a, w, out=out))
         t_cublas = time_us(lambda: torch.matmul(a, w.T, out=out))
-        t_tuned_dev = graph_us_or_nan(lambda: core.gemm(a, w, out=out), "ours", warmup=2)
+        t_tuned_dev = graph_us_or_nan(lambda: gemm(a, w, out=out), "ours", warmup=2)
         t_cublas_dev = graph_us_or_nan(lambda: torch.matmul(a, w.T, out=out), "cuBLAS", warmup=2)
-        knobs = {_label(c): graph_us_or_nan(lambda: core.gemm(a, w, out=out, config=c), _label(c), iters=10, warmup=2)
-                 for c in core.gemm_candidates(m, n, k, a.dtype, a.device)}
-        base = core.gemm_config(m, n, k, a.dtype, a.device)
+        knobs = {_label(c): graph_us_or_nan(lambda: gemm(a, w, out=out, config=c), _label(c), iters=10, warmup=2)
+                 for c in gemm_candidates(m, n, k, a.dtype, a.device)}
+        base = gemm_config(m, n, k, a.dtype, a.device)
         extras = []
         if m * n * k >= 8192 * 4096 * 8192:  # the large shapes: L2 order and tile shape, beyond the tuner's set
             extras = [dict(GROUP_M=16), dict(GROUP_M=4), dict(BLOCK_M=256, BLOCK_N=128), dict(FLATTEN=True, GROUP_M=16)]
@@ -152,24 +152,24 @@ def main():
                       dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6, num_warps=4, GROUP_M=2)]
         for extra in extras:
             c = {**base, **extra}
-            knobs[_label(c) + f" g{c['GROUP_M']}"] = graph_us_or_nan(lambda: core.gemm(a, w, out=out, config=c),
+            knobs[_label(c) + f" g{c['GROUP_M']}"] = graph_us_or_nan(lambda: gemm(a, w, out=out, config=c),
                                                                      _label(c), iters=10, warmup=2)
-        clk_ours = clocks_during(lambda: core.gemm(a, w, out=out))
+        clk_ours = clocks_during(lambda: gemm(a, w, out=out))
         clk_cublas = clocks_during(lambda: torch.matmul(a, w.T, out=out))
         turn = {}
         if m >= 4096:
             h = m // 2
             halves = [(a[:h], out[:h]), (a[h:], out[h:])]
-            core.gemm(a[:h], w, out=out[:h])  # tunes the half shape once
+            gemm(a[:h], w, out=out[:h])  # tunes the half shape once
 
             def ours_halves():
                 for a_, o_ in halves:
-                    core.gemm(a_, w, out=o_)
+                    gemm(a_, w, out=o_)
 
             def cublas_halves():
                 for a_, o_ in halves:
                     torch.matmul(a_, w.T, out=o_)
-            turn = head_to_head(lambda: core.gemm(a, w, out=out), {"cuBLAS": lambda: torch.matmul(a, w.T, out=out)},
+            turn = head_to_head(lambda: gemm(a, w, out=out), {"cuBLAS": lambda: torch.matmul(a, w.T, out=out)},
                                 {"ours halves": ours_halves, "cuBLAS halves": cublas_halves})
         best = min(knobs, key=knobs.get)
         tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import triton_dist as td
 from harness import clocks_during, record
-from triton_dist.kernels import gemm as core
+from triton_dist.kernels.gemm import gemm_config, launch_gemm
 
 SHAPES = [(8192, 14336, 8192), (8192, 4096, 28672), (8192, 28672, 4096)]  # AG+GEMM's two, GEMM+RS's one (W = 2)
 SECONDS = float(os.environ.get("ENERGY_SECONDS", 1.5))
@@ -70,10 +70,10 @@ def main():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
         ref = a.float() @ w.float().T
-        base = core.gemm_config(m, n, k, a.dtype, a.device)
+        base = gemm_config(m, n, k, a.dtype, a.device)
         calls = {"cuBLAS": lambda: torch.matmul(a, w.T, out=out)}
         for label, knobs in VARIANTS.items():
-            calls[label] = (lambda c: lambda: core.launch_gemm(a, w, out.view(1, m, n), c))({**base, **knobs})
+            calls[label] = (lambda c: lambda: launch_gemm(a, w, out.view(1, m, n), c))({**base, **knobs})
         errors = {}
         for label, fn in calls.items():  # compile and check every contender before any timing
             out.fill_(float("nan"))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from triton_dist import autotune
-from triton_dist.kernels import gemm as core
+from triton_dist.kernels.gemm import gemm, gemm_candidates, gemm_config, launch_gemm
 
 from ..conftest import cpu_only, gpu_only
 from ..sm90 import compile_sm90
@@ -28,7 +28,7 @@ def test_gemm_matches_torch_in_interpreter(m, n, k, dtype, use_tma):
         a = torch.randn(m, k, generator=gen).to(dtype)
         w = torch.randn(n, k, generator=gen).to(dtype)
         out = torch.full((m, n), float("nan"), dtype=dtype)
-        core.gemm(a, w, out=out, config={"use_tma": use_tma, "num_programs": 3})
+        gemm(a, w, out=out, config={"use_tma": use_tma, "num_programs": 3})
         ref = a.double() @ w.double().T
         tol = 2e-3 if dtype == torch.float16 else 1e-6
         assert ((out.double() - ref).abs().max() / ref.abs().max()) < tol
@@ -42,8 +42,8 @@ def test_segments_are_clipped_and_visited_in_any_order():
     a = torch.randn(segments * seg_rows, k, dtype=torch.float16)
     w = torch.randn(n, k, dtype=torch.float16)
     c = torch.full((segments, seg_rows, n), float("nan"), dtype=torch.float16)
-    cfg = core.gemm_config(segments * seg_rows, n, k, torch.float16, torch.device("cpu"), num_programs=2)
-    core.launch_gemm(a, w, c, cfg, first_segment=2, segment_step=-1)
+    cfg = gemm_config(segments * seg_rows, n, k, torch.float16, torch.device("cpu"), num_programs=2)
+    launch_gemm(a, w, c, cfg, first_segment=2, segment_step=-1)
     ref = (a.double() @ w.double().T).view(segments, seg_rows, n)
     assert ((c.double() - ref).abs().max() / ref.abs().max()) < 2e-3
 
@@ -53,7 +53,7 @@ def test_gemm_rejects_bad_input():
     for bad, exc in [((a.int(), a.int()), TypeError), ((a, a.half()), TypeError), ((a, torch.randn(3, 9)), ValueError),
                      ((a.t(), torch.randn(3, 4)), ValueError), ((a.reshape(-1), a), ValueError), (([1], a), TypeError)]:
         with pytest.raises(exc):
-            core.gemm(*bad)
+            gemm(*bad)
 
 
 def test_config_overrides_reject_unknown_knobs():
@@ -69,7 +69,7 @@ def test_config_overrides_reject_unknown_knobs():
         autotune.with_overrides(defaults, [("BLOCK_M", 64)])
     a = torch.randn(8, 16, device="cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError, match="BLOCKM"):
-        core.gemm(a, a, config={"BLOCKM": 16})
+        gemm(a, a, config={"BLOCKM": 16})
 
 
 def test_gemm_rejects_cpu_tensors_without_interpreter(monkeypatch):
@@ -77,9 +77,9 @@ def test_gemm_rejects_cpu_tensors_without_interpreter(monkeypatch):
     poisoned the CUDA context): CPU tensors outside the interpreter are a ValueError, on any machine."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="interpreter"):
-        core.gemm(torch.randn(4, 8), torch.randn(3, 8))
+        gemm(torch.randn(4, 8), torch.randn(3, 8))
     with pytest.raises(ValueError):
-        core.gemm(torch.randn(4, 8, device="meta"), torch.randn(3, 8, device="meta"))
+        gemm(torch.randn(4, 8, device="meta"), torch.randn(3, 8, device="meta"))
 
 
 # ----------------------------------------------------------------------------------------------- GPU
@@ -90,7 +90,7 @@ def _gpu_check(m, n, k, dtype, cfg):
     for _ in range(3):
         a = torch.randn(m, k, device="cuda", dtype=dtype)
         w = torch.randn(n, k, device="cuda", dtype=dtype) / 8
-        out = core.gemm(a, w, out=torch.full((m, n), float("nan"), device="cuda", dtype=dtype), config=cfg)
+        out = gemm(a, w, out=torch.full((m, n), float("nan"), device="cuda", dtype=dtype), config=cfg)
         ref = a.float() @ w.float().T
         err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
         worst = max(worst, err if err == err else float("inf"))
@@ -107,7 +107,7 @@ def test_gemm_gpu_every_candidate(ranks, m, n, k, dtype):
 def _gpu_check_every_candidate(m, n, k, dtype):
     """(config, error) of every candidate (and the tuned choice, None) off by 1e-2 or more."""
     bad = []
-    for cfg in core.gemm_candidates(m, n, k, dtype, torch.device("cuda")) + [None]:
+    for cfg in gemm_candidates(m, n, k, dtype, torch.device("cuda")) + [None]:
         err = _gpu_check(m, n, k, dtype, cfg)
         if not err < 1e-2:
             bad.append((cfg, err))
