@@ -15,6 +15,7 @@ import torch.distributed as dist
 import triton_dist as td
 from triton_dist.kernels import all_gather, ping_pong
 from triton_dist.launch import run_main
+from triton_dist.timing import timeable
 
 
 def main():
@@ -48,8 +49,9 @@ def main():
     one_way_us = (time.perf_counter() - t0) / (2 * rounds) * 1e6
     if r == 0:
         gbps = n * x.element_size() * (w - 1) / ag_us / 1e3
-        print(f"[{td.shmem.backend()} x{w}] all_gather of {n * x.element_size() >> 10} KiB/rank: correct; "
-              f"{ag_us:.1f} us ({gbps:.1f} GB/s bus); signal one-way latency {one_way_us:.2f} us")
+        figures = (f"; {ag_us:.1f} us ({gbps:.1f} GB/s bus); signal one-way latency {one_way_us:.2f} us"
+                   if timeable() else " (not timed: CPU ranks, or ranks sharing one GPU)")
+        print(f"[{td.shmem.backend()} x{w}] all_gather of {n * x.element_size() >> 10} KiB/rank: correct{figures}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import triton_dist as td
 from triton_dist.kernels import all_reduce, all_reduce_rmsnorm, gemm_ar
 from triton_dist.launch import run_main
-from triton_dist.timing import time_us
+from triton_dist.timing import time_us, timeable
 
 
 def main():
@@ -49,10 +49,10 @@ def main():
         assert (new_residual.float() - ref_res).abs().max() <= tol * ref_res.abs().max(), f"rank {rank}: residual"
         ref_n = F.rms_norm(new_residual.float(), (hidden,), weight.float(), 1e-6)
         assert (normed.float() - ref_n).abs().max() <= tol * ref_n.abs().max(), f"rank {rank}: rmsnorm off"
-    if not on_gpu:
+    if not timeable():  # CPU ranks, or ranks sharing one GPU: checked, not timed
         if rank == 0:
-            print(f"[cpu x{world}] all_reduce (one-/two-shot), gemm_ar and all_reduce_rmsnorm [{tokens}x{hidden}]: "
-                  f"correct, reproducible")
+            print(f"[{td.shmem.backend()} x{world}] all_reduce (one-/two-shot), gemm_ar and all_reduce_rmsnorm "
+                  f"[{tokens}x{hidden}]: correct, reproducible")
         return
 
     x = torch.randn(tokens, hidden, device=dev, dtype=dtype)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton_dist as td
 from triton_dist.kernels import ag_gemm, gemm_rs
 from triton_dist.launch import run_main
-from triton_dist.timing import time_us
+from triton_dist.timing import time_us, timeable
 
 
 class TPMLP(torch.nn.Module):
@@ -85,9 +85,9 @@ def main():
         exact = TPMLPReference(w_gate_up.float(), w_down.float())(x.float())
         err, err_ref = [((t.float() - exact).abs().max() / exact.abs().max()).item() for t in (y, y_ref)]
         assert err < 2e-2, f"rank {rank}: step {step}: relative error {err} (NCCL+torch block: {err_ref})"
-    if not on_gpu:
+    if not timeable():  # CPU ranks, or ranks sharing one GPU: checked, not timed
         if rank == 0:
-            print(f"[cpu x{world}] TP-MLP M={m} hidden={hidden} intermediate={inter}: correct "
+            print(f"[{td.shmem.backend()} x{world}] TP-MLP M={m} hidden={hidden} intermediate={inter}: correct "
                   f"(error {err:.2g}, NCCL+torch block {err_ref:.2g})")
         return
 
