@@ -91,6 +91,32 @@ def _tiny_llama():
     return LlamaForCausalLM(cfg)
 
 
+def _batches():
+    """Two token batches, the same on every rank (a replicated model); few, so that the loss can fall."""
+    gen = torch.Generator().manual_seed(5)
+    return [torch.randint(0, 64, (2, 9), generator=gen) for _ in range(2)]
+
+
+def _lm_loss(model):
+    return lambda ids: model(ids, labels=ids).loss
+
+
+def _loss_curves(models, losses, batches, steps):
+    """Each model trained ``steps`` AdamW steps (lr 1e-2) on ``batches`` in turn, on its loss (``losses``: ids ->
+    loss, e.g. compiled), the models alternating within a step: their loss curves."""
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
+    curves = tuple([] for _ in models)
+    for step in range(steps):
+        ids = batches[step % len(batches)]
+        for loss_of, opt, curve in zip(losses, opts, curves):
+            opt.zero_grad()
+            loss = loss_of(ids)
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+    return curves
+
+
 def _train(steps):
     """(loss curves of the plain and the parallelised model, largest relative difference of their final weights,
     the MLP shards compared with the plain model's slices)."""
@@ -98,18 +124,7 @@ def _train(steps):
     plain = _tiny_llama()
     ours = copy.deepcopy(plain)
     parallelize(ours)
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (plain, ours)]
-    gen = torch.Generator().manual_seed(5)  # the same batches on every rank (a replicated model)
-    batches = [torch.randint(0, 64, (2, 9), generator=gen) for _ in range(2)]  # few: a loss that can fall
-    curves = ([], [])
-    for step in range(steps):
-        ids = batches[step % len(batches)]
-        for model, opt, curve in zip((plain, ours), opts, curves):
-            opt.zero_grad()
-            loss = model(ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            curve.append(loss.item())
+    curves = _loss_curves((plain, ours), (_lm_loss(plain), _lm_loss(ours)), _batches(), steps)
     worst = 0.0
     mine = dict(ours.named_parameters())
     for name, p in plain.named_parameters():
@@ -181,17 +196,7 @@ def _train_moe(steps):
     plain = _tiny_qwen2_moe()
     ours = copy.deepcopy(plain)
     parallelize(ours)
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (plain, ours)]
-    gen = torch.Generator().manual_seed(5)
-    batches = [torch.randint(0, 64, (2, 9), generator=gen) for _ in range(2)]
-    curves = ([], [])
-    for step in range(steps):
-        for model, opt, curve in zip((plain, ours), opts, curves):
-            opt.zero_grad()
-            loss = model(batches[step % 2], labels=batches[step % 2]).loss
-            loss.backward()
-            opt.step()
-            curve.append(loss.item())
+    curves = _loss_curves((plain, ours), (_lm_loss(plain), _lm_loss(ours)), _batches(), steps)
     names = {"mlp.gate.weight": "mlp.router.weight", "mlp.shared_expert_gate.weight": "mlp.shared_expert_gate"}
     mine = dict(ours.named_parameters())
     worst = 0.0
@@ -223,19 +228,8 @@ def _train_compiled(steps):
     plain = _tiny_llama()
     ours = copy.deepcopy(plain)
     parallelize(ours)
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (plain, ours)]
-    forwards = [lambda ids: plain(ids, labels=ids).loss,
-                torch.compile(lambda ids: ours(ids, labels=ids).loss, fullgraph=True)]
-    gen = torch.Generator().manual_seed(5)
-    batches = [torch.randint(0, 64, (2, 9), generator=gen) for _ in range(2)]
-    curves = ([], [])
-    for step in range(steps):
-        for forward, opt, curve in zip(forwards, opts, curves):
-            opt.zero_grad()
-            loss = forward(batches[step % 2])
-            loss.backward()
-            opt.step()
-            curve.append(loss.item())
+    curves = _loss_curves((plain, ours), (_lm_loss(plain), torch.compile(_lm_loss(ours), fullgraph=True)),
+                          _batches(), steps)
     return max(abs(a - b) / abs(b) for a, b in zip(*curves))
 
 
@@ -250,17 +244,7 @@ def _train_moe_compiled(steps):
     plain = _tiny_qwen2_moe()
     ours = copy.deepcopy(plain)
     parallelize(ours)
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (plain, ours)]
-    forwards = [lambda ids: plain(ids, labels=ids).loss, torch.compile(lambda ids: ours(ids, labels=ids).loss)]
-    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(5))
-    curves = ([], [])
-    for _ in range(steps):
-        for forward, opt, curve in zip(forwards, opts, curves):
-            opt.zero_grad()
-            loss = forward(ids)
-            loss.backward()
-            opt.step()
-            curve.append(loss.item())
+    curves = _loss_curves((plain, ours), (_lm_loss(plain), torch.compile(_lm_loss(ours))), _batches()[:1], steps)
     return max(abs(a - b) / abs(b) for a, b in zip(*curves))
 
 
