@@ -195,14 +195,6 @@ def check():
     return checked, problems
 
 
-def run_check():
-    checked, problems = check()
-    assert not problems, f"rank {td.rank()}: {problems}"
-    if td.rank() == 0:
-        print(f"[{td.shmem.device().type} x{td.world_size()}] all-reduce benchmark contenders agree "
-              f"({len(checked)} checked)")
-
-
 # ----------------------------------------------------------------------------------------------- timing
 def eager_and_graph(calls, rounds):
     """{"eager us: <label>": ..., "graph us: <label>": ...}: eager calls and replays of a CUDA graph of
@@ -300,7 +292,7 @@ def local(rounds):
 def main():
     from harness import start
 
-    args = start(__doc__, run_check, 4 << 30,
+    args = start(__doc__, check, "all-reduce benchmark", 4 << 30,
                  lambda parser: parser.add_argument("--local", action="store_true",
                                                     help="also time the local parts at W >= 2"))
     if args is None:

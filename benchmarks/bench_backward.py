@@ -247,14 +247,6 @@ def check():
     return checked, problems
 
 
-def run_check():
-    checked, problems = check()
-    assert not problems, f"rank {td.rank()}: {problems}"
-    if td.rank() == 0:
-        print(f"[{td.shmem.device().type} x{td.world_size()}] backward benchmark contenders agree: "
-              f"{', '.join(checked)}")
-
-
 def main():
     from harness import IN_TURN, in_turn, record, start
 
@@ -262,7 +254,7 @@ def main():
         parser.add_argument("--only", default=",".join(CASES), help=f"comma-separated cases of {', '.join(CASES)}")
         parser.add_argument("--tokens", type=int, default=4096)
 
-    args = start(__doc__, run_check, 8 << 30, add_arguments)
+    args = start(__doc__, check, "backward benchmark", 8 << 30, add_arguments)
     if args is None:
         return
     only = [c for c in args.only.split(",") if c]

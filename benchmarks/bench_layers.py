@@ -97,17 +97,10 @@ def check():
     return checked, problems
 
 
-def run_check():
-    checked, problems = check()
-    assert not problems, f"rank {td.rank()}: {problems}"
-    if td.rank() == 0:
-        print(f"[{td.shmem.device().type} x{td.world_size()}] layer benchmark contenders agree: {', '.join(checked)}")
-
-
 def main():
     from harness import IN_TURN, in_turn, record, start
 
-    args = start(__doc__, run_check, 8 << 30,
+    args = start(__doc__, check, "layer benchmark", 8 << 30,
                  lambda parser: parser.add_argument("--tokens", type=int, default=4096))
     if args is None:
         return

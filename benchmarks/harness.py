@@ -19,11 +19,24 @@ import torch.distributed as dist
 from triton_dist.timing import check_timeable
 
 
-def start(doc, run_check, heap_size, add_arguments=None):
-    """A benchmark's command line and start: ``--check`` (its contenders against each other at tiny fp32 sizes,
-    ``run_check`` on every rank; also what runs with no GPU, on CPU ranks) and ``--rounds`` (in-turn rounds), plus
-    what ``add_arguments(parser)`` adds. With a GPU and no ``--check``: this process is a rank, on its GPU and
-    initialised with ``heap_size``; returns the parsed arguments. Otherwise runs the check and returns None."""
+def run_check(check, what):
+    """``check()`` (the labels it checked, the problems it found) on this rank: an AssertionError naming the
+    problems, else rank 0 says what agreed."""
+    import triton_dist as td
+
+    checked, problems = check()
+    assert not problems, f"rank {td.rank()}: {problems}"
+    if td.rank() == 0:
+        print(f"[{td.shmem.device().type} x{td.world_size()}] {what} contenders agree ({len(checked)} checked): "
+              f"{', '.join(checked)}")
+
+
+def start(doc, check, what, heap_size, add_arguments=None):
+    """A benchmark's command line and start: ``--check`` (its contenders against each other at tiny fp32 sizes:
+    ``run_check(check, what)`` on every rank; also what runs with no GPU, on CPU ranks) and ``--rounds`` (in-turn
+    rounds), plus what ``add_arguments(parser)`` adds. With a GPU and no ``--check``: this process is a rank, on its
+    GPU and initialised with ``heap_size``; returns the parsed arguments. Otherwise runs the check and returns
+    None."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only check the contenders at tiny fp32 sizes")
     parser.add_argument("--rounds", type=int, default=5, help="in-turn rounds")
@@ -33,7 +46,7 @@ def start(doc, run_check, heap_size, add_arguments=None):
     if args.check or not torch.cuda.is_available():
         from triton_dist.launch import run_main
 
-        run_main(run_check)
+        run_main(functools.partial(run_check, check, what))
         return None
     import triton_dist as td
 

@@ -209,7 +209,7 @@ class RankPool:
         with one_at_a_time:
             for c in self._conns:
                 c.send((fn, args, kwargs))
-            return self._collect(timeout, fn.__name__)
+            return self._collect(timeout, getattr(fn, "__name__", repr(fn)))
 
     def _kill(self):
         for p in self._procs:

@@ -18,15 +18,19 @@ class SharedGpuTimingError(RuntimeError):
     """A timing asked for where several ranks share one GPU."""
 
 
-def timeable():
-    """Whether speed figures mean something here: a GPU with one rank per GPU."""
+def _ranks_share_a_gpu():
     from . import shmem
 
-    return torch.cuda.is_available() and not (shmem.is_initialized() and shmem.backend() == "shared-gpu")
+    return shmem.is_initialized() and shmem.backend() == "shared-gpu"
+
+
+def timeable():
+    """Whether speed figures mean something here: a GPU with one rank per GPU."""
+    return torch.cuda.is_available() and not _ranks_share_a_gpu()
 
 
 def check_timeable():
-    if torch.cuda.is_available() and not timeable():
+    if _ranks_share_a_gpu():
         raise SharedGpuTimingError("no speed figures where ranks share a GPU (backend 'shared-gpu'): they share its "
                                    "SMs and memory bandwidth; time on one rank per GPU")
 
