@@ -268,6 +268,22 @@ def _weighted_loss(out, weighting):
     return (out.double() * weighting.double()).sum()  # d loss / d out = weighting: exact in bf16
 
 
+def _two_poisoned_steps(layer, x, weighting, tokens, sp):
+    """Ours steps twice (default configs): on a throwaway input, then on ``x`` with the ops' workspaces poisoned
+    before the forward and the backward of the weighted loss. (out, the input holding its gradient)."""
+    from ..kernels.test_autograd import _poison_workspaces, default_configs
+
+    with default_configs():
+        for throwaway in (True, False):
+            layer.zero_grad(set_to_none=True)
+            xi = (torch.randn_like(x) if throwaway else x).clone().requires_grad_()
+            _poison_workspaces()
+            out = layer(xi, total_rows=tokens) if sp else layer(xi)
+            _poison_workspaces()
+            _weighted_loss(out, weighting).backward()
+    return out, xi
+
+
 def _randomised(module, gen, dtype):
     """``module`` with O(1)-activation random weights (fan-in scaled), in ``dtype``."""
     with torch.no_grad():
@@ -301,7 +317,6 @@ def _gpu_mlp_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MLP):
     """TensorParallelMLP against the dense gated MLP: {what: (our error, plain torch's error)} of the output, the
     input's gradient and this rank's slices of the weights' gradients (``dtype`` float32 and small ``sizes``: CPU
     ranks run it too)."""
-    from ..kernels.test_autograd import _poison_workspaces, default_configs
 
     dev, world, rank = td.shmem.device(), td.world_size(), td.rank()
     gen = torch.Generator(device=dev).manual_seed(tokens + 10 * world + sp)
@@ -320,14 +335,7 @@ def _gpu_mlp_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MLP):
         return torch.tensor_split(t, world)[rank] if sp else t
 
     layer = TensorParallelMLP.from_dense(dense, sequence_parallel=sp)
-    with default_configs():
-        for throwaway in (True, False):
-            layer.zero_grad(set_to_none=True)
-            xi = (torch.randn_like(rows(x)) if throwaway else rows(x)).clone().requires_grad_()
-            _poison_workspaces()
-            out = layer(xi, total_rows=tokens) if sp else layer(xi)
-            _poison_workspaces()
-            _weighted_loss(out, rows(weighting)).backward()
+    out, xi = _two_poisoned_steps(layer, rows(x), rows(weighting), tokens, sp)
     errs = {}
     _compare(errs, "out", out, rows(ref[0]), rows(plain[0]))
     _compare(errs, "x", xi.grad, rows(ref[1]), rows(plain[1]))
@@ -394,19 +402,11 @@ def _gpu_moe_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MOE):
         return torch.tensor_split(t[0], world)[rank] if sp else t
 
     # ours first: the experts it routed each token to pin the references' routing
-    from ..kernels.test_autograd import _poison_workspaces, default_configs
 
     layer = ExpertParallelMoE.from_dense(copy.deepcopy(block), sequence_parallel=sp)
     routed = []
     layer.gate.register_forward_hook(lambda mod, inp, out: routed.append(out[2]))
-    with default_configs():
-        for throwaway in (True, False):
-            layer.zero_grad(set_to_none=True)
-            xi = (torch.randn_like(rows(x)) if throwaway else rows(x)).clone().requires_grad_()
-            _poison_workspaces()
-            out = layer(xi, total_rows=tokens) if sp else layer(xi)
-            _poison_workspaces()
-            _weighted_loss(out, rows(weighting)).backward()
+    out, xi = _two_poisoned_steps(layer, rows(x), rows(weighting), tokens, sp)
     idx = routed[-1]
     if sp:  # every rank's tokens' experts
         every = [None] * world
