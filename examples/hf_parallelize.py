@@ -25,12 +25,13 @@ def make_model(hidden, layers, experts, inter, moe_inter, dtype, device, seed=0)
                          shared_expert_intermediate_size=moe_inter * 2, num_experts=experts, num_experts_per_tok=2
                          if experts < 16 else 8, num_hidden_layers=layers, num_attention_heads=max(2, hidden // 128),
                          num_key_value_heads=max(1, hidden // 512), mlp_only_layers=[0], max_position_embeddings=8192)
-    torch.manual_seed(seed)  # the same weights on every rank
-    model = Qwen2MoeForCausalLM(cfg)
+    torch.manual_seed(seed)  # the same weights on every rank (the same seed gives the same numbers on every GPU)
+    with torch.device(device):  # built and initialised where it runs: the bf16 model has 2 B parameters
+        model = Qwen2MoeForCausalLM(cfg)
     with torch.no_grad():  # O(1) activations (the default init, std 0.02, would make every block's output ~0)
         for p in model.parameters():
             p.copy_(1 + 0.1 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) / p.shape[-1] ** 0.5)
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(dtype=dtype).eval()
 
 
 def check(device, tokens):

@@ -27,6 +27,8 @@ GPU_WORLD = int(os.environ["TRITON_DIST_GPU_WORLD"]) if os.environ.get("TRITON_D
 if not ON_GPU_RANKS:  # this process runs the CPU tests' kernels (GPU tests go to GPU rank processes)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TRITON_DIST_CHECK_CALLS", "1")  # every op call's signature compared across ranks
+if os.environ.get("PYTEST_XDIST_WORKER"):  # parallel workers: their calls of ranks sharing a GPU run side by side,
+    os.environ.setdefault("TRITON_DIST_SHARED_GPU_RANKS", "8")  # each rank on 1/8 of it (launch.shared_gpu_ranks)
 
 gpu_only = pytest.mark.gpu  # the GPU tier: python -m pytest -m gpu (README)
 cpu_only = pytest.mark.skipif(ON_GPU_RANKS, reason="exercises the CPU (interpreter) backend")
@@ -36,9 +38,11 @@ SHARED_GPU_WAIT_TIMEOUT_S = 60
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs GPUs (runs on GPU ranks: pools, or torchrun); the GPU tier")
+    config.addinivalue_line("markers", "long: takes a minute or more; started first, so parallel workers end together")
 
 
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: otherwise in collection order
     if GPUS == 0:
         skip = pytest.mark.skip(reason="needs a GPU: run on a GPU machine (python -m pytest, or torchrun: "
                                        "scripts/gpu_suite.sh)")

@@ -41,6 +41,7 @@ def test_example_runs_on_two_cpu_ranks(name):
 
 
 @gpu_only
+@pytest.mark.long
 @pytest.mark.parametrize("launcher", ["python", "torchrun"])
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_runs_on_one_gpu(name, launcher):

@@ -10,7 +10,8 @@ begins from clean state.
 
 ``RankPool(4, backend="shared-gpu")`` runs 4 ranks on one GPU (docs/design/shmem.md): the pool starts the MPS
 daemon when none runs (so that the ranks' kernels are co-resident), gives each rank an equal share of the SMs,
-and runs one call at a time per machine (the ranks of two pools waiting on their peers could fill the GPU).
+and runs one call at a time per machine (the ranks of two pools waiting on their peers could fill the GPU), or
+several whose shares add up to the GPU (``TRITON_DIST_SHARED_GPU_RANKS``).
 """
 
 import contextlib
@@ -102,16 +103,51 @@ def start_mps():
     return f"nvidia-cuda-mps-control -d did not start a daemon (exit {done.returncode}: {done.stderr.strip()})"
 
 
+def shared_gpu_ranks(ranks_per_gpu):
+    """How many ranks of shared-GPU pools may run on one GPU at once: ``TRITON_DIST_SHARED_GPU_RANKS`` (the same in
+    every process of the machine), at least one pool's ranks per GPU; by default exactly those (one call at a
+    time). Each rank gets an equal part of the GPU for that many (``100 // shared_gpu_ranks`` percent)."""
+    want = os.environ.get("TRITON_DIST_SHARED_GPU_RANKS", "")
+    return max(ranks_per_gpu, int(want) if want.strip() else 0)
+
+
 @contextlib.contextmanager
-def _one_shared_gpu_call():
-    """Calls of several ranks on one GPU run one at a time on the machine: their waiting grids fill their SM
-    shares, so two such calls at once could leave each other's peers no SM to run on."""
-    with open(os.path.join(tempfile.gettempdir(), "triton_dist_shared_gpu.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
+def _shared_gpu_shares(needed, capacity):
+    """Holds ``needed`` of the machine's ``capacity`` rank shares of a GPU (one file lock each) while a call of
+    several ranks per GPU runs. A rank's waiting grid fills its share; while the shares held add up to at most the
+    whole GPU, every rank of every running call can still be resident, so no two calls starve each other's peers.
+    Shares are taken all at once under a guard lock (never some held while waiting for the rest)."""
+    tmp = tempfile.gettempdir()
+    locks = [open(os.path.join(tmp, f"triton_dist_shared_gpu.{i}.lock"), "w") for i in range(capacity)]
+    held = []
+    try:
+        while True:
+            with open(os.path.join(tmp, "triton_dist_shared_gpu.lock"), "w") as guard:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                try:
+                    for lock in locks:
+                        if len(held) == needed:
+                            break
+                        try:
+                            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                            held.append(lock)
+                        except BlockingIOError:
+                            pass
+                    if len(held) < needed:
+                        for lock in held:
+                            fcntl.flock(lock, fcntl.LOCK_UN)
+                        held = []
+                finally:
+                    fcntl.flock(guard, fcntl.LOCK_UN)
+            if held:
+                break
+            time.sleep(0.05)
+        yield
+    finally:
+        for lock in held:
             fcntl.flock(lock, fcntl.LOCK_UN)
+        for lock in locks:
+            lock.close()
 
 
 class RankPool:
@@ -152,8 +188,7 @@ class RankPool:
         if self.mode == "mps":
             import torch
 
-            per_gpu = -(-self.world // max(1, torch.cuda.device_count()))
-            os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // per_gpu)
+            os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // shared_gpu_ranks(self._ranks_per_gpu()))
         try:
             for r in range(self.world):
                 parent, child = ctx.Pipe()
@@ -205,11 +240,20 @@ class RankPool:
         """``fn(*args, **kwargs)`` on every rank; the list of per-rank results."""
         if not self._procs:
             self._start()
-        one_at_a_time = _one_shared_gpu_call() if self.backend == "shared-gpu" else contextlib.nullcontext()
-        with one_at_a_time:
+        if self.backend == "shared-gpu":
+            per_gpu = self._ranks_per_gpu()
+            shares = _shared_gpu_shares(per_gpu, shared_gpu_ranks(per_gpu))
+        else:
+            shares = contextlib.nullcontext()
+        with shares:
             for c in self._conns:
                 c.send((fn, args, kwargs))
             return self._collect(timeout, getattr(fn, "__name__", repr(fn)))
+
+    def _ranks_per_gpu(self):
+        import torch
+
+        return -(-self.world // max(1, torch.cuda.device_count()))
 
     def _kill(self):
         for p in self._procs:

@@ -267,6 +267,7 @@ def _gpu_models(names, dtypes, shapes):
 
 
 @gpu_only
+@pytest.mark.long
 @pytest.mark.parametrize("name", MODELS)
 def test_parallelized_models_on_gpus(ranks, name):
     """Whole HF models parallelised on every GPU of the run (one GPU: groups of one), bf16, fp16 and fp32, a few

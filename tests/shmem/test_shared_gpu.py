@@ -70,3 +70,27 @@ def test_mps_start_says_why_it_cannot(monkeypatch):
     monkeypatch.setattr(launch.shutil, "which", lambda name: None)
     assert not launch.mps_running()
     assert "not on PATH" in launch.start_mps()
+
+
+def test_shared_gpu_calls_run_together_while_their_shares_fit(monkeypatch, tmp_path):
+    """Calls of ranks sharing a GPU hold rank shares: two 2-rank calls fit in 4 shares at once, a third waits
+    until one ends; without TRITON_DIST_SHARED_GPU_RANKS a pool's own ranks are the whole GPU (one call at a time)."""
+    import threading
+
+    monkeypatch.setattr(launch.tempfile, "gettempdir", lambda: str(tmp_path))
+    assert launch.shared_gpu_ranks(2) == 2
+    monkeypatch.setenv("TRITON_DIST_SHARED_GPU_RANKS", "4")
+    assert launch.shared_gpu_ranks(2) == 4 and launch.shared_gpu_ranks(8) == 8
+    third_in = threading.Event()
+
+    def third():
+        with launch._shared_gpu_shares(2, 4):
+            third_in.set()
+
+    with launch._shared_gpu_shares(2, 4):
+        with launch._shared_gpu_shares(2, 4):  # a second call while the first runs
+            waiter = threading.Thread(target=third)
+            waiter.start()
+            assert not third_in.wait(0.5), "a third call ran while two held every share"
+        assert third_in.wait(5), "the third call did not run once a share was free"
+    waiter.join()
