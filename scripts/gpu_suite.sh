@@ -14,6 +14,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export TRITON_DIST_EARLY_TRACEBACKS=1  # a failure's traceback when it happens (tests/conftest.py)
 OUT=${OUT:-benchmarks/results/latest}
 mkdir -p "$OUT"
 export BENCH_DIR=$(mktemp -d)

@@ -15,6 +15,7 @@ A test calls ``ranks(world, fn, *args)``: ``fn(*args)`` runs on every rank and i
 """
 
 import os
+import sys
 import time
 
 import pytest
@@ -49,6 +50,14 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    """TRITON_DIST_EARLY_TRACEBACKS=1 (scripts/gpu_suite.sh): a failure's traceback as soon as it is reported, not
+    at the session's end, so a run cut by its time limit still says why a test failed."""
+    if report.failed and os.environ.get("TRITON_DIST_EARLY_TRACEBACKS") == "1":
+        sys.stderr.write(f"\n--- {report.nodeid} ({report.when}) failed:\n{report.longreprtext}\n")
+        sys.stderr.flush()
 
 
 @pytest.fixture(scope="session")
