@@ -34,7 +34,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # parallel workers: their calls of ra
 gpu_only = pytest.mark.gpu  # the GPU tier: python -m pytest -m gpu (README)
 cpu_only = pytest.mark.skipif(ON_GPU_RANKS, reason="exercises the CPU (interpreter) backend")
 GPU_WAIT_TIMEOUT_S = 20
-SHARED_GPU_WAIT_TIMEOUT_S = 60
+SHARED_GPU_WAIT_TIMEOUT_S = 180
 
 
 def pytest_configure(config):
@@ -55,7 +55,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_logreport(report):
     """TRITON_DIST_EARLY_TRACEBACKS=1 (scripts/gpu_suite.sh): a failure's traceback as soon as it is reported, not
     at the session's end, so a run cut by its time limit still says why a test failed."""
-    if report.failed and os.environ.get("TRITON_DIST_EARLY_TRACEBACKS") == "1":
+    if report.failed and os.environ.get("TRITON_DIST_EARLY_TRACEBACKS") == "1" \
+            and not os.environ.get("PYTEST_XDIST_WORKER"):  # once, from the controller
         sys.stderr.write(f"\n--- {report.nodeid} ({report.when}) failed:\n{report.longreprtext}\n")
         sys.stderr.flush()
 

@@ -203,6 +203,38 @@ def test_ag_gemm_torch_op_fake_and_compile(ranks):
         assert result == (True, True, True)
 
 
+def _traced_group_names():
+    """The group names the ag_gemm calls of a compiled function carry in its graph (the heap's group and a group of
+    its first two ranks)."""
+    names = []
+
+    def capture(gm, example_inputs):
+        names.extend(n.args[4] for n in gm.graph.nodes
+                     if n.target in (torch.ops.triton_dist.ag_gemm, torch.ops.triton_dist.ag_gemm.default))
+        return gm
+
+    pair = dist.new_group([0, 1])  # every rank creates it; its members use it
+    a = torch.randn(4, 16, device=td.shmem.device())
+    w = torch.randn(8, 16, device=td.shmem.device())
+    torch.compile(lambda x, y: ag_gemm(x, y), fullgraph=True, backend=capture)(a, w)
+    if td.rank() < 2:
+        torch.compile(lambda x, y: ag_gemm(x, y, group=pair), fullgraph=True, backend=capture)(a, w)
+    with pytest.raises(ValueError, match="not 5"):
+        td.shmem.group_named(names[0].rpartition("/")[0] + "/5")
+    return names
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_compiled_graph_carries_its_group_size(ranks, world):
+    """Compile caches key on a graph's code: the ops' output shapes depend on the group's size, so the graph must
+    carry it (run95 on one GPU: a graph traced at 2 ranks, reused by a run at 4 from the same cache, asserted its
+    output had half the rows)."""
+    results = ranks(world, _traced_group_names)
+    for names in results:
+        assert names[0] == f"heap/{world}", names
+    assert [len(names) for names in results] == [2, 2] + [1] * (world - 2) and results[0][1].endswith("/2")
+
+
 def _check_bad_input():
     dev = td.shmem.device()
     a = torch.randn(4, 8, device=dev)

@@ -78,6 +78,7 @@ def test_shared_gpu_calls_run_together_while_their_shares_fit(monkeypatch, tmp_p
     import threading
 
     monkeypatch.setattr(launch.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.delenv("TRITON_DIST_SHARED_GPU_RANKS", raising=False)  # (test workers set it)
     assert launch.shared_gpu_ranks(2) == 2
     monkeypatch.setenv("TRITON_DIST_SHARED_GPU_RANKS", "4")
     assert launch.shared_gpu_ranks(2) == 4 and launch.shared_gpu_ranks(8) == 8

@@ -190,14 +190,10 @@ def scaled_ag_gemm(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
 def _compiled_call(a, w, scales, out_dtype, return_gathered, group):
     """``scaled_ag_gemm`` inside torch.compile: through the torch op."""
     gathered, (out,) = torch.ops.triton_dist.fused_all_gather_scaled_matmul(
-        a, [w.t()], scales.a, [scales.w if scales.w.numel() == 1 else scales.w.t()], 0, torch_group_name(group),
+        a, [w.t()], scales.a, [scales.w if scales.w.numel() == 1 else scales.w.t()], 0, shmem.group_name(group),
         [None], [None], [out_dtype], [scales.fast_accum])  # (async_tp.py: B = W.t(), B's scales likewise)
     return (out, gathered) if return_gathered else out
 
-
-def torch_group_name(group):
-    """The c10d name of ``group`` (None: the heap's), what the torch-style ops' ``group_name`` takes."""
-    return shmem.group_name(group) or shmem.group_name(shmem.group())
 
 
 __all__ = ["scaled_ag_gemm", "default_config"]

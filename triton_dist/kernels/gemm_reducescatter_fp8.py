@@ -15,7 +15,6 @@ import torch
 from .. import autotune, hardware, shmem
 from . import fp8
 from . import gemm_reducescatter as rs
-from .allgather_gemm_fp8 import torch_group_name
 from .gemm import check_launchable, output_like
 from .gemm_fp8 import fp8_tiles, scaled_mm_torch
 from .replay import GraphCache
@@ -82,7 +81,7 @@ def scaled_gemm_rs(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
     if hardware.compiling() and config is None and out is None:
         return torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(
             a, w.t(), scales.a, scales.w if scales.w.numel() == 1 else scales.w.t(), "sum", 0, 0,
-            torch_group_name(group), [a.shape[0], w.shape[0]], None, None, out_dtype, scales.fast_accum)
+            shmem.group_name(group), [a.shape[0], w.shape[0]], None, None, out_dtype, scales.fast_accum)
     team = shmem.op_team("gemm_rs_fp8", group, lambda: dict(
         a=tuple(a.shape), w=tuple(w.shape), dtype=str(a.dtype), scaling=scales.mode, out_dtype=str(out_dtype),
         config=config, out=out is not None))

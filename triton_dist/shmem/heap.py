@@ -253,8 +253,11 @@ def rank(group=None):
 
 
 def world_size(group=None):
-    """The number of ranks in ``group`` (default: the heap's group)."""
-    return team(group).size
+    """The number of ranks in ``group`` (default: the heap's group). Builds no team (that is collective): ops'
+    fake impls and torch.compile's tracing call it."""
+    if group is None:
+        return runtime().world
+    return dist.get_world_size(group) if isinstance(group, dist.ProcessGroup) else team(group).size
 
 
 def group():
@@ -312,17 +315,29 @@ def op_team(op, group, signature):
 
 
 def group_named(name):
-    """The torch.distributed group of ``name`` (what torch ops take); None: the heap's group."""
+    """The torch.distributed group of ``name`` (what torch ops take: ``group_name``'s, or a torch group's own
+    name); None: the heap's group. A name with a size that is not its group's raises ValueError."""
     if name is None:
         return None
-    t = runtime().teams.get(name)
-    return t.group if t is not None else dist.distributed_c10d._resolve_process_group(name)
+    key, sep, size = name.rpartition("/")
+    if not (sep and size.isdigit()):  # a c10d group name (torch's async-TP schemas take those)
+        key, size = name, None
+    t = runtime().teams.get(key)
+    group = None if key == HEAP_GROUP else t.group if t is not None else \
+        dist.distributed_c10d._resolve_process_group(key)
+    if size is not None and int(size) != world_size(group):
+        raise ValueError(f"group name {name!r}: its group has {world_size(group)} ranks, not {size}")
+    return group
+
+
+HEAP_GROUP = "heap"  # the heap's group in ``group_name``'s names
 
 
 def group_name(group):
-    """``group``'s name for torch ops (None for the heap's group)."""
-    return None if group is None else teams.group_key(group)
-
+    """``group``'s name for torch ops: "<key>/<size>" ("heap/<size>" for the heap's group). The size rides in the
+    name because the ops' output shapes depend on it and a compiled graph is cached by its code, not by the
+    process group: a graph traced at 2 ranks must not be reused by a run at 4 on the same machine."""
+    return f"{HEAP_GROUP if group is None else teams.group_key(group)}/{world_size(group)}"
 
 def agree_on_call(t, op, signature):
     """Check mode: raise CollectiveMismatchError on every rank unless every member of team ``t`` calls ``op``
