@@ -43,10 +43,19 @@ if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
       --dist load -p no:cacheprovider -v -rs --durations=25 "${@:-tests}"
   fi
   # Several ranks on each GPU (the shared-gpu backend, under MPS): the multi-rank GPU tests at the worlds of
-  # SUITE_SHARED_WORLDS (default on one GPU: 2 and 4; "" skips)
+  # SUITE_SHARED_WORLDS (default on one GPU: 2 and 4; "" skips), side by side (their calls take rank shares of the
+  # GPU: launch.shared_gpu_ranks), each world's log in $OUT/shared_w<W>.log, appended to the suite's log after
+  pids=()
   for w in ${SUITE_SHARED_WORLDS-$([ "$NGPU" -eq 1 ] && echo 2 4)}; do
-    TRITON_DIST_GPU_WORLD=$w TRITON_DIST_CACHE_DIR=$(mktemp -d) run "tests[gpu tier] W=$w" python3 -m pytest -m gpu \
-      -n "${SUITE_SHARED_WORKERS:-4}" --dist load -p no:cacheprovider -v -rs --durations=15 "${@:-tests}"
+    ( LOG="$OUT/shared_w$w.log"; : >"$LOG"; status=0
+      TRITON_DIST_GPU_WORLD=$w TRITON_DIST_CACHE_DIR=$(mktemp -d) run "tests[gpu tier] W=$w" python3 -m pytest -m gpu \
+        -n "${SUITE_SHARED_WORKERS:-3}" --dist load -p no:cacheprovider -v -rs --durations=15 "${@:-tests}"
+      exit $status ) &
+    pids+=("$!:$w")
+  done
+  for p in "${pids[@]}"; do
+    wait "${p%%:*}" || status=1
+    cat "$OUT/shared_w${p#*:}.log" >>"$LOG"
   done
   if [ "${SUITE_REST:-1}" = 1 ]; then  # the rest of README's test command: CPU ranks, sm_90 compiles
     run "tests[not gpu]" python3 -m pytest -m "not gpu" -n "${SUITE_CPU_WORKERS:-8}" --dist loadfile \
