@@ -186,8 +186,6 @@ class RankPool:
         saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
         os.environ["TRITON_INTERPRET"] = "1" if self.backend == "cpu" else "0"
         if self.mode == "mps":
-            import torch
-
             os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // shared_gpu_ranks(self._ranks_per_gpu()))
         try:
             for r in range(self.world):

@@ -195,5 +195,4 @@ def _compiled_call(a, w, scales, out_dtype, return_gathered, group):
     return (out, gathered) if return_gathered else out
 
 
-
 __all__ = ["scaled_ag_gemm", "default_config"]

@@ -314,6 +314,9 @@ def op_team(op, group, signature):
     return t
 
 
+HEAP_GROUP = "heap"  # the heap's group in ``group_name``'s names
+
+
 def group_named(name):
     """The torch.distributed group of ``name`` (what torch ops take: ``group_name``'s, or a torch group's own
     name); None: the heap's group. A name with a size that is not its group's raises ValueError."""
@@ -330,14 +333,12 @@ def group_named(name):
     return group
 
 
-HEAP_GROUP = "heap"  # the heap's group in ``group_name``'s names
-
-
 def group_name(group):
     """``group``'s name for torch ops: "<key>/<size>" ("heap/<size>" for the heap's group). The size rides in the
     name because the ops' output shapes depend on it and a compiled graph is cached by its code, not by the
     process group: a graph traced at 2 ranks must not be reused by a run at 4 on the same machine."""
     return f"{HEAP_GROUP if group is None else teams.group_key(group)}/{world_size(group)}"
+
 
 def agree_on_call(t, op, signature):
     """Check mode: raise CollectiveMismatchError on every rank unless every member of team ``t`` calls ``op``
