@@ -224,7 +224,7 @@ def _traced_group_names():
     return names
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [3])  # a rank outside the pair group too
 def test_a_compiled_graph_carries_its_group_size(ranks, world):
     """Compile caches key on a graph's code: the ops' output shapes depend on the group's size, so the graph must
     carry it (run95 on one GPU: a graph traced at 2 ranks, reused by a run at 4 from the same cache, asserted its

@@ -1,8 +1,8 @@
 """Every op of the zoo on groups of ranks and at any world size, against fp64 torch references.
 
-* World sizes 1, 3, 5, 6, 7: every op once (row splits and ring orders that are not powers of two).
+* World sizes 1, 3, 5, 7: every op once (row splits and ring orders that are not powers of two).
 * 4 ranks: tensor-parallel groups {0, 1} and {2, 3} run ag_gemm / gemm_rs while an expert-parallel group of all
-  four runs dispatch / combine, interleaved call by call for 20 rounds (no op may share flags with another group).
+  four runs dispatch / combine, interleaved call by call for 8 rounds (no op may share flags with another group).
 * 6 ranks: groups of 3 and groups of 2 side by side; 8 ranks: two groups of 4.
 Inputs are fresh every call and differ on every rank; small fp32 shapes (the interpreter runs them). On GPU ranks
 (one per GPU, or several sharing one: the shared-gpu backend) the same checks run at worlds 3 and 4, within
@@ -118,7 +118,7 @@ def _new_groups(*partitions):
 
 
 @cpu_only
-@pytest.mark.parametrize("world", [1, 3, 5, 6, 7])
+@pytest.mark.parametrize("world", [1, 3, 5, 7])  # (6: test_groups_of_2_and_3_on_6_ranks)
 def test_every_op_at_world_size(ranks, world):
     assert ranks(world, _every_op, None, world) == [[]] * world
 
@@ -137,7 +137,7 @@ def _tp_beside_ep(rounds):
 
 @cpu_only
 def test_tp_groups_beside_an_ep_group_interleaved(ranks):
-    assert ranks(4, _tp_beside_ep, 20) == [[]] * 4
+    assert ranks(4, _tp_beside_ep, 8) == [[]] * 4
 
 
 @gpu_only
