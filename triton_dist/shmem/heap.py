@@ -253,8 +253,8 @@ def rank(group=None):
 
 
 def world_size(group=None):
-    """The number of ranks in ``group`` (default: the heap's group). Builds no team (that is collective): ops'
-    fake impls and torch.compile's tracing call it."""
+    """The number of ranks in ``group`` (default: the heap's group). For the heap's group and a torch
+    ProcessGroup it builds no team (that is collective): ops' fake impls and torch.compile's tracing call it."""
     if group is None:
         return runtime().world
     return dist.get_world_size(group) if isinstance(group, dist.ProcessGroup) else team(group).size
@@ -325,9 +325,11 @@ def group_named(name):
     key, sep, size = name.rpartition("/")
     if not (sep and size.isdigit()):  # a c10d group name (torch's async-TP schemas take those)
         key, size = name, None
-    t = runtime().teams.get(key)
-    group = None if key == HEAP_GROUP else t.group if t is not None else \
-        dist.distributed_c10d._resolve_process_group(key)
+    if key == HEAP_GROUP:
+        group = None
+    else:
+        t = runtime().teams.get(key)
+        group = t.group if t is not None else dist.distributed_c10d._resolve_process_group(key)
     if size is not None and int(size) != world_size(group):
         raise ValueError(f"group name {name!r}: its group has {world_size(group)} ranks, not {size}")
     return group
