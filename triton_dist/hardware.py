@@ -68,6 +68,10 @@ def capturing():
 
 
 def compiling():
-    """True while torch.compile traces: ops then go through ``torch.ops.triton_dist`` (their fake impls)."""
-    compiler = getattr(torch, "compiler", None)
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+    """True while torch.compile traces (or any torch dispatch mode is active): ops then go through
+    ``torch.ops.triton_dist`` (their fake impls when tracing).
+
+    Dynamo's flag alone is not enough: AOT autograd traces a backward formula (which calls our Python ops) with
+    fake / functional tensors under its dispatch modes, and torch 2.11 does not set the flag there.
+    """
+    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
