@@ -1,8 +1,12 @@
-"""run99 probe (1x H200, shared-gpu): the ag_gemm calls that timed out in runs 95, 96 and 98 at W = 2 / 4 on one
-GPU ('ag_gemm.arrived': waited for epoch E, last saw E - 1, one rank only), replayed as their tests do (FP8
-every candidate at W = 2; bf16 silu_gate 517x520x4104 at W = 4), with every rank's device epoch counters
-(ws.state, ws.epoch word) and graph-cache state recorded after each call. Prints the first call after which the
-ranks' counters differ. Usage: TRITON_DIST_SHARED_GPU_RANKS=8 python probe_epochs.py"""
+"""Probe of the shared-GPU ag_gemm timeouts (1x H200, ranks sharing the GPU under MPS). Runs 95, 96, 98 and 99
+('ag_gemm.arrived': one rank waited for epoch E and last saw E - 1 while its peers went on) replayed as their
+tests call the op: FP8 every candidate at W = 2 (fails at the 2nd call of the first graph candidate), bf16
+silu_gate 517x520x4104 at W = 4 (the 2nd call of config {"path": "overlap", "use_tma": False}), the same at
+W = 2, and both with every Launcher on Triton's plain launch path. After each call every rank's epoch counters
+(ws.state, ws.epoch word) and graph caches are logged; after a timeout its workspaces' flags and plans. Prints
+the first call where the ranks' counters differ or a wait timed out. run99 lost the per-rank logs (the pool
+re-raised the recorded timeout); this version clears it first.
+Usage: TRITON_DIST_SHARED_GPU_RANKS=8 python probe_epochs.py"""
 import os
 import sys
 
@@ -21,6 +25,23 @@ def _counters():
     torch.cuda.synchronize()
     return {repr(key[1]): (ws.state.tolist(), ws.epoch.tolist()) for (op, key), ws in
             td.shmem.workspaces._WORKSPACES.items() if op == "ag_gemm"}
+
+
+def _dump():
+    """Everything a stale or misplaced flag could come from, on this rank, after a timeout."""
+    torch.cuda.synchronize()
+    td.shmem.clear_errors()  # else the pool re-raises the recorded timeout and this log is lost
+    world = td.world_size()
+    out = {"rank": td.rank(), "workspaces": [], "plans": []}
+    for (op, key), ws in td.shmem.workspaces._WORKSPACES.items():
+        if op == "ag_gemm":
+            out["workspaces"].append((repr(key), id(ws), ws.state.tolist(), ws.epoch.tolist(),
+                                      ws.arrived[:world * 2].tolist(), ws.ready.tolist()))
+    for key, plan in list(agm._PLANS._plans.items()) + list(agf._PLANS._plans.items()):
+        if getattr(plan, "path", None) != "fallback" and hasattr(plan, "ws"):
+            out["plans"].append((repr(key)[:160], id(plan.ws), plan.n_chunks, plan.grid,
+                                 plan.handshake.compiled is not None))
+    return out
 
 
 def _graphs():
@@ -44,10 +65,17 @@ def fp8_every_candidate(mode):
                 torch.cuda.synchronize()
                 td.shmem.check_errors()
             except Exception as e:  # noqa: BLE001
-                log.append((ci, i, cfg.get("path"), repr(e)[:400], _counters(), _graphs()))
+                log.append((ci, i, cfg.get("path"), repr(e)[:400], _counters(), _graphs(), _dump()))
                 return log
             log.append((ci, i, cfg.get("path"), None, _counters(), _graphs()))
     return log
+
+
+def unbound(fn, *args):
+    """``fn`` with every Launcher on Triton's plain launch path (is the pre-bound fast path the difference?)."""
+    from triton_dist.kernels import launcher
+    launcher.Launcher._bind = lambda self, compiled, args: None
+    return fn(*args)
 
 
 def bf16_silu_gate():
@@ -69,7 +97,8 @@ def bf16_silu_gate():
                 torch.cuda.synchronize()
                 td.shmem.check_errors()
             except Exception as e:  # noqa: BLE001
-                log.append((ci, i, None if cfg is None else cfg.get("path"), repr(e)[:400], _counters(), _graphs()))
+                log.append((ci, i, None if cfg is None else cfg.get("path"), repr(e)[:400], _counters(), _graphs(),
+                            _dump()))
                 return log
             log.append((ci, i, None if cfg is None else cfg.get("path"), None, _counters(), _graphs()))
     return log
@@ -94,8 +123,8 @@ def report(name, logs):
 
 
 if __name__ == "__main__":
-    for world, fn, args in [(2, fp8_every_candidate, ("row",)), (2, fp8_every_candidate, ("block",)),
-                            (4, bf16_silu_gate, ())]:
+    for world, fn, args in [(2, fp8_every_candidate, ("row",)), (4, bf16_silu_gate, ()), (2, bf16_silu_gate, ()),
+                            (2, unbound, (fp8_every_candidate, "row")), (4, unbound, (bf16_silu_gate,))]:
         with RankPool(world, backend="shared-gpu", wait_timeout_s=15) as pool:
             try:
                 report(f"{fn.__name__}{args} W={world}", pool.run(fn, *args, timeout=400))
