@@ -39,8 +39,12 @@ def _dump():
                                       ws.arrived[:world * 2].tolist(), ws.ready.tolist()))
     for key, plan in list(agm._PLANS._plans.items()) + list(agf._PLANS._plans.items()):
         if getattr(plan, "path", None) != "fallback" and hasattr(plan, "ws"):
-            out["plans"].append((repr(key)[:160], id(plan.ws), plan.n_chunks, plan.grid,
-                                 plan.handshake.compiled is not None))
+            # what this rank's flags read on each peer through its peer views (the peer reads them locally
+            # above): equal values but a stuck peer means the views and the peer's own heap differ
+            pushed = [(step, [(lo, hi, flag.tolist(), flag.data_ptr()) for lo, hi, _, flag in items])
+                      for step, (_, items) in enumerate(plan.pushes, 1)]
+            out["plans"].append((repr(key)[:160], id(plan.ws), plan.n_chunks, plan.chunk_rows, plan.grid,
+                                 plan.handshake.compiled is not None, pushed))
     return out
 
 
