@@ -67,11 +67,17 @@ def capturing():
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+_TRACING_MODES = tuple(getattr(torch._C._TorchDispatchModeKey, k) for k in ("FAKE", "PROXY", "FUNCTIONAL"))
+
+
 def compiling():
-    """True while torch.compile traces (or any torch dispatch mode is active): ops then go through
-    ``torch.ops.triton_dist`` (their fake impls when tracing).
+    """True while torch.compile traces: ops then go through ``torch.ops.triton_dist`` (their fake impls).
 
     Dynamo's flag alone is not enough: AOT autograd traces a backward formula (which calls our Python ops) with
-    fake / functional tensors under its dispatch modes, and torch 2.11 does not set the flag there.
+    fake / functional tensors under its dispatch modes, and torch 2.11 does not set the flag there. Other
+    dispatch modes (a user's FlopCounterMode) are not tracing; the length check keeps the common case cheap.
     """
-    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+    if torch.compiler.is_compiling():
+        return True
+    return torch._C._len_torch_dispatch_stack() > 0 and any(
+        torch._C._get_dispatch_mode(mode) is not None for mode in _TRACING_MODES)
