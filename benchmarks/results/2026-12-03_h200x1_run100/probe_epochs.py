@@ -127,8 +127,8 @@ def report(name, logs):
 
 
 if __name__ == "__main__":
-    for world, fn, args in [(2, fp8_every_candidate, ("row",)), (4, bf16_silu_gate, ()), (2, bf16_silu_gate, ()),
-                            (2, unbound, (fp8_every_candidate, "row")), (4, unbound, (bf16_silu_gate,))]:
+    for world, fn, args in [(2, fp8_every_candidate, ("row",)), (2, unbound, (fp8_every_candidate, "row")),
+                            (4, bf16_silu_gate, ()), (4, unbound, (bf16_silu_gate,)), (2, bf16_silu_gate, ())]:
         with RankPool(world, backend="shared-gpu", wait_timeout_s=15) as pool:
             try:
                 report(f"{fn.__name__}{args} W={world}", pool.run(fn, *args, timeout=400))

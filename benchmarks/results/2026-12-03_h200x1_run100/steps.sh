@@ -10,11 +10,11 @@ echo "commit $GIT_COMMIT" > "$OUT/node.log"; nvidia-smi >> "$OUT/node.log" 2>&1
 step setup 120 bash -c 'python -m pip install --no-build-isolation --no-index -e ".[test]" && python examples/allgather.py'
 tail -3 "$OUT/setup.log"
 T0=$(date +%s)
-step not_gpu 530 python -m pytest -m "not gpu" -n 6 --dist loadfile -p no:cacheprovider -rs --tb=short --durations=15 tests &
+step not_gpu 500 python -m pytest -m "not gpu" -n 6 --dist loadfile -p no:cacheprovider -rs --tb=short --durations=15 tests &
 ( mkdir -p /tmp/tier; OUT=/tmp/tier SUITE_REST=0 SUITE_SHARED_WORLDS= SUITE_SKIP_BENCH=1 SUITE_STEP_TIMEOUT=330 \
     bash scripts/gpu_suite.sh > /dev/null 2>&1; cp /tmp/tier/suite.log "$OUT/gpu_tier.log"
   echo "== gpu tier done at $(( $(date +%s) - T0 )) s"
-  step probe $(( 520 - ($(date +%s) - T0) )) env TRITON_DIST_SHARED_GPU_RANKS=8 PYTHONPATH=$PWD python3 "$D/probe_epochs.py"
+  step probe $(( 495 - ($(date +%s) - T0) )) env TRITON_DIST_SHARED_GPU_RANKS=8 PYTHONPATH=$PWD python3 "$D/probe_epochs.py"
   [ -d /tmp/triton_dist_mps_pipe ] && CUDA_MPS_PIPE_DIRECTORY=/tmp/triton_dist_mps_pipe bash -c 'echo quit | nvidia-cuda-mps-control' ) &
 wait
 grep -E "^== |passed|failed|FAILED" "$OUT/gpu_tier.log" | tail -12; grep -E "passed|failed|FAILED" "$OUT/not_gpu.log" | tail -8
