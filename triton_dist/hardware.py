@@ -41,6 +41,12 @@ def share_gpu(ranks):
     _sm_count.cache_clear()
 
 
+def gpu_shared():
+    """Whether peers share this rank's GPU (the shared-gpu backend). A copy between two heaps of one GPU is then
+    an SM kernel, not a copy-engine transfer: it queues behind a grid that fills this rank's SM share."""
+    return _RANKS_PER_GPU > 1
+
+
 @functools.lru_cache(maxsize=None)
 def compute_major(device_index):
     """Major compute capability of a CUDA device (9: Hopper)."""

@@ -170,8 +170,11 @@ class _Buffers:
         self.epoch = shmem.counters(1, name="ag_gemm.epoch_word")
         self.a_full_peers = shmem.peer_views(self.a_full, group)
         self.arrived_peers = shmem.peer_views(self.arrived, group)
-        # one side stream per peer, so that every link is busy at once
-        self.streams = {p: torch.cuda.Stream(dev) for p in range(world) if p != me} if dev.type == "cuda" else {}
+        # one side stream per peer, so that every link is busy at once. Not where peers share our GPU: there a
+        # copy into a peer's heap is an SM kernel, which our persistent GEMM (filling our SM share while it waits
+        # for the peers' rows) would starve, so the copies go on the compute stream ahead of the GEMM
+        side = dev.type == "cuda" and not hardware.gpu_shared()
+        self.streams = {p: torch.cuda.Stream(dev) for p in range(world) if p != me} if side else {}
 
 
 def buffers(m_shard, k, dtype, group=None):
@@ -226,7 +229,7 @@ def _copy_engine_push(a, plan):
     ws = plan.ws
     main = torch.cuda.current_stream() if a.is_cuda else None
     for stream, items in plan.pushes:
-        if stream is None:  # CPU: synchronous copies
+        if stream is None:  # no side streams (CPU, or peers on our GPU): on the current stream, before the GEMM
             for lo, hi, dst, flag in items:
                 dst.copy_(a[lo:hi])
                 flag.copy_(ws.epoch)
@@ -249,7 +252,8 @@ def _run_overlapped(a, w, plan, return_gathered, fp8=None):
     if a.is_cuda:
         main = torch.cuda.current_stream()
         for stream, _ in plan.pushes:
-            main.wait_stream(stream)
+            if stream is not None:
+                main.wait_stream(stream)
     if not return_gathered:
         return out, None
     gathered = torch.empty((world * m_shard, plan.k), dtype=a.dtype, device=a.device)

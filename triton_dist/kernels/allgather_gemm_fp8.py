@@ -62,7 +62,7 @@ class _Call:
         """Our scale rows into every peer's scale_full (after the handshake, before the rows and their flags)."""
         main = torch.cuda.current_stream() if self.rows.is_cuda else None
         for stream, dst in self.plan.scale_pushes:
-            if stream is None:  # CPU: synchronous copies
+            if stream is None:  # no side streams (CPU, or peers on our GPU): on the current stream
                 dst.copy_(self.rows)
                 continue
             stream.wait_stream(main)
