@@ -65,6 +65,26 @@ def _worker(rank, world, port, backend, heap_size, wait_timeout_s, conn):
     conn.send(("bye", None))
 
 
+_DRAINED = "drained"
+
+
+def _synchronize():
+    """A rank's last task before a pool stops it (``RankPool._drain``): wait for its device work. Never raises:
+    the failure was reported with the call, and the rank's recorded error is cleared so that the worker's check
+    after the task does not report it twice."""
+    import torch
+
+    import triton_dist as td
+
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        td.shmem.clear_errors()
+    except Exception:  # noqa: BLE001  (a device fault: nothing left to wait for)
+        pass
+    return _DRAINED
+
+
 def mps_running():
     """Whether an MPS control daemon answers (on the pipe directory of ``CUDA_MPS_PIPE_DIRECTORY``)."""
     exe = shutil.which("nvidia-cuda-mps-control")
@@ -230,9 +250,38 @@ class RankPool:
                 errors.append(f"ranks {sorted(pending)} did not finish {what} {late}")
                 break
         if errors:
+            if self.backend == "shared-gpu":
+                self._drain((self.wait_timeout_s or 60) + AFTER_AN_ERROR_S)
             self._kill()
             raise RankError("\n".join(errors))
         return results
+
+    def _drain(self, timeout):
+        """Before ranks that share a GPU are stopped: every rank's device work finished. A rank's heap goes with its
+        process, and a peer's kernel still touching it would fault, which under MPS stops every client of the GPU
+        (other pools' ranks too). Kernels end within a wait budget once a rank has failed, so this is bounded;
+        a rank still in the failed call answers that first. The ranks that answered, in rank order."""
+        for c in self._conns:
+            try:
+                c.send((_synchronize, (), {}))
+            except OSError:  # its process is gone
+                pass
+        deadline = time.monotonic() + timeout
+        pending, drained = set(range(self.world)), []
+        while pending and time.monotonic() < deadline:
+            for r in sorted(pending):
+                if self._conns[r].poll(0.01):
+                    try:
+                        kind, value = self._conns[r].recv()
+                    except EOFError:
+                        pending.discard(r)
+                        continue
+                    if (kind, value) == ("ok", _DRAINED):
+                        pending.discard(r)
+                        drained.append(r)
+                elif not self._procs[r].is_alive():
+                    pending.discard(r)
+        return drained
 
     def run(self, fn, *args, timeout=300, **kwargs):
         """``fn(*args, **kwargs)`` on every rank; the list of per-rank results."""
