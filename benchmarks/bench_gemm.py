@@ -13,7 +13,7 @@ Device times replay one call from a CUDA graph (small shapes are otherwise host-
 Python calls.
 
 FP8 (``--only fp8``; ``--only bf16`` skips it), one GPU's GEMMs M x N x K at FP8_SHAPES, e4m3 in, bf16 out:
-  tensor / row   our scaled GEMM core (``gemm_fp8.scaled_gemm``, autotuned) against ``torch._scaled_mm`` (cuBLAS)
+  tensor / row   our scaled GEMM core (``gemm.scaled_gemm``, autotuned) against ``torch._scaled_mm`` (cuBLAS)
                  with per-tensor and rowwise scales, both with and without fast accumulation, timed in turn
   block          our 128-blockwise scales (DeepSeek-V3: 1x128 groups of A, 128x128 blocks of W) against cuBLAS's
                  per-tensor figure: cuBLAS has no block scales in this form
@@ -30,8 +30,7 @@ import triton_dist as td
 from harness import IN_TURN, clocks_during, head_to_head, in_turn, record
 from triton_dist.timing import graph_us_or_nan, time_us
 from triton_dist.kernels import fp8
-from triton_dist.kernels.gemm import gemm, gemm_candidates, gemm_config
-from triton_dist.kernels.gemm_fp8 import scaled_gemm
+from triton_dist.kernels.gemm import gemm, gemm_candidates, gemm_config, scaled_gemm
 
 SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8192, 8192), (512, 8192, 8192),
           (128, 8192, 8192)]

@@ -35,7 +35,7 @@ def test_benchmark_command_line_parses(name, flag, monkeypatch, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU check of what the GPU run times")
 def test_fp8_gemm_benchmark_contenders_agree():
-    from triton_dist.kernels.gemm_fp8 import scaled_gemm
+    from triton_dist.kernels.gemm import scaled_gemm
 
     bench = _bench("bench_gemm")
     for mode in ("tensor", "row"):

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import triton_dist as td
 from triton_dist.kernels import allgather_gemm as agm
-from triton_dist.kernels.allgather_gemm_fp8 import scaled_ag_gemm
+from triton_dist.kernels.allgather_gemm import scaled_ag_gemm
 
 from ..conftest import error_names, gpu_only
 from ..sm90 import compile_sm90
@@ -32,8 +32,8 @@ def _gathered(t):
 def _poison():
     for ws in td.shmem.workspaces.cached("ag_gemm"):
         ws.a_full.view(torch.uint8).fill_(0x7F)  # NaN in e4m3
-    for ws in td.shmem.workspaces.cached("ag_gemm_fp8"):
-        ws.scale_full.fill_(float("nan"))
+        if ws.scale_full is not None:
+            ws.scale_full.fill_(float("nan"))
     td.shmem.barrier()  # nobody pushes into our buffers before we poisoned them
 
 
@@ -190,13 +190,9 @@ def test_fp8_ag_gemm_gpu_bf16(ranks, m, n, k, mode):
 @gpu_only
 @pytest.mark.parametrize("mode", ["row", "block"])
 def test_fp8_ag_gemm_gpu_every_candidate(ranks, mode):
-    from triton_dist.kernels.allgather_gemm_fp8 import default_config
-    from triton_dist.kernels.gemm_fp8 import fp8_tiles
-
-    m, n, k = 1000, 1536, 1024
-    cands = [fp8_tiles(c, torch.device("cuda")) for c in agm.candidate_configs(
-        m, n, k, torch.float8_e4m3fn, torch.device("cuda"), ranks.gpu_world)]
-    for cfg in cands + [{**default_config(m, n, k, torch.device("cuda"), ranks.gpu_world), "n_chunks": 4}]:
+    m, n, k, e4m3, cuda = 1000, 1536, 1024, torch.float8_e4m3fn, torch.device("cuda")
+    cands = agm.candidate_configs(m, n, k, e4m3, cuda, ranks.gpu_world)  # FP8 tiles for FP8 operands
+    for cfg in cands + [{**agm.default_config(m, n, k, e4m3, cuda, ranks.gpu_world), "n_chunks": 4}]:
         for worst in ranks(ranks.gpu_world, _check_gpu, m, n, k, mode, cfg, 3):
             assert worst < 1e-2, (cfg, worst)
 

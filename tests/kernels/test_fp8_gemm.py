@@ -14,7 +14,7 @@ import torch
 
 from triton_dist import hardware
 from triton_dist.kernels import fp8
-from triton_dist.kernels.gemm_fp8 import scaled_gemm, scaled_gemm_candidates
+from triton_dist.kernels.gemm import gemm_candidates, scaled_gemm
 
 from ..conftest import cpu_only, gpu_only
 from ..sm90 import compile_sm90
@@ -116,7 +116,7 @@ def test_scaled_gemm_rejects_bad_input(monkeypatch):
     for call, exc in cases:
         with pytest.raises(exc):
             call()
-    with pytest.raises(TypeError, match="scaled_gemm"):  # the bf16 core names the FP8 entry points
+    with pytest.raises(TypeError, match="scale_a"):  # FP8 operands without scales: the error names them
         from triton_dist.kernels.gemm import gemm
         gemm(a, w)
     # a GPU without FP8 tensor cores (compute capability below 8.9): a clear error, before any launch
@@ -149,7 +149,8 @@ def test_scaled_gemm_gpu(ranks, mode, m, n, k):
 
 def _gpu_errors_of_every_candidate(m, n, k, mode):
     """(config, error) of every candidate off by 1e-2 or more."""
-    errs = [(cfg, _gpu_errors(m, n, k, mode, cfg)) for cfg in scaled_gemm_candidates(m, n, k, torch.device("cuda"))]
+    errs = [(cfg, _gpu_errors(m, n, k, mode, cfg))
+            for cfg in gemm_candidates(m, n, k, torch.float8_e4m3fn, torch.device("cuda"))]
     return [(cfg, err) for cfg, err in errs if not err < 1e-2]
 
 

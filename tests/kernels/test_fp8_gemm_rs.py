@@ -12,8 +12,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from triton_dist.kernels.gemm_reducescatter import rows_of_rank
-from triton_dist.kernels.gemm_reducescatter_fp8 import scaled_gemm_rs
+from triton_dist.kernels.gemm_reducescatter import rows_of_rank, scaled_gemm_rs
 
 from ..conftest import error_names, gpu_only
 from ..sm90 import compile_sm90

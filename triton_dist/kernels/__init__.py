@@ -3,15 +3,12 @@ registers every ``torch.ops.triton_dist.*`` op. ``triton_dist.kernels.gemm`` is 
 names: ``from triton_dist.kernels.gemm import gemm_config, ...``)."""
 
 from .allgather import all_gather  # noqa: F401
-from .allgather_gemm import ag_gemm  # noqa: F401
-from .allgather_gemm_fp8 import scaled_ag_gemm  # noqa: F401
+from .allgather_gemm import ag_gemm, scaled_ag_gemm  # noqa: F401
 from .allreduce import all_reduce, all_reduce_rmsnorm, gemm_ar  # noqa: F401
 from .fp8 import quantize_fp8  # noqa: F401
-from .gemm import gemm  # noqa: F401,E402  (the op, in place of its module's name)
+from .gemm import gemm, scaled_gemm  # noqa: F401,E402  (the op, in place of its module's name)
 from .flash_decode import local_flash_decode, sp_flash_decode  # noqa: F401
-from .gemm_fp8 import scaled_gemm  # noqa: F401
-from .gemm_reducescatter import gemm_rs  # noqa: F401
-from .gemm_reducescatter_fp8 import scaled_gemm_rs  # noqa: F401
+from .gemm_reducescatter import gemm_rs, scaled_gemm_rs  # noqa: F401
 from .grouped_gemm import grouped_gemm  # noqa: F401
 from .moe_ep import ep_combine, ep_dispatch  # noqa: F401
 from .pingpong import ping_pong  # noqa: F401

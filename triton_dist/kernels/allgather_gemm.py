@@ -19,6 +19,13 @@ kernels replayed from a cached CUDA graph, for host-bound small M); "fallback" (
 decode sizes ``gather_first`` waits for every peer's rows, then runs the GEMM core once over all of them.
 ``activation="silu_gate"``: w = [w_gate; w_up] and each tile stores only silu(gate) * up (``tile_accumulate``).
 docs/design/ag_gemm.md has the schedule's reasons and the measurements behind the defaults.
+
+FP8 (``ag_gemm(a8, w8, scale_a=..., scale_w=...)``; ``scaled_ag_gemm``: the scales required) is the same schedule
+with half the bytes on the wire. A's scales travel with the rows: each rank's scale rows ([m, S]: S = 1 per-tensor
+/ rowwise, ceil(K/128) blockwise; a per-tensor scale repeated per row, so gathered rows keep their own rank's
+scale) go into every peer's symmetric ``scale_full`` [W*m, S] on the same side stream, ahead of the rows, so each
+chunk's flag, raised after its rows, covers them too. ``tile_accumulate`` applies the scales (``kernels/fp8.py``);
+W's never move. The fallback gathers rows and scale rows (as bytes) and runs one scaled GEMM.
 """
 
 import torch
@@ -28,10 +35,10 @@ import triton.language as tl
 
 from .. import autotune, hardware, shmem
 from .. import language as dl
-from . import library
+from . import fp8, library
 from .gemm import (check_launchable, check_matmul_operands, default_num_programs, describe_operands, dot_precision,
-                   gemm_candidates, gemm_config, launch_gemm, skinny_configs, tile_accumulate, tile_coords,
-                   tile_store)
+                   fp8_tiles, gemm_candidates, gemm_config, launch_gemm, matmul_torch, skinny_configs,
+                   tile_accumulate, tile_coords, tile_store)
 from .launcher import Launcher
 from .replay import GraphCache
 
@@ -158,11 +165,17 @@ def ready_handshake_kernel(ready, state, epoch_out, ctx):
 
 # ----------------------------------------------------------------------------------------------- launcher
 class _Buffers:
-    """Per-shape workspace: the gathered rows, their flags and the streams that push them (``shmem.workspace``)."""
+    """Per-shape workspace: the gathered rows, their flags and the streams that push them (``shmem.workspace``);
+    FP8 (``scale_cols`` S > 0): the gathered rows' scales too, ``scale_full`` [W*m, S] (their flags are the rows')."""
 
-    def __init__(self, m_shard, k, dtype, group):
+    def __init__(self, m_shard, k, dtype, group, scale_cols=0):
         world, me = shmem.world_size(group), shmem.rank(group)
         self.a_full = shmem.empty((world * m_shard, k), dtype, name="ag_gemm.a_full", group=group)
+        self.scale_full = self.scale_full_peers = None
+        if scale_cols:
+            self.scale_full = shmem.empty((world * m_shard, scale_cols), torch.float32, name="ag_gemm.scale_full",
+                                          group=group)
+            self.scale_full_peers = shmem.peer_views(self.scale_full, group)
         self.arrived = shmem.signals((world * MAX_CHUNKS,), name="ag_gemm.arrived", group=group)
         self.ready = shmem.signals((world,), name="ag_gemm.ready", group=group)
         dev = shmem.device()
@@ -177,9 +190,10 @@ class _Buffers:
         self.streams = {p: torch.cuda.Stream(dev) for p in range(world) if p != me} if side else {}
 
 
-def buffers(m_shard, k, dtype, group=None):
-    """The workspace of a shard shape on ``group`` (collective on first use)."""
-    return shmem.workspace("ag_gemm", (m_shard, k, dtype), lambda: _Buffers(m_shard, k, dtype, group), group=group)
+def buffers(m_shard, k, dtype, group=None, scale_cols=0):
+    """The workspace of a shard shape on ``group`` (collective on first use); ``scale_cols``: see ``_Buffers``."""
+    return shmem.workspace("ag_gemm", (m_shard, k, dtype, scale_cols),
+                           lambda: _Buffers(m_shard, k, dtype, group, scale_cols), group=group)
 
 
 def _chunking(m_shard, cfg):
@@ -191,22 +205,29 @@ def _chunking(m_shard, cfg):
 
 
 class _Plan:
-    """Everything about a call that depends only on (shape, dtype, config): built once, reused every call."""
+    """Everything about a call that depends only on (shape, dtype, config, FP8 mode): built once, reused every
+    call."""
 
-    def __init__(self, m_shard, n, k, dtype, device, cfg, group):
-        """``n``: the weight's rows (the output has half as many with ``cfg["silu_gate"]``)."""
+    def __init__(self, m_shard, n, k, dtype, device, cfg, group, scales=None, out_dtype=None):
+        """``n``: the weight's rows (the output has half as many with ``cfg["silu_gate"]``); ``scales``,
+        ``out_dtype``: an FP8 call's mode (``fp8.scaled_operands``; only the mode is kept)."""
         self.cfg, self.path = cfg, cfg["path"]
         self.silu_gate = bool(cfg.get("silu_gate"))
         self.m_shard, self.n, self.k = m_shard, n // 2 if self.silu_gate else n, k
+        self.out_dtype = out_dtype or dtype
         team = shmem.team(group)
-        self.key = (team.name, m_shard, n, k, dtype, repr(sorted(cfg.items())))  # names its graphs (path "graph")
+        # names its graphs (path "graph")
+        self.key = (team.name, m_shard, n, k, dtype, repr(sorted(cfg.items()))) + fp8.plan_key(scales, out_dtype)
         self.world, self.me, self.group, self.ctx = team.size, team.rank, team.group, team.ctx
         if self.path == "fallback":
             return
-        ws = self.ws = buffers(m_shard, k, dtype, group)
+        scale_cols = 0 if scales is None else fp8.groups(k) if scales.mode == "block" else 1
+        ws = self.ws = buffers(m_shard, k, dtype, group, scale_cols)
         self.chunk_rows, self.n_chunks = _chunking(m_shard, cfg)
         me, world = self.me, self.world
-        # (stream, [(source rows, destination view, flag view)]) per peer: no slicing on the hot path
+        own = slice(me * m_shard, (me + 1) * m_shard)
+        # (stream, [(source rows, destination view, flag view)], destination of our scale rows or None) per peer:
+        # no slicing on the hot path
         self.pushes = []
         for step in range(1, world):
             peer = (me + step) % world
@@ -216,7 +237,7 @@ class _Plan:
                 flag = me * self.n_chunks + chunk
                 items.append((lo, hi, ws.a_full_peers[peer][me * m_shard + lo: me * m_shard + hi],
                               ws.arrived_peers[peer][flag: flag + 1]))
-            self.pushes.append((ws.streams.get(peer), items))
+            self.pushes.append((ws.streams.get(peer), items, scale_cols and ws.scale_full_peers[peer][own]))
         tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * triton.cdiv(self.n, cfg["BLOCK_N"])
         self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device), tiles)),)
         self.fence = not hardware.interpreting()
@@ -224,34 +245,40 @@ class _Plan:
         self.precision = dot_precision(dtype)
 
 
-def _copy_engine_push(a, plan):
-    """Side streams copy our shard into every peer's a_full, a flag per chunk (copy engines, not SMs)."""
-    ws = plan.ws
+def _push(a, items, epoch, scale_dst, scale_rows):
+    """Our shard into one peer's a_full, a flag per chunk; FP8: our scale rows first, so the flags cover them."""
+    if scale_rows is not None:
+        scale_dst.copy_(scale_rows)
+    for lo, hi, dst, flag in items:
+        dst.copy_(a[lo:hi])
+        flag.copy_(epoch)
+
+
+def _copy_engine_push(a, plan, scale_rows=None):
+    """Side streams copy our shard (and FP8 scale rows) into every peer's a_full, a flag per chunk (copy engines,
+    not SMs)."""
     main = torch.cuda.current_stream() if a.is_cuda else None
-    for stream, items in plan.pushes:
+    for stream, items, scale_dst in plan.pushes:
         if stream is None:  # no side streams (CPU, or peers on our GPU): on the current stream, before the GEMM
-            for lo, hi, dst, flag in items:
-                dst.copy_(a[lo:hi])
-                flag.copy_(ws.epoch)
+            _push(a, items, plan.ws.epoch, scale_dst, scale_rows)
             continue
         stream.wait_stream(main)
         with torch.cuda.stream(stream):
-            for lo, hi, dst, flag in items:
-                dst.copy_(a[lo:hi])
-                flag.copy_(ws.epoch)
+            _push(a, items, plan.ws.epoch, scale_dst, scale_rows)
 
 
-def _run_overlapped(a, w, plan, return_gathered, fp8=None):
-    """A call on the kernels: the GEMM (phased, or gather first), then the side streams joined back (fp8: scales)."""
+def _run_overlapped(a, w, plan, return_gathered, scales=None):
+    """A call on the kernels: the GEMM (phased, or gather first), then the side streams joined back. FP8
+    ``scales``: A's as rows (``fp8.Scales.as_rows``)."""
     ws, world, me, m_shard = plan.ws, plan.world, plan.me, plan.m_shard
-    out = torch.empty((world * m_shard, plan.n), dtype=a.dtype if fp8 is None else fp8.out_dtype, device=a.device)
+    out = torch.empty((world * m_shard, plan.n), dtype=plan.out_dtype, device=a.device)
     if plan.cfg["gather_first"]:
-        _gather_first_gemm(a, w, plan, out, fp8)
+        _gather_first_gemm(a, w, plan, out, scales)
     else:
-        _phased_gemm(a, w, plan, out, fp8)
+        _phased_gemm(a, w, plan, out, scales)
     if a.is_cuda:
         main = torch.cuda.current_stream()
-        for stream, _ in plan.pushes:
+        for stream, *_ in plan.pushes:
             if stream is not None:
                 main.wait_stream(stream)
     if not return_gathered:
@@ -263,17 +290,15 @@ def _run_overlapped(a, w, plan, return_gathered, fp8=None):
     return out, gathered
 
 
-def _start_call(a, plan, fp8=None):
+def _start_call(a, plan, scales=None):
     """The ready handshake (this call's epoch), then our shard pushed into every peer by the copy engines (FP8:
     its scales first, on the same streams, so that the rows' flags also cover them)."""
     shmem.raise_pending_errors()
     plan.handshake(plan.ws.ready, plan.ws.state, plan.ws.epoch, plan.ctx)
-    if fp8 is not None:
-        fp8.push_scales()
-    _copy_engine_push(a, plan)
+    _copy_engine_push(a, plan, None if scales is None else scales.a)
 
 
-def _phased_gemm(a, w, plan, out, fp8=None):
+def _phased_gemm(a, w, plan, out, scales=None):
     """The overlapped kernel: own rows first, then each chunk of the peers' rows as it lands. Its descriptors are
     built before anything is launched."""
     cfg, ws = plan.cfg, plan.ws
@@ -281,7 +306,8 @@ def _phased_gemm(a, w, plan, out, fp8=None):
     c3 = out.view(world, m_shard, n)
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, w, c3, cfg)
     a_full_arg = describe_operands(ws.a_full, w, c3, {**cfg, "use_tma": use_tma})[0]
-    _start_call(a, plan, fp8)
+    fp8_args = {} if scales is None else {**scales.kernel_args(cfg, a=scales.a), "scale_full": ws.scale_full}
+    _start_call(a, plan, scales)
     ag_gemm_kernel[plan.grid](
         a_arg, a_full_arg, b_arg, c_arg, ws.arrived, ws.state, plan.ctx,
         m_shard, n, k, a.stride(0), ws.a_full.stride(0), w.stride(0), m_shard * n, n,
@@ -290,30 +316,44 @@ def _phased_gemm(a, w, plan, out, fp8=None):
         USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],
         WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], FENCE_ASYNC_PROXY=use_tma and plan.fence,
         DOT_PRECISION=plan.precision, SILU_GATE=plan.silu_gate, num_stages=cfg["num_stages"],
-        num_warps=cfg["num_warps"], **({} if fp8 is None else fp8.kernel_args))
+        num_warps=cfg["num_warps"], **fp8_args)
 
 
-def _gather_first_gemm(a, w, plan, out, fp8=None):
+def _gather_first_gemm(a, w, plan, out, scales=None):
     """Small M (config ``gather_first``): our rows into a_full too, wait for the peers' rows, then the GEMM core
     over all W*m rows at once (a 128-row tile spans ranks: the weight is read once, where the phased kernel reads
     it once per phase)."""
     ws, me, m_shard = plan.ws, plan.me, plan.m_shard
-    _start_call(a, plan, fp8)
-    ws.a_full[me * m_shard:(me + 1) * m_shard].copy_(a)
+    own = slice(me * m_shard, (me + 1) * m_shard)
+    _start_call(a, plan, scales)
+    ws.a_full[own].copy_(a)
+    if scales is not None:  # the GEMM reads every rank's scale rows, ours included, from scale_full
+        ws.scale_full[own].copy_(scales.a)
     gathered_kernel[(1,)](ws.arrived, ws.state, plan.ctx, N_CHUNKS=plan.n_chunks,
                           FENCE_ASYNC_PROXY=plan.fence and a.is_cuda)
     launch_gemm(ws.a_full, w, out.view(1, plan.world * m_shard, plan.n), plan.cfg, silu_gate=plan.silu_gate,
-                scales=None if fp8 is None else fp8.gathered_args)
+                scales=None if scales is None else scales.kernel_args(plan.cfg, a=ws.scale_full))
 
 
-def _run_gather_then_matmul(a, w, plan, return_gathered):
-    """The small-M path: NCCL (gloo on CPU) all_gather into a fresh tensor, then cuBLAS: exactly the baseline."""
-    gathered = torch.empty((plan.world * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
-    if a.is_cuda:
-        dist.all_gather_into_tensor(gathered, a, group=plan.group)
+def _gather(t, plan):
+    """all_gather of ``t`` along dim 0 by NCCL (gloo on CPU) into a fresh tensor, as bytes (FP8 rows need no FP8
+    support there)."""
+    out = torch.empty((plan.world * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    src, dst = t.contiguous().view(torch.uint8), out.view(torch.uint8)
+    if t.is_cuda:
+        dist.all_gather_into_tensor(dst, src, group=plan.group)
     else:  # gloo
-        dist.all_gather(list(gathered.chunk(plan.world)), a, group=plan.group)
-    out = torch.matmul(gathered, w.T)
+        dist.all_gather(list(dst.chunk(plan.world)), src, group=plan.group)
+    return out
+
+
+def _gather_then_matmul(a, w, plan, return_gathered, scales=None):
+    """The small-M path: all_gather (FP8: the rows' scales too), then one GEMM by torch (``matmul_torch``):
+    exactly the baseline."""
+    gathered = _gather(a, plan)
+    if scales is not None:
+        scales = scales.of_gathered(_gather(scales.rows_of_a(a.shape[0]), plan), w.shape[0])
+    out = matmul_torch(gathered, w, scales, plan.out_dtype)
     if plan.silu_gate:
         out = silu_gate_torch(out)
     return out, (gathered if return_gathered else None)
@@ -362,7 +402,8 @@ def _with_silu_gate(cfg):
 
 def candidate_configs(m_shard, n, k, dtype, device, world, silu_gate=False):
     """The sweep run once per shape on GPU: the fallback, and the overlapped kernel with the GEMM core's own
-    candidates (its best configuration is the best one here too: the waits sit outside the tile loops)."""
+    candidates (its best configuration is the best one here too: the waits sit outside the tile loops); FP8
+    ``dtype``: as FP8 tiles (``gemm.fp8_tiles``)."""
     if silu_gate:
         return [_with_silu_gate(c) for c in candidate_configs(m_shard, n, k, dtype, device, world)]
     base = default_config(m_shard, n, k, dtype, device, world)
@@ -383,10 +424,10 @@ def candidate_configs(m_shard, n, k, dtype, device, world, silu_gate=False):
             if g.get("WARP_SPECIALIZE"):  # triton 3.6's warp-specialisation pass rejects this kernel
                 continue
             cands.append({**base, **g, "path": "graph" if graphs else "overlap", "n_chunks": base["n_chunks"]})
-    return autotune.dedupe(cands)
+    return autotune.dedupe([fp8_tiles(c, dtype, device) for c in cands])
 
 
-def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group):
+def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group, scales=None, out_dtype=None):
     base = default_config(m_shard, n, k, dtype, device, world, silu_gate)
     if device.type != "cuda":
         return base
@@ -394,86 +435,98 @@ def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group):
     def make_runner():
         x = torch.randn((m_shard, k), device=device).to(dtype)
         y = torch.randn((n, k), device=device).to(dtype)
-
+        probe = None if scales is None else scales.probe()
         plans = {}  # one plan per candidate, so that the timing sees the per-call cost of the real thing
 
         def run(cfg):
             key = repr(sorted(cfg.items()))
             if key not in plans:
-                plans[key] = _Plan(m_shard, n, k, dtype, device, {**base, **cfg}, group)
-            return _run(x, y, plans[key], False)
+                plans[key] = _Plan(m_shard, n, k, dtype, device, {**base, **cfg}, group, scales, out_dtype)
+            return _run(x, y, plans[key], False, probe)
         return run
 
-    key = dict(m_shard=m_shard, n=n, k=k, dtype=str(dtype).replace("torch.", ""))
+    key = dict(m_shard=m_shard, n=n, k=k, dtype=str(dtype).replace("torch.", ""), **fp8.describe(scales, out_dtype))
     if silu_gate:
         key["silu_gate"] = True
     return autotune.choose("ag_gemm", key, candidate_configs(m_shard, n, k, dtype, device, world, silu_gate),
                            make_runner, default=base, group=group)
 
 
-_PLANS = shmem.Plans("ag_gemm")  # (group, m_shard, n, k, dtype, silu_gate, explicit config or None) -> _Plan
+# (group, m_shard, n, k, dtype, silu_gate, explicit config or None[, FP8 mode]) -> _Plan
+_PLANS = shmem.Plans("ag_gemm")
 _GRAPHS = GraphCache("ag_gemm")  # path "graph": small problems replayed from CUDA graphs
 
 
-def _plan_for(a, w, team, config, silu_gate):
+def _plan_for(a, w, team, config, silu_gate, scales=None, out_dtype=None):
     m_shard, k = a.shape
     n = w.shape[0]
     key = (team.name, m_shard, n, k, a.dtype, silu_gate, None if config is None else repr(sorted(config.items())))
-    return _PLANS.get(key, lambda: _Plan(
+    return _PLANS.get(key + fp8.plan_key(scales, out_dtype), lambda: _Plan(
         m_shard, n, k, a.dtype, a.device,
-        _config(m_shard, n, k, a.dtype, a.device, team.size, config, silu_gate, team.group), team.group))
+        _config(m_shard, n, k, a.dtype, a.device, team.size, config, silu_gate, team.group, scales, out_dtype),
+        team.group, scales, out_dtype))
 
 
-def _config(m_shard, n, k, dtype, device, world, config, silu_gate, group):
+def _config(m_shard, n, k, dtype, device, world, config, silu_gate, group, scales=None, out_dtype=None):
     """The call's configuration: tuned, or the caller's overrides of the defaults (the activation is no knob)."""
     if config is None:
-        return _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group)
+        return _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group, scales, out_dtype)
     cfg = autotune.with_overrides(default_config(m_shard, n, k, dtype, device, world, silu_gate), config)
     if silu_gate:
         cfg["silu_gate"] = True
     return cfg
 
 
-def _run(a, w, plan, return_gathered):
+def _run(a, w, plan, return_gathered, scales=None):
+    """One call on a plan: the fallback, the kernels replayed from a CUDA graph (path "graph") or the kernels.
+    FP8 ``scales`` travel with the rows as A's scale of every row (``fp8.Scales.as_rows``)."""
     if plan.path == "fallback":
-        return _run_gather_then_matmul(a, w, plan, return_gathered)
+        return _gather_then_matmul(a, w, plan, return_gathered, scales)
+    if scales is not None:
+        scales = scales.as_rows(a.shape[0])
     if plan.path == "graph" and not return_gathered:
-        out = _GRAPHS.run(plan.key, lambda x, y: _run_overlapped(x, y, plan, False)[0], (a,), (w,))
+        out = _GRAPHS.run_op(plan.key, lambda x, y, s: _run_overlapped(x, y, plan, False, s)[0], a, w, scales)
         if out is not None:
             return out, None
-    return _run_overlapped(a, w, plan, return_gathered)
+    return _run_overlapped(a, w, plan, return_gathered, scales)
 
 
 # ----------------------------------------------------------------------------------------------- the op
 ACTIVATIONS = ("none", "silu_gate")
 
 
-def _check_inputs(a, w, activation="none"):
-    check_matmul_operands(a, w, "a", "w")
+def _check_inputs(a, w, activation="none", scales=None):
+    """The checks of the operands (FP8 ones: with their scales, ``fp8.scaled_operands``) and the activation."""
+    if scales is None:
+        check_matmul_operands(a, w, "a", "w")
     shmem.check_device(a, "a and w")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if activation == "silu_gate" and w.shape[0] % 2:
-        raise ValueError(f"activation='silu_gate' takes w = [gate; up] with an even number of rows, got "
-                         f"{list(w.shape)}")
+    pair = 2 * fp8.GROUP if scales is not None and scales.mode == "block" else 2  # halves of whole scale blocks
+    if activation == "silu_gate" and w.shape[0] % pair:
+        raise ValueError(f"activation='silu_gate' takes w = [gate; up] with a multiple of {pair} rows, got "
+                         f"{list(w.shape)}" + (f" ({scales.mode} scaling)" if scales is not None else ""))
 
 
 def _output_columns(w, activation):
     return w.shape[0] // 2 if activation == "silu_gate" else w.shape[0]
 
 
-def _ag_gemm_impl(a, w, return_gathered, config=None, activation="none", group=None):
+def _ag_gemm_impl(a, w, return_gathered, config=None, activation="none", group=None, scales=None, out_dtype=None):
     team = shmem.op_team("ag_gemm", group, lambda: dict(a=tuple(a.shape), w=tuple(w.shape), dtype=str(a.dtype),
                                                         activation=activation, config=config,
-                                                        return_gathered=return_gathered))
+                                                        return_gathered=return_gathered,
+                                                        **fp8.describe(scales, out_dtype)))
     world = team.size
     m_shard, k = a.shape
     if m_shard == 0 or k == 0:  # nothing to move or nothing to multiply (silu(0) * 0 = 0)
-        out = a.new_zeros((world * m_shard, _output_columns(w, activation)))
+        out = a.new_zeros((world * m_shard, _output_columns(w, activation)), dtype=out_dtype)
         return out, (a.new_empty((world * m_shard, k)) if return_gathered else None)
     if w.shape[0] == 0:
         config = {"path": "fallback"}
-    return _run(a, w, _plan_for(a, w, team, config, activation == "silu_gate"), return_gathered)
+    plan = _plan_for(a, w, team, config, activation == "silu_gate", scales, out_dtype)
+    fp8.check_block_k(scales, plan.cfg)
+    return _run(a, w, plan, return_gathered, scales)
 
 
 def _ag_gemm_op(a, w, return_gathered=False, activation="none", group_name=None):
@@ -495,22 +548,32 @@ library.define('ag_gemm(Tensor a, Tensor w, bool return_gathered=False, str acti
                'str? group_name=None) -> (Tensor, Tensor)', _ag_gemm_op, _ag_gemm_fake)
 
 
-def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=None, keep_gathered=False):
+def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=None, keep_gathered=False, *,
+            scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):
     """``all_gather(a) @ w.T`` on every rank of ``group`` (default: the heap's), the gather overlapped with the GEMM.
 
     a: this rank's row shard [m, K]; w: this rank's weight slice [N_local, K] (``linear`` convention); both
-    contiguous, same dtype (bfloat16 or float16; float32 for tests) and on triton_dist's device (CPU tensors only
-    under the Triton interpreter). Collective: every rank calls it with the same shapes. Returns ``out``
-    [W*m, N_local], and with ``return_gathered=True`` the tuple ``(out, all_gather(a))``. Also available as
-    ``torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, group_name)`` (always returns the pair;
-    the second is empty unless asked for), which works under torch.compile and CUDA graphs (call once before
-    capturing); eager calls skip the op dispatcher. ``config``: override the tuned configuration (see
+    contiguous, same dtype (bfloat16 or float16; float32 for tests; FP8 with scales, below) and on triton_dist's
+    device (CPU tensors only under the Triton interpreter). Collective: every rank calls it with the same shapes.
+    Returns ``out`` [W*m, N_local], and with ``return_gathered=True`` the tuple ``(out, all_gather(a))``. Also
+    available as ``torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, group_name)`` (always returns
+    the pair; the second is empty unless asked for), which works under torch.compile and CUDA graphs (call once
+    before capturing); eager calls skip the op dispatcher. ``config``: override the tuned configuration (see
     ``default_config``). ``group``: the tensor-parallel group (default: the heap's).
 
     ``activation="silu_gate"`` (a gated MLP's input projection): ``w`` is ``[w_gate; w_up]`` stacked by rows
     ([2*I, K]) and the result is ``silu(x @ w_gate.T) * (x @ w_up.T)``, [W*m, I], with x = all_gather(a): both
     products accumulate in fp32 in the same tile and only the gated result is written (no [W*m, 2I] tensor, no
     separate activation pass).
+
+    FP8: ``a`` and ``w`` float8_e4m3fn (or float8_e5m2 for both) with float32 ``scale_a`` (this rank's rows) and
+    ``scale_w`` in one of the modes of ``kernels/fp8.py`` ([1] / [1]; [m, 1] / [N_local, 1]; [m, ceil(K/128)] /
+    [ceil(N_local/128), ceil(K/128)]; ``scaling`` names it, None: the shapes do) give ``all_gather(a * scale_a) @
+    (w * scale_w).T`` in ``out_dtype`` (bfloat16 unless given; float16, float32), ``fast_accum`` as in ``gemm``.
+    The rows cross as FP8 with their scales; ``return_gathered`` returns the FP8 rows; with ``silu_gate`` each
+    half of w has its own scales (blockwise: N_local a multiple of 256). No autograd; under torch.compile
+    through async-TP's ``fused_all_gather_scaled_matmul`` (``kernels/async_tp.py``). FP8 operands without
+    scales, scales with other operands: TypeError. ``scaled_ag_gemm``: the same with the scales required.
 
     Autograd: when ``a`` or ``w`` requires grad the call goes through the torch op, whose backward is
     ``grad_a = gemm_rs(grad_out, w.T)`` and ``grad_w = grad_out.T @ all_gather(a)`` (``kernels/autograd.py``);
@@ -521,7 +584,21 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=N
     """
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
-    if library.needs_grad(a, w):
+    scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
+    return _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group, keep_gathered)
+
+
+def scaled_ag_gemm(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast_accum=False, return_gathered=False,
+                   config=None, activation="none", group=None):
+    """``ag_gemm`` on FP8 operands, the scales required (as in ``torch._scaled_mm``): ``all_gather(a * scale_a) @
+    (w * scale_w).T``."""
+    scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum, required=True)
+    return _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group)
+
+
+def _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group, keep_gathered=False):
+    """The op on its operands' mode (``fp8.scaled_operands``: FP8 ``scales`` or None, the result's dtype)."""
+    if scales is None and library.needs_grad(a, w):
         if config is not None:
             raise ValueError("ag_gemm: config= is for calls without grad (the differentiable op takes the tuned "
                              "configuration); call it under torch.no_grad() or drop config")
@@ -533,14 +610,26 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=N
             out = torch.nn.functional.silu(h[:, :half]) * h[:, half:]
         else:
             out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, activation, name)
-    elif config is None and hardware.compiling():
-        out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, shmem.group_name(group))
+    elif config is None and hardware.compiling() and (scales is None or activation == "none"):
+        out, gathered = _traced_call(a, w, scales, out_dtype, return_gathered, activation, group)
     else:
-        _check_inputs(a, w, activation)
+        _check_inputs(a, w, activation, scales)
         check_launchable(a)
-        out, gathered = _ag_gemm_impl(a, w, return_gathered, config, activation, group)
+        out, gathered = _ag_gemm_impl(a, w, return_gathered, config, activation, group, scales, out_dtype)
     return (out, gathered) if return_gathered else out
 
 
-__all__ = ["ag_gemm", "ag_gemm_kernel", "ready_handshake_kernel", "choose_path", "default_config",
+def _traced_call(a, w, scales, out_dtype, return_gathered, activation, group):
+    """The call inside torch.compile: through the torch op; FP8 through async-TP's (``async_tp.py``: B = W.t(),
+    B's scales likewise)."""
+    name = shmem.group_name(group)
+    if scales is None:
+        return torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, name)
+    gathered, (out,) = torch.ops.triton_dist.fused_all_gather_scaled_matmul(
+        a, [w.t()], scales.a, [scales.w if scales.w.numel() == 1 else scales.w.t()], 0, name, [None], [None],
+        [out_dtype], [scales.fast_accum])
+    return out, gathered
+
+
+__all__ = ["ag_gemm", "scaled_ag_gemm", "ag_gemm_kernel", "ready_handshake_kernel", "choose_path", "default_config",
            "candidate_configs", "silu_gate_torch", "SMALL_M_ROWS", "ACTIVATIONS"]

@@ -27,8 +27,8 @@ import torch
 from .. import shmem
 from . import library
 from . import autograd  # noqa: F401  (the backward of the ops these decompose into)
-from .allgather_gemm_fp8 import scaled_ag_gemm
-from .gemm_reducescatter_fp8 import scaled_gemm_rs
+from .allgather_gemm import scaled_ag_gemm
+from .gemm_reducescatter import scaled_gemm_rs
 
 
 def _rows_first(t, dim):

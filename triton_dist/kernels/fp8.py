@@ -13,6 +13,10 @@ for the first two modes), for A [M, K] and W [N, K]:
 A ragged K (or N) has a short last group (block); its scale covers what is there. ``Scales`` carries a call's
 checked scales to the kernels (``gemm.tile_accumulate`` applies them).
 
+FP8 is a mode of the GEMM ops, not a set of its own: ``gemm``, ``ag_gemm`` and ``gemm_rs`` take FP8 operands with
+the keywords ``scale_a``, ``scale_w``, ``scaling``, ``out_dtype``, ``fast_accum`` (``scaled_operands`` reads them),
+and ``scaled_gemm`` / ``scaled_ag_gemm`` / ``scaled_gemm_rs`` are the same ops with the scales required.
+
 Quantisation (``quantize_fp8``, ``quantize``, ``ep_dispatch(quant="fp8")``): per group of values, scale =
 amax(|x|) / 448 (the largest e4m3 value) and q = x / scale rounded to the nearest e4m3 value (ties to even); a group
 of zeros gets scale 1.
@@ -182,6 +186,22 @@ class Scales:
         gathered from several ranks keep their own scale."""
         return self.a.reshape(1, 1).expand(m, 1).contiguous() if self.mode == "tensor" else self.a
 
+    def as_rows(self, m):
+        """These scales with A's as rows [m, S] (``rows_of_a``): what the gather moves with the rows."""
+        return dataclasses.replace(self, a=self.rows_of_a(m))
+
+    def of_gathered(self, rows, n):
+        """The scales of rows gathered from several ranks, ``rows`` their gathered ``rows_of_a`` [W * m, S], for W
+        [n, K]: per-tensor scales of several ranks are rowwise ones (W's repeated per output channel)."""
+        if self.mode == "block":
+            return Scales("block", rows, self.w, self.fast_accum)
+        w = self.w.reshape(1, 1).expand(n, 1) if self.mode == "tensor" else self.w
+        return Scales("row", rows, w.contiguous(), self.fast_accum)
+
+    def probe(self):
+        """Scales of the same mode and shapes, all ones: what the autotuner's timed calls take."""
+        return Scales(self.mode, torch.ones_like(self.a), torch.ones_like(self.w), self.fast_accum)
+
 
 def _shapes(mode, m, n, k):
     if mode == "tensor":
@@ -245,7 +265,44 @@ def check_scales(a, w, scale_a, scale_w, scaling=None, fast_accum=False, what=("
     return Scales(mode, scale_a.contiguous(), scale_w.contiguous(), bool(fast_accum))
 
 
+def takes(scales, cfg):
+    """Whether a configuration can run a call's scales (None: not FP8): block scales change every 128 values of
+    K, so a K step must not straddle two groups."""
+    return scales is None or scales.mode != "block" or GROUP % int(cfg["BLOCK_K"]) == 0
+
+
 def check_block_k(scales, cfg):
-    """Block scales change every 128 values of K: a K step must not straddle two groups."""
-    if scales.mode == "block" and GROUP % int(cfg["BLOCK_K"]):
+    """ValueError unless ``takes(scales, cfg)``."""
+    if not takes(scales, cfg):
         raise ValueError(f"scaling 'block' needs BLOCK_K dividing {GROUP}, got {cfg['BLOCK_K']}")
+
+
+def scaled_operands(a, w, scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False,
+                    required=False):
+    """A GEMM op's FP8 mode, from its keywords: ``(Scales, result dtype)`` for FP8 operands with their scales
+    (``check_scales``, ``out_dtype_of``), ``(None, a's dtype)`` for other operands without scales (the op as it
+    is). ``required`` (the ``scaled_*`` entry points): the scales are checked whatever the operands. TypeError
+    for FP8 operands without scales, or scales with operands that are not FP8; ValueError for ``scaling``,
+    ``out_dtype`` or ``fast_accum`` without scales."""
+    if required or scale_a is not None or scale_w is not None:
+        return check_scales(a, w, scale_a, scale_w, scaling, fast_accum), out_dtype_of(out_dtype)
+    for t, name in ((a, "a"), (w, "w")):
+        if is_fp8(t):
+            raise TypeError(f"{name} is {t.dtype}: FP8 operands take their float32 scales, scale_a= and scale_w= "
+                            f"(per-tensor, rowwise or 128-blockwise: kernels/fp8.py)")
+    if scaling is not None or out_dtype is not None or fast_accum:
+        raise ValueError(f"scaling, out_dtype and fast_accum go with FP8 operands and their scales (scale_a=, "
+                         f"scale_w=); got {getattr(a, 'dtype', type(a).__name__)} operands without scales")
+    return None, getattr(a, "dtype", None)
+
+
+def describe(scales, out_dtype):
+    """What an FP8 call adds to its op's tuning key and call signature (nothing for other operands)."""
+    if scales is None:
+        return {}
+    return dict(scaling=scales.mode, fast_accum=scales.fast_accum, out=str(out_dtype).replace("torch.", ""))
+
+
+def plan_key(scales, out_dtype):
+    """What an FP8 call adds to its op's plan (and CUDA-graph) key: the mode, the accumulation, the result."""
+    return () if scales is None else (scales.mode, scales.fast_accum, out_dtype)

@@ -16,6 +16,11 @@ source rank), B [N, K], C [S, seg_rows, N], so that a tile never writes past its
 padding). Operands are TMA tensor descriptors (``USE_TMA``: 16-byte aligned bases and row strides; the fast path
 on Hopper) or plain pointers with masked loads (any shape). ``describe_operands`` builds either; ``gemm_config``,
 ``launch_gemm`` and ``gemm`` show the launch. docs/design/gemm.md describes the knobs.
+
+FP8 is a mode of the same pieces: FP8 operands come with fp32 scales (``kernels/fp8.py``: per-tensor, rowwise,
+128-blockwise), ``tile_accumulate`` applies them to the fp32 accumulator and ``tile_store`` converts to the
+result's dtype; the op is ``gemm(a8, w8, scale_a=..., scale_w=...)`` (``scaled_gemm``: the same, the scales
+required). docs/design/fp8.md.
 """
 
 import torch
@@ -25,7 +30,7 @@ import triton.language as tl
 from .. import autotune
 from ..hardware import interpreting, num_sms
 from ..shmem.workspaces import Plans
-from .fp8 import FP8_DTYPES
+from . import fp8
 from .launcher import Launchers
 
 try:  # triton >= 3.4 (host-side TMA descriptors)
@@ -200,6 +205,7 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
 
 # ----------------------------------------------------------------------------------------------- host side
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8_BLOCK_K = 128  # FP8 tiles keep the bf16 tiles' bytes per pipeline stage: twice their K step
 
 
 def default_num_programs(device):
@@ -207,11 +213,17 @@ def default_num_programs(device):
     return num_sms(device.index) if device.type == "cuda" else 2
 
 
+def fp8_tiles(cfg, dtype, device):
+    """``cfg`` as tiles of ``dtype``: for FP8 operands on a GPU BLOCK_K 128 (fp8 wgmma takes K in steps of 32),
+    the same bytes per pipeline stage as bf16's 64; unchanged otherwise."""
+    return {**cfg, "BLOCK_K": FP8_BLOCK_K} if dtype in fp8.FP8_DTYPES and device.type == "cuda" else cfg
+
+
 def gemm_config(m, n, k, dtype, device, **overrides):
     """A good fixed configuration for ``[m, k] @ [n, k].T`` (the autotuner refines it on GPU).
 
     Keys: BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, use_tma
-    (None: whenever the operands allow), num_programs (None: one per SM)."""
+    (None: whenever the operands allow), num_programs (None: one per SM). FP8 operands: ``fp8_tiles``."""
     if device.type != "cuda":  # interpreter: small tiles keep it quick
         cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_stages=1, num_warps=4)
     elif m <= 1024 or n <= 1024:  # few tiles of 128x256 would leave SMs idle
@@ -221,6 +233,7 @@ def gemm_config(m, n, k, dtype, device, **overrides):
     if dtype == torch.float32 and device.type == "cuda":
         cfg.update(BLOCK_N=min(cfg["BLOCK_N"], 128), BLOCK_K=32)
     cfg.update(EPILOGUE_SUBTILE=False, FLATTEN=False, WARP_SPECIALIZE=False, use_tma=None, num_programs=None)
+    cfg = fp8_tiles(cfg, dtype, device)
     cfg.update(overrides)
     return cfg
 
@@ -287,9 +300,9 @@ def check_matmul_operands(a, b, what_a="a", what_b="w"):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in SUPPORTED_DTYPES:
-            fp8 = " (FP8 operands go with their scales to scaled_gemm / scaled_ag_gemm / scaled_gemm_rs)" \
-                if t.dtype in FP8_DTYPES else ""
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16 (and float32){fp8}")
+            hint = " (FP8 operands take their scales: gemm / ag_gemm / gemm_rs with scale_a=, scale_w=)" \
+                if fp8.is_fp8(t) else ""
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16 (and float32){hint}")
         if t.dim() != 2:
             raise ValueError(f"{name} must be 2-D, got shape {list(t.shape)}")
         if not t.is_contiguous():
@@ -321,7 +334,7 @@ def check_launchable(t, what="a and w"):
                          f"Triton interpreter)")
 
 
-_CONFIGS = Plans("gemm")  # (m, n, k, dtype, device) -> the tuned configuration
+_CONFIGS = Plans("gemm")  # (m, n, k, dtype, device[, FP8 mode]) -> the tuned configuration
 
 
 def output_like(out, shape, a, dtype=None):
@@ -337,25 +350,69 @@ def output_like(out, shape, a, dtype=None):
     return out
 
 
-def gemm(a, w, out=None, config=None):
+def matmul_torch(a, w, scales=None, out_dtype=None):
+    """``a @ w.T`` by torch (cuBLAS on a GPU): the baseline and the fused ops' fallback GEMM. FP8 operands
+    (``scales``: ``fp8.Scales``, result in ``out_dtype``): ``torch._scaled_mm`` for per-tensor and rowwise scales,
+    our core where cuBLAS takes none of it (block scales in this form, e5m2 x e5m2, rowwise into fp16 / fp32, N or
+    K not a multiple of 16)."""
+    if scales is None:
+        return torch.matmul(a, w.t())
+    cublas_takes = not (w.shape[0] % 16 or a.shape[1] % 16)  # N and K in multiples of 16 (cuBLAS' alignment)
+    if scales.mode == "block" or a.dtype == torch.float8_e5m2 or not cublas_takes or \
+            (scales.mode == "row" and out_dtype != torch.bfloat16):
+        return _gemm(a, w, None, None, scales, out_dtype)
+    sw = scales.w.reshape(1, -1) if scales.mode == "row" else scales.w.reshape(())
+    sa = scales.a if scales.mode == "row" else scales.a.reshape(())
+    return torch._scaled_mm(a, w.t(), sa, sw, out_dtype=out_dtype, use_fast_accum=scales.fast_accum)
+
+
+def gemm(a, w, out=None, config=None, *, scale_a=None, scale_w=None, scaling=None, out_dtype=None,
+         fast_accum=False):
     """``a @ w.T`` with the persistent core (``a`` [M, K], ``w`` [N, K]); fp16/bf16 (fp32 for tests).
-    CUDA tensors on the current device, or CPU tensors under the Triton interpreter (else ValueError).
-    FP8 operands: ``gemm_fp8.scaled_gemm``."""
-    check_matmul_operands(a, w)
+    CUDA tensors on the current device, or CPU tensors under the Triton interpreter (else ValueError). ``out``:
+    an [M, N] result to fill; ``config``: overrides of ``gemm_config`` (else the tuned configuration).
+
+    FP8 operands (float8_e4m3fn, or float8_e5m2 for both) come with their float32 scales and the product is
+    ``(a * scale_a) @ (w * scale_w).T`` accumulated in fp32: ``scale_a`` / ``scale_w`` [1] / [1] (per tensor),
+    [M, 1] / [N, 1] (rowwise) or [M, ceil(K/128)] / [ceil(N/128), ceil(K/128)] (1x128 groups of a, 128x128 blocks
+    of w; every K step scaled), ``scaling`` ("tensor", "row", "block"; None: named by the scales' shapes). The
+    result is ``out_dtype`` (bfloat16 unless given; float16, float32). ``fast_accum``: the tensor cores
+    accumulate through the whole K loop (``torch._scaled_mm(use_fast_accum=True)``); without it their partial
+    sums are promoted to fp32 every K step. FP8 tiles take 128-wide K steps on a GPU (``fp8_tiles``). FP8
+    operands without scales, scales with other operands, scale shapes of no mode, a GPU below compute
+    capability 8.9: TypeError / ValueError (``kernels/fp8.py``). ``scaled_gemm``: the same with the scales
+    required."""
+    scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
+    return _gemm(a, w, out, config, scales, out_dtype)
+
+
+def scaled_gemm(a, w, scale_a, scale_w, *, scaling=None, out=None, out_dtype=None, fast_accum=False, config=None):
+    """``gemm`` on FP8 operands, the scales required (as in ``torch._scaled_mm``): ``(a * scale_a) @ (w *
+    scale_w).T`` in ``out_dtype`` (bfloat16 by default) or into ``out``."""
+    return _gemm(a, w, out, config, *fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum,
+                                                          required=True))
+
+
+def _gemm(a, w, out, config, scales, out_dtype):
+    """The op on its operands' mode (``fp8.scaled_operands``: FP8 ``scales`` or None, the result's dtype)."""
+    if scales is None:
+        check_matmul_operands(a, w)
     check_launchable(a)
     m, k = a.shape
     n = w.shape[0]
-    out = output_like(out, (m, n), a)
+    out = output_like(out, (m, n), a, out_dtype)
     if m == 0 or n == 0:
         return out
     if k == 0:
         return out.zero_()
     if config is None:
-        cfg = _CONFIGS.get((m, n, k, a.dtype, a.device), lambda: {**gemm_config(m, n, k, a.dtype, a.device),
-                                                                   **_tuned_gemm_config(m, n, k, a.dtype, a.device)})
+        key = (m, n, k, a.dtype, a.device) + fp8.plan_key(scales, out_dtype)
+        cfg = _CONFIGS.get(key, lambda: {**gemm_config(m, n, k, a.dtype, a.device),
+                                         **_tuned_gemm_config(m, n, k, a.dtype, a.device, scales, out_dtype)})
     else:
         cfg = autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device), config)
-    launch_gemm(a, w, out.view(1, m, n), cfg)
+    fp8.check_block_k(scales, cfg)
+    launch_gemm(a, w, out.view(1, m, n), cfg, scales=None if scales is None else scales.kernel_args(cfg))
     return out
 
 
@@ -379,25 +436,28 @@ def gemm_candidates(m, n, k, dtype, device):
              {**base, "BLOCK_N": 128, "num_stages": 4, "num_warps": 8}]
     if m <= 512:
         cands += [{**base, **c} for c in skinny_configs(dtype)]
-    return autotune.dedupe(cands)
+    return autotune.dedupe([fp8_tiles(c, dtype, device) for c in cands])
 
 
-def _tuned_gemm_config(m, n, k, dtype, device):
+def _tuned_gemm_config(m, n, k, dtype, device, scales=None, out_dtype=None):
     def make_runner():  # only called when tuning actually happens
         from ..timing import graph_of
 
         a = torch.randn((m, k), device=device).to(dtype)
         w = torch.randn((n, k), device=device).to(dtype)
-        out = torch.empty((m, n), dtype=dtype, device=device)
+        probe = None if scales is None else scales.probe()
+        out = torch.empty((m, n), dtype=out_dtype or dtype, device=device)
         graphs = {}
 
         def run(cfg):  # device time: each candidate replayed from a CUDA graph, so that small shapes are not
             key = repr(sorted(cfg.items()))  # timed by their (identical) host launch cost
             if key not in graphs:
-                graphs[key] = graph_of(lambda: launch_gemm(a, w, out.view(1, m, n), cfg))
+                graphs[key] = graph_of(lambda: launch_gemm(a, w, out.view(1, m, n), cfg, scales=None if probe is None
+                                                           else probe.kernel_args(cfg)))
             graphs[key].replay()
         return run
 
-    return autotune.choose("gemm", dict(m=m, n=n, k=k, dtype=str(dtype).replace("torch.", "")),
-                           gemm_candidates(m, n, k, dtype, device), make_runner,
-                           default=gemm_config(m, n, k, dtype, device), collective=False)
+    key = dict(m=m, n=n, k=k, dtype=str(dtype).replace("torch.", ""), **fp8.describe(scales, out_dtype))
+    cands = [c for c in gemm_candidates(m, n, k, dtype, device) if fp8.takes(scales, c)]
+    return autotune.choose("gemm", key, cands, make_runner, default=gemm_config(m, n, k, dtype, device),
+                           collective=False)

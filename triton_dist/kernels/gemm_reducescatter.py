@@ -18,6 +18,12 @@ no resets, no host syncs, CUDA-graph safe. Under the interpreter (programs run o
 starts one program per tile, so every push of a rank precedes its first wait. Small problems go to torch.matmul +
 ``reduce_scatter_tensor`` or to the kernel replayed from a CUDA graph (``path``), chosen per shape by the
 autotuner on GPU. docs/design/gemm_rs.md has the measurements behind the defaults.
+
+FP8 (``gemm_rs(a8, w8, scale_a=..., scale_w=...)``; ``scaled_gemm_rs``: the scales required) is the same kernel:
+each tile's product is scaled in fp32 (``gemm.tile_accumulate``; the modes of ``kernels/fp8.py`` over this rank's
+K slice) before it leaves as a partial in the output dtype (bf16 unless asked otherwise; fp32 with
+``partial="fp32"``), summed in the same fixed order. FP8 halves the bytes the GEMM reads; the partials are the
+output's.
 """
 
 import torch
@@ -27,9 +33,10 @@ import triton.language as tl
 
 from .. import autotune, hardware, shmem
 from .. import language as dl
-from . import library
-from .gemm import (TensorDescriptor, default_num_programs, dot_precision, gemm_config, output_like, skinny_configs,
-                   tile_accumulate, tile_coords, tile_store, tma_compatible)
+from . import fp8, library
+from .gemm import (TensorDescriptor, check_launchable, default_num_programs, dot_precision, fp8_tiles, gemm_config,
+                   matmul_torch, output_like, skinny_configs, tile_accumulate, tile_coords, tile_store,
+                   tma_compatible)
 from .replay import GraphCache
 
 # The crossover: below this many rows (M, all ranks together) the default path is torch.matmul + NCCL
@@ -155,7 +162,7 @@ def _workspace(dtype, recv_elems, n_flags, group):
 
 
 def _run_overlapped(a, w, out, cfg, team, scales=None):
-    """The kernel on ``out`` (``scales``: FP8 operands' scale arguments, ``fp8.Scales.kernel_args``)."""
+    """The kernel on ``out`` (``scales``: FP8 operands' ``fp8.Scales``)."""
     world, group = team.size, team.group
     (m, k), n = a.shape, w.shape[0]
     own_rows = out.shape[0]
@@ -195,7 +202,7 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], USE_TMA=use_tma, EPILOGUE_SUBTILE=subtile,
         DEFER_SIGNAL=bool(cfg["DEFER_SIGNAL"]), DOT_PRECISION=dot_precision(a.dtype),
         SLOTS_BLOCK=triton.next_power_of_2(max(world - 1, 1)), REMOTE_TMA=remote_tma,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **(scales or {}))
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **({} if scales is None else scales.kernel_args(cfg)))
     return out
 
 
@@ -253,7 +260,8 @@ def default_config(m, n, k, dtype, device, world):
 
 
 def candidate_configs(m, n, k, dtype, device, world):
-    """The small sweep the autotuner runs once per shape on GPU (both paths; the partial dtype never changes)."""
+    """The small sweep the autotuner runs once per shape on GPU (both paths; the partial dtype never changes); FP8
+    ``dtype``: as FP8 tiles (``gemm.fp8_tiles``)."""
     base = default_config(m, n, k, dtype, device, world)
     rows_max = triton.cdiv(m, world)
     cands = [{**base, "path": "fallback"}]
@@ -285,10 +293,10 @@ def candidate_configs(m, n, k, dtype, device, world):
                 cands += [{**over, **big, "remote_tma": True},
                           {**over, **big, "num_programs": sms - 4, "remote_tma": True},
                           {**over, **big, "num_programs": sms - 4, "remote_tma": True, "GROUP_M": 16}]
-    return autotune.dedupe(cands)
+    return autotune.dedupe([fp8_tiles(c, dtype, device) for c in cands])
 
 
-def _config_for(a, w, team):
+def _config_for(a, w, team, scales=None, out_dtype=None):
     world = team.size
     (m, k), n = a.shape, w.shape[0]
     base = default_config(m, n, k, a.dtype, a.device, world)
@@ -296,21 +304,26 @@ def _config_for(a, w, team):
         return base
 
     def make_runner():  # times what an eager call costs with each candidate, host work included
-        x, y = torch.randn_like(a), torch.randn_like(w)
-        return lambda cfg: _gemm_rs(x, y, cfg, group=team.group)
+        x = torch.randn_like(a, dtype=torch.float32).to(a.dtype)
+        y = torch.randn_like(w, dtype=torch.float32).to(w.dtype)
+        probe = None if scales is None else scales.probe()
+        return lambda cfg: _gemm_rs_impl(x, y, cfg, None, team.group, probe, out_dtype)
 
-    key = dict(m=m, n=n, k=k, dtype=str(a.dtype).replace("torch.", ""))
+    key = dict(m=m, n=n, k=k, dtype=str(a.dtype).replace("torch.", ""), **fp8.describe(scales, out_dtype))
     return autotune.choose("gemm_rs", key, candidate_configs(m, n, k, a.dtype, a.device, world), make_runner,
                            default=base, group=team.group)
 
 
 # ----------------------------------------------------------------------------------------------- the op
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_CONFIGS = shmem.Plans("gemm_rs")  # (group, m, n, k, dtype) -> the tuned configuration
+_CONFIGS = shmem.Plans("gemm_rs")  # (group, m, n, k, dtype[, config][, FP8 mode]) -> the tuned configuration
 _GRAPHS = GraphCache("gemm_rs")  # path "graph": small problems replayed from CUDA graphs
 
 
-def _check_inputs(a, w):
+def _check_inputs(a, w, scales=None):
+    if scales is not None:  # FP8 operands: checked with their scales (``fp8.scaled_operands``)
+        check_launchable(a)
+        return
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
     if a.dtype not in _DTYPES or w.dtype != a.dtype:
@@ -321,35 +334,38 @@ def _check_inputs(a, w):
         raise ValueError(f"a [M, K_local] and w [N, K_local] disagree on K_local: {list(a.shape)} vs {list(w.shape)}")
 
 
-def _gemm_rs(a, w, config=None, out=None, group=None):
-    """The op on checked inputs (``_check_inputs``)."""
+def _gemm_rs_impl(a, w, config=None, out=None, group=None, scales=None, out_dtype=None):
+    """The op on checked inputs (``_check_inputs``); ``scales``, ``out_dtype``: ``fp8.scaled_operands``'."""
+    out_dtype = out_dtype or a.dtype
     shmem.check_device(a, "a")
     shmem.check_device(w, "w")
     team = shmem.op_team("gemm_rs", group, lambda: dict(a=tuple(a.shape), w=tuple(w.shape), dtype=str(a.dtype),
-                                                        config=config, out=out is not None))
+                                                        config=config, out=out is not None,
+                                                        **fp8.describe(scales, out_dtype)))
     world, me = team.size, team.rank
     (m, k), n = a.shape, w.shape[0]
     shape = (rows_of_rank(m, world, me)[1], n)  # this rank's rows of the result
     if out is not None:
-        output_like(out, shape, a)  # a bad `out` is reported whichever path runs
+        output_like(out, shape, a, out_dtype)  # a bad `out` is reported whichever path runs
     if m == 0 or n == 0 or k == 0:  # nothing to reduce: empty, or all zeros when K is 0
-        return output_like(out, shape, a).zero_()
+        return output_like(out, shape, a, out_dtype).zero_()
     a, w = a.contiguous(), w.contiguous()
     if config is None:  # one dict lookup per call once the shape is tuned
-        key = (team.name, m, n, k, a.dtype)
+        key = (team.name, m, n, k, a.dtype) + fp8.plan_key(scales, out_dtype)
         cfg = _CONFIGS.get(key, lambda: {**default_config(m, n, k, a.dtype, a.device, world),
-                                         **_config_for(a, w, team)})
+                                         **_config_for(a, w, team, scales, out_dtype)})
     else:
-        key = (team.name, m, n, k, a.dtype, repr(sorted(config.items())))
+        key = (team.name, m, n, k, a.dtype, repr(sorted(config.items()))) + fp8.plan_key(scales, out_dtype)
         cfg = autotune.with_overrides(default_config(m, n, k, a.dtype, a.device, world), config)
+    fp8.check_block_k(scales, cfg)
     res = None
     if cfg["path"] == "fallback":
-        res = gemm_rs_torch(a, w, team.group)
+        res = reduce_scatter_rows(matmul_torch(a, w, scales, out_dtype), team.group)
     elif cfg["path"] == "graph":  # None: not replayable now (first call of the shape, a capture, CPU)
-        res = _GRAPHS.run(key, lambda x, y: _run_overlapped(x, y, torch.empty(shape, dtype=x.dtype, device=x.device),
-                                                            cfg, team), (a,), (w,))
+        res = _GRAPHS.run_op(key, lambda x, y, s: _run_overlapped(
+            x, y, torch.empty(shape, dtype=out_dtype, device=x.device), cfg, team, s), a, w, scales)
     if res is None:
-        return _run_overlapped(a, w, output_like(out, shape, a), cfg, team)
+        return _run_overlapped(a, w, output_like(out, shape, a, out_dtype), cfg, team, scales)
     return res if out is None else out.copy_(res)
 
 
@@ -364,34 +380,68 @@ def _gemm_rs_fake(a, w, group_name=None):
 
 def _gemm_rs_op(a, w, group_name=None):
     _check_inputs(a, w)
-    return _gemm_rs(a, w, group=shmem.group_named(group_name))
+    return _gemm_rs_impl(a, w, group=shmem.group_named(group_name))
 
 
 library.define("gemm_rs(Tensor a, Tensor w, str? group_name=None) -> Tensor", _gemm_rs_op, _gemm_rs_fake)
 
 
-def gemm_rs(a, w, config=None, out=None, group=None):
+def gemm_rs(a, w, config=None, out=None, group=None, *, scale_a=None, scale_w=None, scaling=None, out_dtype=None,
+            fast_accum=False):
     """This rank's rows of ``sum over the ranks of group of a @ w.T`` (``group`` default: the heap's; rows split
     like ``torch.tensor_split``, see the module docstring), summed in a fixed order (own partial, then ranks r+1,
     r+2, ...: bitwise reproducible).
 
-    ``a``: [M, K_local], ``w``: [N, K_local] (torch linear convention), float16/bfloat16 (float32 works too), on
-    triton_dist's device; every rank passes the same shapes. Returns a new [rows of this rank, N] tensor.
-    ``config``: overrides of ``default_config`` (path, tiles, programs, partial dtype, ...); without it the call
-    uses the autotuned configuration. Also available as ``torch.ops.triton_dist.gemm_rs(a, w)`` (torch.compile
-    traces through it; eager calls of this function skip the op dispatcher). CUDA graphs: call it once before
-    capturing, so that tuning and workspaces happen outside the capture.
-    ``out``: optional preallocated [rows of this rank, N] result (contiguous, a's dtype and device).
+    ``a``: [M, K_local], ``w``: [N, K_local] (torch linear convention), float16/bfloat16 (float32 works too; FP8
+    with scales, below), on triton_dist's device; every rank passes the same shapes. Returns a new [rows of this
+    rank, N] tensor. ``config``: overrides of ``default_config`` (path, tiles, programs, partial dtype, ...);
+    without it the call uses the autotuned configuration. Also available as ``torch.ops.triton_dist.gemm_rs(a,
+    w)`` (torch.compile traces through it; eager calls of this function skip the op dispatcher). CUDA graphs: call
+    it once before capturing, so that tuning and workspaces happen outside the capture.
+    ``out``: optional preallocated [rows of this rank, N] result (contiguous, the result's dtype, a's device).
+
+    FP8: ``a`` and ``w`` float8_e4m3fn (or float8_e5m2 for both) with float32 ``scale_a`` / ``scale_w`` of this
+    rank's slices in one of the modes of ``kernels/fp8.py`` ([1] / [1]; [M, 1] / [N, 1]; [M, ceil(K_local/128)] /
+    [ceil(N/128), ceil(K_local/128)]; ``scaling`` names it, None: the shapes do) give this rank's rows of ``sum_r
+    (a_r * scale_a_r) @ (w_r * scale_w_r).T`` in ``out_dtype`` (bfloat16 unless given; float16, float32; the
+    partials travel in it, or in fp32 with ``partial="fp32"``), ``fast_accum`` as in ``gemm``. No autograd; under
+    torch.compile through async-TP's ``fused_scaled_matmul_reduce_scatter`` (``kernels/async_tp.py``). FP8
+    operands without scales, scales with other operands: TypeError. ``scaled_gemm_rs``: the same with the scales
+    required.
 
     Autograd: when ``a`` or ``w`` requires grad the call goes through the torch op (``config`` and ``out`` are for
     calls without grad), whose backward gathers every rank's output rows' gradient G [M, N] with the gather
     overlapped: ``grad_a = ag_gemm(grad_out, w.T) = G @ w``, ``grad_w = G.T @ a`` (``kernels/autograd.py``).
     """
-    _check_inputs(a, w)
-    if library.needs_grad(a, w):
-        if config is not None or out is not None:
-            raise ValueError("gemm_rs: config= and out= are for calls without grad (under torch.no_grad())")
-        return torch.ops.triton_dist.gemm_rs(a, w, shmem.group_name(group))
-    if config is None and out is None and hardware.compiling():
-        return torch.ops.triton_dist.gemm_rs(a, w, shmem.group_name(group))
-    return _gemm_rs(a, w, config, out, group)
+    scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
+    return _gemm_rs(a, w, config, out, group, scales, out_dtype)
+
+
+def scaled_gemm_rs(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast_accum=False, config=None, out=None,
+                   group=None):
+    """``gemm_rs`` on FP8 operands, the scales required (as in ``torch._scaled_mm``): this rank's rows of ``sum_r
+    (a_r * scale_a_r) @ (w_r * scale_w_r).T``."""
+    return _gemm_rs(a, w, config, out, group, *fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype,
+                                                                   fast_accum, required=True))
+
+
+def _gemm_rs(a, w, config, out, group, scales, out_dtype):
+    """The op on its operands' mode (``fp8.scaled_operands``: FP8 ``scales`` or None, the result's dtype)."""
+    _check_inputs(a, w, scales)
+    through_op = scales is None and library.needs_grad(a, w)
+    if through_op and (config is not None or out is not None):
+        raise ValueError("gemm_rs: config= and out= are for calls without grad (under torch.no_grad())")
+    if through_op or (config is None and out is None and hardware.compiling()):
+        return _op_call(a, w, scales, out_dtype, group)
+    return _gemm_rs_impl(a, w, config, out, group, scales, out_dtype)
+
+
+def _op_call(a, w, scales, out_dtype, group):
+    """The call through the torch op (autograd, torch.compile); FP8 through async-TP's (``async_tp.py``: B =
+    W.t(), B's scales likewise)."""
+    name = shmem.group_name(group)
+    if scales is None:
+        return torch.ops.triton_dist.gemm_rs(a, w, name)
+    return torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(
+        a, w.t(), scales.a, scales.w if scales.w.numel() == 1 else scales.w.t(), "sum", 0, 0, name,
+        [a.shape[0], w.shape[0]], None, None, out_dtype, scales.fast_accum)

@@ -10,6 +10,8 @@ directly. Inside someone else's capture, under torch.compile tracing, or on CPU 
 A capture synchronises the device once (``torch.cuda.graph`` does); replays never do.
 """
 
+import dataclasses
+
 import torch
 
 from ..hardware import capturing, compiling
@@ -68,6 +70,14 @@ class GraphCache:
             self.weights[key] = n_weights + 1
             call = self.graphs[gkey] = GraphedCall(run, inputs, captured, clone)
         return call(inputs)
+
+    def run_op(self, key, run, a, w, scales=None):
+        """``run(a, w, scales)``, a GEMM op's call, replayed as ``run`` does it: ``a`` is an input, ``w`` captured;
+        FP8 ``scales`` (``fp8.Scales``, None for other operands) go with them, A's an input, W's captured."""
+        if scales is None:
+            return self.run(key, lambda x, y: run(x, y, None), (a,), (w,))
+        return self.run(key, lambda x, sx, y, sy: run(x, y, dataclasses.replace(scales, a=sx, w=sy)),
+                        (a, scales.a), (w, scales.w))
 
     def clear(self):
         self.graphs.clear()
