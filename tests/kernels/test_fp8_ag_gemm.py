@@ -1,4 +1,5 @@
-"""FP8 AG+GEMM: ``scaled_ag_gemm(a, w, scale_a, scale_w) == all_gather(deq(a)) @ deq(w).T``.
+"""FP8 AG+GEMM: ``scaled_ag_gemm(a, w, scale_a, scale_w) == all_gather(deq(a)) @ deq(w).T``, and ``ag_gemm(a, w,
+scale_a=..., scale_w=...)`` the same bits (``scaled_ag_gemm`` is its alias).
 
 CPU (interpreter; 2, 3 and 4 ranks): the three scaling modes on the overlapped kernel (chunks, TMA and masks,
 ragged M / N / K), gather-first and the NCCL fallback, fp32 and bf16 results against an fp64 reference of the
@@ -89,6 +90,31 @@ def test_fp8_ag_gemm_three_and_four_ranks(ranks, world, cases):
             assert gathered_ok and worst < 1e-5, (case, worst)
 
 
+def _check_op_is_alias(configs):
+    """``ag_gemm`` with FP8 operands and scales against ``scaled_ag_gemm``: per (mode, config), whether both gave the
+    same bits (results and gathered rows), and the worst relative error against the fp64 reference."""
+    dev, r = td.shmem.device(), td.rank()
+    results = []
+    for i, (mode, config) in enumerate((m, c) for m in ("tensor", "row", "block") for c in configs):
+        gen = torch.Generator().manual_seed(300 + 10 * i + r)
+        a, sa, w, sw, da, dw = (t.to(dev) if j < 4 else t for j, t in enumerate(operands(5, 24, 160, mode, gen)))
+        kw = dict(out_dtype=F32, return_gathered=True, config=config)
+        out, gathered = agm.ag_gemm(a, w, scale_a=sa, scale_w=sw, scaling=mode, **kw)
+        ref_out, ref_gathered = scaled_ag_gemm(a, w, sa, sw, **kw)
+        bf16 = agm.ag_gemm(a, w, scale_a=sa, scale_w=sw, config=config)  # the default result: bfloat16
+        same = torch.equal(out, ref_out) and torch.equal(gathered.view(torch.uint8), ref_gathered.view(torch.uint8))
+        same &= bf16.dtype == BF16 and torch.equal(bf16, scaled_ag_gemm(a, w, sa, sw, config=config))
+        results.append((same, rel_err(out.cpu(), _gathered(da) @ dw.T)))
+    return results
+
+
+@pytest.mark.parametrize("world,configs", [(1, [None]), (2, [None, OVERLAP, {**OVERLAP, "gather_first": True}])])
+def test_ag_gemm_with_scales_is_scaled_ag_gemm(ranks, world, configs):
+    for per_rank in ranks(world, _check_op_is_alias, configs):
+        for same, err in per_rank:
+            assert same and err < 1e-5, per_rank
+
+
 def _check_silu_gate_and_torch_op():
     """The SiLU gate on FP8 operands; then the torch-style op (per-tensor and rowwise, B = W.T column-major),
     its fake impl and a torch.compile'd call."""
@@ -156,6 +182,10 @@ def _check_bad_input():
             a, [w.t()], one, [one], 1, name, [None], [None], [BF16], [False]),
         lambda: torch.ops.triton_dist.fused_all_gather_scaled_matmul(         # a scale per B missing
             a, [w.t(), w.t()], sa, [sw.t()], 0, name, [None, None], [None, None], [BF16, BF16], [False, False]),
+        lambda: agm.ag_gemm(a, w, scale_a=sa),                                # FP8 with one scale
+        lambda: agm.ag_gemm(a.float(), w.float(), scale_a=sa, scale_w=sw),    # scales with fp32 operands
+        lambda: agm.ag_gemm(a.float(), w.float(), out_dtype=BF16),            # an FP8 keyword without scales
+        lambda: scaled_ag_gemm(a.float(), w.float(), None, None),             # the alias: scales required
     ]
     return error_names(cases)
 
@@ -163,7 +193,8 @@ def _check_bad_input():
 def test_fp8_ag_gemm_rejects_bad_input(ranks):
     for names in ranks(2, _check_bad_input):
         assert names == ["ValueError", "TypeError", "TypeError", "TypeError", "TypeError", "ValueError",
-                         "ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "ValueError"], names
+                         "ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "ValueError",
+                         "TypeError", "TypeError", "ValueError", "TypeError"], names
 
 
 # ----------------------------------------------------------------------------------------------- GPU

@@ -1,4 +1,5 @@
-"""The GEMM core on FP8 operands (``scaled_gemm``) and the quantisation kernel.
+"""The GEMM core on FP8 operands (``gemm(a, w, scale_a=..., scale_w=...)`` and its alias ``scaled_gemm``) and the
+quantisation kernel.
 
 CPU (interpreter): per-tensor, rowwise and blockwise scales on ragged M / N / K (a short last 128-group), the TMA
 and the masked paths, fp32 and bf16 results, e5m2 operands, ``out=``, against an fp64 reference of the dequantised
@@ -14,7 +15,7 @@ import torch
 
 from triton_dist import hardware
 from triton_dist.kernels import fp8
-from triton_dist.kernels.gemm import gemm_candidates, scaled_gemm
+from triton_dist.kernels.gemm import gemm, gemm_candidates, scaled_gemm
 
 from ..conftest import cpu_only, gpu_only
 from ..sm90 import compile_sm90
@@ -50,6 +51,40 @@ def test_scaled_gemm_e5m2_fast_accum_and_defaults():
     empty = scaled_gemm(a[:0], w, sa[:0], sw, out_dtype=torch.float32)
     zeros = scaled_gemm(a[:, :0], w[:, :0], torch.ones(1), torch.ones(1))
     assert empty.shape == (0, 24) and zeros.shape == (20, 24) and not zeros.float().abs().sum()
+
+
+@cpu_only
+@pytest.mark.parametrize("mode", ["tensor", "row", "block"])
+def test_gemm_with_scales_is_scaled_gemm(mode):
+    """``gemm`` on FP8 operands with their scales: the same bits as ``scaled_gemm`` (its alias), whichever way the
+    result comes (a new tensor, ``out=``; fp32, the default bf16; fast accumulation)."""
+    gen = torch.Generator().manual_seed(40)
+    a, sa, w, sw, da, dw = operands(9, 40, 160, mode, gen)
+    out = gemm(a, w, scale_a=sa, scale_w=sw, scaling=mode, out_dtype=torch.float32, config=CPU)
+    assert torch.equal(out, scaled_gemm(a, w, sa, sw, out_dtype=torch.float32, config=CPU))
+    assert rel_err(out, da @ dw.T) < 1e-5
+    into = torch.full((9, 40), float("nan"), dtype=torch.bfloat16)
+    gemm(a, w, into, CPU, scale_a=sa, scale_w=sw, fast_accum=True)
+    assert torch.equal(into, scaled_gemm(a, w, sa, sw, fast_accum=True, config=CPU))
+    assert torch.equal(gemm(a, w, scale_a=sa, scale_w=sw), scaled_gemm(a, w, sa, sw))  # tuned config, bf16
+
+
+def test_gemm_fp8_keywords_reject_bad_input():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    a, sa, w, sw, _, _ = (t.to(dev) for t in operands(8, 16, 32, "row", torch.Generator().manual_seed(4)))
+    x, y = a.to(torch.bfloat16), w.to(torch.bfloat16)
+    for call, exc, match in [
+        (lambda: gemm(a, w), TypeError, "scale_a"),                                  # FP8 without scales
+        (lambda: gemm(a, y), TypeError, "scale_a"),                                  # one FP8 operand
+        (lambda: gemm(a, w, scale_a=sa), TypeError, "scale_w"),                      # one scale
+        (lambda: gemm(x, y, scale_a=sa, scale_w=sw), TypeError, "FP8"),              # scales with bf16 operands
+        (lambda: gemm(x, y, out_dtype=torch.float32), ValueError, "FP8"),            # FP8 keywords without scales
+        (lambda: gemm(x, y, scaling="row"), ValueError, "FP8"),
+        (lambda: gemm(x, y, fast_accum=True), ValueError, "FP8"),
+        (lambda: scaled_gemm(x, y, None, None), TypeError, "FP8"),                   # the alias: scales required
+    ]:
+        with pytest.raises(exc, match=match):
+            call()
 
 
 @cpu_only
@@ -117,7 +152,6 @@ def test_scaled_gemm_rejects_bad_input(monkeypatch):
         with pytest.raises(exc):
             call()
     with pytest.raises(TypeError, match="scale_a"):  # FP8 operands without scales: the error names them
-        from triton_dist.kernels.gemm import gemm
         gemm(a, w)
     # a GPU without FP8 tensor cores (compute capability below 8.9): a clear error, before any launch
     monkeypatch.setattr(hardware, "_capability", lambda index: (8, 0))

@@ -1,4 +1,5 @@
-"""FP8 GEMM+RS: ``scaled_gemm_rs`` == this rank's rows of ``sum_r deq(a_r) @ deq(w_r).T``.
+"""FP8 GEMM+RS: ``scaled_gemm_rs`` == this rank's rows of ``sum_r deq(a_r) @ deq(w_r).T``, and ``gemm_rs(a, w,
+scale_a=..., scale_w=...)`` the same bits (``scaled_gemm_rs`` is its alias).
 
 CPU (interpreter; 2, 3 and 4 ranks): the three scaling modes, ragged M / N / K_local (rows split like
 tensor_split), bf16 and fp32 partials, the fallback, against an fp64 reference of the dequantised inputs with fresh
@@ -12,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from triton_dist.kernels.gemm_reducescatter import rows_of_rank, scaled_gemm_rs
+from triton_dist.kernels.gemm_reducescatter import gemm_rs, rows_of_rank, scaled_gemm_rs
 
 from ..conftest import error_names, gpu_only
 from ..sm90 import compile_sm90
@@ -77,6 +78,29 @@ def test_fp8_gemm_rs_three_and_four_ranks(ranks, world, cases):
             assert ok and err < 1e-5, (case, err)
 
 
+def _check_op_is_alias(configs):
+    """``gemm_rs`` with FP8 operands and scales against ``scaled_gemm_rs``: per (mode, config), whether both gave
+    the same bits, and the relative error against the fp64 reference."""
+    dev, r = td.shmem.device(), td.rank()
+    results = []
+    for i, (mode, config) in enumerate((m, c) for m in ("tensor", "row", "block") for c in configs):
+        gen = torch.Generator().manual_seed(400 + 10 * i + r)
+        a, sa, w, sw, da, dw = (t.to(dev) if j < 4 else t for j, t in enumerate(operands(21, 24, 160, mode, gen)))
+        out = gemm_rs(a, w, config=config, scale_a=sa, scale_w=sw, scaling=mode, out_dtype=F32)
+        same = torch.equal(out, scaled_gemm_rs(a, w, sa, sw, out_dtype=F32, config=config))
+        bf16 = gemm_rs(a, w, config=config, scale_a=sa, scale_w=sw)  # the default result: bfloat16
+        same &= bf16.dtype == BF16 and torch.equal(bf16, scaled_gemm_rs(a, w, sa, sw, config=config))
+        results.append((same, rel_err(out.cpu(), _reference(da, dw))))
+    return results
+
+
+@pytest.mark.parametrize("world,configs", [(1, [None]), (2, [None, TILES, {**TILES, "partial": "fp32"}])])
+def test_gemm_rs_with_scales_is_scaled_gemm_rs(ranks, world, configs):
+    for per_rank in ranks(world, _check_op_is_alias, configs):
+        for same, err in per_rank:
+            assert same and err < 1e-5, per_rank
+
+
 def _check_torch_op_fake_and_compile():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -127,6 +151,11 @@ def _check_bad_input():
             a, w.t(), one, one, "sum", 0, 0, name, [8, 16], None, one, BF16, False),
         lambda: torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(       # reduce_op max
             a, w.t(), one, one, "max", 0, 0, name, [8, 16], None, None, BF16, False),
+        lambda: gemm_rs(a, w),                                                  # FP8 without scales
+        lambda: gemm_rs(a, w, scale_w=sw),                                      # FP8 with one scale
+        lambda: gemm_rs(a.float(), w.float(), scale_a=one, scale_w=one),        # scales with fp32 operands
+        lambda: gemm_rs(a.float(), w.float(), fast_accum=True),                 # an FP8 keyword without scales
+        lambda: scaled_gemm_rs(a.float(), w.float(), None, None),               # the alias: scales required
     ]
     return error_names(cases)
 
@@ -134,7 +163,8 @@ def _check_bad_input():
 def test_fp8_gemm_rs_rejects_bad_input(ranks):
     for names in ranks(2, _check_bad_input):
         assert names == ["ValueError", "ValueError", "TypeError", "TypeError", "ValueError", "ValueError",
-                         "ValueError", "ValueError", "ValueError"], names
+                         "ValueError", "ValueError", "ValueError", "TypeError", "TypeError", "TypeError",
+                         "ValueError", "TypeError"], names
 
 
 # ----------------------------------------------------------------------------------------------- GPU

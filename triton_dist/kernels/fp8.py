@@ -300,7 +300,7 @@ def describe(scales, out_dtype):
     """What an FP8 call adds to its op's tuning key and call signature (nothing for other operands)."""
     if scales is None:
         return {}
-    return dict(scaling=scales.mode, fast_accum=scales.fast_accum, out=str(out_dtype).replace("torch.", ""))
+    return dict(scaling=scales.mode, fast_accum=scales.fast_accum, out_dtype=str(out_dtype).replace("torch.", ""))
 
 
 def plan_key(scales, out_dtype):
