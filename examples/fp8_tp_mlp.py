@@ -1,12 +1,13 @@
-"""Template: an FP8 tensor-parallel projection pair, ``scaled_ag_gemm`` then ``scaled_gemm_rs``.
+"""Template: an FP8 tensor-parallel projection pair, ``ag_gemm`` then ``gemm_rs`` on FP8 operands with scales.
 
     torchrun --nproc-per-node=2 examples/fp8_tp_mlp.py     # GPUs: checks, then times ours vs bf16
     python examples/fp8_tp_mlp.py                          # no GPU: 2 ranks on CPU (Triton interpreter)
 
 Each rank quantises its rows per 1x128 group (``quantize_fp8``: scales [m, ceil(K/128)]) and its weight slices
-per 128x128 block (``fp8.quantize``); ``scaled_ag_gemm`` gathers the FP8 rows with their scales while it multiplies
-(half the bytes of bf16), ``scaled_gemm_rs`` multiplies the FP8 hidden rows and sums the bf16 partials across
-ranks in a fixed order. Blockwise scales as DeepSeek-V3 uses them; per-tensor and rowwise ones work the same way
+per 128x128 block (``fp8.quantize``); ``ag_gemm(..., scale_a=, scale_w=)`` gathers the FP8 rows with their scales
+while it multiplies (half the bytes of bf16), ``gemm_rs(..., scale_a=, scale_w=)`` multiplies the FP8 hidden rows
+and sums the bf16 partials across ranks in a fixed order (``scaled_ag_gemm`` / ``scaled_gemm_rs``: the same ops,
+the scales positional). Blockwise scales as DeepSeek-V3 uses them; per-tensor and rowwise ones work the same way
 (triton_dist/kernels/fp8.py).
 """
 
@@ -14,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from triton_dist.kernels import fp8, quantize_fp8, scaled_ag_gemm, scaled_gemm_rs
+from triton_dist.kernels import ag_gemm, fp8, gemm_rs, quantize_fp8
 from triton_dist.launch import run_main
 from triton_dist.timing import time_us, timeable
 
@@ -32,9 +33,9 @@ def main():
 
     def fp8_projections(x):
         q, sq = quantize_fp8(x)                                       # FP8 rows + 1x128 group scales
-        h = scaled_ag_gemm(q, wu, sq, swu)                            # [world * m, inter], bf16
+        h = ag_gemm(q, wu, scale_a=sq, scale_w=swu)                   # [world * m, inter], bf16
         hq, shq = quantize_fp8(h)
-        return h, hq, shq, scaled_gemm_rs(hq, wd, shq, swd)           # this rank's rows [m, hidden], bf16
+        return h, hq, shq, gemm_rs(hq, wd, scale_a=shq, scale_w=swd)  # this rank's rows [m, hidden], bf16
 
     h, hq, shq, y = fp8_projections(x)
     # reference: the dequantised operands in fp32, the same two steps
@@ -51,11 +52,9 @@ def main():
     assert err_h < 1e-2 and err_y < 3e-2, f"rank {rank}: errors {err_h:.3g}, {err_y:.3g}"
     if not timeable():  # CPU ranks, or ranks sharing one GPU: checked, not timed
         if rank == 0:
-            print(f"[{td.shmem.backend()} x{world}] FP8 scaled_ag_gemm [{world * m}x{hidden}] -> scaled_gemm_rs: "
+            print(f"[{td.shmem.backend()} x{world}] FP8 ag_gemm [{world * m}x{hidden}] -> gemm_rs: "
                   f"correct")
         return
-    from triton_dist.kernels import ag_gemm, gemm_rs
-
     w_up, w_down = w_up.to(torch.bfloat16), w_down.to(torch.bfloat16)
     ours, bf16 = time_us(lambda: fp8_projections(x)), time_us(lambda: gemm_rs(ag_gemm(x, w_up), w_down))
     if rank == 0:
