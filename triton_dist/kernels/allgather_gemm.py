@@ -237,7 +237,8 @@ class _Plan:
                 flag = me * self.n_chunks + chunk
                 items.append((lo, hi, ws.a_full_peers[peer][me * m_shard + lo: me * m_shard + hi],
                               ws.arrived_peers[peer][flag: flag + 1]))
-            self.pushes.append((ws.streams.get(peer), items, scale_cols and ws.scale_full_peers[peer][own]))
+            scale_dst = ws.scale_full_peers[peer][own] if scale_cols else None
+            self.pushes.append((ws.streams.get(peer), items, scale_dst))
         tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * triton.cdiv(self.n, cfg["BLOCK_N"])
         self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device), tiles)),)
         self.fence = not hardware.interpreting()
@@ -332,7 +333,7 @@ def _gather_first_gemm(a, w, plan, out, scales=None):
     gathered_kernel[(1,)](ws.arrived, ws.state, plan.ctx, N_CHUNKS=plan.n_chunks,
                           FENCE_ASYNC_PROXY=plan.fence and a.is_cuda)
     launch_gemm(ws.a_full, w, out.view(1, plan.world * m_shard, plan.n), plan.cfg, silu_gate=plan.silu_gate,
-                scales=None if scales is None else scales.kernel_args(plan.cfg, a=ws.scale_full))
+                scales=scales, scale_rows=ws.scale_full)
 
 
 def _gather(t, plan):

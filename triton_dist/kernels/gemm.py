@@ -272,10 +272,10 @@ def dot_precision(dtype):
 _LAUNCH_GEMM = Launchers(gemm_kernel, "gemm_launch")  # gemm_kernel's bound launches
 
 
-def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False, scales=None):
+def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False, scales=None, scale_rows=None):
     """``c3[s] = a[s*seg_rows:(s+1)*seg_rows] @ b.T`` for every segment s of ``c3`` [S, seg_rows, N]
     (``silu_gate``: b is [2N, K], gate over up, and c3 gets ``silu(a @ b_gate.T) * (a @ b_up.T)``; ``scales``:
-    FP8 operands' scale arguments, ``fp8.Scales.kernel_args``)."""
+    FP8 operands' ``fp8.Scales``, ``scale_rows``: A's scales as rows [rows, S] instead of ``scales.a``)."""
     segments, seg_rows, n = c3.shape
     k = a.shape[1]
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg)
@@ -287,8 +287,8 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
                 USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"] and use_tma), FLATTEN=cfg["FLATTEN"],
                 WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(a.dtype), SILU_GATE=silu_gate,
                 num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
-    if scales:  # FP8: the scale tensors are runtime arguments after the constexprs
-        gemm_kernel[(programs,)](*args, **meta, **scales)
+    if scales is not None:  # FP8: the scale tensors are runtime arguments after the constexprs
+        gemm_kernel[(programs,)](*args, **meta, **scales.kernel_args(cfg, a=scale_rows))
     else:  # bound once per grid and constants (``Launcher``): a call costs the driver launch
         _LAUNCH_GEMM((programs,), *args, **meta)
     return c3
@@ -412,7 +412,7 @@ def _gemm(a, w, out, config, scales, out_dtype):
     else:
         cfg = autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device), config)
     fp8.check_block_k(scales, cfg)
-    launch_gemm(a, w, out.view(1, m, n), cfg, scales=None if scales is None else scales.kernel_args(cfg))
+    launch_gemm(a, w, out.view(1, m, n), cfg, scales=scales)
     return out
 
 
@@ -452,8 +452,7 @@ def _tuned_gemm_config(m, n, k, dtype, device, scales=None, out_dtype=None):
         def run(cfg):  # device time: each candidate replayed from a CUDA graph, so that small shapes are not
             key = repr(sorted(cfg.items()))  # timed by their (identical) host launch cost
             if key not in graphs:
-                graphs[key] = graph_of(lambda: launch_gemm(a, w, out.view(1, m, n), cfg, scales=None if probe is None
-                                                           else probe.kernel_args(cfg)))
+                graphs[key] = graph_of(lambda: launch_gemm(a, w, out.view(1, m, n), cfg, scales=probe))
             graphs[key].replay()
         return run
 
