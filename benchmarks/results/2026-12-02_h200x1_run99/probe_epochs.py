@@ -6,17 +6,16 @@ W = 2, and both with every Launcher on Triton's plain launch path. After each ca
 (ws.state, ws.epoch word) and graph caches are logged; after a timeout its workspaces' flags and plans. Prints
 the first call where the ranks' counters differ or a wait timed out. run99 lost the per-rank logs (the pool
 re-raised the recorded timeout); this version clears it first.
-Usage: TRITON_DIST_SHARED_GPU_RANKS=8 python probe_epochs.py"""
+Usage: TRITON_DIST_SHARED_GPU_RANKS=8 python probe_epochs.py [case ...] (cases: CASES below; default all; runs
+100 and 101 ran it with the cases their steps.sh name). Updated to the tree after the FP8 fold (one ag_gemm module)."""
 import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.getcwd())
 import triton_dist as td  # noqa: E402
 from triton_dist.kernels import allgather_gemm as agm  # noqa: E402
-from triton_dist.kernels import allgather_gemm_fp8 as agf  # noqa: E402
 from triton_dist.launch import RankPool, RankError  # noqa: E402
 from tests.kernels.fp8_inputs import operands  # noqa: E402
 
@@ -37,35 +36,35 @@ def _dump():
         if op == "ag_gemm":
             out["workspaces"].append((repr(key), id(ws), ws.state.tolist(), ws.epoch.tolist(),
                                       ws.arrived[:world * 2].tolist(), ws.ready.tolist()))
-    for key, plan in list(agm._PLANS._plans.items()) + list(agf._PLANS._plans.items()):
+    for key, plan in agm._PLANS._plans.items():
         if getattr(plan, "path", None) != "fallback" and hasattr(plan, "ws"):
             # what this rank's flags read on each peer through its peer views (the peer reads them locally
             # above): equal values but a stuck peer means the views and the peer's own heap differ
             pushed = [(step, [(lo, hi, flag.tolist(), flag.data_ptr()) for lo, hi, _, flag in items])
-                      for step, (_, items) in enumerate(plan.pushes, 1)]
+                      for step, (_, items, _) in enumerate(plan.pushes, 1)]
             out["plans"].append((repr(key)[:160], id(plan.ws), plan.n_chunks, plan.chunk_rows, plan.grid,
                                  plan.handshake.compiled is not None, pushed))
     return out
 
 
 def _graphs():
-    return len(agf._GRAPHS.graphs), len(agf._GRAPHS.seen), len(agm._GRAPHS.graphs), len(agm._GRAPHS.seen)
+    return len(agm._GRAPHS.graphs), len(agm._GRAPHS.seen)
 
 
 def fp8_every_candidate(mode):
-    from triton_dist.kernels.gemm_fp8 import fp8_tiles
+    from triton_dist.kernels.gemm import fp8_tiles
     m, n, k = 1000, 1536, 1024
     world = td.world_size()
-    cands = [fp8_tiles(c, torch.device("cuda")) for c in agm.candidate_configs(
-        m, n, k, torch.float8_e4m3fn, torch.device("cuda"), world)]
-    cands += [{**agf.default_config(m, n, k, torch.device("cuda"), world), "n_chunks": 4}]
+    dev, e4m3 = torch.device("cuda"), torch.float8_e4m3fn
+    cands = agm.candidate_configs(m, n, k, e4m3, dev, world)  # FP8 tiles already
+    cands += [{**fp8_tiles(agm.default_config(m, n, k, e4m3, dev, world), e4m3, dev), "n_chunks": 4}]
     log = []
     for ci, cfg in enumerate(cands):
         for i in range(3):
             gen = torch.Generator().manual_seed(1000 * i + td.rank())
             a, sa, w, sw, da, dw = operands(m, n, k, mode, gen)
             try:
-                agf.scaled_ag_gemm(a.cuda(), w.cuda(), sa.cuda(), sw.cuda(), config=cfg)
+                agm.scaled_ag_gemm(a.cuda(), w.cuda(), sa.cuda(), sw.cuda(), config=cfg)
                 torch.cuda.synchronize()
                 td.shmem.check_errors()
             except Exception as e:  # noqa: BLE001
@@ -126,9 +125,13 @@ def report(name, logs):
     print(f"   all {len(logs[0])} calls in step; last counters {logs[0][-1][4]}, graphs {logs[0][-1][5]}")
 
 
+CASES = {"fp8_row": (2, fp8_every_candidate, ("row",)), "fp8_block": (2, fp8_every_candidate, ("block",)),
+         "bf16_w4": (4, bf16_silu_gate, ()), "bf16_w2": (2, bf16_silu_gate, ()),
+         "unbound_fp8_row": (2, unbound, (fp8_every_candidate, "row")), "unbound_bf16_w4": (4, unbound, (bf16_silu_gate,))}
+
 if __name__ == "__main__":
-    for world, fn, args in [(2, fp8_every_candidate, ("row",)), (4, bf16_silu_gate, ()), (2, bf16_silu_gate, ()),
-                            (2, unbound, (fp8_every_candidate, "row")), (4, unbound, (bf16_silu_gate,))]:
+    for name in sys.argv[1:] or ["fp8_row", "bf16_w4", "bf16_w2", "unbound_fp8_row", "unbound_bf16_w4"]:
+        world, fn, args = CASES[name]
         with RankPool(world, backend="shared-gpu", wait_timeout_s=15) as pool:
             try:
                 report(f"{fn.__name__}{args} W={world}", pool.run(fn, *args, timeout=400))

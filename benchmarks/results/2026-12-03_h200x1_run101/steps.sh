@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (the probe: run99's probe_epochs.py, its cases named; this run used a copy of it at the commit in node.log)
 # run101 (1x H200, GPU image), after "ag_gemm: no side streams where peers share the GPU": the epoch probe's bf16
 # W = 4 case (failed in runs 99 and 100), then the GPU tier alone (`-m gpu -n 8`, README's first half), then the
 # ag_gemm test files at W = 2 and W = 4 on the shared GPU side by side until the call's time is up. Logs under $OUT.
@@ -10,7 +11,7 @@ mps_quit() { [ -d /tmp/triton_dist_mps_pipe ] && CUDA_MPS_PIPE_DIRECTORY=/tmp/tr
 echo "commit $GIT_COMMIT" > "$OUT/node.log"
 T0=$(date +%s)
 step setup 60 python -m pip install --no-build-isolation --no-index -e ".[test]"
-step probe 100 env TRITON_DIST_SHARED_GPU_RANKS=8 PYTHONPATH=$PWD python3 "$D/probe_epochs.py"
+step probe 100 env TRITON_DIST_SHARED_GPU_RANKS=8 PYTHONPATH=$PWD python3 "$D/../2026-12-02_h200x1_run99/probe_epochs.py" bf16_w4
 cut -c1-600 "$OUT/probe.log" | grep -v "^   rank" | tail -6
 mps_quit
 mkdir -p /tmp/tier; OUT=/tmp/tier SUITE_REST=0 SUITE_SHARED_WORLDS= SUITE_SKIP_BENCH=1 SUITE_STEP_TIMEOUT=345 \
