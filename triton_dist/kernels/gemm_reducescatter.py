@@ -206,10 +206,11 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
     return out
 
 
-def gemm_rs_torch(a, w, group=None):
-    """The baseline, also the small-problem path: ``torch.matmul`` then ``reduce_scatter_tensor`` (NCCL; gloo on
-    CPU), rows padded to equal chunks when M % W != 0. Same row split as ``gemm_rs``."""
-    return reduce_scatter_rows(torch.matmul(a, w.t()), group)
+def gemm_rs_torch(a, w, group=None, scales=None, out_dtype=None):
+    """The baseline, also the small-problem path: ``torch.matmul`` (FP8 ``scales``: ``gemm.matmul_torch``) then
+    ``reduce_scatter_tensor`` (NCCL; gloo on CPU), rows padded to equal chunks when M % W != 0. Same row split as
+    ``gemm_rs``."""
+    return reduce_scatter_rows(matmul_torch(a, w, scales, out_dtype), group)
 
 
 def reduce_scatter_rows(partial, group=None):
@@ -360,7 +361,7 @@ def _gemm_rs_impl(a, w, config=None, out=None, group=None, scales=None, out_dtyp
     fp8.check_block_k(scales, cfg)
     res = None
     if cfg["path"] == "fallback":
-        res = reduce_scatter_rows(matmul_torch(a, w, scales, out_dtype), team.group)
+        res = gemm_rs_torch(a, w, team.group, scales, out_dtype)
     elif cfg["path"] == "graph":  # None: not replayable now (first call of the shape, a capture, CPU)
         res = _GRAPHS.run_op(key, lambda x, y, s: _run_overlapped(
             x, y, torch.empty(shape, dtype=out_dtype, device=x.device), cfg, team, s), a, w, scales)
