@@ -380,15 +380,15 @@ def choose_path(m_total, n, k, world, device_type="cuda"):
     return "overlap"
 
 
-def default_config(m_shard, n, k, dtype, device, world, silu_gate=False):
+def default_config(m_shard, n, k, dtype, device, world, silu_gate=False, scales=None):
     """Keys: path ("overlap" / "graph": the overlapped kernels replayed from a cached CUDA graph, for host-bound
     small M, see ``replay.py`` / "fallback"), n_chunks (chunks per shard, flags per peer), and the GEMM core's
     (BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, use_tma,
     num_programs; see ``gemm.gemm_config``), gather_first (small M: wait for every peer's rows, then one GEMM pass
     over all of them, ``gathered_kernel``), silu_gate (the fused SiLU-gate epilogue; ``n`` counts the weight's
-    rows, gate and up: ``_with_silu_gate``)."""
+    rows, gate and up: ``_with_silu_gate``); FP8 operands (``scales``): FP8 tiles (``gemm.fp8_tiles``)."""
     m_total = world * m_shard
-    cfg = gemm_config(m_total, n, k, dtype, device)
+    cfg = gemm_config(m_total, n, k, dtype, device, scales)
     cfg.update(path=choose_path(m_total, n, k, world, device.type), n_chunks=1, gather_first=False)
     if device.type != "cuda":
         cfg.update(n_chunks=2, num_programs=4)
@@ -401,18 +401,18 @@ def _with_silu_gate(cfg):
     return {**cfg, "silu_gate": True, "BLOCK_N": max(16, cfg["BLOCK_N"] // 2)}
 
 
-def candidate_configs(m_shard, n, k, dtype, device, world, silu_gate=False):
+def candidate_configs(m_shard, n, k, dtype, device, world, silu_gate=False, scales=None):
     """The sweep run once per shape on GPU: the fallback, and the overlapped kernel with the GEMM core's own
     candidates (its best configuration is the best one here too: the waits sit outside the tile loops); FP8
-    ``dtype``: as FP8 tiles (``gemm.fp8_tiles``)."""
+    ``dtype`` (``scales``: their mode): as FP8 tiles (``gemm.fp8_tiles``)."""
     if silu_gate:
-        return [_with_silu_gate(c) for c in candidate_configs(m_shard, n, k, dtype, device, world)]
-    base = default_config(m_shard, n, k, dtype, device, world)
+        return [_with_silu_gate(c) for c in candidate_configs(m_shard, n, k, dtype, device, world, scales=scales)]
+    base = default_config(m_shard, n, k, dtype, device, world, scales=scales)
     m_total = world * m_shard
     cands = [{**base, "path": "fallback"}]
     graphs = m_total <= GRAPH_ROWS and world > 1 and device.type == "cuda"
     if graphs:  # host-bound: the kernel from a CUDA graph
-        small = gemm_config(m_total, n, k, dtype, device)
+        small = gemm_config(m_total, n, k, dtype, device, scales)
         cands += [{**base, **small, "path": "graph"}, {**base, **small, "path": "graph", "BLOCK_M": 64,
                                                            "num_warps": 4}]
         if m_total <= 512:
@@ -421,15 +421,15 @@ def candidate_configs(m_shard, n, k, dtype, device, world, silu_gate=False):
             cands += [{**base, **small, **c, "path": "graph", "gather_first": True}
                       for c in [{}] + skinny_configs(dtype)]
     if m_total > 256 and world > 1:
-        for g in gemm_candidates(m_total, n, k, dtype, device):
+        for g in gemm_candidates(m_total, n, k, dtype, device, scales):
             if g.get("WARP_SPECIALIZE"):  # triton 3.6's warp-specialisation pass rejects this kernel
                 continue
             cands.append({**base, **g, "path": "graph" if graphs else "overlap", "n_chunks": base["n_chunks"]})
-    return autotune.dedupe([fp8_tiles(c, dtype, device) for c in cands])
+    return autotune.dedupe([fp8_tiles(c, dtype, device, scales) for c in cands])
 
 
 def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group, scales=None, out_dtype=None):
-    base = default_config(m_shard, n, k, dtype, device, world, silu_gate)
+    base = default_config(m_shard, n, k, dtype, device, world, silu_gate, scales)
     if device.type != "cuda":
         return base
 
@@ -449,7 +449,7 @@ def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group, scales=
     key = dict(m_shard=m_shard, n=n, k=k, dtype=str(dtype).replace("torch.", ""), **fp8.describe(scales, out_dtype))
     if silu_gate:
         key["silu_gate"] = True
-    return autotune.choose("ag_gemm", key, candidate_configs(m_shard, n, k, dtype, device, world, silu_gate),
+    return autotune.choose("ag_gemm", key, candidate_configs(m_shard, n, k, dtype, device, world, silu_gate, scales),
                            make_runner, default=base, group=group)
 
 
@@ -472,7 +472,7 @@ def _config(m_shard, n, k, dtype, device, world, config, silu_gate, group, scale
     """The call's configuration: tuned, or the caller's overrides of the defaults (the activation is no knob)."""
     if config is None:
         return _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group, scales, out_dtype)
-    cfg = autotune.with_overrides(default_config(m_shard, n, k, dtype, device, world, silu_gate), config)
+    cfg = autotune.with_overrides(default_config(m_shard, n, k, dtype, device, world, silu_gate, scales), config)
     if silu_gate:
         cfg["silu_gate"] = True
     return cfg

@@ -206,6 +206,7 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
 # ----------------------------------------------------------------------------------------------- host side
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_BLOCK_K = 128  # FP8 tiles keep the bf16 tiles' bytes per pipeline stage: twice their K step
+FP8_ACC_PER_THREAD = 64  # fp32 values of one accumulator per thread where a tile holds two (promoted FP8)
 
 
 def default_num_programs(device):
@@ -213,17 +214,30 @@ def default_num_programs(device):
     return num_sms(device.index) if device.type == "cuda" else 2
 
 
-def fp8_tiles(cfg, dtype, device):
+def fp8_tiles(cfg, dtype, device, scales=None):
     """``cfg`` as tiles of ``dtype``: for FP8 operands on a GPU BLOCK_K 128 (fp8 wgmma takes K in steps of 32),
-    the same bytes per pipeline stage as bf16's 64; unchanged otherwise."""
-    return {**cfg, "BLOCK_K": FP8_BLOCK_K} if dtype in fp8.FP8_DTYPES and device.type == "cuda" else cfg
+    the same bytes per pipeline stage as bf16's 64; unchanged otherwise. A tile that promotes the tensor cores'
+    partial sums every K step (``fp8.Scales.promoted``; ``scales`` None: as the default, promoted) holds two fp32
+    accumulators: BLOCK_N halves until both fit a thread's registers (a 128x256 tile on 8 warps spills), with
+    the pipeline's bytes kept by more stages."""
+    if dtype not in fp8.FP8_DTYPES or device.type != "cuda":
+        return cfg
+    cfg = {**cfg, "BLOCK_K": FP8_BLOCK_K}
+    if scales is None or scales.promoted:
+        stage_bytes = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * FP8_BLOCK_K
+        while cfg["BLOCK_M"] * cfg["BLOCK_N"] > FP8_ACC_PER_THREAD * 32 * cfg["num_warps"] and cfg["BLOCK_N"] > 16:
+            cfg["BLOCK_N"] //= 2
+        cfg["num_stages"] = max(cfg["num_stages"],
+                                cfg["num_stages"] * stage_bytes // ((cfg["BLOCK_M"] + cfg["BLOCK_N"]) * FP8_BLOCK_K))
+    return cfg
 
 
-def gemm_config(m, n, k, dtype, device, **overrides):
+def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
     """A good fixed configuration for ``[m, k] @ [n, k].T`` (the autotuner refines it on GPU).
 
     Keys: BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, use_tma
-    (None: whenever the operands allow), num_programs (None: one per SM). FP8 operands: ``fp8_tiles``."""
+    (None: whenever the operands allow), num_programs (None: one per SM). FP8 operands (``scales``: their
+    ``fp8.Scales``): ``fp8_tiles``."""
     if device.type != "cuda":  # interpreter: small tiles keep it quick
         cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_stages=1, num_warps=4)
     elif m <= 1024 or n <= 1024:  # few tiles of 128x256 would leave SMs idle
@@ -233,7 +247,7 @@ def gemm_config(m, n, k, dtype, device, **overrides):
     if dtype == torch.float32 and device.type == "cuda":
         cfg.update(BLOCK_N=min(cfg["BLOCK_N"], 128), BLOCK_K=32)
     cfg.update(EPILOGUE_SUBTILE=False, FLATTEN=False, WARP_SPECIALIZE=False, use_tma=None, num_programs=None)
-    cfg = fp8_tiles(cfg, dtype, device)
+    cfg = fp8_tiles(cfg, dtype, device, scales)
     cfg.update(overrides)
     return cfg
 
@@ -407,10 +421,10 @@ def _gemm(a, w, out, config, scales, out_dtype):
         return out.zero_()
     if config is None:
         key = (m, n, k, a.dtype, a.device) + fp8.plan_key(scales, out_dtype)
-        cfg = _CONFIGS.get(key, lambda: {**gemm_config(m, n, k, a.dtype, a.device),
+        cfg = _CONFIGS.get(key, lambda: {**gemm_config(m, n, k, a.dtype, a.device, scales),
                                          **_tuned_gemm_config(m, n, k, a.dtype, a.device, scales, out_dtype)})
     else:
-        cfg = autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device), config)
+        cfg = autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device, scales), config)
     fp8.check_block_k(scales, cfg)
     launch_gemm(a, w, out.view(1, m, n), cfg, scales=scales)
     return out
@@ -425,18 +439,21 @@ def skinny_configs(dtype):
             dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_stages=6, num_warps=4)]
 
 
-def gemm_candidates(m, n, k, dtype, device):
-    """The small sweep the autotuner runs on GPU (a few of the known-good Hopper shapes)."""
-    base = gemm_config(m, n, k, dtype, device)
+def gemm_candidates(m, n, k, dtype, device, scales=None):
+    """The small sweep the autotuner runs on GPU (a few of the known-good Hopper shapes; FP8: ``fp8_tiles``)."""
+    base = gemm_config(m, n, k, dtype, device, scales)
     cands = [base,
              {**base, "BLOCK_N": 256, "num_stages": 3, "num_warps": 8, "BLOCK_M": 128},
              {**base, "BLOCK_N": 256, "num_stages": 4, "EPILOGUE_SUBTILE": True},
              {**base, "BLOCK_N": 256, "num_stages": 3, "FLATTEN": True},
              {**base, "BLOCK_N": 256, "num_stages": 3, "WARP_SPECIALIZE": True},
              {**base, "BLOCK_N": 128, "num_stages": 4, "num_warps": 8}]
+    if dtype in fp8.FP8_DTYPES:  # FP8: deeper pipelines of 128x128 tiles, and 256x128 (fast accumulation)
+        cands += [{**base, "BLOCK_N": 128, "num_stages": 5}, {**base, "BLOCK_N": 128, "num_stages": 5, "GROUP_M": 16},
+                  {**base, "BLOCK_M": 256, "BLOCK_N": 128, "num_stages": 3}]
     if m <= 512:
         cands += [{**base, **c} for c in skinny_configs(dtype)]
-    return autotune.dedupe([fp8_tiles(c, dtype, device) for c in cands])
+    return autotune.dedupe([fp8_tiles(c, dtype, device, scales) for c in cands])
 
 
 def _tuned_gemm_config(m, n, k, dtype, device, scales=None, out_dtype=None):
@@ -457,6 +474,6 @@ def _tuned_gemm_config(m, n, k, dtype, device, scales=None, out_dtype=None):
         return run
 
     key = dict(m=m, n=n, k=k, dtype=str(dtype).replace("torch.", ""), **fp8.describe(scales, out_dtype))
-    cands = [c for c in gemm_candidates(m, n, k, dtype, device) if fp8.takes(scales, c)]
-    return autotune.choose("gemm", key, cands, make_runner, default=gemm_config(m, n, k, dtype, device),
+    cands = [c for c in gemm_candidates(m, n, k, dtype, device, scales) if fp8.takes(scales, c)]
+    return autotune.choose("gemm", key, cands, make_runner, default=gemm_config(m, n, k, dtype, device, scales),
                            collective=False)

@@ -242,7 +242,7 @@ def choose_path(m, world, device_type="cuda"):
     return "overlap"
 
 
-def default_config(m, n, k, dtype, device, world):
+def default_config(m, n, k, dtype, device, world, scales=None):
     """Launch parameters, ``triton_dist.kernels.gemm.gemm_config`` for the per-destination GEMM plus:
     path ("overlap" | "graph": the overlapped kernel replayed from a cached CUDA graph, see ``replay.py`` |
     "fallback"), partial ("out": peers' partial sums travel in the output dtype, like
@@ -251,19 +251,20 @@ def default_config(m, n, k, dtype, device, world):
     on: partial tiles go to the peer by TMA stores, asynchronous to the program, instead of stores from
     registers), num_programs (None: one per SM on GPU, one per tile under the interpreter; 0: one per tile)."""
     rows_max = triton.cdiv(m, world)
-    cfg = gemm_config(rows_max, n, k, dtype, device)
+    cfg = gemm_config(rows_max, n, k, dtype, device, scales)
     # FLATTEN / WARP_SPECIALIZE stay off: the tile loop's body waits and signals between tiles
     cfg.update(path=choose_path(m, world, device.type), partial="out", DEFER_SIGNAL=True, FLATTEN=False,
                WARP_SPECIALIZE=False, remote_tma=False)
     if device.type == "cuda" and rows_max <= 64:  # 128-row tiles would be mostly padding
-        cfg.update(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4)
+        cfg.update(fp8_tiles({**cfg, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4}, dtype, device,
+                             scales))
     return cfg
 
 
-def candidate_configs(m, n, k, dtype, device, world):
+def candidate_configs(m, n, k, dtype, device, world, scales=None):
     """The small sweep the autotuner runs once per shape on GPU (both paths; the partial dtype never changes); FP8
-    ``dtype``: as FP8 tiles (``gemm.fp8_tiles``)."""
-    base = default_config(m, n, k, dtype, device, world)
+    ``dtype`` (``scales``: their mode): as FP8 tiles (``gemm.fp8_tiles``)."""
+    base = default_config(m, n, k, dtype, device, world, scales)
     rows_max = triton.cdiv(m, world)
     cands = [{**base, "path": "fallback"}]
     if world > 1 and m >= world:
@@ -294,13 +295,13 @@ def candidate_configs(m, n, k, dtype, device, world):
                 cands += [{**over, **big, "remote_tma": True},
                           {**over, **big, "num_programs": sms - 4, "remote_tma": True},
                           {**over, **big, "num_programs": sms - 4, "remote_tma": True, "GROUP_M": 16}]
-    return autotune.dedupe([fp8_tiles(c, dtype, device) for c in cands])
+    return autotune.dedupe([fp8_tiles(c, dtype, device, scales) for c in cands])
 
 
 def _config_for(a, w, team, scales=None, out_dtype=None):
     world = team.size
     (m, k), n = a.shape, w.shape[0]
-    base = default_config(m, n, k, a.dtype, a.device, world)
+    base = default_config(m, n, k, a.dtype, a.device, world, scales)
     if a.device.type != "cuda":
         return base
 
@@ -311,7 +312,7 @@ def _config_for(a, w, team, scales=None, out_dtype=None):
         return lambda cfg: _gemm_rs_impl(x, y, cfg, None, team.group, probe, out_dtype)
 
     key = dict(m=m, n=n, k=k, dtype=str(a.dtype).replace("torch.", ""), **fp8.describe(scales, out_dtype))
-    return autotune.choose("gemm_rs", key, candidate_configs(m, n, k, a.dtype, a.device, world), make_runner,
+    return autotune.choose("gemm_rs", key, candidate_configs(m, n, k, a.dtype, a.device, world, scales), make_runner,
                            default=base, group=team.group)
 
 
@@ -353,11 +354,11 @@ def _gemm_rs_impl(a, w, config=None, out=None, group=None, scales=None, out_dtyp
     a, w = a.contiguous(), w.contiguous()
     if config is None:  # one dict lookup per call once the shape is tuned
         key = (team.name, m, n, k, a.dtype) + fp8.plan_key(scales, out_dtype)
-        cfg = _CONFIGS.get(key, lambda: {**default_config(m, n, k, a.dtype, a.device, world),
+        cfg = _CONFIGS.get(key, lambda: {**default_config(m, n, k, a.dtype, a.device, world, scales),
                                          **_config_for(a, w, team, scales, out_dtype)})
     else:
         key = (team.name, m, n, k, a.dtype, repr(sorted(config.items()))) + fp8.plan_key(scales, out_dtype)
-        cfg = autotune.with_overrides(default_config(m, n, k, a.dtype, a.device, world), config)
+        cfg = autotune.with_overrides(default_config(m, n, k, a.dtype, a.device, world, scales), config)
     fp8.check_block_k(scales, cfg)
     res = None
     if cfg["path"] == "fallback":
