@@ -2,6 +2,7 @@
 
     python scripts/ptx_digest.py              # table: kernel variant, digest, PTX size
     python scripts/ptx_digest.py --json out   # also write the digests to a file
+    python scripts/ptx_digest.py --spills     # also each variant's registers and spilled bytes (ptxas -v)
 
 Exit status 1 when a variant does not compile or a kernel of the package (``*_kernel``) has no entry: CI runs it
 under the GPU image's Triton (3.6) as well as the newest (``.ci/run``).
@@ -320,6 +321,23 @@ def compile_one(module, name, signature, constexprs, aligned, options):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 
+def registers(ptx):
+    """"R registers, S B spilled" of a kernel's PTX assembled for sm_90a by the ptxas Triton ships (spills cost a
+    GEMM tens of percent: a tile's accumulators must fit a thread's registers)."""
+    import subprocess
+    import tempfile
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        log = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True,
+                             text=True).stderr
+    regs = re.findall(r"Used (\d+) registers", log)
+    spills = re.findall(r"(\d+) bytes spill stores", log)
+    return f"{regs[0] if regs else '?'} registers, {spills[0] if spills else '?'} B spilled"
+
+
 def launched_kernels():
     """Every kernel of the package (a ``@triton.jit`` function named ``*_kernel`` at module level: what the ops
     launch; ``triton_dist.language`` holds device functions, not kernels) as (module, name)."""
@@ -349,6 +367,8 @@ def uncovered_kernels():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write {variant: digest} here")
+    parser.add_argument("--spills", action="store_true",
+                        help="also assemble each variant (Triton's ptxas, sm_90a) and print its registers and spills")
     parser.add_argument("only", nargs="*", help="variant ids to compile (default: all)")
     args = parser.parse_args()
     missing = [] if args.only else uncovered_kernels()
@@ -359,9 +379,11 @@ def main():
         if args.only and vid not in args.only:
             continue
         try:
-            ptx = normalized_ptx(compile_one(module, name, sig, consts, aligned, options))
+            raw = compile_one(module, name, sig, consts, aligned, options)
+            ptx = normalized_ptx(raw)
             digests[vid] = hashlib.sha256(ptx.encode()).hexdigest()[:16]
-            print(f"{vid:40s} {digests[vid]}  {len(ptx):8d} bytes", flush=True)
+            print(f"{vid:40s} {digests[vid]}  {len(ptx):8d} bytes" + (f"  {registers(raw)}" if args.spills else ""),
+                  flush=True)
         except Exception as exc:  # a kernel that does not compile is reported, not fatal
             digests[vid] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
             print(f"{vid:40s} {digests[vid]}", flush=True)

@@ -35,6 +35,18 @@ def test_gemm_matches_torch_in_interpreter(m, n, k, dtype, use_tma):
 
 
 @cpu_only
+def test_wide_masked_tiles_store_both_halves():
+    """Masked stores of tiles wider than 128 go in two column halves (``tile_store``): every column of a ragged
+    256-wide tile lands once, in place."""
+    m, n, k = 19, 300, 24
+    a = torch.randn(m, k, dtype=torch.float32)
+    w = torch.randn(n, k, dtype=torch.float32)
+    out = torch.full((m, n), float("nan"))
+    gemm(a, w, out=out, config=dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=16, use_tma=False, num_programs=2))
+    assert ((out.double() - a.double() @ w.double().T).abs().max()) < 1e-4
+
+
+@cpu_only
 def test_segments_are_clipped_and_visited_in_any_order():
     """C[s] = A[s] @ B.T with ragged segments (seg_rows not a multiple of BLOCK_M), started from segment 2 and
     walked backwards: every row is written exactly once with the right values."""

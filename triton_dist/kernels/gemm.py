@@ -162,20 +162,38 @@ def tile_store(c, acc, seg, off_m, off_n, seg_rows, N, stride_cs, stride_cm,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
                EPILOGUE_SUBTILE: tl.constexpr = False):
     """Store the fp32 tile ``acc`` (converted to C's dtype) at rows ``off_m..`` of segment ``seg``, columns
-    ``off_n..``, clipped to ``seg_rows`` x ``N``. ``c``: 3-D tensor descriptor (USE_TMA) or pointer."""
+    ``off_n..``, clipped to ``seg_rows`` x ``N``. ``c``: 3-D tensor descriptor (USE_TMA) or pointer (masked
+    stores; tiles wider than 128 in two halves, so their addresses do not spill: docs/design/gemm.md)."""
     if USE_TMA:
         if EPILOGUE_SUBTILE:  # two half-width stores: half the smem staging buffer
-            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-            left, right = tl.split(halves)
+            left, right = _column_halves(acc, BLOCK_M, BLOCK_N)
             c.store([seg, off_m, off_n], left.to(c.dtype).reshape(1, BLOCK_M, BLOCK_N // 2))
             c.store([seg, off_m, off_n + BLOCK_N // 2], right.to(c.dtype).reshape(1, BLOCK_M, BLOCK_N // 2))
         else:
             c.store([seg, off_m, off_n], acc.to(c.dtype).reshape(1, BLOCK_M, BLOCK_N))
+    elif BLOCK_N > 128:
+        left, right = _column_halves(acc, BLOCK_M, BLOCK_N)
+        _store_masked(c, left, seg, off_m, off_n, seg_rows, N, stride_cs, stride_cm, BLOCK_M, BLOCK_N // 2)
+        _store_masked(c, right, seg, off_m, off_n + BLOCK_N // 2, seg_rows, N, stride_cs, stride_cm, BLOCK_M,
+                      BLOCK_N // 2)
     else:
-        rows = off_m + tl.arange(0, BLOCK_M)
-        cols = off_n + tl.arange(0, BLOCK_N)
-        ptrs = c + seg.to(tl.int64) * stride_cs + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
-        tl.store(ptrs, acc.to(c.dtype.element_ty), mask=(rows[:, None] < seg_rows) & (cols[None, :] < N))
+        _store_masked(c, acc, seg, off_m, off_n, seg_rows, N, stride_cs, stride_cm, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _column_halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] -> its left and right [BLOCK_M, BLOCK_N // 2] halves."""
+    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _store_masked(c, acc, seg, off_m, off_n, seg_rows, N, stride_cs, stride_cm, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """``tile_store``'s masked store of ``acc`` [BLOCK_M, BLOCK_N]."""
+    rows = off_m + tl.arange(0, BLOCK_M)
+    cols = off_n + tl.arange(0, BLOCK_N)
+    ptrs = c + seg.to(tl.int64) * stride_cs + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
+    tl.store(ptrs, acc.to(c.dtype.element_ty), mask=(rows[:, None] < seg_rows) & (cols[None, :] < N))
 
 
 @triton.jit
