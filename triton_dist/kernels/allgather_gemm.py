@@ -496,10 +496,14 @@ def _run(a, w, plan, return_gathered, scales=None):
 ACTIVATIONS = ("none", "silu_gate")
 
 
-def _check_inputs(a, w, activation="none", scales=None):
-    """The checks of the operands (FP8 ones: with their scales, ``fp8.scaled_operands``) and the activation."""
+def _check_inputs(a, w, activation="none", scales=None, quantize=None, return_gathered=False):
+    """The checks of the operands (FP8 ones: with their scales, ``fp8.scaled_operands``), the activation and the
+    ``quantize`` mode (the gathered rows are FP8 then: none returned)."""
     if scales is None:
         check_matmul_operands(a, w, "a", "w")
+    if fp8.check_mode(quantize) is not None and return_gathered:
+        raise ValueError("quantize=: the rows cross as FP8, so there are no high-precision gathered rows to return "
+                         "or keep (return_gathered / keep_gathered are for calls without quantize)")
     shmem.check_device(a, "a and w")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -530,15 +534,28 @@ def _ag_gemm_impl(a, w, return_gathered, config=None, activation="none", group=N
     return _run(a, w, plan, return_gathered, scales)
 
 
-def _ag_gemm_op(a, w, return_gathered=False, activation="none", group_name=None):
-    _check_inputs(a, w, activation)
+def _quantized_ag_gemm(a, w, quantize, config, activation, group):
+    """``ag_gemm`` of high-precision ``a`` and ``w`` quantised here (``fp8.quantize_operands``, mode ``quantize``):
+    the FP8 op, the result in a's dtype. The SiLU gate is fused where the FP8 kernel takes it (blockwise scales:
+    whole 128-row blocks per half), else applied by torch to the product."""
+    fused = activation == "none" or quantize != "block" or w.shape[0] % (2 * fp8.GROUP) == 0
+    a8, w8, scales = fp8.quantize_operands(a, w, quantize)
+    out, _ = _ag_gemm_impl(a8, w8, False, config, activation if fused else "none", group, scales, a.dtype)
+    return out if fused else silu_gate_torch(out)
+
+
+def _ag_gemm_op(a, w, return_gathered=False, activation="none", group_name=None, quantize=None):
+    _check_inputs(a, w, activation, quantize=quantize, return_gathered=return_gathered)
     check_launchable(a)
-    out, gathered = _ag_gemm_impl(a, w, return_gathered, activation=activation, group=shmem.group_named(group_name))
+    group = shmem.group_named(group_name)
+    if quantize is not None:
+        return _quantized_ag_gemm(a, w, quantize, None, activation, group), a.new_empty((0, a.shape[1]))
+    out, gathered = _ag_gemm_impl(a, w, return_gathered, activation=activation, group=group)
     return out, (a.new_empty((0, a.shape[1])) if gathered is None else gathered)
 
 
-def _ag_gemm_fake(a, w, return_gathered=False, activation="none", group_name=None):
-    _check_inputs(a, w, activation)
+def _ag_gemm_fake(a, w, return_gathered=False, activation="none", group_name=None, quantize=None):
+    _check_inputs(a, w, activation, quantize=quantize, return_gathered=return_gathered)
     world = shmem.world_size(shmem.group_named(group_name))
     rows = world * a.shape[0]
     return (a.new_empty((rows, _output_columns(w, activation))),
@@ -546,11 +563,11 @@ def _ag_gemm_fake(a, w, return_gathered=False, activation="none", group_name=Non
 
 
 library.define('ag_gemm(Tensor a, Tensor w, bool return_gathered=False, str activation="none", '
-               'str? group_name=None) -> (Tensor, Tensor)', _ag_gemm_op, _ag_gemm_fake)
+               'str? group_name=None, str? quantize=None) -> (Tensor, Tensor)', _ag_gemm_op, _ag_gemm_fake)
 
 
 def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=None, keep_gathered=False, *,
-            scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):
+            scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False, quantize=None):
     """``all_gather(a) @ w.T`` on every rank of ``group`` (default: the heap's), the gather overlapped with the GEMM.
 
     a: this rank's row shard [m, K]; w: this rank's weight slice [N_local, K] (``linear`` convention); both
@@ -576,6 +593,13 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=N
     through async-TP's ``fused_all_gather_scaled_matmul`` (``kernels/async_tp.py``). FP8 operands without
     scales, scales with other operands: TypeError. ``scaled_ag_gemm``: the same with the scales required.
 
+    ``quantize`` ("tensor", "row", "block"; FP8 training's forward): bfloat16 / float16 / float32 ``a`` and ``w``
+    quantised to e4m3 in the call, scales taken on the device from this rank's ``a`` and ``w``
+    (``fp8.quantize_operands``; "block": 1x128 groups of a, 128x128 blocks of w), then the FP8 op above, the
+    result in a's dtype. Differentiable straight-through: the backward is the one below, from the unquantised
+    ``a`` and ``w`` (FP8 forward, gradients in a's dtype). The gathered rows are FP8: no ``return_gathered`` /
+    ``keep_gathered``; the other FP8 keywords are not taken (ValueError).
+
     Autograd: when ``a`` or ``w`` requires grad the call goes through the torch op, whose backward is
     ``grad_a = gemm_rs(grad_out, w.T)`` and ``grad_w = grad_out.T @ all_gather(a)`` (``kernels/autograd.py``);
     the gathered input is gathered again in the backward (as Megatron-LM does) unless ``keep_gathered``
@@ -585,8 +609,9 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=N
     """
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
-    scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
-    return _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group, keep_gathered)
+    scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum,
+                                            quantize=quantize)
+    return _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group, keep_gathered, quantize)
 
 
 def scaled_ag_gemm(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast_accum=False, return_gathered=False,
@@ -597,8 +622,12 @@ def scaled_ag_gemm(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
     return _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group)
 
 
-def _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group, keep_gathered=False):
-    """The op on its operands' mode (``fp8.scaled_operands``: FP8 ``scales`` or None, the result's dtype)."""
+def _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group, keep_gathered=False,
+             quantize=None):
+    """The op on its operands' mode (``fp8.scaled_operands``: FP8 ``scales`` or None, the result's dtype; or
+    high-precision operands that the op ``quantize``s)."""
+    if quantize is not None:  # before any path: the gathered rows are FP8, none to return or keep
+        _check_inputs(a, w, activation, quantize=quantize, return_gathered=return_gathered or keep_gathered)
     if scales is None and library.needs_grad(a, w):
         if config is not None:
             raise ValueError("ag_gemm: config= is for calls without grad (the differentiable op takes the tuned "
@@ -606,26 +635,31 @@ def _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group
         name = shmem.group_name(group)
         if activation == "silu_gate":  # training keeps the pre-activation (as Megatron keeps SwiGLU's input): the
             # backward then needs no second GEMM; the activation is torch's, as in the modules it replaces
-            h, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, "none", name)
+            h, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, "none", name,
+                                                        quantize)
             half = h.shape[1] // 2
             out = torch.nn.functional.silu(h[:, :half]) * h[:, half:]
         else:
-            out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, activation, name)
+            out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, activation, name,
+                                                          quantize)
     elif config is None and hardware.compiling() and (scales is None or activation == "none"):
-        out, gathered = _traced_call(a, w, scales, out_dtype, return_gathered, activation, group)
+        out, gathered = _traced_call(a, w, scales, out_dtype, return_gathered, activation, group, quantize)
     else:
         _check_inputs(a, w, activation, scales)
         check_launchable(a)
-        out, gathered = _ag_gemm_impl(a, w, return_gathered, config, activation, group, scales, out_dtype)
+        if quantize is not None:
+            out, gathered = _quantized_ag_gemm(a, w, quantize, config, activation, group), None
+        else:
+            out, gathered = _ag_gemm_impl(a, w, return_gathered, config, activation, group, scales, out_dtype)
     return (out, gathered) if return_gathered else out
 
 
-def _traced_call(a, w, scales, out_dtype, return_gathered, activation, group):
-    """The call inside torch.compile: through the torch op; FP8 through async-TP's (``async_tp.py``: B = W.t(),
-    B's scales likewise)."""
+def _traced_call(a, w, scales, out_dtype, return_gathered, activation, group, quantize=None):
+    """The call inside torch.compile: through the torch op (``quantize`` inside it); FP8 through async-TP's
+    (``async_tp.py``: B = W.t(), B's scales likewise)."""
     name = shmem.group_name(group)
     if scales is None:
-        return torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, name)
+        return torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, name, quantize)
     gathered, (out,) = torch.ops.triton_dist.fused_all_gather_scaled_matmul(
         a, [w.t()], scales.a, [scales.w if scales.w.numel() == 1 else scales.w.t()], 0, name, [None], [None],
         [out_dtype], [scales.fast_accum])

@@ -22,6 +22,11 @@ rank (one loss, copied) undo that where they split and gather rows (``nn/shardin
                                                         grad_w[e] = grad[g_e].T @ x[g_e] (grouped_weight_grad)
 
 The sums run in fixed orders (the ops' own), so gradients are bitwise the same run to run.
+
+FP8 training: ag_gemm / gemm_rs called with ``quantize=`` (high-precision a and w quantised inside the op, the FP8
+product forward) have the same backward, on the saved unquantised a and w: straight-through, gradients in a's
+dtype. A direct call of the torch op with silu_gate and quantize differentiates the gate at the high-precision
+pre-activation it computes again (the public call keeps the FP8 one).
 """
 
 import torch
@@ -60,7 +65,7 @@ def _columns(w, activation):
 
 
 def _ag_gemm_setup(ctx, inputs, output):
-    a, w, return_gathered, activation, group_name = inputs
+    a, w, return_gathered, activation, group_name = inputs[:5]  # (quantize: the backward is the same)
     ctx.activation, ctx.group_name = activation, group_name
     ctx.set_materialize_grads(False)  # an unused gathered output: None, not a tensor of zeros to reduce
     ctx.save_for_backward(a, w, output[1] if return_gathered else None)
@@ -84,12 +89,12 @@ def _ag_gemm_backward(ctx, grad_out, grad_gathered):
     if ctx.needs_input_grad[1]:
         x = gathered(a, group) if x is None else x
         grad_w = grad_out.T @ x
-    return grad_a, grad_w, None, None, None
+    return grad_a, grad_w, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------- gemm_rs
 def _gemm_rs_setup(ctx, inputs, output):
-    a, w, group_name = inputs
+    a, w, group_name = inputs[:3]  # (quantize: the backward is the same)
     ctx.group_name = group_name
     ctx.save_for_backward(a, w)
 
@@ -99,7 +104,7 @@ def _gemm_rs_backward(ctx, grad_out):
     group = shmem.group_named(ctx.group_name)
     world, m = shmem.world_size(group), a.shape[0]
     if grad_out is None:
-        return None, None, None
+        return None, None, None, None
     shard = -(-m // world)  # every rank's rows padded to the largest share: ag_gemm takes equal shapes
     padded = grad_out.new_zeros((shard, grad_out.shape[1]))
     padded[:grad_out.shape[0]] = grad_out
@@ -108,7 +113,7 @@ def _gemm_rs_backward(ctx, grad_out):
         keep = torch.cat([torch.arange(r * shard, r * shard + rows_of_rank(m, world, r)[1], device=a.device)
                           for r in range(world)])
         out, g = out[keep], g[keep]
-    return (out if ctx.needs_input_grad[0] else None), (g.T @ a if ctx.needs_input_grad[1] else None), None
+    return (out if ctx.needs_input_grad[0] else None), (g.T @ a if ctx.needs_input_grad[1] else None), None, None
 
 
 # ----------------------------------------------------------------------------------------------- collectives

@@ -20,6 +20,11 @@ and ``scaled_gemm`` / ``scaled_ag_gemm`` / ``scaled_gemm_rs`` are the same ops w
 Quantisation (``quantize_fp8``, ``quantize``, ``ep_dispatch(quant="fp8")``): per group of values, scale =
 amax(|x|) / 448 (the largest e4m3 value) and q = x / scale rounded to the nearest e4m3 value (ties to even); a group
 of zeros gets scale 1.
+
+FP8 training (the ops' ``quantize=`` mode, the ``nn`` layers' ``fp8=``): ag_gemm and gemm_rs take bf16 / fp16 /
+fp32 operands and quantise them in the call (``quantize_operands``: dynamic scales of this rank's operands, torch
+ops on the device), run the FP8 op, and differentiate straight-through: their backward is the high-precision one
+(``kernels/autograd.py``) on the unquantised operands.
 """
 
 import dataclasses
@@ -119,7 +124,7 @@ def quantize(x, scaling, dtype=torch.float8_e4m3fn):
     x = x.float()
     r, c = x.shape
     if scaling == "tensor":
-        amax = x.abs().amax().reshape(1)
+        amax = x.abs().amax().reshape(1) if x.numel() else x.new_zeros(1)
     elif scaling == "row":
         amax = x.abs().amax(dim=1, keepdim=True)
     elif scaling in ("group", "block"):
@@ -132,6 +137,25 @@ def quantize(x, scaling, dtype=torch.float8_e4m3fn):
     scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
     full = expand(scale, scaling, r, c)
     return (x / full).clamp(-top, top).to(dtype), scale
+
+
+def check_mode(mode, name="quantize"):
+    """``mode`` when it is None or one of ``MODES``, else ValueError naming the keyword ``name``."""
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"{name} must be None or one of {MODES}, got {mode!r}")
+    return mode
+
+
+def quantize_operands(a, w, mode):
+    """High-precision operands ``a`` [M, K] and ``w`` [N, K] -> (a8, w8, ``Scales``) in ``mode`` (one of
+    ``MODES``; "block": a in 1x128 groups, w in 128x128 blocks), e4m3, by ``quantize``: dynamic scales, taken from
+    the operands' amax on their device (torch ops, no host sync). What the ops' ``quantize=`` mode runs (FP8
+    training: the forward of the usual recipe)."""
+    if check_mode(mode) is None:
+        raise ValueError(f"quantize_operands needs a mode of {MODES}, got None")
+    a8, scale_a = quantize(a, "group" if mode == "block" else mode)
+    w8, scale_w = quantize(w, mode)
+    return a8, w8, check_scales(a8, w8, scale_a, scale_w, mode)
 
 
 def expand(scale, scaling, r, c):
@@ -284,12 +308,24 @@ def check_block_k(scales, cfg):
 
 
 def scaled_operands(a, w, scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False,
-                    required=False):
+                    required=False, quantize=None):
     """A GEMM op's FP8 mode, from its keywords: ``(Scales, result dtype)`` for FP8 operands with their scales
     (``check_scales``, ``out_dtype_of``), ``(None, a's dtype)`` for other operands without scales (the op as it
     is). ``required`` (the ``scaled_*`` entry points): the scales are checked whatever the operands. TypeError
     for FP8 operands without scales, or scales with operands that are not FP8; ValueError for ``scaling``,
-    ``out_dtype`` or ``fast_accum`` without scales."""
+    ``out_dtype`` or ``fast_accum`` without scales. ``quantize`` (a mode of ``MODES``): high-precision operands
+    that the op quantises itself (``quantize_operands``), so ``(None, a's dtype)``; ValueError for another mode
+    or with any other FP8 keyword, TypeError for FP8 operands."""
+    if check_mode(quantize) is not None:
+        if required or scale_a is not None or scale_w is not None or scaling is not None or out_dtype is not None \
+                or fast_accum:
+            raise ValueError("quantize= computes the scales itself and returns a's dtype: it takes no scale_a, "
+                             "scale_w, scaling, out_dtype or fast_accum")
+        for t, name in ((a, "a"), (w, "w")):
+            if is_fp8(t):
+                raise TypeError(f"{name} is {t.dtype} already: quantize= takes bfloat16 / float16 / float32 "
+                                f"operands (FP8 ones come with scale_a= and scale_w=)")
+        return None, getattr(a, "dtype", None)
     if required or scale_a is not None or scale_w is not None:
         return check_scales(a, w, scale_a, scale_w, scaling, fast_accum), out_dtype_of(out_dtype)
     for t, name in ((a, "a"), (w, "w")):

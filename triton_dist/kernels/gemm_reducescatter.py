@@ -371,25 +371,36 @@ def _gemm_rs_impl(a, w, config=None, out=None, group=None, scales=None, out_dtyp
     return res if out is None else out.copy_(res)
 
 
-def _output_shape(a, w, group):
+def _output_shape(a, w, group, quantize=None):
     _check_inputs(a, w)
+    fp8.check_mode(quantize)
     return rows_of_rank(a.shape[0], shmem.world_size(group), shmem.rank(group))[1], w.shape[0]
 
 
-def _gemm_rs_fake(a, w, group_name=None):
-    return a.new_empty(_output_shape(a, w, shmem.group_named(group_name)))
+def _gemm_rs_fake(a, w, group_name=None, quantize=None):
+    return a.new_empty(_output_shape(a, w, shmem.group_named(group_name), quantize))
 
 
-def _gemm_rs_op(a, w, group_name=None):
+def _quantized_gemm_rs(a, w, quantize, config=None, out=None, group=None):
+    """``gemm_rs`` of high-precision ``a`` and ``w`` quantised here (``fp8.quantize_operands``, mode ``quantize``,
+    over this rank's K slice): the FP8 op, the result in a's dtype."""
+    a8, w8, scales = fp8.quantize_operands(a, w, quantize)
+    return _gemm_rs_impl(a8, w8, config, out, group, scales, a.dtype)
+
+
+def _gemm_rs_op(a, w, group_name=None, quantize=None):
     _check_inputs(a, w)
+    if quantize is not None:
+        return _quantized_gemm_rs(a, w, quantize, group=shmem.group_named(group_name))
     return _gemm_rs_impl(a, w, group=shmem.group_named(group_name))
 
 
-library.define("gemm_rs(Tensor a, Tensor w, str? group_name=None) -> Tensor", _gemm_rs_op, _gemm_rs_fake)
+library.define("gemm_rs(Tensor a, Tensor w, str? group_name=None, str? quantize=None) -> Tensor", _gemm_rs_op,
+               _gemm_rs_fake)
 
 
 def gemm_rs(a, w, config=None, out=None, group=None, *, scale_a=None, scale_w=None, scaling=None, out_dtype=None,
-            fast_accum=False):
+            fast_accum=False, quantize=None):
     """This rank's rows of ``sum over the ranks of group of a @ w.T`` (``group`` default: the heap's; rows split
     like ``torch.tensor_split``, see the module docstring), summed in a fixed order (own partial, then ranks r+1,
     r+2, ...: bitwise reproducible).
@@ -411,12 +422,20 @@ def gemm_rs(a, w, config=None, out=None, group=None, *, scale_a=None, scale_w=No
     operands without scales, scales with other operands: TypeError. ``scaled_gemm_rs``: the same with the scales
     required.
 
+    ``quantize`` ("tensor", "row", "block"; FP8 training's forward): bfloat16 / float16 / float32 ``a`` and ``w``
+    quantised to e4m3 in the call, scales taken on the device from this rank's ``a`` and ``w`` (``fp8.
+    quantize_operands``: over its K slice; "block": 1x128 groups of a, 128x128 blocks of w), then the FP8 op
+    above, the result in a's dtype. Differentiable straight-through: the backward is the one below, from the
+    unquantised ``a`` and ``w`` (FP8 forward, gradients in a's dtype). The other FP8 keywords are not taken
+    (ValueError).
+
     Autograd: when ``a`` or ``w`` requires grad the call goes through the torch op (``config`` and ``out`` are for
     calls without grad), whose backward gathers every rank's output rows' gradient G [M, N] with the gather
     overlapped: ``grad_a = ag_gemm(grad_out, w.T) = G @ w``, ``grad_w = G.T @ a`` (``kernels/autograd.py``).
     """
-    scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
-    return _gemm_rs(a, w, config, out, group, scales, out_dtype)
+    scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum,
+                                            quantize=quantize)
+    return _gemm_rs(a, w, config, out, group, scales, out_dtype, quantize)
 
 
 def scaled_gemm_rs(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast_accum=False, config=None, out=None,
@@ -427,23 +446,26 @@ def scaled_gemm_rs(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
                                                                    fast_accum, required=True))
 
 
-def _gemm_rs(a, w, config, out, group, scales, out_dtype):
-    """The op on its operands' mode (``fp8.scaled_operands``: FP8 ``scales`` or None, the result's dtype)."""
+def _gemm_rs(a, w, config, out, group, scales, out_dtype, quantize=None):
+    """The op on its operands' mode (``fp8.scaled_operands``: FP8 ``scales`` or None, the result's dtype; or
+    high-precision operands that the op ``quantize``s)."""
     _check_inputs(a, w, scales)
     through_op = scales is None and library.needs_grad(a, w)
     if through_op and (config is not None or out is not None):
         raise ValueError("gemm_rs: config= and out= are for calls without grad (under torch.no_grad())")
     if through_op or (config is None and out is None and hardware.compiling()):
-        return _op_call(a, w, scales, out_dtype, group)
+        return _op_call(a, w, scales, out_dtype, group, quantize)
+    if quantize is not None:
+        return _quantized_gemm_rs(a, w, quantize, config, out, group)
     return _gemm_rs_impl(a, w, config, out, group, scales, out_dtype)
 
 
-def _op_call(a, w, scales, out_dtype, group):
-    """The call through the torch op (autograd, torch.compile); FP8 through async-TP's (``async_tp.py``: B =
-    W.t(), B's scales likewise)."""
+def _op_call(a, w, scales, out_dtype, group, quantize=None):
+    """The call through the torch op (autograd, torch.compile; ``quantize`` inside it); FP8 through async-TP's
+    (``async_tp.py``: B = W.t(), B's scales likewise)."""
     name = shmem.group_name(group)
     if scales is None:
-        return torch.ops.triton_dist.gemm_rs(a, w, name)
+        return torch.ops.triton_dist.gemm_rs(a, w, name, quantize)
     return torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(
         a, w.t(), scales.a, scales.w if scales.w.numel() == 1 else scales.w.t(), "sum", 0, 0, name,
         [a.shape[0], w.shape[0]], None, None, out_dtype, scales.fast_accum)
