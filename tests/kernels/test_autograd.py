@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import triton_dist as td
-from triton_dist.kernels import ag_gemm, all_gather, all_reduce, gemm_rs
+from triton_dist.kernels import ag_gemm, all_gather, all_reduce, fp8, gemm_rs
+from triton_dist.kernels import allgather_gemm as agm
 
 from ..conftest import cpu_only, error_names, gpu_only
 
@@ -331,6 +332,76 @@ def _grads_on_groups():
 def test_gradients_on_groups_match_fp64(ranks):
     for err in ranks(4, _grads_on_groups):
         assert err < 1e-5, err
+
+
+def _quantized_calls(world):
+    """ag_gemm (plain and SiLU gate) and gemm_rs with ``quantize`` on high-precision operands (K 160: two
+    128-groups, the second short), the FP8 mode turning with the world size: {what: whether it holds}. The forward is the FP8 op on ``fp8.quantize_operands``'
+    operands and scales, bit for bit (with and without grad); the gradients are those of the unquantised product
+    fed the gradient that reached the FP8 one, bit for bit (straight-through: the same backward on the same a, w
+    and output gradient)."""
+    g = torch.Generator().manual_seed(17 + td.rank())
+    a0, w0, gate_up0 = (torch.randn(*shape, generator=g) for shape in ((5, 160), (24, 160), (48, 160)))
+
+    def silu_gate(h):
+        half = h.shape[1] // 2
+        return F.silu(h[:, :half]) * h[:, half:]
+
+    results = {}
+    for i, (name, weight, activation, op) in enumerate((("ag_gemm", w0, "none", ag_gemm),
+                                                        ("gemm_rs", w0, "none", gemm_rs),
+                                                        ("ag_gemm silu_gate", gate_up0, "silu_gate", ag_gemm))):
+        mode = fp8.MODES[(i + world) % len(fp8.MODES)]
+        name = f"{name} {mode}"
+        kw = {"activation": activation} if op is ag_gemm else {}
+        a8, w8, scales = fp8.quantize_operands(a0, weight, mode)
+        fp8_call = dict(scale_a=scales.a, scale_w=scales.w, out_dtype=torch.float32)
+        with torch.no_grad():
+            if activation == "none":
+                fp8_out = op(a8, w8, **fp8_call)
+            else:  # the gate fused, or (block scales of halves not whole 128-row blocks) torch's after the product
+                fused = mode != "block"
+                fp8_out = op(a8, w8, **kw, **fp8_call) if fused else agm.silu_gate_torch(op(a8, w8, **fp8_call))
+            results[f"{name} no_grad"] = torch.equal(op(a0, weight, quantize=mode, **kw), fp8_out)
+        a, w = a0.clone().requires_grad_(), weight.clone().requires_grad_()
+        out = op(a, w, quantize=mode, **kw)
+        weighting = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+        (out * weighting).sum().backward()
+        # the reference: the FP8 product, torch's gate on it (with grad: as without quantize), and the unquantised
+        # product's backward fed the gradient that reached the FP8 product
+        h = op(a8, w8, **fp8_call).requires_grad_()
+        fp8_out = h if activation == "none" else silu_gate(h)
+        (fp8_out * weighting).sum().backward()
+        results[f"{name} forward"] = torch.equal(out, fp8_out)
+        a_ref, w_ref = a0.clone().requires_grad_(), weight.clone().requires_grad_()
+        op(a_ref, w_ref).backward(h.grad)
+        results[f"{name} gradients"] = torch.equal(a.grad, a_ref.grad) and torch.equal(w.grad, w_ref.grad)
+    return results
+
+
+@pytest.mark.parametrize("world", [1, 2])  # (3 ranks: tests/nn/test_fp8_training.py, the layers)
+def test_quantized_calls_forward_fp8_and_differentiate_straight_through(ranks, world):
+    for results in ranks(world, _quantized_calls, world):
+        assert all(results.values()), results
+
+
+def _quantize_refusals():
+    a, w = torch.randn(4, 16), torch.randn(8, 16)
+    a8, w8, scales = fp8.quantize_operands(a, w, "row")
+    return error_names([lambda: ag_gemm(a, w, quantize="fp8"),                                # no such mode
+                        lambda: gemm_rs(a, w, quantize="int8"),
+                        lambda: ag_gemm(a8, w8, quantize="row"),                              # FP8 already
+                        lambda: ag_gemm(a, w, quantize="row", scale_a=scales.a, scale_w=scales.w),
+                        lambda: gemm_rs(a, w, quantize="row", out_dtype=torch.bfloat16),
+                        lambda: ag_gemm(a, w, quantize="row", return_gathered=True),          # FP8 rows
+                        lambda: ag_gemm(a.requires_grad_(), w, quantize="row", keep_gathered=True),
+                        lambda: torch.ops.triton_dist.ag_gemm(a, w, False, "none", None, "e4m3"),
+                        lambda: torch.ops.triton_dist.gemm_rs(a, w, None, "e4m3")])
+
+
+def test_quantize_refuses_bad_input(ranks):
+    for names in ranks(2, _quantize_refusals):
+        assert names == ["ValueError", "ValueError", "TypeError"] + ["ValueError"] * 6, names
 
 
 # ----------------------------------------------------------------------------------------------- GPU, bf16
