@@ -97,10 +97,10 @@ OPS = ["all_gather", "ag_gemm", "gemm_rs", "ep_dispatch", "sp_flash_decode"]
 def _mismatch_then_recover(op, check_calls, warm, good_calls):
     """Per rank: (the error's type, its message, seconds to it), and whether ``good_calls`` good calls after
     reset() were correct. ``warm``: the op ran with the good shapes first (its workspaces exist)."""
-    td.shmem.set_wait_timeout(TIMEOUT_S)
     td.shmem.check_calls(check_calls)
     if warm:
         _good_call(op, 0)
+    td.shmem.set_wait_timeout(TIMEOUT_S)  # short for the mismatched call only (a loaded machine is slow)
     error = collective_outcome(lambda: _mismatched_call(op))
     td.shmem.set_wait_timeout(60)  # (the good calls must not time out while a slow peer catches up)
     td.shmem.reset()
