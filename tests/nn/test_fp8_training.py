@@ -28,7 +28,7 @@ from triton_dist.nn.sharding import bucket_rows
 from ..conftest import error_names, gpu_only
 from .test_layers import GatedMLP
 
-TOL = 1e-5  # fp32 sums of exact FP8 products (and the fp32 backward) against fp64: 1e-6 seen
+TOL = 1e-5  # fp32 sums of exact FP8 products (and the fp32 backward) against fp64: 2.5e-7 seen
 MODES = fp8.MODES
 
 
