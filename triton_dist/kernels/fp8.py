@@ -195,12 +195,6 @@ class Scales:
     w: torch.Tensor
     fast_accum: bool = False
 
-    @property
-    def promoted(self):
-        """Whether a tile keeps a second fp32 accumulator: the tensor cores' partial sums promoted every K step
-        (no fast accumulation), or each K step's product scaled on its own (block scales)."""
-        return self.mode == "block" or not self.fast_accum
-
     def kernel_args(self, cfg, a=None):
         """The scale arguments of ``gemm.tile_accumulate``; ``a``: A's scales as rows [rows, S] instead
         (``rows_of_a``, or gathered ones). fast_accum False: the tensor cores' partial sums are promoted to fp32

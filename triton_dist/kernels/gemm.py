@@ -224,7 +224,7 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
 # ----------------------------------------------------------------------------------------------- host side
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_BLOCK_K = 128  # FP8 tiles keep the bf16 tiles' bytes per pipeline stage: twice their K step
-FP8_ACC_PER_THREAD = 64  # fp32 values of one accumulator per thread where a tile holds two (promoted FP8)
+FP8_ACC_PER_THREAD = 64  # fp32 values of one accumulator per thread where a tile holds two (FP8 block scales)
 
 
 def default_num_programs(device):
@@ -234,14 +234,14 @@ def default_num_programs(device):
 
 def fp8_tiles(cfg, dtype, device, scales=None):
     """``cfg`` as tiles of ``dtype``: for FP8 operands on a GPU BLOCK_K 128 (fp8 wgmma takes K in steps of 32),
-    the same bytes per pipeline stage as bf16's 64; unchanged otherwise. A tile that promotes the tensor cores'
-    partial sums every K step (``fp8.Scales.promoted``; ``scales`` None: as the default, promoted) holds two fp32
-    accumulators: BLOCK_N halves until both fit a thread's registers (a 128x256 tile on 8 warps spills), with
-    the pipeline's bytes kept by more stages."""
+    the same bytes per pipeline stage as bf16's 64; unchanged otherwise. Block scales (``scales``, the call's
+    ``fp8.Scales``) keep each K step's product apart from the sum, two fp32 accumulators: BLOCK_N halves until
+    both fit a thread's registers, with the pipeline's bytes kept by more stages (docs/design/fp8.md: a 128x256
+    tile spilled and ran 4x slower)."""
     if dtype not in fp8.FP8_DTYPES or device.type != "cuda":
         return cfg
     cfg = {**cfg, "BLOCK_K": FP8_BLOCK_K}
-    if scales is None or scales.promoted:
+    if scales is not None and scales.mode == "block":
         stage_bytes = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * FP8_BLOCK_K
         while cfg["BLOCK_M"] * cfg["BLOCK_N"] > FP8_ACC_PER_THREAD * 32 * cfg["num_warps"] and cfg["BLOCK_N"] > 16:
             cfg["BLOCK_N"] //= 2
@@ -466,7 +466,7 @@ def gemm_candidates(m, n, k, dtype, device, scales=None):
              {**base, "BLOCK_N": 256, "num_stages": 3, "FLATTEN": True},
              {**base, "BLOCK_N": 256, "num_stages": 3, "WARP_SPECIALIZE": True},
              {**base, "BLOCK_N": 128, "num_stages": 4, "num_warps": 8}]
-    if dtype in fp8.FP8_DTYPES:  # FP8: deeper pipelines of 128x128 tiles, and 256x128 (fast accumulation)
+    if dtype in fp8.FP8_DTYPES:  # FP8: 128x128 tiles with deeper pipelines, 256x128 (docs/design/fp8.md)
         cands += [{**base, "BLOCK_N": 128, "num_stages": 5}, {**base, "BLOCK_N": 128, "num_stages": 5, "GROUP_M": 16},
                   {**base, "BLOCK_M": 256, "BLOCK_N": 128, "num_stages": 3}]
     if m <= 512:

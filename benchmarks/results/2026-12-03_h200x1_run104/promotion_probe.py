@@ -8,13 +8,16 @@ CUDA-graph replays (median of 20), against torch._scaled_mm with and without fas
                                                                            CUDA-core adds can overlap the next wgmma)
     python promotion_probe.py OUT_DIR"""
 import json
-import statistics
+import os
 import sys
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-12-03_h200x1_run102"))
+from fp8_probe import device_us  # noqa: E402  (CUDA-graph replays, median of 20)
 
 
 @triton.jit
@@ -46,25 +49,6 @@ def fp8_matmul(a, b, c, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, B
     if MODE == "lagged":
         acc += prev
     c.store([om, on], acc.to(tl.bfloat16))
-
-
-def device_us(fn, iters=20):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1000)
-    return statistics.median(times)
 
 
 def main(out_dir):
