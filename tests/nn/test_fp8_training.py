@@ -27,6 +27,7 @@ from triton_dist.nn.sharding import bucket_rows
 
 from ..conftest import error_names, gpu_only
 from .test_layers import GatedMLP
+from .test_training import square_loss_grads
 
 TOL = 1e-5  # fp32 sums of exact FP8 products (and the fp32 backward) against fp64: 2.5e-7 seen
 MODES = fp8.MODES
@@ -187,10 +188,7 @@ def _rerun_checkpointed_compiled(mode):
     x0 = torch.randn(7, 16)
 
     def grads(fn):
-        layer.zero_grad()
-        x = x0.clone().requires_grad_()
-        (fn(x) ** 2).sum().backward()
-        return [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+        return square_loss_grads(layer, fn, x0)
 
     eager = grads(layer)
     others = (grads(layer), grads(lambda x: checkpoint(layer, x, use_reentrant=False)),

@@ -150,6 +150,14 @@ def test_parallelized_llama_trains_like_the_original(ranks):
         assert worst < 1e-4, worst
 
 
+def square_loss_grads(layer, fn, x0):
+    """The gradients of ``(fn(x0) ** 2).sum()``: the input's, then each of ``layer``'s parameters'."""
+    layer.zero_grad()
+    x = x0.clone().requires_grad_()
+    (fn(x) ** 2).sum().backward()
+    return [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+
+
 def _compiled_and_checkpointed(sp):
     """The MLP layer's gradients (input and weights) eagerly, under torch.compile(fullgraph=True) and under
     activation checkpointing: largest difference of each from the eager ones."""
@@ -163,10 +171,7 @@ def _compiled_and_checkpointed(sp):
     forward = (lambda x: layer(x, total_rows=7)) if sp else layer
 
     def grads(fn):
-        layer.zero_grad()
-        x = x0.clone().requires_grad_()
-        (fn(x) ** 2).sum().backward()
-        return [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+        return square_loss_grads(layer, fn, x0)
 
     eager = grads(forward)
     others = grads(torch.compile(forward, fullgraph=True)), grads(lambda x: checkpoint(forward, x, use_reentrant=False))
