@@ -22,7 +22,6 @@ All timed in turn (``harness.in_turn``), max over ranks. ``--check``: the same c
 each other (runs on CPU ranks too).
 """
 
-import contextlib
 import copy
 
 import torch
@@ -171,32 +170,10 @@ def op_steps(op, m, n, k, dtype, device):
             "torch": Step(theirs, a, {"w": weights["torch"]}, held, lambda out: out_grad)}, "torch"
 
 
-@contextlib.contextmanager
-def recorded_paths():
-    """The path of every ag_gemm / gemm_rs call made inside, in order ("ag_gemm overlap", ...)."""
-    from triton_dist.kernels import allgather_gemm, gemm_reducescatter
-
-    seen, run, configs = [], allgather_gemm._run, gemm_reducescatter._CONFIGS
-
-    def ag_run(a, w, plan, return_gathered):
-        seen.append(f"ag_gemm {plan.path}")
-        return run(a, w, plan, return_gathered)
-
-    def rs_config(key, build):
-        cfg = type(configs).get(configs, key, build)
-        seen.append(f"gemm_rs {cfg['path']}")
-        return cfg
-
-    allgather_gemm._run, configs.get = ag_run, rs_config
-    try:
-        yield seen
-    finally:
-        allgather_gemm._run = run
-        del configs.get
-
-
-def path_of(step, label):
+def paths_of(step, label):
     """What one step of ``step`` ran, forward and backward."""
+    from harness import recorded_paths
+
     if not label.startswith("ours"):
         return "torch"
     with recorded_paths() as fwd:
@@ -267,7 +244,7 @@ def main():
     rows = []
     for case, steps, base in cases(False, torch.bfloat16, td.shmem.device(), only, args.tokens):
         errs = errors(steps, base)  # (the first step of each: the tuner picks every shape's path here)
-        paths = {label: path_of(step, label) for label, step in steps.items()}
+        paths = {label: paths_of(step, label) for label, step in steps.items()}
         timed = {}
         for label, step in steps.items():
             timed[f"{label} fwd+bwd"], timed[f"{label} fwd"] = step.fwd_bwd, step.fwd

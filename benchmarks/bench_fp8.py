@@ -8,7 +8,8 @@
   moe_ep    ep_dispatch(quant="fp8") (the senders quantise) and with pre-quantised x (x FP8 + x_scales) against
             the bf16 dispatch, T = 4096 and 128 tokens per rank, hidden 7168, top-8 of 64 experts; then the bf16
             ep_combine after each; CUDA-graph replays of one call
-Everything of a table is timed in turn (``harness.in_turn``). Shapes (M, N, K) are full sizes as in
+Everything of a table is timed in turn (``harness.in_turn``); "path ours ..." columns: the path each of our calls
+ran (overlap / graph / fallback: ``harness.path_of``). Shapes (M, N, K) are full sizes as in
 bench_ag_gemm / bench_gemm_rs; TFLOP/s per GPU.
 """
 
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as td
-from harness import IN_TURN, in_turn, record
+from harness import IN_TURN, in_turn, path_of, record
 from triton_dist.kernels import ag_gemm, fp8, gemm_rs, scaled_ag_gemm, scaled_gemm_rs
 from triton_dist.kernels.moe_ep import ep_combine, ep_dispatch
 from triton_dist.timing import graph_of
@@ -58,15 +59,15 @@ def _table_row(shape, op, bf16_op, operands, baseline, async_tp, flops):
     ref = calls[label]().clone()
     errs = {"ours row": _rel(calls["ours row"](), ref), "bitwise repeat": torch.equal(calls["ours row"](),
                                                                                       calls["ours row"]())}
-    for label in ("ours block", "ours bf16"):
-        calls[label]()
+    paths = {f"path {label}": path_of(calls[label]) for label in ("ours row", "ours block", "ours bf16")}
     try:
         errs["async-TP row"] = _rel(calls["async-TP row"](), ref)
     except Exception as exc:  # an older torch without the scaled op, or another backend
         calls.pop("async-TP row")
         errs["async-TP row"] = f"n/a: {type(exc).__name__}"
     turn = in_turn(calls)
-    return {**shape, **{f"{lb} us": v for lb, v in turn.items()}, "ours row TFLOP/s": flops / turn["ours row"] / 1e6,
+    return {**shape, **paths, **{f"{lb} us": v for lb, v in turn.items()},
+            "ours row TFLOP/s": flops / turn["ours row"] / 1e6,
             **{f"vs {lb}": turn[lb] / turn["ours row"] for lb in turn if lb != "ours row"},
             **{f"rel err {lb}" if lb != "bitwise repeat" else lb: v for lb, v in errs.items()}}
 

@@ -10,7 +10,8 @@
   ours seq-par      the native sharded shapes: this rank's 4096/W tokens in and out (no all-gather)
   HF                the original module, whole, on every GPU (what the model ran before ``parallelize``)
   HF grouped_mm     (MoE) the same with transformers' ``grouped_mm`` experts implementation, where it has one
-All timed in turn (``harness.in_turn``), max over ranks. ``--check``: the same contenders at tiny fp32 sizes
+"path ours ..." columns: the path of each ag_gemm / gemm_rs call inside (overlap / graph / fallback; "-": none,
+e.g. the MoE layer). All timed in turn (``harness.in_turn``), max over ranks. ``--check``: the same contenders at tiny fp32 sizes
 against each other (runs on CPU ranks too).
 """
 
@@ -87,9 +88,15 @@ def _rel(got, ref):
 def check():
     """Tiny fp32 sizes: every contender's output against the HF module's (within 1e-4). Returns (the labels
     checked, the problems)."""
+    from harness import path_of
+
     checked, problems = [], []
     for kind in ("mlp", "moe"):
-        _, pairs = contenders(kind, TINY[kind], 13, torch.float32, td.shmem.device())
+        calls, pairs = contenders(kind, TINY[kind], 13, torch.float32, td.shmem.device())
+        with torch.no_grad():
+            path = path_of(calls["ours replicated"])
+        if kind == "mlp" and not path.startswith("ag_gemm "):
+            problems.append(f"mlp: the path of ours replicated was not recorded ({path!r})")
         for label, (got, ref) in pairs.items():
             checked.append(f"{kind} {label}")
             if not _rel(got, ref) < 1e-4:
@@ -98,7 +105,7 @@ def check():
 
 
 def main():
-    from harness import IN_TURN, in_turn, record, start
+    from harness import IN_TURN, in_turn, path_of, record, start
 
     args = start(__doc__, check, "layer benchmark", 8 << 30,
                  lambda parser: parser.add_argument("--tokens", type=int, default=4096))
@@ -116,9 +123,11 @@ def main():
         calls, pairs = contenders(kind, FULL[kind], args.tokens, torch.bfloat16, td.shmem.device())
         with torch.no_grad():
             turn = in_turn(calls, args.rounds)
+        with torch.no_grad():
+            paths = {f"path {label}": path_of(call) for label, call in calls.items() if label.startswith("ours")}
         errs = {label: _rel(*pair) for label, pair in pairs.items()}
         wrong = [label for label, err in errs.items() if not err < BF16_TOLERANCE]  # no speed-up of a wrong result
-        rows.append({"layer": kind, **FULL[kind], "tokens": args.tokens,
+        rows.append({"layer": kind, **FULL[kind], "tokens": args.tokens, **paths,
                      **{f"{label} us": t for label, t in turn.items()},
                      **{f"HF / {label}": None if label in wrong else turn["HF"] / turn[label]
                         for label in turn if label.startswith("ours")},

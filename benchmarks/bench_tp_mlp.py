@@ -9,7 +9,8 @@
                  goes
   in turn        the two blocks and the block's three matmuls alone (cuBLAS, no communication: the floor of
                  any overlap) timed in turn, the fair comparison on a power-capped GPU
-Sizes: M tokens (all ranks), hidden, intermediate I; rank r holds x [M/W, hidden], w_gate_up [2I/W, hidden],
+Every row names the path each ag_gemm / gemm_rs call ran ("path ours": overlap / graph / fallback; at W = 1 the
+fallback). Sizes: M tokens (all ranks), hidden, intermediate I; rank r holds x [M/W, hidden], w_gate_up [2I/W, hidden],
 w_down [hidden, I/W] (examples/tp_mlp.py explains the layout). TFLOP/s per GPU = 6*M*hidden*(I/W) / time.
 """
 
@@ -20,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import triton_dist as td
-from harness import IN_TURN, head_to_head, record
+from harness import IN_TURN, head_to_head, path_of, record
 from triton_dist.timing import graph_us_or_nan, time_us
 from triton_dist.kernels import ag_gemm, gemm_rs
 
@@ -74,7 +75,8 @@ def main():
         turn = head_to_head(ours, {"NCCL+torch": nccl_torch},
                             {"ours unfused": ours_unfused, "matmuls alone": lambda: (full @ w_gate_up.T, g @ w_down.T)})
         tflops = lambda t: 6 * m * hidden * il / t / 1e6  # noqa: E731
-        rows.append({"M": m, "hidden": hidden, "intermediate": inter, "ours us": t_ours,
+        rows.append({"M": m, "hidden": hidden, "intermediate": inter, "path ours": path_of(ours),
+                     "path ours unfused": path_of(ours_unfused), "ours us": t_ours,
                      "ours TFLOP/s": tflops(t_ours), "ours graph us": t_graph, "NCCL+torch us": t_ref,
                      "NCCL+torch TFLOP/s": tflops(t_ref), "speedup": t_ref / t_ours,
                      "ag_gemm+gate us": t_ag, "AG+matmul+gate us": t_ag_ref, "gemm_rs us": t_rs,

@@ -5,6 +5,7 @@ same process on the same inputs, one after another or, where the GPU's power-sta
 """
 
 import argparse
+import contextlib
 import cProfile
 import datetime
 import functools
@@ -200,6 +201,38 @@ def clocks_during(fn, iters=40):
     return {"MHz": clocks[len(clocks) // 2] if clocks else float("nan"),
             "W": sum(power) / len(power) if power else float("nan"), "throttle": ",".join(sorted(seen)) or "-",
             "us": start.elapsed_time(end) * 1e3 / iters, "J": millijoules / 1e3 / iters}
+
+
+@contextlib.contextmanager
+def recorded_paths():
+    """The path of every ag_gemm / gemm_rs call made inside, in order ("ag_gemm overlap", "gemm_rs fallback", ...):
+    what a benchmark row says it timed (a fallback row is not ours)."""
+    from triton_dist.kernels import allgather_gemm, gemm_reducescatter
+
+    seen, run, configs = [], allgather_gemm._run, gemm_reducescatter._CONFIGS
+
+    def ag_run(a, w, plan, *rest):
+        seen.append(f"ag_gemm {plan.path}")
+        return run(a, w, plan, *rest)
+
+    def rs_config(key, build):
+        cfg = type(configs).get(configs, key, build)
+        seen.append(f"gemm_rs {cfg['path']}")
+        return cfg
+
+    allgather_gemm._run, configs.get = ag_run, rs_config
+    try:
+        yield seen
+    finally:
+        allgather_gemm._run = run
+        del configs.get
+
+
+def path_of(call):
+    """The paths one ``call()`` ran ("ag_gemm overlap > gemm_rs overlap"; "-": no ag_gemm / gemm_rs call)."""
+    with recorded_paths() as seen:
+        call()
+    return " > ".join(seen) or "-"
 
 
 def record(name, rows, notes=""):
