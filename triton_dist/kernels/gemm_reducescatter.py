@@ -256,8 +256,7 @@ def default_config(m, n, k, dtype, device, world, scales=None):
     cfg.update(path=choose_path(m, world, device.type), partial="out", DEFER_SIGNAL=True, FLATTEN=False,
                WARP_SPECIALIZE=False, remote_tma=False)
     if device.type == "cuda" and rows_max <= 64:  # 128-row tiles would be mostly padding
-        cfg.update(fp8_tiles({**cfg, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4}, dtype, device,
-                             scales))
+        cfg = fp8_tiles({**cfg, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4}, dtype, device, scales)
     return cfg
 
 
