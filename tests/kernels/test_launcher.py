@@ -40,9 +40,9 @@ class _FakeKernel:
     def __init__(self):
         self.compiled, self.plain = _FakeCompiled(), []
 
-        def binder(x, n, BLOCK, FLAG=False, **options):  # what Triton's binder returns: every parameter, in order
-            return {"x": x, "n": n, "BLOCK": BLOCK, "FLAG": FLAG}, [], options
-        self.device_caches = {0: (None, None, None, None, binder)}
+        def binder(x, n, BLOCK, FLAG=False, scale=None, stride=None, **options):  # what Triton's binder returns:
+            return {"x": x, "n": n, "BLOCK": BLOCK, "FLAG": FLAG, "scale": scale, "stride": stride}, [], options
+        self.device_caches = {0: (None, None, None, None, binder), 1: (None, None, None, None, binder)}
 
     def __getitem__(self, grid):
         def launch(*args, **meta):
@@ -51,16 +51,15 @@ class _FakeKernel:
         return launch
 
 
-class _Stream:
-    cuda_stream = 7
-
-
 @pytest.fixture
 def compiling(monkeypatch):
-    """As on a GPU: kernels compiled (not interpreted), device 0, a current stream whose handle is 7."""
+    """As on a GPU: kernels compiled (not interpreted), device 0 (``device[0]``), whose current stream's handle is
+    7 (device 1's: 9)."""
+    device = [0]
     monkeypatch.setattr(hardware, "interpreting", lambda: False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Stream())
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: device[0], raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: {0: 7, 1: 9}[d], raising=False)
+    return device
 
 
 def test_binds_once_then_runs_the_compiled_kernel(compiling):
@@ -71,10 +70,27 @@ def test_binds_once_then_runs_the_compiled_kernel(compiling):
     launch(y, 16)  # the compiled kernel's run: grid, stream, handles, no hooks, every parameter in order
     assert len(kernel.plain) == 1 and kernel.plain[0] == ((4, 1, 1), (x, 16), {"BLOCK": 64, "num_warps": 8})
     (call,) = kernel.compiled.calls
-    assert call[:9] == (4, 1, 1, 7, "fn", "meta", None, None, None) and call[9] is y and call[10:] == (16, 64, False)
+    assert call[:9] == (4, 1, 1, 7, "fn", "meta", None, None, None) and call[9] is y and \
+        call[10:] == (16, 64, False, None, None)
     launch(y[1:], 16)  # misaligned: the plain launch again
     launch(y, 15)  # another value: plain
     assert len(kernel.plain) == 3 and len(kernel.compiled.calls) == 1
+
+
+def test_named_runtime_arguments_take_their_places(compiling):
+    kernel = _FakeKernel()
+    launch = Launcher(kernel, (4,), BLOCK=64, FLAG=True)
+    x, s, s2 = torch.zeros(16), torch.ones(1), torch.full((1,), 2.0)
+    launch(x, 16, scale=s, stride=0)  # plain (the named arguments passed by name), then bound
+    assert kernel.plain[0] == ((4, 1, 1), (x, 16), {"scale": s, "stride": 0, "BLOCK": 64, "FLAG": True})
+    launch(x, 16, scale=s2, stride=0)  # bound: the named arguments at their positions in the signature
+    assert kernel.compiled.calls[-1][9:] == (x, 16, 64, True, s2, 0)
+    launch(x, 16, scale=s2.half(), stride=0)  # another dtype of a named tensor: plain
+    launch(x, 16, scale=s2, stride=1)  # another value: plain
+    launch(x, 16, stride=0, scale=s2)  # the same arguments named in another order: plain (never misplaced)
+    compiling[0] = 1  # another current device: plain (the compiled function is loaded on device 0)
+    launch(x, 16, scale=s2, stride=0)
+    assert len(kernel.plain) == 5 and len(kernel.compiled.calls) == 1
 
 
 def test_launchers_bind_one_launcher_per_grid_and_meta(compiling):
@@ -111,7 +127,7 @@ def _gpu_bound_launch():
     ok = True
     for src, factor in [(x, 2.0), (x.clone(), 2.0), (x[1:], 2.0), (x.clone(), 3.0), (x.clone(), 2.0)]:
         out = torch.full_like(src, float("nan"))
-        launch(src, out, src.numel(), factor)  # bound / fast / misaligned: plain / another factor: plain / fast
+        launch(src, out, src.numel(), factor=factor)  # bound / fast / misaligned: plain / another factor: plain / fast
         ok &= torch.equal(out, src * factor)
     return ok and launch.compiled is not None
 

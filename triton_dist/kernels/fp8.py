@@ -196,13 +196,21 @@ class Scales:
     fast_accum: bool = False
 
     def kernel_args(self, cfg, a=None):
-        """The scale arguments of ``gemm.tile_accumulate``; ``a``: A's scales as rows [rows, S] instead
-        (``rows_of_a``, or gathered ones). fast_accum False: the tensor cores' partial sums are promoted to fp32
-        every K step (``max_num_imprecise_acc``), like cuBLAS without fast accumulation."""
+        """The scale arguments of ``gemm.tile_accumulate``: ``tensor_args`` and ``constexprs``."""
+        return {**self.tensor_args(a), **self.constexprs(cfg)}
+
+    def tensor_args(self, a=None):
+        """The runtime scale arguments of ``gemm.tile_accumulate``; ``a``: A's scales as rows [rows, S] instead
+        (``rows_of_a``, or gathered ones)."""
         tensor = self.mode == "tensor"
         stride_sa = 0 if tensor and a is None else (self.a if a is None else a).stride(0)
         return dict(scale_a=self.a if a is None else a, scale_w=self.w, stride_sa=stride_sa,
-                    stride_sw=0 if tensor else self.w.stride(0), SCALES="blocks" if self.mode == "block" else "rows",
+                    stride_sw=0 if tensor else self.w.stride(0))
+
+    def constexprs(self, cfg):
+        """The scale constexprs of ``gemm.tile_accumulate``. fast_accum False: the tensor cores' partial sums are
+        promoted to fp32 every K step (``max_num_imprecise_acc``), like cuBLAS without fast accumulation."""
+        return dict(SCALES="blocks" if self.mode == "block" else "rows",
                     MAX_IMPRECISE_ACC=None if self.fast_accum else cfg["BLOCK_K"])
 
     def rows_of_a(self, m):

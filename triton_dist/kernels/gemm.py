@@ -319,10 +319,10 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
                 USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"] and use_tma), FLATTEN=cfg["FLATTEN"],
                 WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(a.dtype), SILU_GATE=silu_gate,
                 num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
-    if scales is not None:  # FP8: the scale tensors are runtime arguments after the constexprs
-        gemm_kernel[(programs,)](*args, **meta, **scales.kernel_args(cfg, a=scale_rows))
-    else:  # bound once per grid and constants (``Launcher``): a call costs the driver launch
-        _LAUNCH_GEMM((programs,), *args, **meta)
+    if scales is not None:  # FP8: the scale tensors are runtime arguments after the constexprs, by name
+        meta.update(scales.constexprs(cfg))
+    # bound once per grid and constants (``Launcher``): a call costs the driver launch
+    _LAUNCH_GEMM((programs,), *args, named=None if scales is None else scales.tensor_args(scale_rows), **meta)
     return c3
 
 

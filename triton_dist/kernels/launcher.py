@@ -33,38 +33,50 @@ def _key(args):
 
 
 class Launcher:
-    """``kernel[grid](*args, **meta)``, bound once: ``Launcher(kernel, grid, **meta)(*args)``. ``args``: the
-    kernel's leading positional (runtime) arguments; ``meta``: the constexprs and launch options, fixed."""
+    """``kernel[grid](*args, **named, **meta)``, bound once: ``Launcher(kernel, grid, **meta)(*args, **named)``.
+    ``args``: the kernel's leading positional (runtime) arguments; ``named``: runtime arguments by name (e.g.
+    those after the constexprs, always the same names); ``meta``: the constexprs and launch options, fixed."""
 
     def __init__(self, kernel, grid, **meta):
         self.kernel, self.grid, self.meta = kernel, tuple(grid) + (1,) * (3 - len(grid)), meta
         self.compiled = None  # the compiled kernel of the bound call
         self.bound = None  # its arguments in signature order, as Triton bound them
+        self.named_at = ()  # the positions of the named runtime arguments in ``bound``
         self.key = None
+        self.device = None  # the CUDA device it was compiled for (the compiled function is loaded there)
 
-    def __call__(self, *args):
+    def __call__(self, *args, **named):
         compiled = self.compiled
-        if compiled is not None and _key(args) == self.key and _no_hooks():
-            bound = self.bound
-            bound[:len(args)] = args
-            compiled.run(self.grid[0], self.grid[1], self.grid[2], torch.cuda.current_stream().cuda_stream,
-                         compiled.function, compiled.packed_metadata, None, None, None, *bound)
-            return
-        compiled = self.kernel[self.grid](*args, **self.meta)
+        if compiled is not None and _no_hooks():
+            values = args + tuple(named.values())
+            device = torch._C._cuda_getDevice()
+            if device == self.device and _key(values) == self.key and tuple(named) == self.names:
+                bound = self.bound
+                bound[:len(args)] = args
+                for at, value in zip(self.named_at, named.values()):
+                    bound[at] = value
+                compiled.run(self.grid[0], self.grid[1], self.grid[2], torch._C._cuda_getCurrentRawStream(device),
+                             compiled.function, compiled.packed_metadata, None, None, None, *bound)
+                return
+        compiled = self.kernel[self.grid](*args, **named, **self.meta)
         if self.compiled is None and not hardware.interpreting():
-            self._bind(compiled, args)
+            self._bind(compiled, args, named)
 
-    def _bind(self, compiled, args):
+    def _bind(self, compiled, args, named):
         """Keep ``compiled`` and Triton's own binding of this call's arguments (if this Triton exposes them)."""
         try:
-            device = torch.cuda.current_device()
+            device = torch._C._cuda_getDevice()
             binder = self.kernel.device_caches[device][4]
-            bound_args = binder(*args, **self.meta)[0]
+            bound_args = binder(*args, **named, **self.meta)[0]
+            names = list(bound_args)
+            named_at = tuple(names.index(n) for n in named)
             bound = list(bound_args.values())
             compiled.function  # loaded (the plain launch did that)
+            torch._C._cuda_getCurrentRawStream(device)
         except Exception:  # internals of another shape: stay on the plain path
             return
-        self.compiled, self.bound, self.key = compiled, bound, _key(args)
+        self.compiled, self.bound, self.key = compiled, bound, _key(args + tuple(named.values()))
+        self.names, self.named_at, self.device = tuple(named), named_at, device
 
 
 class Launchers:
@@ -74,9 +86,10 @@ class Launchers:
     def __init__(self, kernel, op):
         self.kernel, self._bound = kernel, Plans(op)
 
-    def __call__(self, grid, *args, **meta):
+    def __call__(self, grid, *args, named=None, **meta):
+        """``named``: runtime arguments by name (a dict), passed on to the Launcher."""
         key = (tuple(grid),) + tuple(meta.items())
-        self._bound.get(key, lambda: Launcher(self.kernel, grid, **meta))(*args)
+        self._bound.get(key, lambda: Launcher(self.kernel, grid, **meta))(*args, **(named or {}))
 
 
 def _no_hooks():
