@@ -49,7 +49,7 @@ def fp8_matmul(a, b, c, scale_a, scale_b, M, N, K, BLOCK_M: tl.constexpr, BLOCK_
         elif MODE == "split_fast":
             left = tl.dot(x, b.load([on, k]).T, left)
             right = tl.dot(x, b.load([on + HALF, k]).T, right)
-        elif MODE == "split_mia":
+        elif MODE == "split_mia" or MODE == "split_mia_join":
             left = tl.dot(x, b.load([on, k]).T, left, max_num_imprecise_acc=BLOCK_K)
             right = tl.dot(x, b.load([on + HALF, k]).T, right, max_num_imprecise_acc=BLOCK_K)
         elif MODE == "split_add":
@@ -75,13 +75,18 @@ def fp8_matmul(a, b, c, scale_a, scale_b, M, N, K, BLOCK_M: tl.constexpr, BLOCK_
             right += tl.dot(x, b.load([on + HALF, k]).T) * (s_a * s_right)
     if MODE == "fast" or MODE == "mia" or MODE == "block128":
         c.store([om, on], acc.to(tl.bfloat16))
+    elif MODE == "split_mia_join":  # the halves joined into one [128, 256] tile, stored as halves again
+        acc = tl.reshape(tl.permute(tl.join(left, right), (0, 2, 1)), (BLOCK_M, BLOCK_N))
+        left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+        c.store([om, on], left.to(tl.bfloat16))
+        c.store([om, on + HALF], right.to(tl.bfloat16))
     else:
         c.store([om, on], left.to(tl.bfloat16))
         c.store([om, on + HALF], right.to(tl.bfloat16))
 
 
-SPLIT = ("split_fast", "split_mia", "split_add", "split_block", "split_rescale", "split_serial")
-VARIANTS = [("fast", 256, 3), ("mia", 256, 3), ("split_fast", 256, 3), ("split_mia", 256, 3), ("split_mia", 256, 4),
+SPLIT = ("split_fast", "split_mia", "split_mia_join", "split_add", "split_block", "split_rescale", "split_serial")
+VARIANTS = [("fast", 256, 3), ("mia", 256, 3), ("split_fast", 256, 3), ("split_mia", 256, 3), ("split_mia", 256, 4), ("split_mia_join", 256, 3),
             ("split_add", 256, 3), ("split_add", 256, 4), ("split_block", 256, 3), ("split_rescale", 256, 3), ("split_rescale", 256, 4), ("split_serial", 256, 3),
             ("block128", 128, 4), ("block128", 128, 5)]
 
