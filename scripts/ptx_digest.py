@@ -127,6 +127,8 @@ FP8_AG_SIG = dict(AG_SIG, a_local="tensordesc<fp8e4nv[128,128]>", a_full="tensor
 FP8_RS_SIG = dict(RS_SIG, a="tensordesc<fp8e4nv[128,128]>", w="tensordesc<fp8e4nv[256,128]>", **FP8_SCALES)
 # the FP8 default of block scales (``gemm.fp8_tiles``): 128x128 tiles (two accumulators in registers)
 FP8_N128 = dict(b="tensordesc<fp8e4nv[128,128]>", c="tensordesc<bf16[1,128,128]>")
+# promoted per-tensor / rowwise 128x256 tiles: B's descriptor of 128 rows, two 128-wide accumulators (SPLIT_N)
+FP8_SPLIT = "tensordesc<fp8e4nv[128,128]>"
 FP8_DISPATCH_SIG = dict(DISPATCH_SIG, recv_x="*fp8e4nv", x_scales="*fp32", recv_scales="*fp32", FP8="constexpr")
 
 # (variant id, kernel module, kernel name, signature, constexprs, aligned args, launch options)
@@ -220,20 +222,20 @@ KERNELS = [
      ("expert_out", "y", "partials", "H"), {"num_warps": 16}),
     ("ep/combine-T128", K + "moe_ep", "ep_combine_kernel", COMBINE_SIG, COMBINE_T128,
      ("expert_out", "y", "partials", "H"), {"num_warps": 8}),
-    ("gemm/fp8-rows-128x256", K + "gemm", "gemm_kernel", FP8_GEMM_SIG, dict(GEMM_BIG, **FP8_ROWS), ("K", "N"),
-     {"num_warps": 8, "num_stages": 3}),
+    ("gemm/fp8-rows-128x256", K + "gemm", "gemm_kernel", dict(FP8_GEMM_SIG, b=FP8_SPLIT), dict(GEMM_BIG, **FP8_ROWS),
+     ("K", "N"), {"num_warps": 8, "num_stages": 3}),
     ("gemm/fp8-rows-fast-accum", K + "gemm", "gemm_kernel", FP8_GEMM_SIG,
      dict(GEMM_BIG, **{**FP8_ROWS, "MAX_IMPRECISE_ACC": None}), ("K", "N"), {"num_warps": 8, "num_stages": 3}),
     ("gemm/fp8-blocks-128x128", K + "gemm", "gemm_kernel", dict(FP8_GEMM_SIG, **FP8_N128),
      dict(GEMM_BIG, **FP8_BLOCKS, BLOCK_N=128), ("K", "N"), {"num_warps": 8, "num_stages": 4}),
     ("gemm/fp8-blocks-masked", K + "gemm", "gemm_kernel", dict(FP8_GEMM_SIG, a="*fp8e4nv", b="*fp8e4nv", c="*bf16"),
      dict(GEMM_BIG, **FP8_BLOCKS, BLOCK_N=128, USE_TMA=False), (), {"num_warps": 8, "num_stages": 4}),
-    ("ag_gemm/phased-fp8-rows", K + "allgather_gemm", "ag_gemm_kernel", FP8_AG_SIG, dict(AG_DEFAULT, **FP8_ROWS),
-     ("K", "N"), {"num_warps": 8, "num_stages": 3}),
+    ("ag_gemm/phased-fp8-rows", K + "allgather_gemm", "ag_gemm_kernel", dict(FP8_AG_SIG, b=FP8_SPLIT),
+     dict(AG_DEFAULT, **FP8_ROWS), ("K", "N"), {"num_warps": 8, "num_stages": 3}),
     ("ag_gemm/phased-fp8-blocks", K + "allgather_gemm", "ag_gemm_kernel", dict(FP8_AG_SIG, **FP8_N128),
      dict(AG_DEFAULT, **FP8_BLOCKS, BLOCK_N=128), ("K", "N"), {"num_warps": 8, "num_stages": 4}),
-    ("gemm_rs/fp8-rows", K + "gemm_reducescatter", "gemm_rs_kernel", FP8_RS_SIG, dict(RS_DEFAULT, **FP8_ROWS),
-     ("recv", "N", "K", "stride_am", "stride_wn"), {"num_warps": 8, "num_stages": 3}),
+    ("gemm_rs/fp8-rows", K + "gemm_reducescatter", "gemm_rs_kernel", dict(FP8_RS_SIG, w=FP8_SPLIT),
+     dict(RS_DEFAULT, **FP8_ROWS), ("recv", "N", "K", "stride_am", "stride_wn"), {"num_warps": 8, "num_stages": 3}),
     ("gemm_rs/fp8-blocks", K + "gemm_reducescatter", "gemm_rs_kernel",
      dict(FP8_RS_SIG, w="tensordesc<fp8e4nv[128,128]>", out="tensordesc<bf16[1,128,128]>"),
      dict(RS_DEFAULT, **FP8_BLOCKS, BLOCK_N=128), ("recv", "N", "K", "stride_am", "stride_wn"),

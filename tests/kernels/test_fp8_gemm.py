@@ -43,6 +43,19 @@ def test_scaled_gemm_matches_fp64_reference(mode, m, n, k, out_dtype, use_tma):
 
 
 @cpu_only
+@pytest.mark.parametrize("mode", ["tensor", "row", "block"])
+def test_split_columns_scale_each_half(mode):
+    """SPLIT_N (two accumulators of half the tile's columns): each half scaled by its own columns' scales (block
+    scales: per K step, the halves of a 256-wide tile in different 128-row blocks of W), ragged N."""
+    m, n, k = 20, 300, 256
+    gen = torch.Generator().manual_seed(7)
+    a, sa, w, sw, da, dw = operands(m, n, k, mode, gen)
+    out = scaled_gemm(a, w, sa, sw, out_dtype=torch.float32,
+                      config={**CPU, "use_tma": True, "SPLIT_N": True, "BLOCK_N": 256})
+    assert rel_err(out, da @ dw.T) < 1e-5
+
+
+@cpu_only
 def test_scaled_gemm_e5m2_fast_accum_and_defaults():
     gen = torch.Generator().manual_seed(1)
     a, sa, w, sw, da, dw = operands(20, 24, 48, "row", gen, dtype=torch.float8_e5m2)
@@ -183,7 +196,8 @@ def test_scaled_gemm_gpu(ranks, mode, m, n, k):
 
 def _gpu_errors_of_every_candidate(m, n, k, mode):
     """(config, error) of every candidate off by 1e-2 or more."""
-    cands = gemm_candidates(m, n, k, torch.float8_e4m3fn, torch.device("cuda"), types.SimpleNamespace(mode=mode))
+    cands = gemm_candidates(m, n, k, torch.float8_e4m3fn, torch.device("cuda"),
+                            types.SimpleNamespace(mode=mode, fast_accum=False))
     errs = [(cfg, _gpu_errors(m, n, k, mode, cfg)) for cfg in cands]
     return [(cfg, err) for cfg, err in errs if not err < 1e-2]
 
@@ -194,21 +208,24 @@ def test_scaled_gemm_gpu_every_candidate(ranks, mode):
     assert ranks.on_one_gpu(_gpu_errors_of_every_candidate, 1000, 1536, 1032, mode) == []
 
 
-@pytest.mark.parametrize("mode", ["tensor", "row", "block"])
-def test_fp8_block_tiles_keep_both_accumulators_in_registers(mode):
+@pytest.mark.parametrize("mode,fast_accum", [("tensor", False), ("row", False), ("row", True), ("block", False)])
+def test_fp8_block_tiles_keep_both_accumulators_in_registers(mode, fast_accum):
     """Block scales keep each K step's product apart from the sum (two fp32 accumulators): every candidate of gemm
     and ag_gemm keeps both in a thread's registers (128x256 on 8 warps spilled on sm_90 and ran 4x slower); the
-    other modes keep the 128x256 tiles."""
+    other modes keep the 128x256 tiles, promoted ones as two 128-wide accumulators (SPLIT_N: a K step's partial
+    sum is half a tile)."""
     from triton_dist.kernels import allgather_gemm as agm
     from triton_dist.kernels.gemm import FP8_ACC_PER_THREAD
 
     cuda, e4m3 = torch.device("cuda"), torch.float8_e4m3fn
-    scales = types.SimpleNamespace(mode=mode)
+    scales = types.SimpleNamespace(mode=mode, fast_accum=fast_accum)
     cands = gemm_candidates(4096, 4096, 4096, e4m3, cuda, scales)
     cands += agm.candidate_configs(2048, 4096, 4096, e4m3, cuda, 2, scales=scales)
     assert cands and all(c["BLOCK_K"] == 128 for c in cands)
     largest = max(c["BLOCK_M"] * c["BLOCK_N"] / (32 * c["num_warps"]) for c in cands)
     assert largest == (FP8_ACC_PER_THREAD if mode == "block" else 2 * FP8_ACC_PER_THREAD)
+    promoted = mode != "block" and not fast_accum
+    assert all(c["SPLIT_N"] == (promoted and c["BLOCK_N"] >= 256 and not c.get("silu_gate")) for c in cands)
 
 
 # ----------------------------------------------------------------------------------------------- sm_90
@@ -224,10 +241,13 @@ FP8_GEMM_BIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, USE_TMA=Tr
                     FLATTEN=False, WARP_SPECIALIZE=False, DOT_PRECISION="tf32", SILU_GATE=False)
 
 
-@pytest.mark.parametrize("scales,imprecise,use_tma", [("rows", 128, True), ("rows", None, True),
-                                                      ("blocks", None, True), ("blocks", None, False)])
-def test_scaled_gemm_compiles_for_sm90_with_fp8_wgmma(scales, imprecise, use_tma):
+@pytest.mark.parametrize("scales,imprecise,use_tma,split", [
+    ("rows", 128, True, True), ("rows", 128, True, False), ("rows", None, True, False), ("blocks", None, True, False),
+    ("blocks", None, False, False)])
+def test_scaled_gemm_compiles_for_sm90_with_fp8_wgmma(scales, imprecise, use_tma, split):
     sig = FP8_GEMM_SIGNATURE if use_tma else dict(FP8_GEMM_SIGNATURE, a="*fp8e4nv", b="*fp8e4nv", c="*bf16")
+    if split:  # SPLIT_N: B's descriptor of half the tile's columns
+        sig = dict(sig, b="tensordesc<fp8e4nv[128,128]>")
     res = compile_sm90("triton_dist.kernels.gemm", "gemm_kernel", sig,
                        dict(FP8_GEMM_BIG, USE_TMA=use_tma, BLOCK_N=256 if use_tma else 128, SCALES=scales,
                             MAX_IMPRECISE_ACC=imprecise), aligned=("K", "N"))

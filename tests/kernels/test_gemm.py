@@ -47,6 +47,24 @@ def test_wide_masked_tiles_store_both_halves():
 
 
 @cpu_only
+@pytest.mark.parametrize("silu_gate", [False, True])
+def test_split_columns_match_whole_tiles(silu_gate):
+    """SPLIT_N (the tile's columns as two accumulators, each half its own dot and B descriptor): right at ragged
+    N, where a tile's right half or all of it lies past N, with and without the SiLU gate (four accumulators)."""
+    m, n, k = 37, 48, 40
+    a = torch.randn(m, k, dtype=torch.float32)
+    w = torch.randn(2 * n if silu_gate else n, k, dtype=torch.float32)
+    cfg = gemm_config(m, n, k, torch.float32, torch.device("cpu"), BLOCK_N=32, SPLIT_N=True, use_tma=True,
+                      num_programs=2)
+    out = torch.full((1, m, n), float("nan"))
+    launch_gemm(a, w, out, cfg, silu_gate=silu_gate)
+    ref = a.double() @ w.double().T
+    if silu_gate:
+        ref = torch.nn.functional.silu(ref[:, :n]) * ref[:, n:]
+    assert ((out[0].double() - ref).abs().max() / ref.abs().max()) < 1e-5
+
+
+@cpu_only
 def test_segments_are_clipped_and_visited_in_any_order():
     """C[s] = A[s] @ B.T with ragged segments (seg_rows not a multiple of BLOCK_M), started from segment 2 and
     walked backwards: every row is written exactly once with the right values."""

@@ -397,8 +397,9 @@ def default_config(m_shard, n, k, dtype, device, world, silu_gate=False, scales=
 
 def _with_silu_gate(cfg):
     """A configuration of the plain GEMM over gate and up rows, as the fused SiLU-gate kernel: a tile accumulates
-    a gate and an up product of half the width, so it holds as many accumulators as the plain tile."""
-    return {**cfg, "silu_gate": True, "BLOCK_N": max(16, cfg["BLOCK_N"] // 2)}
+    a gate and an up product of half the width, so it holds as many accumulators as the plain tile (whole ones:
+    no ``SPLIT_N``)."""
+    return {**cfg, "silu_gate": True, "BLOCK_N": max(16, cfg["BLOCK_N"] // 2), "SPLIT_N": False}
 
 
 def candidate_configs(m_shard, n, k, dtype, device, world, silu_gate=False, scales=None):

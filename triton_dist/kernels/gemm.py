@@ -120,14 +120,36 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
     rows = a_row + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
     if USE_TMA:
+        # B's descriptor holds BLOCK_N rows, or half of them (SPLIT_N, ``b_block``): then the tile's columns are two
+        # accumulators, one dot each per K step, so that a promoted FP8 step's partial sum is half a tile
+        COLS: tl.constexpr = b.block_shape[0]
+        acc_l = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)
+        acc_r = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)  # the right half (split columns only)
+        up_l = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)
+        up_r = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)
+        cols_l = off_n + tl.arange(0, COLS)
         for ki in range(k_tiles):
             a_tile = a.load([a_row, ki * BLOCK_K])
-            s_gate, s_up = _block_scales(scale_a, scale_w, rows, cols, ki * BLOCK_K // 128, a_rows, N, stride_sa,
+            s_gate, s_up = _block_scales(scale_a, scale_w, rows, cols_l, ki * BLOCK_K // 128, a_rows, N, stride_sa,
                                          stride_sw, SCALES, SILU_GATE)
-            acc = _mma(acc, a_tile, b.load([off_n, ki * BLOCK_K]), s_gate, DOT_PRECISION, SCALES, MAX_IMPRECISE_ACC)
+            acc_l = _mma(acc_l, a_tile, b.load([off_n, ki * BLOCK_K]), s_gate, DOT_PRECISION, SCALES,
+                         MAX_IMPRECISE_ACC)
+            if COLS < BLOCK_N:
+                s_gate_r, s_up_r = _block_scales(scale_a, scale_w, rows, cols_l + COLS, ki * BLOCK_K // 128, a_rows,
+                                                 N, stride_sa, stride_sw, SCALES, SILU_GATE)
+                acc_r = _mma(acc_r, a_tile, b.load([off_n + COLS, ki * BLOCK_K]), s_gate_r, DOT_PRECISION, SCALES,
+                             MAX_IMPRECISE_ACC)
             if SILU_GATE:  # gate rows past N (a ragged last tile) read up rows: their columns are never stored
-                up = _mma(up, a_tile, b.load([N + off_n, ki * BLOCK_K]), s_up, DOT_PRECISION, SCALES,
-                          MAX_IMPRECISE_ACC)
+                up_l = _mma(up_l, a_tile, b.load([N + off_n, ki * BLOCK_K]), s_up, DOT_PRECISION, SCALES,
+                            MAX_IMPRECISE_ACC)
+                if COLS < BLOCK_N:
+                    up_r = _mma(up_r, a_tile, b.load([N + off_n + COLS, ki * BLOCK_K]), s_up_r, DOT_PRECISION,
+                                SCALES, MAX_IMPRECISE_ACC)
+        if COLS < BLOCK_N:
+            acc = _join_columns(acc_l, acc_r, BLOCK_M, BLOCK_N)
+            up = _join_columns(up_l, up_r, BLOCK_M, BLOCK_N)
+        else:
+            acc, up = acc_l, up_l
     else:
         ks = tl.arange(0, BLOCK_K)
         a_ptrs = a + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
@@ -187,6 +209,12 @@ def _column_halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _join_columns(left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Two [BLOCK_M, BLOCK_N // 2] halves -> [BLOCK_M, BLOCK_N], left beside right (``_column_halves`` undone)."""
+    return tl.reshape(tl.permute(tl.join(left, right), (0, 2, 1)), (BLOCK_M, BLOCK_N))
+
+
+@triton.jit
 def _store_masked(c, acc, seg, off_m, off_n, seg_rows, N, stride_cs, stride_cm, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr):
     """``tile_store``'s masked store of ``acc`` [BLOCK_M, BLOCK_N]."""
@@ -237,10 +265,13 @@ def fp8_tiles(cfg, dtype, device, scales=None):
     the same bytes per pipeline stage as bf16's 64; unchanged otherwise. Block scales (``scales``, the call's
     ``fp8.Scales``) keep each K step's product apart from the sum, two fp32 accumulators: BLOCK_N halves until
     both fit a thread's registers, with the pipeline's bytes kept by more stages (docs/design/fp8.md: a 128x256
-    tile spilled and ran 4x slower)."""
+    tile spilled and ran 4x slower). Promoted per-tensor / rowwise scales at BLOCK_N >= 256: ``SPLIT_N``, the
+    tile's columns as two accumulators (``tile_accumulate``), so that a K step's partial sum is half a tile."""
     if dtype not in fp8.FP8_DTYPES or device.type != "cuda":
         return cfg
     cfg = {**cfg, "BLOCK_K": FP8_BLOCK_K}
+    cfg["SPLIT_N"] = (scales is not None and scales.mode != "block" and not scales.fast_accum
+                      and cfg["BLOCK_N"] >= 256)
     if scales is not None and scales.mode == "block":
         stage_bytes = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * FP8_BLOCK_K
         while cfg["BLOCK_M"] * cfg["BLOCK_N"] > FP8_ACC_PER_THREAD * 32 * cfg["num_warps"] and cfg["BLOCK_N"] > 16:
@@ -253,7 +284,8 @@ def fp8_tiles(cfg, dtype, device, scales=None):
 def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
     """A good fixed configuration for ``[m, k] @ [n, k].T`` (the autotuner refines it on GPU).
 
-    Keys: BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, use_tma
+    Keys: BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, SPLIT_N (the
+    tile's columns as two accumulators, TMA only: ``tile_accumulate``), use_tma
     (None: whenever the operands allow), num_programs (None: one per SM). FP8 operands (``scales``: their
     ``fp8.Scales``): ``fp8_tiles``."""
     if device.type != "cuda":  # interpreter: small tiles keep it quick
@@ -264,7 +296,8 @@ def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
         cfg = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_stages=3, num_warps=8)
     if dtype == torch.float32 and device.type == "cuda":
         cfg.update(BLOCK_N=min(cfg["BLOCK_N"], 128), BLOCK_K=32)
-    cfg.update(EPILOGUE_SUBTILE=False, FLATTEN=False, WARP_SPECIALIZE=False, use_tma=None, num_programs=None)
+    cfg.update(EPILOGUE_SUBTILE=False, FLATTEN=False, WARP_SPECIALIZE=False, SPLIT_N=False, use_tma=None,
+               num_programs=None)
     cfg = fp8_tiles(cfg, dtype, device, scales)
     cfg.update(overrides)
     return cfg
@@ -293,8 +326,14 @@ def describe_operands(a, b, c3, cfg):
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     c_block = [1, bm, bn // 2 if cfg.get("EPILOGUE_SUBTILE") else bn]
     return (TensorDescriptor(a, list(a.shape), list(a.stride()), [bm, bk]),
-            TensorDescriptor(b, list(b.shape), list(b.stride()), [bn, bk]),
+            TensorDescriptor(b, list(b.shape), list(b.stride()), b_block(cfg)),
             TensorDescriptor(c3, list(c3.shape), list(c3.stride()), c_block), True)
+
+
+def b_block(cfg):
+    """The block of B's tensor descriptor: [BLOCK_N, BLOCK_K], or [BLOCK_N // 2, BLOCK_K] where ``SPLIT_N`` (the
+    tile's columns as two accumulators: ``tile_accumulate``)."""
+    return [cfg["BLOCK_N"] // 2 if cfg.get("SPLIT_N") else cfg["BLOCK_N"], cfg["BLOCK_K"]]
 
 
 def dot_precision(dtype):

@@ -34,8 +34,8 @@ import triton.language as tl
 from .. import autotune, hardware, shmem
 from .. import language as dl
 from . import fp8, library
-from .gemm import (TensorDescriptor, check_launchable, default_num_programs, dot_precision, fp8_tiles, gemm_config,
-                   matmul_torch, output_like, skinny_configs, tile_accumulate, tile_coords, tile_store,
+from .gemm import (TensorDescriptor, b_block, check_launchable, default_num_programs, dot_precision, fp8_tiles,
+                   gemm_config, matmul_torch, output_like, skinny_configs, tile_accumulate, tile_coords, tile_store,
                    tma_compatible)
 from .replay import GraphCache
 
@@ -182,7 +182,7 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
     recv_peer = ws.recv
     if use_tma:
         a_arg = TensorDescriptor(a, list(a.shape), list(a.stride()), [bm, bk])
-        w_arg = TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, bk])
+        w_arg = TensorDescriptor(w, list(w.shape), list(w.stride()), b_block(cfg))
         c_block = [1, bm, bn // 2 if subtile else bn]
         out_arg = TensorDescriptor(out3, list(out3.shape), list(out3.stride()), c_block)
         if remote_tma:
