@@ -225,7 +225,10 @@ def test_fp8_block_tiles_keep_both_accumulators_in_registers(mode, fast_accum):
     largest = max(c["BLOCK_M"] * c["BLOCK_N"] / (32 * c["num_warps"]) for c in cands)
     assert largest == (FP8_ACC_PER_THREAD if mode == "block" else 2 * FP8_ACC_PER_THREAD)
     promoted = mode != "block" and not fast_accum
-    assert all(c["SPLIT_N"] == (promoted and c["BLOCK_N"] >= 256 and not c.get("silu_gate")) for c in cands)
+    split = [c for c in cands if c["SPLIT_N"]]
+    assert all(promoted and c["BLOCK_N"] >= 256 for c in split) and (len(split) > 0) == promoted
+    whole = gemm_candidates(4096, 4096, 4096, e4m3, cuda, scales)  # each split candidate also as one accumulator
+    assert all({**c, "SPLIT_N": False} in whole for c in whole if c["SPLIT_N"])
 
 
 # ----------------------------------------------------------------------------------------------- sm_90

@@ -510,7 +510,9 @@ def gemm_candidates(m, n, k, dtype, device, scales=None):
                   {**base, "BLOCK_M": 256, "BLOCK_N": 128, "num_stages": 3}]
     if m <= 512:
         cands += [{**base, **c} for c in skinny_configs(dtype)]
-    return autotune.dedupe([fp8_tiles(c, dtype, device, scales) for c in cands])
+    cands = [fp8_tiles(c, dtype, device, scales) for c in cands]
+    # split columns as one accumulator too: the split tile was slower at N 28672 (docs/design/fp8.md)
+    return autotune.dedupe(cands + [{**c, "SPLIT_N": False} for c in cands if c.get("SPLIT_N")])
 
 
 def _tuned_gemm_config(m, n, k, dtype, device, scales=None, out_dtype=None):
