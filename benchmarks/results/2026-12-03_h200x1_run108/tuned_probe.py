@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-from triton_dist.kernels import fp8, gemm as gemm_module
-from triton_dist.kernels.gemm import scaled_gemm
+from triton_dist.kernels import fp8
+from triton_dist.kernels.gemm import _CONFIGS, scaled_gemm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-12-03_h200x1_run102"))
 from fp8_probe import device_us  # noqa: E402
@@ -26,7 +26,7 @@ def main(out_dir):
         ours = lambda: scaled_gemm(a, w, sa, sw, scaling="row")  # noqa: E731
         exact = ref().float()
         err = ((ours().float() - exact).abs().max() / exact.abs().max()).item()  # tunes once
-        chosen = [v for key, v in gemm_module._CONFIGS._plans.items() if key[:3] == (m, n, k)]
+        chosen = [v for key, v in _CONFIGS._plans.items() if key[:3] == (m, n, k)]
         cublas_us, ours_us = device_us(ref), device_us(ours)
         cfg = chosen[-1] if chosen else {}
         tile = f"{cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')} s{cfg.get('num_stages')} split={cfg.get('SPLIT_N')} " \
