@@ -43,16 +43,34 @@ def test_scaled_gemm_matches_fp64_reference(mode, m, n, k, out_dtype, use_tma):
 
 
 @cpu_only
-@pytest.mark.parametrize("mode", ["tensor", "row", "block"])
-def test_split_columns_scale_each_half(mode):
+@pytest.mark.parametrize("mode,split", [("tensor", True), ("row", True), ("block", True), ("block", False)])
+def test_split_columns_scale_each_half(mode, split):
     """SPLIT_N (two accumulators of half the tile's columns): each half scaled by its own columns' scales (block
-    scales: per K step, the halves of a 256-wide tile in different 128-row blocks of W), ragged N."""
+    scales: per K step, the halves of a 256-wide tile in different 128-row blocks of W; the second tile's right
+    half wholly past N), ragged N. Unsplit, a 256-wide tile takes a block scale per column."""
     m, n, k = 20, 300, 256
     gen = torch.Generator().manual_seed(7)
     a, sa, w, sw, da, dw = operands(m, n, k, mode, gen)
     out = scaled_gemm(a, w, sa, sw, out_dtype=torch.float32,
-                      config={**CPU, "use_tma": True, "SPLIT_N": True, "BLOCK_N": 256})
+                      config={**CPU, "use_tma": True, "SPLIT_N": split, "BLOCK_N": 256})
     assert rel_err(out, da @ dw.T) < 1e-5
+
+
+@cpu_only
+@pytest.mark.parametrize("block_n,split", [(16, False), (256, True)])
+def test_block_scales_of_the_silu_gate_halves(block_n, split):
+    """The core's SiLU gate on block-scaled operands, N not a multiple of 128: gate tiles take one W block's scale
+    (a tile of <= 128 columns lies in one block), up tiles (rows N..2N of W) straddle blocks and take a scale per
+    column; whole and split tiles."""
+    from triton_dist.kernels.gemm import gemm_config, launch_gemm
+
+    m, n, k = 20, 152, 256  # (N of 16-byte rows: TMA)
+    a, sa, w, sw, da, dw = operands(m, n, k, "block", torch.Generator().manual_seed(11), w_rows=2 * n)
+    cfg = gemm_config(m, n, k, a.dtype, a.device, BLOCK_N=block_n, SPLIT_N=split, use_tma=True, num_programs=3)
+    out = torch.full((1, m, n), float("nan"))
+    launch_gemm(a, w, out, cfg, silu_gate=True, scales=fp8.Scales("block", sa, sw, False))
+    h = da @ dw.T
+    assert rel_err(out[0], torch.nn.functional.silu(h[:, :n]) * h[:, n:]) < 1e-5
 
 
 @cpu_only

@@ -69,13 +69,20 @@ def _scale_rows(scale, rows, stride, mask):
 
 
 @triton.jit
-def _block_scales(scale_a, scale_w, rows, cols, kb, a_rows, N, stride_sa, stride_sw, SCALES: tl.constexpr,
-                  SILU_GATE: tl.constexpr):
-    """SCALES "blocks": the [BLOCK_M, BLOCK_N] scales of K block ``kb`` for the gate (and up) columns: A's 1x128
-    group scales of ``rows`` times B's 128x128 block scales of ``cols``. Otherwise nothing to scale (1, 1)."""
+def _block_scales(scale_a, scale_w, rows, col0, kb, a_rows, N, stride_sa, stride_sw, WIDTH: tl.constexpr,
+                  SCALES: tl.constexpr, SILU_GATE: tl.constexpr):
+    """SCALES "blocks": the scales of K block ``kb`` for the gate (and up) columns ``col0 .. col0 + WIDTH``: A's
+    1x128 group scales of ``rows`` times B's 128x128 block scales. A tile of WIDTH <= 128 columns starting at a
+    multiple of WIDTH lies in one block of B: its gate scale is A's column times one scalar ([BLOCK_M, 1]), where a
+    [BLOCK_M, WIDTH] scale tile would take a thread as many registers as an accumulator. Up columns (SILU_GATE)
+    start at N + col0 and may straddle two blocks: a scale per column. Otherwise nothing to scale (1, 1)."""
     if SCALES == "blocks":
         s_a = _scale_rows(scale_a + kb, rows, stride_sa, rows < a_rows)[:, None]
-        s_gate = s_a * _scale_rows(scale_w + kb, cols // 128, stride_sw, cols < N)[None, :]
+        cols = col0 + tl.arange(0, WIDTH)
+        if WIDTH <= 128:  # (a tile's right half may start past N: masked)
+            s_gate = s_a * tl.load(scale_w + kb + (col0 // 128).to(tl.int64) * stride_sw, mask=col0 < N, other=0.0)
+        else:
+            s_gate = s_a * _scale_rows(scale_w + kb, cols // 128, stride_sw, cols < N)[None, :]
         s_up = s_gate
         if SILU_GATE:
             s_up = s_a * _scale_rows(scale_w + kb, (N + cols) // 128, stride_sw, cols < N)[None, :]
@@ -101,7 +108,8 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
                     scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = None,
                     MAX_IMPRECISE_ACC: tl.constexpr = None):
     """fp32 ``A[a_row : a_row + BLOCK_M, :] @ B[off_n : off_n + BLOCK_N, :].T`` (rows past ``a_rows`` and
-    columns past ``N`` / ``K`` count as zeros). ``a``/``b``: tensor descriptors (USE_TMA) or pointers.
+    columns past ``N`` / ``K`` count as zeros; ``off_n`` a multiple of BLOCK_N). ``a``/``b``: tensor descriptors
+    (USE_TMA) or pointers.
 
     SILU_GATE: B is [2N, K], a gate half over an up half (rows [0, N) and [N, 2N)); the tile is
     ``silu(A @ B_gate.T) * (A @ B_up.T)`` for output columns off_n.., both products accumulated in the same K
@@ -127,16 +135,15 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
         acc_r = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)  # the right half (split columns only)
         up_l = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)
         up_r = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)
-        cols_l = off_n + tl.arange(0, COLS)
         for ki in range(k_tiles):
             a_tile = a.load([a_row, ki * BLOCK_K])
-            s_gate, s_up = _block_scales(scale_a, scale_w, rows, cols_l, ki * BLOCK_K // 128, a_rows, N, stride_sa,
-                                         stride_sw, SCALES, SILU_GATE)
+            s_gate, s_up = _block_scales(scale_a, scale_w, rows, off_n, ki * BLOCK_K // 128, a_rows, N, stride_sa,
+                                         stride_sw, COLS, SCALES, SILU_GATE)
             acc_l = _mma(acc_l, a_tile, b.load([off_n, ki * BLOCK_K]), s_gate, DOT_PRECISION, SCALES,
                          MAX_IMPRECISE_ACC)
             if COLS < BLOCK_N:
-                s_gate_r, s_up_r = _block_scales(scale_a, scale_w, rows, cols_l + COLS, ki * BLOCK_K // 128, a_rows,
-                                                 N, stride_sa, stride_sw, SCALES, SILU_GATE)
+                s_gate_r, s_up_r = _block_scales(scale_a, scale_w, rows, off_n + COLS, ki * BLOCK_K // 128, a_rows,
+                                                 N, stride_sa, stride_sw, COLS, SCALES, SILU_GATE)
                 acc_r = _mma(acc_r, a_tile, b.load([off_n + COLS, ki * BLOCK_K]), s_gate_r, DOT_PRECISION, SCALES,
                              MAX_IMPRECISE_ACC)
             if SILU_GATE:  # gate rows past N (a ragged last tile) read up rows: their columns are never stored
@@ -159,8 +166,8 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
             k_left = K - ki * BLOCK_K
             b_mask = (cols[:, None] < N) & (ks[None, :] < k_left)
             a_tile = tl.load(a_ptrs, mask=(rows[:, None] < a_rows) & (ks[None, :] < k_left), other=0.0)
-            s_gate, s_up = _block_scales(scale_a, scale_w, rows, cols, ki * BLOCK_K // 128, a_rows, N, stride_sa,
-                                         stride_sw, SCALES, SILU_GATE)
+            s_gate, s_up = _block_scales(scale_a, scale_w, rows, off_n, ki * BLOCK_K // 128, a_rows, N, stride_sa,
+                                         stride_sw, BLOCK_N, SCALES, SILU_GATE)
             acc = _mma(acc, a_tile, tl.load(b_ptrs, mask=b_mask, other=0.0), s_gate, DOT_PRECISION, SCALES,
                        MAX_IMPRECISE_ACC)
             if SILU_GATE:
