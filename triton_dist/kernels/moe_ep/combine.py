@@ -193,26 +193,37 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
         need = int(ws.expert_offsets[ws.local])
         if expert_out.shape[0] < need:
             raise ValueError(f"expert_out has {expert_out.shape[0]} rows, the dispatch filled {need}")
-    T, H = handle.num_tokens, ws.hidden
+    return combine_records(expert_out, ws, handle.token_pos, ws.recv_slots, ws.recv_w, ws.recv_span,
+                           handle.num_chunks, out, config, timeline, handle.call)
+
+
+def combine_records(expert_out, ws, token_pos, slots, slot_weights, span, num_chunks, out=None, config=None,
+                    timeline=None, call=None):
+    """The combine launch on a dispatch's records given as tensors (what ``ep_combine`` takes from the workspace;
+    the differentiable ops carry copies, ``training.py``): ``token_pos`` [T, W], ``slots`` / ``slot_weights``
+    [W, max_tokens, K] (this rank's row and weight of every slot of each rank's tokens), ``span`` [W, MAX_CHUNKS,
+    2] and the dispatch's ``num_chunks``. The kernels read the records on this rank only; the workspace ``ws``
+    gives the partials and flags."""
+    T, H = token_pos.shape[0], ws.hidden
     y = out if out is not None else torch.empty((T, H), dtype=ws.dtype, device=expert_out.device)
     if tuple(y.shape) != (T, H) or y.dtype != ws.dtype or not y.is_contiguous():
         raise ValueError(f"out must be a contiguous {ws.dtype} tensor [{T}, {H}]")
-    shmem.op_team("ep_combine", ws.team.group, lambda: dict(H=tuple(expert_out.shape[1:]), call=handle.call,
+    shmem.op_team("ep_combine", ws.team.group, lambda: dict(H=tuple(expert_out.shape[1:]), call=call,
                                                             config=config))  # (rows: this rank's own)
     cfg = combine_config(ws.max_tokens, H, expert_out.device.type, config)
     bh = min(triton.next_power_of_2(int(cfg.block_h)), triton.next_power_of_2(H))
-    bt = triton.next_power_of_2(max(1, min(int(cfg.block_tokens), triton.cdiv(ws.max_tokens, handle.num_chunks))))
+    bt = triton.next_power_of_2(max(1, min(int(cfg.block_tokens), triton.cdiv(ws.max_tokens, num_chunks))))
     expert_out = expert_out.contiguous()
     if expert_out.shape[0] == 0:
         expert_out = torch.zeros((1, H), dtype=ws.dtype, device=expert_out.device)
     y_arg = y if T else torch.empty((1, H), dtype=ws.dtype, device=expert_out.device)
-    tp = handle.token_pos if T else ws.token_pos
+    tp = token_pos if T else ws.token_pos
     shmem.raise_pending_errors()
     n_prog, n_push = int(cfg.num_programs), int(cfg.push_programs)
     check_timeline(timeline, expert_out.device, n_prog)
     _LAUNCH_COMBINE(
-        (n_prog,), expert_out, y_arg, T, H, ws.max_tokens, handle.num_chunks, cfg.h_parts,
-        *tail(cfg, handle.num_chunks), n_push, ws.recv_slots, ws.recv_w, ws.recv_span, tp, ws.partials, ws.combined,
+        (n_prog,), expert_out, y_arg, T, H, ws.max_tokens, num_chunks, cfg.h_parts,
+        *tail(cfg, num_chunks), n_push, slots, slot_weights, span, tp, ws.partials, ws.combined,
         ws.combine_claims, ws.combine_state, ws.team.ctx, ws.combine_state if timeline is None else timeline,
         K=ws.topk, BT=bt, BH=bh, K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
         SENDERS_HELP=senders_help(n_prog, expert_out), TIMELINE=timeline is not None,

@@ -6,42 +6,112 @@
     combine's backward    the output's gradient g dispatched like x (the same routing, so the same rows):
                               grad expert_out[row] = w[row] * g[t(row)]
                               grad w[row] = <g[t(row)], expert_out[row]>          (on the expert's rank)
-    dispatch's backward   grad x[t] = sum_j grad rows[row of (t, j)]: a combine with unit weights
+    dispatch's backward   grad x[t] = sum_j grad rows[row of (t, j)]: a combine on the forward's records with unit
+                          weights
                           grad topk_weights[t, j] = grad w[row of (t, j)]: the rows' scalars sent back to their
                           tokens' ranks (one all-to-all of [W, max_tokens, K] scalars)
 
-Combine's backward dispatches g with unit weights, so the handle it leaves is the one dispatch's backward combines
-with (another dispatch of the same shapes in between, or no combine at all: it dispatches zeros to get one). The
-forward keeps copies of the rows, their weights, the routing and the records (later dispatches of the same
-shapes reuse the workspace). Rows outside every expert group (padding) carry no gradient. Sums run in the
-kernels' fixed orders: bitwise reproducible. Eager and activation checkpointing; under torch.compile they run
-eagerly between the compiled graphs (the handle is host state; fullgraph=True cannot take them); the FP8 dispatch
-has no backward.
+The differentiable path runs through two torch ops with their backward registered on them
+(``torch.library.register_autograd``), so it works eagerly, under ``torch.compile(fullgraph=True)`` and with
+activation checkpointing:
+
+    torch.ops.triton_dist.ep_dispatch_train(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name)
+        -> (rows, expert_ids, weights, expert_counts, expert_offsets, token_pos, slots, span)
+    torch.ops.triton_dist.ep_combine_train(expert_out, weights, topk_idx, token_pos, slots, span, num_experts,
+        max_tokens, align, group_name) -> y
+
+Unlike the zero-copy ``ep_dispatch`` op, whose outputs are views of the workspace that the next dispatch of the
+same shapes (the backward's own, another layer's) overwrites, the training dispatch returns new tensors, the
+dispatch's records among them: ``token_pos`` [T, W], ``slots`` [W, max_tokens, K] (this rank's row of every slot of
+each rank's tokens) and ``span`` [W, MAX_CHUNKS, 2]. The combine reads those records (not the workspace's), and
+applies the rows' ``weights`` it is given, so each op is a function of its inputs: nothing of the handle is host
+state, and the backward needs no later dispatch's buffers. Rows outside every expert group (padding) carry no
+gradient. Sums run in the kernels' fixed orders: bitwise reproducible, eager or compiled.
+
+The Python API (``ep_dispatch`` / ``ep_combine``) takes this path when an input requires grad or under
+torch.compile: ``recv.handle`` is then an ``EpRouting`` (the records and the routing as tensors). ``config=``,
+``timeline=``, ``out=``, ``exact=True`` and the FP8 dispatch are for calls without grad (ValueError otherwise).
 """
 
 import functools
+from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 
+from ... import hardware, shmem
 from .. import library
 from . import combine as _combine
 from . import dispatch as _dispatch
-from .buffers import EpDispatchResult
+from .buffers import EpDispatchResult, max_recv_rows
+from .config import dispatch_config
+from .protocol import MAX_CHUNKS
 
 
-def _unit_handle(handle):
-    """A handle of this routing whose records carry unit weights, current in the workspace."""
-    ws, unit = handle.workspace, getattr(handle, "unit", None)
-    if unit is not None and unit.call == ws.calls:
-        return unit
-    t = handle.topk_idx
-    r = _dispatch.ep_dispatch(torch.zeros((t.shape[0], ws.hidden), dtype=ws.dtype, device=t.device), t,
-                              torch.ones(t.shape, dtype=torch.float32, device=t.device), **handle.dispatch_args)
-    return r.handle
+class EpRouting(NamedTuple):
+    """The handle of a differentiable dispatch: what combine and both backwards need, as tensors and ints."""
+
+    topk_idx: torch.Tensor     # [T, K] the routing (combine's backward dispatches the gradient by it)
+    token_pos: torch.Tensor    # [T, W] int32 position of token t in rank d's receive list (-1: not sent)
+    slots: torch.Tensor        # [W, max_tokens, K] int32 this rank's row of each slot of every rank's tokens
+    span: torch.Tensor         # [W, MAX_CHUNKS, 2] int32 each rank's positions per token chunk
+    weights: torch.Tensor      # [rows] float32 the rows' weights, differentiable (what combine applies)
+    num_experts: int
+    max_tokens: int
+    align: int
+    group_name: Optional[str]
 
 
-def _scalars_home(row_values, slots, token_pos, group):
+# ----------------------------------------------------------------------------------------------------- torch ops
+def _num_chunks(max_tokens, hidden, device):
+    """The token chunks of the ops' dispatch (its default configuration): combine walks the same ones."""
+    return int(dispatch_config(max_tokens, hidden, device.type).num_chunks)
+
+
+def _dispatch_train_op(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name=None):
+    r = _dispatch.ep_dispatch(x, topk_idx, topk_weights, num_experts=num_experts, max_tokens=max_tokens, align=align,
+                              group=shmem.group_named(group_name))
+    ws = r.handle.workspace
+    # copies: the backward and later layers dispatch into the same workspace
+    return (r.x.clone(), r.expert_ids.clone(), r.weights.clone(), r.expert_counts.clone(), r.expert_offsets.clone(),
+            r.handle.token_pos.clone(), ws.recv_slots.clone(), ws.recv_span.clone())
+
+
+def _dispatch_train_fake(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name=None):
+    world = shmem.world_size(shmem.group_named(group_name))
+    rows = max_recv_rows(world, num_experts, topk_idx.shape[1], max_tokens, align)
+    local = num_experts // world
+    i32 = dict(dtype=torch.int32, device=x.device)
+    return (x.new_empty((rows, x.shape[1])), torch.empty((rows,), **i32),
+            torch.empty((rows,), dtype=torch.float32, device=x.device), torch.empty((local,), **i32),
+            torch.empty((local + 1,), **i32), torch.empty((x.shape[0], world), **i32),
+            torch.empty((world, max_tokens, topk_idx.shape[1]), **i32), torch.empty((world, MAX_CHUNKS, 2), **i32))
+
+
+def _combine_train_op(expert_out, weights, topk_idx, token_pos, slots, span, num_experts, max_tokens, align,
+                      group_name=None):
+    group = shmem.group_named(group_name)
+    key = (num_experts, topk_idx.shape[1], max_tokens, expert_out.shape[1], expert_out.dtype, align)
+    ws = shmem.workspaces.peek("moe_ep", key, group)
+    if ws is None:
+        raise ValueError(f"ep_combine_train: no ep_dispatch of these shapes (E, K, max_tokens, H, dtype, align) = "
+                         f"{key} ran on this group")
+    if expert_out.dim() != 2 or weights.dim() != 1 or expert_out.shape[0] > weights.shape[0]:
+        raise ValueError(f"ep_combine_train: expected expert_out [rows, H] and weights [>= rows], got "
+                         f"{list(expert_out.shape)}, {list(weights.shape)}")
+    # each slot's weight from its row's (records past what a rank sent are stale memory, never read: clamped)
+    ok = (slots >= 0) & (slots < weights.shape[0])
+    slot_weights = torch.where(ok, weights.float()[torch.where(ok, slots, 0).long()], 0.0)
+    return _combine.combine_records(expert_out, ws, token_pos, slots, slot_weights, span,
+                                    _num_chunks(max_tokens, expert_out.shape[1], expert_out.device))
+
+
+def _combine_train_fake(expert_out, weights, topk_idx, token_pos, slots, span, num_experts, max_tokens, align,
+                        group_name=None):
+    return expert_out.new_empty((token_pos.shape[0], expert_out.shape[1]))
+
+
+def _scalars_home(row_values, slots, token_pos, group_name=None):
     """[T, K]: the value of the row of every (token, slot) of this rank's tokens, from ``row_values`` [rows] of
     every rank (``slots`` [W, max_tokens, K]: this rank's rows of each rank's received tokens, -1: none)."""
     # (records past what a rank sent are stale memory: clamped here, and never picked at home, where only the
@@ -50,7 +120,7 @@ def _scalars_home(row_values, slots, token_pos, group):
     mine = torch.where(ok, row_values[torch.where(ok, slots, 0).long()], 0.0)  # [W (their rank), max_tokens, K]
     theirs = torch.empty_like(mine)  # [W (the expert's rank), max_tokens, K]
     if mine.shape[0] > 1:
-        dist.all_to_all_single(theirs, mine.contiguous(), group=group)
+        dist.all_to_all_single(theirs, mine.contiguous(), group=shmem.group_named(group_name))
     else:
         theirs.copy_(mine)
     at = token_pos.long()  # [T, W]: my token t's position in rank d's list
@@ -58,94 +128,109 @@ def _scalars_home(row_values, slots, token_pos, group):
     return torch.where((at >= 0)[:, :, None], picked, 0.0).sum(dim=1)
 
 
-class _Dispatch(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, topk_idx, topk_weights, args, holder):
-        recv = _dispatch.ep_dispatch(x, topk_idx, topk_weights, **args)
-        ws, handle = recv.handle.workspace, recv.handle
-        holder["handle"] = handle
-        handle.topk_idx, handle.dispatch_args = topk_idx.clone(), args
-        ctx.handle, ctx.group = handle, ws.team.group
-        ctx.slots, ctx.token_pos = ws.recv_slots.clone(), handle.token_pos.clone()
-        ctx.valid = recv.expert_ids >= 0
-        ctx.x_dtype, ctx.w_dtype = x.dtype, topk_weights.dtype
-        ids, counts, offsets = recv.expert_ids.clone(), recv.expert_counts.clone(), recv.expert_offsets.clone()
-        ctx.mark_non_differentiable(ids, counts, offsets)
-        return recv.x.clone(), recv.weights.clone(), ids, counts, offsets
-
-    @staticmethod
-    def backward(ctx, grad_rows, grad_weights, *_):
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0] and grad_rows is not None:
-            rows = torch.where(ctx.valid[:, None], grad_rows, 0).to(ctx.x_dtype).contiguous()
-            grad_x = _combine.ep_combine(rows, _unit_handle(ctx.handle))
-        if ctx.needs_input_grad[2] and grad_weights is not None:
-            grad_w = _scalars_home(torch.where(ctx.valid, grad_weights.float(), 0.0), ctx.slots, ctx.token_pos,
-                                   ctx.group).to(ctx.w_dtype)
-        return grad_x, None, grad_w, None, None
+def _scalars_home_fake(row_values, slots, token_pos, group_name=None):
+    return row_values.new_empty((token_pos.shape[0], slots.shape[2]))
 
 
-class _Combine(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, expert_out, weights, handle, args):
-        ctx.handle = handle
-        ctx.save_for_backward(expert_out, weights)
-        return _combine.ep_combine(expert_out, handle, **args)
-
-    @staticmethod
-    def backward(ctx, grad):
-        expert_out, weights = ctx.saved_tensors
-        handle = ctx.handle
-        t = handle.topk_idx
-        unit = _dispatch.ep_dispatch(grad.contiguous(), t, torch.ones(t.shape, dtype=torch.float32, device=t.device),
-                                     **handle.dispatch_args)
-        handle.unit = unit.handle  # what the dispatch's backward combines with
-        valid = (unit.expert_ids >= 0)[:, None]
-        g_rows = unit.x[:expert_out.shape[0]]
-        grad_out = torch.where(valid[:expert_out.shape[0]], g_rows.float() * weights[:expert_out.shape[0], None], 0)
-        grad_w = None
-        if ctx.needs_input_grad[1]:
-            dots = (g_rows.float() * expert_out.float()).sum(dim=1)
-            grad_w = torch.zeros_like(weights)
-            grad_w[:expert_out.shape[0]] = torch.where(valid[:expert_out.shape[0], 0], dots, 0.0)
-        return grad_out.to(expert_out.dtype), grad_w, None, None
+library.define("ep_dispatch_train(Tensor x, Tensor topk_idx, Tensor topk_weights, int num_experts, int max_tokens, "
+               "int align, str? group_name=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+               _dispatch_train_op, _dispatch_train_fake)
+library.define("ep_combine_train(Tensor expert_out, Tensor weights, Tensor topk_idx, Tensor token_pos, Tensor slots, "
+               "Tensor span, int num_experts, int max_tokens, int align, str? group_name=None) -> Tensor",
+               _combine_train_op, _combine_train_fake)
+library.define("ep_scalars_home(Tensor row_values, Tensor slots, Tensor token_pos, str? group_name=None) -> Tensor",
+               _scalars_home, _scalars_home_fake)
+# collectives: every rank must call them in the same order, shapes aside (a rank without tokens computes empty
+# results that a compiler would otherwise drop, or reorder the independent ones of the backward around)
+for _name in ("ep_dispatch_train", "ep_combine_train", "ep_scalars_home"):
+    torch.library._register_effectful_op(f"triton_dist::{_name}", torch._library.effects.EffectType.ORDERED)
 
 
+# ----------------------------------------------------------------------------------------------------- backward
+def _dispatch_setup(ctx, inputs, output):
+    x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name = inputs
+    _, expert_ids, _, _, _, token_pos, slots, span = output
+    ctx.routing = (num_experts, max_tokens, align, group_name)
+    ctx.x_dtype, ctx.w_dtype = x.dtype, topk_weights.dtype
+    ctx.set_materialize_grads(False)  # an unused output: None, not zeros to send back
+    ctx.save_for_backward(topk_idx, expert_ids, token_pos, slots, span)
+
+
+def _dispatch_backward(ctx, grad_rows, _ids, grad_weights, *_):
+    topk_idx, expert_ids, token_pos, slots, span = ctx.saved_tensors
+    valid = expert_ids >= 0
+    grad_x = grad_w = None
+    if ctx.needs_input_grad[0] and grad_rows is not None:  # a combine with unit weights
+        rows = torch.where(valid[:, None], grad_rows, 0).to(ctx.x_dtype).contiguous()
+        grad_x = torch.ops.triton_dist.ep_combine_train(rows, valid.float(), topk_idx, token_pos, slots, span,
+                                                        *ctx.routing)
+    if ctx.needs_input_grad[2] and grad_weights is not None:
+        grad_w = torch.ops.triton_dist.ep_scalars_home(torch.where(valid, grad_weights.float(), 0.0), slots,
+                                                       token_pos, ctx.routing[3]).to(ctx.w_dtype)
+    return grad_x, None, grad_w, None, None, None, None
+
+
+def _combine_setup(ctx, inputs, output):
+    expert_out, weights, topk_idx = inputs[:3]
+    ctx.routing = inputs[6:]
+    ctx.save_for_backward(expert_out, weights, topk_idx)
+
+
+def _combine_backward(ctx, grad):
+    expert_out, weights, topk_idx = ctx.saved_tensors
+    unit = torch.ones(topk_idx.shape, dtype=torch.float32, device=topk_idx.device)
+    g_rows, expert_ids = torch.ops.triton_dist.ep_dispatch_train(grad.contiguous(), topk_idx, unit, *ctx.routing)[:2]
+    n = expert_out.shape[0]  # (expert_out may stop at the rows in use; weights cover every row)
+    valid = (expert_ids >= 0)[:n]
+    g_rows = g_rows[:n].float()
+    grad_out = grad_w = None
+    if ctx.needs_input_grad[0]:
+        grad_out = torch.where(valid[:, None], g_rows * weights[:n, None], 0.0).to(expert_out.dtype)
+    if ctx.needs_input_grad[1]:
+        dots = torch.where(valid, (g_rows * expert_out.float()).sum(dim=1), 0.0)
+        grad_w = torch.nn.functional.pad(dots, (0, weights.shape[0] - n)).to(weights.dtype)
+    return grad_out, grad_w, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("triton_dist::ep_dispatch_train", _dispatch_backward, setup_context=_dispatch_setup)
+torch.library.register_autograd("triton_dist::ep_combine_train", _combine_backward, setup_context=_combine_setup)
+
+
+# ----------------------------------------------------------------------------------------------------- Python API
 @functools.wraps(_dispatch.ep_dispatch)
 def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, exact=False, check_ids=None,
                 config=None, timeline=None, group=None, quant=None, x_scales=None):
     kwargs = dict(num_experts=num_experts, max_tokens=max_tokens, align=align, exact=exact, check_ids=check_ids,
                   config=config, timeline=timeline, group=group, quant=quant, x_scales=x_scales)
-    if not (isinstance(x, torch.Tensor) and isinstance(topk_weights, torch.Tensor)
-            and library.needs_grad(x, topk_weights)):
+    tensors = isinstance(x, torch.Tensor) and isinstance(topk_weights, torch.Tensor)
+    grad = tensors and library.needs_grad(x, topk_weights)
+    plain = quant is None and x_scales is None and not exact and config is None and timeline is None
+    if not (grad or (tensors and plain and hardware.compiling())):
         return _dispatch.ep_dispatch(x, topk_idx, topk_weights, **kwargs)
-    if quant is not None or x_scales is not None or exact:
-        raise ValueError("ep_dispatch: the FP8 dispatch and exact=True have no backward (call it under "
-                         "torch.no_grad(), or without them)")
-    return _dispatch_with_grad(x, topk_idx, topk_weights,
-                               {k: v for k, v in kwargs.items() if k not in ("quant", "x_scales", "exact")})
-
-
-@torch.compiler.disable  # (host state: under torch.compile the differentiable MoE ops run eagerly, a graph break)
-def _dispatch_with_grad(x, topk_idx, topk_weights, args):
-    holder = {}
-    rows, weights, ids, counts, offsets = _Dispatch.apply(x, topk_idx, topk_weights, args, holder)
-    handle = holder["handle"]
-    handle.weights = weights  # the differentiable weights ep_combine applies (their values: the handle's records)
-    return EpDispatchResult(rows, ids, weights, counts, offsets, handle)
+    if not plain:
+        raise ValueError("ep_dispatch: the FP8 dispatch, exact=True, config= and timeline= are for calls without "
+                         "grad (call it under torch.no_grad(), or without them)")
+    if not isinstance(topk_idx, torch.Tensor):
+        raise TypeError(f"topk_idx must be a torch.Tensor, got {type(topk_idx).__name__}")
+    name = shmem.group_name(group)
+    rows, ids, weights, counts, offsets, token_pos, slots, span = torch.ops.triton_dist.ep_dispatch_train(
+        x, topk_idx, topk_weights, num_experts, max_tokens, align, name)
+    routing = EpRouting(topk_idx, token_pos, slots, span, weights, num_experts, max_tokens, align, name)
+    return EpDispatchResult(rows, ids, weights, counts, offsets, routing)
 
 
 @functools.wraps(_combine.ep_combine)
 def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
-    weights = getattr(handle, "weights", None)
-    if not (isinstance(expert_out, torch.Tensor) and (library.needs_grad(expert_out) or
-                                                      (weights is not None and library.needs_grad(weights)))):
-        return _combine.ep_combine(expert_out, handle, out=out, config=config, timeline=timeline)
-    if out is not None:
-        raise ValueError("ep_combine: out= is for calls without grad (under torch.no_grad())")
-    return _combine_with_grad(expert_out, weights, handle, dict(config=config, timeline=timeline))
-
-
-@torch.compiler.disable
-def _combine_with_grad(expert_out, weights, handle, args):
-    return _Combine.apply(expert_out, weights, handle, args)
+    if isinstance(handle, EpRouting):
+        if out is not None or config is not None or timeline is not None:
+            raise ValueError("ep_combine: out=, config= and timeline= are for calls without grad (a dispatch under "
+                             "torch.no_grad())")
+        if not isinstance(expert_out, torch.Tensor):
+            raise TypeError(f"expert_out must be a torch.Tensor, got {type(expert_out).__name__}")
+        return torch.ops.triton_dist.ep_combine_train(expert_out, handle.weights, handle.topk_idx, handle.token_pos,
+                                                      handle.slots, handle.span, handle.num_experts,
+                                                      handle.max_tokens, handle.align, handle.group_name)
+    if isinstance(expert_out, torch.Tensor) and library.needs_grad(expert_out):
+        raise ValueError("ep_combine: expert_out requires grad but its dispatch ran without (the backward needs the "
+                         "routing): call ep_dispatch with grad enabled and x or topk_weights requiring grad")
+    return _combine.ep_combine(expert_out, handle, out=out, config=config, timeline=timeline)
