@@ -119,6 +119,28 @@ def test_gemm_fp8_keywords_reject_bad_input():
 
 
 @cpu_only
+@pytest.mark.parametrize("scaling", ["row", "block", "tensor", "group"])
+def test_quantize_fp8_every_scaling_matches_torch(scaling):
+    """``quantize_fp8``'s kernels in every scaling against torch's ``quantize``: scales bitwise, values within one
+    FP8 step; ragged shapes (a short last 128-block both ways), a zero row and a zero block (scale 1, q 0), fp16 /
+    fp32 input, an empty tensor."""
+    gen = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.float16):
+        x = torch.randn(130, 300, generator=gen) * torch.rand(130, 1, generator=gen) * 100
+        x[7] = 0
+        x[:128, 128:256] = 0 if scaling == "block" else x[:128, 128:256]
+        x = x.to(dtype)
+        q, s = fp8.quantize_fp8(x, scaling)
+        ref_q, ref_s = fp8.quantize(x.float(), scaling)
+        assert s.shape == ref_s.shape and torch.equal(s, ref_s), scaling
+        assert q.dtype == torch.float8_e4m3fn and fp8_steps(q, ref_q) <= 1 and not q[7].float().any()
+    q, s = fp8.quantize_fp8(torch.zeros(0, 300), scaling)
+    assert q.shape == (0, 300) and s.shape == {"group": (0, 3), "row": (0, 1), "block": (0, 3), "tensor": (1,)}[scaling]
+    with pytest.raises(ValueError, match="scaling"):
+        fp8.quantize_fp8(x, "column")
+
+
+@cpu_only
 def test_quantize_fp8_within_one_step_of_torch():
     """The senders' quantisation (a Triton kernel) against torch, per token per 1x128 group: scales equal, values
     within one FP8 step (x / scale in fp32 vs fp64 may tie differently); zeros stay zeros; e4m3 rounding itself

@@ -22,8 +22,8 @@ amax(|x|) / 448 (the largest e4m3 value) and q = x / scale rounded to the neares
 of zeros gets scale 1.
 
 FP8 training (the ops' ``quantize=`` mode, the ``nn`` layers' ``fp8=``): ag_gemm and gemm_rs take bf16 / fp16 /
-fp32 operands and quantise them in the call (``quantize_operands``: dynamic scales of this rank's operands, torch
-ops on the device), run the FP8 op, and differentiate straight-through: their backward is the high-precision one
+fp32 operands and quantise them in the call (``quantize_operands``: dynamic scales of this rank's operands, by
+``quantize_fp8``'s kernels on the device), run the FP8 op, and differentiate straight-through: their backward is the high-precision one
 (``kernels/autograd.py``) on the unquantised operands.
 """
 
@@ -88,6 +88,73 @@ def quantize_fp8_kernel(x, q, scales, T, H, BT: tl.constexpr, BH: tl.constexpr):
     tl.store(scales + t.to(tl.int64)[:, None] * groups + g[None, :], st, mask=(t < T)[:, None] & (g < groups)[None, :])
 
 
+@triton.jit
+def _scale_of(amax):
+    """The quantisation scale of a group whose largest magnitude is ``amax``: amax / 448, or 1 for zeros."""
+    return tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
+
+
+@triton.jit
+def _quantized(x, scale):
+    """fp32 ``x`` / ``scale`` as float8e4nv (clamped to +-448, rounded to the nearest e4m3 value)."""
+    return to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -448.0, 448.0))
+
+
+@triton.jit
+def quantize_blocks_kernel(x, q, scales, T, H, BLOCK: tl.constexpr):
+    """Program (i, j): block [i * BLOCK, +BLOCK) x [j * BLOCK, +BLOCK) of x [T, H] -> q, scales[i, j] (W's "block"
+    scales: one per 128x128 block)."""
+    t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = (t < T)[:, None] & (h < H)[None, :]
+    offs = t.to(tl.int64)[:, None] * H + h[None, :]
+    tile = tl.load(x + offs, mask=m, other=0.0).to(tl.float32)
+    scale = _scale_of(tl.max(tl.max(tl.abs(tile), axis=1), axis=0))
+    tl.store(q + offs, _quantized(tile, scale), mask=m)
+    tl.store(scales + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), scale)
+
+
+@triton.jit
+def quantize_rows_kernel(x, q, scales, T, H, BT: tl.constexpr, BH: tl.constexpr):
+    """Program i: rows [i * BT, +BT) of x [T, H] -> q, scales [T, 1] ("row"): each row's amax in a first sweep
+    over H, the quantisation in a second (the rows read twice, the second time mostly from L2)."""
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    rows = t.to(tl.int64)[:, None] * H
+    amax = tl.zeros((BT,), dtype=tl.float32)
+    for h0 in range(0, H, BH):
+        h = h0 + tl.arange(0, BH)
+        m = (t < T)[:, None] & (h < H)[None, :]
+        amax = tl.maximum(amax, tl.max(tl.abs(tl.load(x + rows + h[None, :], mask=m, other=0.0).to(tl.float32)),
+                                       axis=1))
+    scale = _scale_of(amax)
+    for h0 in range(0, H, BH):
+        h = h0 + tl.arange(0, BH)
+        m = (t < T)[:, None] & (h < H)[None, :]
+        tile = tl.load(x + rows + h[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(q + rows + h[None, :], _quantized(tile, scale[:, None]), mask=m)
+    tl.store(scales + t, scale, mask=t < T)
+
+
+@triton.jit
+def amax_kernel(x, amax, numel, BLOCK: tl.constexpr):
+    """``amax[0]`` = max(amax[0], |x| over this program's BLOCK values) (amax starts at 0: magnitudes compare as
+    their bits, so an integer atomic max is exact and order-free)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    part = tl.max(tl.abs(tl.load(x + offs, mask=offs < numel, other=0.0).to(tl.float32)), axis=0)
+    tl.atomic_max(amax, part.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def quantize_tensor_kernel(x, q, amax, scale, numel, BLOCK: tl.constexpr):
+    """x -> q by the scale of ``amax[0]`` (``amax_kernel``'s bits) ("tensor"); program 0 writes the scale."""
+    s = _scale_of(tl.load(amax).to(tl.float32, bitcast=True))
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(q + offs, _quantized(tl.load(x + offs, mask=offs < numel, other=0.0).to(tl.float32), s),
+             mask=offs < numel)
+    if tl.program_id(0) == 0:
+        tl.store(scale, s)
+
+
 # ----------------------------------------------------------------------------------------------- host side
 def is_fp8(t):
     return getattr(t, "dtype", None) in FP8_DTYPES
@@ -98,26 +165,46 @@ def groups(k):
     return triton.cdiv(k, GROUP)
 
 
-def quantize_fp8(x):
-    """``x`` [T, H] (bf16/fp16/fp32, contiguous) -> (q [T, H] float8_e4m3fn, scales [T, ceil(H/128)] fp32): per
-    token, per 1x128 group, by the rule above. A Triton kernel (the one dispatch's senders run, as a function);
-    under the interpreter on CPU."""
+def quantize_fp8(x, scaling="group"):
+    """``x`` [T, H] (bf16/fp16/fp32) -> (q [T, H] float8_e4m3fn, scale) by the rule above, ``scaling`` as in
+    ``quantize``: "group" (per 1x128 group: [T, ceil(H/128)]; the kernel dispatch's senders run), "row" ([T, 1]),
+    "block" (per 128x128 block: [ceil(T/128), ceil(H/128)]) or "tensor" ([1]). Triton kernels, one sweep over x
+    ("row": two over each row; "tensor": an amax sweep first); under the interpreter on CPU (CPU tensors without
+    it: ``quantize``)."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in OUT_DTYPES:
         raise TypeError("x must be a 2-D bfloat16 / float16 / float32 tensor")
+    if scaling not in ("group", "row", "block", "tensor"):
+        raise ValueError(f"scaling must be group, row, block or tensor, got {scaling!r}")
     check_device(x)
+    if not x.is_cuda and not hardware.interpreting():
+        return quantize(x, scaling)
     x = x.contiguous()
     t, h = x.shape
     q = torch.empty((t, h), dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty((t, groups(h)), dtype=torch.float32, device=x.device)
-    if t and h:
+    shape = {"group": (t, groups(h)), "row": (t, 1), "block": (triton.cdiv(t, GROUP), groups(h)), "tensor": (1,)}
+    scales = torch.empty(shape[scaling], dtype=torch.float32, device=x.device)
+    if not (t and h):
+        return q, scales.fill_(1.0)
+    if scaling == "group":
         bt, bh = (16, 512) if x.is_cuda else (4, 128)
         quantize_fp8_kernel[(triton.cdiv(t, bt), triton.cdiv(h, bh))](x, q, scales, t, h, BT=bt, BH=bh,
                                                                     num_warps=4)
+    elif scaling == "block":
+        quantize_blocks_kernel[(triton.cdiv(t, GROUP), groups(h))](x, q, scales, t, h, BLOCK=GROUP, num_warps=8)
+    elif scaling == "row":
+        bt, bh = (4, 1024) if x.is_cuda else (4, 128)
+        quantize_rows_kernel[(triton.cdiv(t, bt),)](x, q, scales, t, h, BT=bt, BH=bh, num_warps=4)
+    else:
+        block = 4096 if x.is_cuda else 1024
+        amax = torch.zeros(1, dtype=torch.int32, device=x.device)
+        grid = (triton.cdiv(t * h, block),)
+        amax_kernel[grid](x, amax, t * h, BLOCK=block, num_warps=8)
+        quantize_tensor_kernel[grid](x, q, amax, scales, t * h, BLOCK=block, num_warps=8)
     return q, scales
 
 
 def quantize(x, scaling, dtype=torch.float8_e4m3fn):
-    """``x`` [R, C] in torch (a reference and a convenience; ``quantize_fp8`` is the kernel) -> (q, scale):
+    """``x`` [R, C] in torch (a reference and a convenience; ``quantize_fp8`` is the kernels) -> (q, scale):
     "tensor" (scale [1]), "row" (one per row: [R, 1]), "group" (per 1x128 group: [R, ceil(C/128)], A's "block"
     scales), "block" (per 128x128 block: [ceil(R/128), ceil(C/128)], W's "block" scales)."""
     top = torch.finfo(dtype).max
@@ -149,12 +236,12 @@ def check_mode(mode, name="quantize"):
 def quantize_operands(a, w, mode):
     """High-precision operands ``a`` [M, K] and ``w`` [N, K] -> (a8, w8, ``Scales``) in ``mode`` (one of
     ``MODES``; "block": a in 1x128 groups, w in 128x128 blocks), e4m3, by ``quantize``: dynamic scales, taken from
-    the operands' amax on their device (torch ops, no host sync). What the ops' ``quantize=`` mode runs (FP8
-    training: the forward of the usual recipe)."""
+    the operands' amax on their device (``quantize_fp8``'s kernels, no host sync). What the ops' ``quantize=``
+    mode runs (FP8 training: the forward of the usual recipe)."""
     if check_mode(mode) is None:
         raise ValueError(f"quantize_operands needs a mode of {MODES}, got None")
-    a8, scale_a = quantize(a, "group" if mode == "block" else mode)
-    w8, scale_w = quantize(w, mode)
+    a8, scale_a = quantize_fp8(a, "group" if mode == "block" else mode)
+    w8, scale_w = quantize_fp8(w, mode)
     return a8, w8, check_scales(a8, w8, scale_a, scale_w, mode)
 
 
