@@ -9,6 +9,7 @@ groups {0, 1} and {2, 3} of 4 ranks."""
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 import triton_dist as td
 from triton_dist.kernels import ag_gemm, all_gather, all_reduce, fp8, gemm_rs
@@ -181,8 +182,9 @@ def test_grouped_gemm_gradients_match_fp64(activation, counts):
 def _moe_grads(T, H, E, K, align, backends=()):
     """Dispatch -> one linear layer per expert (grouped_gemm) -> combine, on this rank's tokens; the gradients of
     x, the top-k weights and the experts' weights against fp64 torch over every rank's tokens (some slots unused,
-    one rank without tokens when T allows). ``backends``: the same chain under torch.compile(fullgraph=True) with
-    each, forward and backward: its gradients against the eager ones ("<backend> vs eager")."""
+    one rank without tokens when T allows); the chain under activation checkpointing and, with each of
+    ``backends``, under torch.compile(fullgraph=True), forward and backward: their gradients against the eager
+    ones ("... vs eager")."""
     from triton_dist.kernels import ep_combine, ep_dispatch, grouped_gemm
 
     r, world = td.rank(), td.world_size()
@@ -233,6 +235,8 @@ def _moe_grads(T, H, E, K, align, backends=()):
     errs = {"x": _rel(eager[0], ref_x[r].grad) if tokens[r] else 0.0,
             "topk_weights": _rel(eager[1], ref_w[r].grad) if tokens[r] else 0.0,
             "experts": _rel(eager[2], ref_e.grad[r * el:(r + 1) * el])}
+    checkpointed = grads(lambda *args: torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False))
+    errs["checkpoint vs eager"] = max(_rel(c, e.double()) if c.numel() else 0.0 for c, e in zip(checkpointed, eager))
     for backend in backends:
         torch._dynamo.reset()
         compiled = grads(torch.compile(layer, fullgraph=True, backend=backend))
@@ -243,12 +247,13 @@ def _moe_grads(T, H, E, K, align, backends=()):
 @pytest.mark.parametrize("world,align,backends", [(1, 1, ("aot_eager",)), (2, 4, ("aot_eager", "inductor")),
                                                   (3, 1, ("aot_eager",))])
 def test_moe_dispatch_combine_gradients_match_fp64(ranks, world, align, backends):
-    """Eagerly, and (the torch ops' autograd, ``moe_ep/training.py``) under torch.compile(fullgraph=True),
-    forward and backward: aot_eager gives the eager bits, inductor (its own fused fp32 arithmetic around the ops)
-    within 1e-6 of them (1.4e-7 seen)."""
+    """Eagerly, and (the torch ops' autograd, ``moe_ep/training.py``) with activation checkpointing and under
+    torch.compile(fullgraph=True), forward and backward: checkpointing and aot_eager give the eager bits, inductor
+    (its own fused fp32 arithmetic around the ops) within 1e-6 of them (1.4e-7 seen)."""
     for errs in ranks(world, _moe_grads, 9, 16, 2 * world, 2, align, backends):
         bad = {k: v for k, v in errs.items() if not v < 1e-5}
-        assert not bad and errs["aot_eager vs eager"] == 0.0 and errs.get("inductor vs eager", 0.0) < 1e-6, errs
+        assert not bad and errs["aot_eager vs eager"] == errs["checkpoint vs eager"] == 0.0, errs
+        assert errs.get("inductor vs eager", 0.0) < 1e-6, errs
 
 
 def _moe_grads_three_times():

@@ -227,6 +227,48 @@ def test_parallelized_moe_model_trains_like_the_original(ranks):
         assert worst < 1e-3, worst
 
 
+def _moe_layer_trained_compiled(sp, steps, backend="aot_eager"):
+    """ExpertParallelMoE (from a Qwen2-MoE block: router, experts, gated shared expert) trained ``steps`` AdamW
+    steps eagerly and, a copy, under torch.compile(fullgraph=True): (loss curves equal, final parameters equal,
+    largest relative difference of either)."""
+    from transformers import Qwen2MoeConfig
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    from triton_dist.nn import ExpertParallelMoE
+
+    world, rank = td.world_size(), td.rank()
+    cfg = Qwen2MoeConfig(hidden_size=16, num_experts=2 * world, num_experts_per_tok=2, moe_intermediate_size=8,
+                         shared_expert_intermediate_size=12, num_attention_heads=2, num_key_value_heads=1)
+    torch.manual_seed(4)  # the same block and data on every rank
+    block = _randomised(Qwen2MoeSparseMoeBlock(cfg), torch.Generator().manual_seed(4), torch.float32)
+    if hasattr(block.experts, "config"):
+        block.experts.config._experts_implementation = "eager"
+    rows = 2 * world + 1  # (not a multiple of the ranks)
+    x, weighting = torch.randn(rows, 16), torch.randn(rows, 16)
+    if sp:  # this rank's rows
+        x, weighting = torch.tensor_split(x, world)[rank], torch.tensor_split(weighting, world)[rank]
+    eager, compiled = (ExpertParallelMoE.from_dense(copy.deepcopy(block), sequence_parallel=sp) for _ in range(2))
+
+    def loss(layer):
+        return lambda x: (layer(x, total_rows=rows) * weighting).sum()
+
+    curves = _loss_curves((eager, compiled), (loss(eager), torch.compile(loss(compiled), fullgraph=True,
+                                                                         backend=backend)), [x], steps)
+    params = list(zip(eager.parameters(), compiled.parameters()))
+    same = curves[0] == curves[1] and all(torch.equal(p, q) for p, q in params)
+    worst = max([abs(a - b) / abs(b) for a, b in zip(*curves)] + [_rel(q.detach(), p.detach()) for p, q in params])
+    return same, worst
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_moe_layer_trains_under_compile_fullgraph(ranks, sp):
+    """The MoE layer's dispatch and combine are torch ops with their backward (``kernels/moe_ep/training.py``):
+    compiled with fullgraph=True (aot_eager) it trains with the eager layer's bits."""
+    pytest.importorskip("transformers")
+    for same, worst in ranks(2, _moe_layer_trained_compiled, sp, 3):
+        assert same, worst
+
+
 def _train_compiled(steps):
     """The parallelised Llama's forward under torch.compile(fullgraph=True), trained beside the eager original:
     the largest relative difference of their loss curves."""

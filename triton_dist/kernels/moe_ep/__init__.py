@@ -24,7 +24,9 @@ workspace, valid until the next dispatch with the same shapes.
 Flags carry per-call epochs; dispatch's exchange of counts doubles as its ready handshake. docs/design/moe_ep.md.
 FP8 dispatch (``quant="fp8"``, or FP8 x with its scales): the rows travel and arrive as FP8 with per-1x128-group
 scales (``recv.scales``); combine stays in the activations' dtype. Torch ops: ep_dispatch, ep_dispatch_fp8
-(x, x_scales or None, ...: x and its scales first in its results), ep_combine (quant="fp8" after an FP8 dispatch).
+(x, x_scales or None, ...: x and its scales first in its results), ep_combine (quant="fp8" after an FP8 dispatch),
+zero-copy and forward-only; ep_dispatch_train / ep_combine_train, differentiable (training.py: new tensors, the
+records carried as tensors; what the Python API calls with grad or under torch.compile).
 """
 
 import torch
@@ -35,7 +37,7 @@ from .buffers import EpDispatchResult, EpHandle, max_recv_rows  # noqa: F401
 from .combine import ep_combine_kernel  # noqa: F401
 from .config import CombineConfig, DispatchConfig, combine_config, dispatch_config  # noqa: F401
 from .dispatch import ep_dispatch_kernel  # noqa: F401
-from .training import ep_combine, ep_dispatch  # noqa: F401  (the kernels' ops, with autograd: training.py)
+from .training import EpRouting, ep_combine, ep_dispatch  # noqa: F401  (the kernels' ops, with autograd: training.py)
 from . import combine as _combine, dispatch as _dispatch
 from .layout import ep_layout_kernel  # noqa: F401
 from .protocol import MAX_CHUNKS, TIMELINE_SLOTS, TL_CHUNK, TL_LAYOUT, TL_PROGRAM  # noqa: F401
