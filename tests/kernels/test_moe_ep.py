@@ -353,12 +353,24 @@ def _torch_ops():
     y = torch.ops.triton_dist.ep_combine(recv_x, token_pos, 8, 2, 6, 1)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    # the differentiable ops (training.py): new tensors, the records among them
+    train = torch.ops.triton_dist.ep_dispatch_train(x, idx.to(dev), weights.to(dev), 8, 6, 1)
+    y_train = torch.ops.triton_dist.ep_combine_train(train[0], train[2], idx.to(dev), *train[5:], 8, 6, 1)
+    home = torch.ops.triton_dist.ep_scalars_home(train[2], train[6], train[5])
     with FakeTensorMode() as mode:
         fx = mode.from_tensor(x)
         fake = torch.ops.triton_dist.ep_dispatch(fx, mode.from_tensor(idx), mode.from_tensor(weights), 8, 6, 1)
         fy = torch.ops.triton_dist.ep_combine(fake[0], fake[5], 8, 2, 6, 1)
-    return (torch.allclose(y, weights.sum(1, keepdim=True).to(dev) * x, atol=1e-5),
-            tuple(fake[0].shape) == tuple(recv_x.shape), tuple(fy.shape) == (5, 8), int(counts.sum()))
+        fake_train = torch.ops.triton_dist.ep_dispatch_train(fx, mode.from_tensor(idx), mode.from_tensor(weights), 8,
+                                                             6, 1)
+        fake_y_train = torch.ops.triton_dist.ep_combine_train(fake_train[0], fake_train[2], mode.from_tensor(idx),
+                                                              *fake_train[5:], 8, 6, 1)
+        fake_home = torch.ops.triton_dist.ep_scalars_home(fake_train[2], fake_train[6], fake_train[5])
+    real, fakes = (*train, y_train, home), (*fake_train, fake_y_train, fake_home)
+    train_fakes = all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(real, fakes))
+    return (torch.allclose(y, weights.sum(1, keepdim=True).to(dev) * x, atol=1e-5) and torch.equal(y, y_train)
+            and torch.equal(home, weights.to(dev)),
+            tuple(fake[0].shape) == tuple(recv_x.shape) and train_fakes, tuple(fy.shape) == (5, 8), int(counts.sum()))
 
 
 def test_torch_ops_and_fake_impls(ranks):
