@@ -405,6 +405,25 @@ def test_moe_layer_under_torch_compile(ranks):
     assert ranks(2, _moe_layer_compiled) == [(True, True)] * 2
 
 
+def _empty_rank_compiled():
+    """The zero-copy ops under inductor, the last rank without tokens: its empty results must not let the compiler
+    drop its calls (the ops are collectives: ordered effects, ``library.collective``)."""
+    T = 0 if td.rank() == td.world_size() - 1 else 5
+    idx, weights = _routing("random", T, 4, 2, 6)
+    x = torch.randn(T, 8, generator=torch.Generator().manual_seed(td.rank()))
+
+    def layer(x, idx, weights):
+        recv_x, *_, token_pos = torch.ops.triton_dist.ep_dispatch(x, idx, weights, 4, 5, 1)
+        return torch.ops.triton_dist.ep_combine(recv_x * 2, token_pos, 4, 2, 5, 1).sum()
+
+    return torch.allclose(torch.compile(layer, fullgraph=True)(x, idx, weights), 2 * (weights.sum(1) * x.sum(1)).sum(),
+                          rtol=1e-5)
+
+
+def test_rank_without_tokens_under_inductor(ranks):
+    assert ranks(2, _empty_rank_compiled) == [True, True]
+
+
 # ----------------------------------------------------------------------------------------------------- GPU
 def _gpu_bf16(T, H, E, K, align, config=None):
     dev = td.shmem.device()

@@ -32,6 +32,14 @@ def define_composite(schema, impl):
     return getattr(torch.ops.triton_dist, name)
 
 
+def collective(*names):
+    """Mark ops ``torch.ops.triton_dist.<name>`` as collectives for torch.compile: an ORDERED effect, so that no
+    graph pass drops one (a rank without rows computes empty results, which a compiler may otherwise fold away) or
+    reorders independent ones; every rank then calls them in the same order, whatever its shapes."""
+    for name in names:
+        torch.library._register_effectful_op(f"triton_dist::{name}", torch._library.effects.EffectType.ORDERED)
+
+
 def needs_grad(*tensors):
     """Whether a call must go through its torch op so that autograd records it: grad mode on and an input that
     requires grad."""

@@ -102,3 +102,4 @@ library.define("ep_dispatch_fp8(Tensor x, Tensor? x_scales, Tensor topk_idx, Ten
                "Tensor)", _ep_dispatch_fp8_op, _ep_dispatch_fp8_fake)
 library.define("ep_combine(Tensor expert_out, Tensor token_pos, int num_experts, int topk, int max_tokens, "
                "int align, str? group_name=None, str quant=\"none\") -> Tensor", _ep_combine_op, _ep_combine_fake)
+library.collective("ep_dispatch", "ep_dispatch_fp8", "ep_combine")

@@ -140,10 +140,7 @@ library.define("ep_combine_train(Tensor expert_out, Tensor weights, Tensor topk_
                _combine_train_op, _combine_train_fake)
 library.define("ep_scalars_home(Tensor row_values, Tensor slots, Tensor token_pos, str? group_name=None) -> Tensor",
                _scalars_home, _scalars_home_fake)
-# collectives: every rank must call them in the same order, shapes aside (a rank without tokens computes empty
-# results that a compiler would otherwise drop, or reorder the independent ones of the backward around)
-for _name in ("ep_dispatch_train", "ep_combine_train", "ep_scalars_home"):
-    torch.library._register_effectful_op(f"triton_dist::{_name}", torch._library.effects.EffectType.ORDERED)
+library.collective("ep_dispatch_train", "ep_combine_train", "ep_scalars_home")
 
 
 # ----------------------------------------------------------------------------------------------------- backward
