@@ -37,7 +37,27 @@ def collective(*names):
     graph pass drops one (a rank without rows computes empty results, which a compiler may otherwise fold away) or
     reorders independent ones; every rank then calls them in the same order, whatever its shapes."""
     for name in names:
-        torch.library._register_effectful_op(f"triton_dist::{name}", torch._library.effects.EffectType.ORDERED)
+        _register_ordered(name)
+
+
+def _register_ordered(name):
+    """The ORDERED effect on ``triton_dist::<name>`` through whichever private API this torch has:
+    ``torch.library._register_effectful_op`` (a name; newer torch), else the one of
+    ``torch._higher_order_ops.effects`` (an OpOverload; older). Neither: unmarked (eager and other graphs are
+    unaffected; inductor may then drop a token-less rank's call)."""
+    try:
+        from torch._library.effects import EffectType
+
+        torch.library._register_effectful_op(f"triton_dist::{name}", EffectType.ORDERED)
+        return
+    except (ImportError, AttributeError):
+        pass
+    try:
+        from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+
+        _register_effectful_op(getattr(torch.ops.triton_dist, name).default, _EffectType.ORDERED)
+    except (ImportError, AttributeError):
+        pass
 
 
 def needs_grad(*tensors):
