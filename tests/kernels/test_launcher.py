@@ -22,6 +22,7 @@ def test_key_sees_dtype_alignment_and_values():
     assert k((t, 3)) != k((t.half(), 3))  # another dtype
     assert k((t[1:], 3)) != k((t, 3))  # 4 bytes off: no longer 16-byte aligned
     assert k((t[4:], 3)) == k((t, 3))  # 16 bytes off: still aligned
+    assert k((t, True)) != k((t, 1)) and k((t, 1.0)) != k((t, 1))  # equal values of other types (other signatures)
 
 
 class _FakeCompiled:

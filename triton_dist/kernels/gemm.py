@@ -315,10 +315,12 @@ def tma_compatible(*tensors):
     if TensorDescriptor is None:
         return False
     for t in tensors:
-        if t.stride(-1) != 1 or t.data_ptr() % 16:
+        strides, size = t.stride(), t.element_size()
+        if strides[-1] != 1 or t.data_ptr() % 16:
             return False
-        if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
-            return False
+        for stride in strides[:-1]:
+            if (stride * size) % 16:
+                return False
     return True
 
 

@@ -16,19 +16,26 @@ from .. import hardware
 from ..shmem.workspaces import Plans
 
 
+_VALUES = (int, float, bool, str, type(None))
+
+
 def _key(args):
     """What the compiled kernel depends on in ``args``: a tensor's dtype and 16-byte alignment (Triton
     specializes pointers on it), a tensor descriptor's dtype, shape, strides, block and alignment, and every
-    other argument's value (stricter than Triton, which only looks at integers' value classes)."""
+    other argument's type and value (stricter than Triton, which only looks at integers' value classes; the type
+    keeps True apart from 1, which Triton compiles as different types)."""
     key = []
     for a in args:
-        if isinstance(a, torch.Tensor):
+        kind = type(a)
+        if kind in _VALUES:
+            key.append((kind, a))
+        elif isinstance(a, torch.Tensor):
             key.append((a.dtype, a.data_ptr() % 16 == 0))
         elif hasattr(a, "block_shape") and hasattr(a, "base"):  # triton.tools.tensor_descriptor.TensorDescriptor
             key.append((a.base.dtype, a.base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides),
                         tuple(a.block_shape)))
         else:
-            key.append(a)
+            key.append((kind, a))
     return tuple(key)
 
 
