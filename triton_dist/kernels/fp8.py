@@ -64,14 +64,24 @@ def to_e4m3(x):
 
 
 @triton.jit
+def _scale_of(amax):
+    """The quantisation scale of a group whose largest magnitude is ``amax``: amax / 448, or 1 for zeros."""
+    return tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
+
+
+@triton.jit
+def _quantized(x, scale):
+    """fp32 ``x`` / ``scale`` as float8e4nv (clamped to +-448, rounded to the nearest e4m3 value)."""
+    return to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -448.0, 448.0))
+
+
+@triton.jit
 def quantize_groups(x, BT: tl.constexpr, BH: tl.constexpr):
     """A [BT, BH] tile (BH a multiple of 128; values outside the tensor loaded as 0) in 1x128 groups ->
     (q [BT, BH] float8e4nv, scales [BT, BH // 128] fp32), by the rule of the module docstring (IEEE divisions)."""
     g = tl.reshape(x.to(tl.float32), (BT, BH // 128, 128))
-    amax = tl.max(tl.abs(g), axis=2)
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
-    q = tl.clamp(tl.math.div_rn(g, scale[:, :, None]), -448.0, 448.0)
-    return to_e4m3(tl.reshape(q, (BT, BH))), scale
+    scale = _scale_of(tl.max(tl.abs(g), axis=2))
+    return tl.reshape(_quantized(g, scale[:, :, None]), (BT, BH)), scale
 
 
 @triton.jit
@@ -86,18 +96,6 @@ def quantize_fp8_kernel(x, q, scales, T, H, BT: tl.constexpr, BH: tl.constexpr):
     groups = tl.cdiv(H, 128)
     g = tl.program_id(1) * (BH // 128) + tl.arange(0, BH // 128)
     tl.store(scales + t.to(tl.int64)[:, None] * groups + g[None, :], st, mask=(t < T)[:, None] & (g < groups)[None, :])
-
-
-@triton.jit
-def _scale_of(amax):
-    """The quantisation scale of a group whose largest magnitude is ``amax``: amax / 448, or 1 for zeros."""
-    return tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
-
-
-@triton.jit
-def _quantized(x, scale):
-    """fp32 ``x`` / ``scale`` as float8e4nv (clamped to +-448, rounded to the nearest e4m3 value)."""
-    return to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -448.0, 448.0))
 
 
 @triton.jit
@@ -235,8 +233,8 @@ def check_mode(mode, name="quantize"):
 
 def quantize_operands(a, w, mode):
     """High-precision operands ``a`` [M, K] and ``w`` [N, K] -> (a8, w8, ``Scales``) in ``mode`` (one of
-    ``MODES``; "block": a in 1x128 groups, w in 128x128 blocks), e4m3, by ``quantize``: dynamic scales, taken from
-    the operands' amax on their device (``quantize_fp8``'s kernels, no host sync). What the ops' ``quantize=``
+    ``MODES``; "block": a in 1x128 groups, w in 128x128 blocks), e4m3, by ``quantize_fp8``: dynamic scales, taken
+    from the operands' amax on their device (no host sync). What the ops' ``quantize=``
     mode runs (FP8 training: the forward of the usual recipe)."""
     if check_mode(mode) is None:
         raise ValueError(f"quantize_operands needs a mode of {MODES}, got None")

@@ -48,7 +48,7 @@ class Launcher:
         self.kernel, self.grid, self.meta = kernel, tuple(grid) + (1,) * (3 - len(grid)), meta
         self.compiled = None  # the compiled kernel of the bound call
         self.bound = None  # its arguments in signature order, as Triton bound them
-        self.named_at = ()  # the positions of the named runtime arguments in ``bound``
+        self.names, self.named_at = (), ()  # the named runtime arguments and their positions in ``bound``
         self.key = None
         self.device = None  # the CUDA device it was compiled for (the compiled function is loaded there)
 
