@@ -271,8 +271,8 @@ def fp8_tiles(cfg, dtype, device, scales=None):
     """``cfg`` as tiles of ``dtype``: for FP8 operands on a GPU BLOCK_K 128 (fp8 wgmma takes K in steps of 32),
     the same bytes per pipeline stage as bf16's 64; unchanged otherwise. Block scales (``scales``, the call's
     ``fp8.Scales``) keep each K step's product apart from the sum, two fp32 accumulators: BLOCK_N halves until
-    both fit a thread's registers, with the pipeline's bytes kept by more stages (docs/design/fp8.md: a 128x256
-    tile spilled and ran 4x slower). Promoted per-tensor / rowwise scales at BLOCK_N >= 256: ``SPLIT_N``, the
+    both fit a thread's registers (a 128x256 tile spills: docs/design/fp8.md), with the pipeline's bytes kept by
+    more stages. Promoted per-tensor / rowwise scales at BLOCK_N >= 256: ``SPLIT_N``, the
     tile's columns as two accumulators (``tile_accumulate``), so that a K step's partial sum is half a tile."""
     if dtype not in fp8.FP8_DTYPES or device.type != "cuda":
         return cfg
@@ -520,7 +520,7 @@ def gemm_candidates(m, n, k, dtype, device, scales=None):
     if m <= 512:
         cands += [{**base, **c} for c in skinny_configs(dtype)]
     cands = [fp8_tiles(c, dtype, device, scales) for c in cands]
-    # split columns as one accumulator too: the split tile was slower at N 28672 (docs/design/fp8.md)
+    # split columns also as one accumulator: which is faster depends on the shape (docs/design/fp8.md)
     return autotune.dedupe(cands + [{**c, "SPLIT_N": False} for c in cands if c.get("SPLIT_N")])
 
 
