@@ -53,7 +53,9 @@ def round_to_e4m3(x):
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # 3 mantissa bits
     mag = tl.abs(x)
     tiny = ((mag * 512.0 + 8388608.0) - 8388608.0) / 512.0  # subnormals: whole multiples of 2**-9
-    return tl.where(mag < 0.015625, tl.where(x < 0, -tiny, tiny), normal)
+    # x's sign bit on the rounded magnitude (``-tiny`` is ``0 - tiny``: +0 for a negative x that rounds to zero)
+    signed_tiny = (tiny.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
+    return tl.where(mag < 0.015625, signed_tiny, normal)
 
 
 @triton.jit
@@ -219,7 +221,9 @@ def quantize(x, scaling, dtype=torch.float8_e4m3fn):
         amax = pad.view(pad.shape[0] // rb, rb, groups(c), GROUP).amax(dim=(1, 3))
     else:
         raise ValueError(f"scaling must be tensor, row, group or block, got {scaling!r}")
-    scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+    # a tensor divisor: CUDA divides by a Python number as a product with its reciprocal (a scale off by an ulp
+    # moves the many bf16 values that lie on a rounding tie of e4m3 by a step), the kernels divide exactly
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, top), torch.ones_like(amax))
     full = expand(scale, scaling, r, c)
     return (x / full).clamp(-top, top).to(dtype), scale
 
