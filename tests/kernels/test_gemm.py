@@ -144,6 +144,75 @@ def _gpu_check_every_candidate(m, n, k, dtype):
     return bad
 
 
+def _gpu_eager_plans():
+    """Repeated eager calls through their plans (``gemm.EagerGemm``) against torch in fp64, fresh inputs and a
+    poisoned ``out`` every repeat: bf16 with and without ``out``, FP8 rowwise and per-tensor (new scales every
+    call), a misaligned view of the same layout (the checked path), an unaligned shape (no plan). Returns
+    (failures, plans made, checked launches after the first calls)."""
+    import importlib
+    import os
+
+    from triton_dist.kernels import fp8
+
+    gemm_module = importlib.import_module("triton_dist.kernels.gemm")
+    checked = []
+    original = gemm_module.launch_gemm
+    gemm_module.launch_gemm = lambda *a, **k: (checked.append(1), original(*a, **k))[1]
+    tuning = os.environ.get("TRITON_DIST_AUTOTUNE")
+    os.environ["TRITON_DIST_AUTOTUNE"] = "0"  # the default configurations: no tuning launches in the count
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    failures = []
+    plans_before = len(gemm_module._EAGER._plans)
+    try:
+        for m, n, k in [(333, 520, 1024), (128, 4096, 8192), (1000, 1536, 2048)]:  # FP8 rows 16-byte aligned
+            for rep in range(4):
+                a = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+                w = torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+                ref = a.double() @ w.double().t()
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                for got in (gemm(a, w), gemm(a, w, out=out)):
+                    err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
+                    if not err < 1e-2:
+                        failures.append(("bf16", m, n, k, rep, err))
+                for mode in ("row", "tensor"):
+                    a8, sa = fp8.quantize_fp8(a, mode)
+                    w8, sw = fp8.quantize_fp8(w, mode)
+                    want = (a8.double() * sa.double()) @ (w8.double() * sw.double().reshape(-1, 1)).t() \
+                        if mode == "row" else (a8.double() @ w8.double().t()) * (sa * sw).double()
+                    got = gemm(a8, w8, scale_a=sa, scale_w=sw)
+                    err = ((got.double() - want).abs().max() / want.abs().max()).item()
+                    if not err < 1e-2:
+                        failures.append((mode, m, n, k, rep, err))
+            first = len(checked)
+            storage = torch.randn(m * k + 1, device="cuda", generator=gen).to(torch.bfloat16)
+            shifted = storage[1:].view(m, k)  # the layout of a plan, 2-byte aligned: TMA cannot take it
+            ref = shifted.double() @ w.double().t()
+            err = ((gemm(shifted, w).double() - ref).abs().max() / ref.abs().max()).item()
+            if not err < 1e-2 or len(checked) != first + 1:
+                failures.append(("misaligned", m, n, k, err, len(checked) - first))
+        odd = torch.randn(33, 77, device="cuda", generator=gen, dtype=torch.bfloat16)  # K 77: no TMA, no plan
+        for _ in range(2):
+            ref = odd.double() @ odd.double().t()
+            err = ((gemm(odd, odd).double() - ref).abs().max() / ref.abs().max()).item()
+            if not err < 1e-2:
+                failures.append(("odd", err))
+    finally:
+        gemm_module.launch_gemm = original
+        if tuning is None:
+            os.environ.pop("TRITON_DIST_AUTOTUNE")
+        else:
+            os.environ["TRITON_DIST_AUTOTUNE"] = tuning
+    return failures, len(gemm_module._EAGER._plans) - plans_before, len(checked)
+
+
+@gpu_only
+def test_eager_plans_match_torch_on_gpu(ranks):
+    """Three shapes x (bf16, bf16 into out, FP8 rowwise, FP8 per tensor): 12 plans; the checked path ran only for
+    the misaligned views (3) and the unaligned shape (2), every other repeat went through a plan."""
+    failures, plans, checked = ranks.on_one_gpu(_gpu_eager_plans)
+    assert failures == [] and plans == 12 and checked == 5, (failures, plans, checked)
+
+
 # ----------------------------------------------------------------------------------------------- sm_90
 GEMM_SIGNATURE = dict(
     a="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>", c="tensordesc<bf16[1,128,256]>",

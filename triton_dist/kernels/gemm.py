@@ -28,10 +28,11 @@ import triton
 import triton.language as tl
 
 from .. import autotune
+from .. import hardware
 from ..hardware import interpreting, num_sms
 from ..shmem.workspaces import Plans
 from . import fp8
-from .launcher import Launchers
+from .launcher import Launcher, Launchers
 
 try:  # triton >= 3.4 (host-side TMA descriptors)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -324,19 +325,32 @@ def tma_compatible(*tensors):
     return True
 
 
+def tma_descriptor(t, block, shape=None, strides=None):
+    """A host TMA descriptor of ``t`` (``shape`` / ``strides``: t's own unless given) with ``block``, for a tensor
+    that ``tma_compatible`` accepted: built without Triton's checks of it again (which cost more than the launch)."""
+    desc = _NEW(TensorDescriptor)
+    desc.base, desc.block_shape = t, block
+    desc.shape = list(t.shape) if shape is None else shape
+    desc.strides = list(t.stride()) if strides is None else strides
+    return desc
+
+
+_NEW = object.__new__
+
+
+def c_block(cfg):
+    """The block of C's tensor descriptor [1, BLOCK_M, BLOCK_N] (half the columns with ``EPILOGUE_SUBTILE``)."""
+    return [1, cfg["BLOCK_M"], cfg["BLOCK_N"] // 2 if cfg.get("EPILOGUE_SUBTILE") else cfg["BLOCK_N"]]
+
+
 def describe_operands(a, b, c3, cfg):
-    """Kernel arguments for A [rows, K], B [N, K], C [S, seg_rows, N]: descriptors when TMA applies, else the
-    tensors themselves. Returns (a_arg, b_arg, c_arg, use_tma)."""
-    use_tma = cfg.get("use_tma")
-    if use_tma is None:
-        use_tma = tma_compatible(a, b, c3)
-    if not use_tma:
+    """Kernel arguments for A [rows, K], B [N, K], C [S, seg_rows, N]: descriptors when TMA applies (``use_tma``
+    None or True: whenever the operands allow), else the tensors themselves. Returns (a_arg, b_arg, c_arg,
+    use_tma)."""
+    if cfg.get("use_tma") is False or not tma_compatible(a, b, c3):
         return a, b, c3, False
-    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    c_block = [1, bm, bn // 2 if cfg.get("EPILOGUE_SUBTILE") else bn]
-    return (TensorDescriptor(a, list(a.shape), list(a.stride()), [bm, bk]),
-            TensorDescriptor(b, list(b.shape), list(b.stride()), b_block(cfg)),
-            TensorDescriptor(c3, list(c3.shape), list(c3.stride()), c_block), True)
+    return (tma_descriptor(a, [cfg["BLOCK_M"], cfg["BLOCK_K"]]), tma_descriptor(b, b_block(cfg)),
+            tma_descriptor(c3, c_block(cfg)), True)
 
 
 def b_block(cfg):
@@ -357,21 +371,32 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
     (``silu_gate``: b is [2N, K], gate over up, and c3 gets ``silu(a @ b_gate.T) * (a @ b_up.T)``; ``scales``:
     FP8 operands' ``fp8.Scales``, ``scale_rows``: A's scales as rows [rows, S] instead of ``scales.a``)."""
     segments, seg_rows, n = c3.shape
-    k = a.shape[1]
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg)
-    tiles = segments * triton.cdiv(seg_rows, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
-    programs = max(1, min(cfg.get("num_programs") or default_num_programs(a.device), tiles))
-    args = (a_arg, b_arg, c_arg, segments, seg_rows, n, k, a.stride(0), b.stride(0), c3.stride(0), c3.stride(1),
-            first_segment, segment_step)
+    args = (a_arg, b_arg, c_arg, segments, seg_rows, n, a.shape[1], a.stride(0), b.stride(0), c3.stride(0),
+            c3.stride(1), first_segment, segment_step)
+    # bound once per grid and constants (``Launcher``): a call costs the driver launch
+    _LAUNCH_GEMM(gemm_grid(cfg, segments, seg_rows, n, a.device), *args,
+                 named=None if scales is None else scales.tensor_args(scale_rows),
+                 **gemm_meta(cfg, use_tma, a.dtype, silu_gate, scales))
+    return c3
+
+
+def gemm_grid(cfg, segments, seg_rows, n, device):
+    """``gemm_kernel``'s persistent grid: one program per SM (``num_programs``), at most one per tile."""
+    tiles = segments * -(-seg_rows // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"])  # (triton.cdiv costs µs on host)
+    return (max(1, min(cfg.get("num_programs") or default_num_programs(device), tiles)),)
+
+
+def gemm_meta(cfg, use_tma, dtype, silu_gate=False, scales=None):
+    """``gemm_kernel``'s constexprs and launch options for ``cfg`` (FP8: the scales' constexprs; their tensors are
+    runtime arguments after the constexprs, by name)."""
     meta = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
                 USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"] and use_tma), FLATTEN=cfg["FLATTEN"],
-                WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(a.dtype), SILU_GATE=silu_gate,
+                WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(dtype), SILU_GATE=silu_gate,
                 num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
-    if scales is not None:  # FP8: the scale tensors are runtime arguments after the constexprs, by name
+    if scales is not None:
         meta.update(scales.constexprs(cfg))
-    # bound once per grid and constants (``Launcher``): a call costs the driver launch
-    _LAUNCH_GEMM((programs,), *args, named=None if scales is None else scales.tensor_args(scale_rows), **meta)
-    return c3
+    return meta
 
 
 def check_matmul_operands(a, b, what_a="a", what_b="w"):
@@ -462,19 +487,35 @@ def gemm(a, w, out=None, config=None, *, scale_a=None, scale_w=None, scaling=Non
     operands without scales, scales with other operands, scale shapes of no mode, a GPU below compute
     capability 8.9: TypeError / ValueError (``kernels/fp8.py``). ``scaled_gemm``: the same with the scales
     required."""
-    scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
-    return _gemm(a, w, out, config, scales, out_dtype)
+    return _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype, fast_accum, False)
 
 
 def scaled_gemm(a, w, scale_a, scale_w, *, scaling=None, out=None, out_dtype=None, fast_accum=False, config=None):
     """``gemm`` on FP8 operands, the scales required (as in ``torch._scaled_mm``): ``(a * scale_a) @ (w *
     scale_w).T`` in ``out_dtype`` (bfloat16 by default) or into ``out``."""
-    return _gemm(a, w, out, config, *fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum,
-                                                          required=True))
+    return _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype, fast_accum, True)
 
 
-def _gemm(a, w, out, config, scales, out_dtype):
-    """The op on its operands' mode (``fp8.scaled_operands``: FP8 ``scales`` or None, the result's dtype)."""
+def _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype, fast_accum, required):
+    """A call of ``gemm`` / ``scaled_gemm``: through the eager plan of its layout (``EagerGemm``) where one was
+    made, else checked, configured and launched (which makes the plan)."""
+    key = None
+    if config is None and _tensors_or_none(a, w, out, scale_a, scale_w) and _contiguous_scales(scale_a, scale_w) \
+            and not hardware.compiling():
+        key = (_layout(a), _layout(w), _layout(out), _layout(scale_a), _layout(scale_w), scaling, out_dtype,
+               fast_accum, required)
+        plan = _EAGER.find(key)
+        if plan is not None:
+            result = plan(a, w, out, scale_a, scale_w)
+            if result is not None:
+                return result
+    scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum, required)
+    return _gemm(a, w, out, config, scales, out_dtype, plan_key=key)
+
+
+def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
+    """The op on its operands' mode (``fp8.scaled_operands``: FP8 ``scales`` or None, the result's dtype);
+    ``plan_key``: the call's key in ``_EAGER``, to launch through a new plan."""
     if scales is None:
         check_matmul_operands(a, w)
     check_launchable(a)
@@ -492,8 +533,76 @@ def _gemm(a, w, out, config, scales, out_dtype):
     else:
         cfg = autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device, scales), config)
     fp8.check_block_k(scales, cfg)
+    if plan_key is not None and a.is_cuda and cfg.get("use_tma") is not False and tma_compatible(a, w, out):
+        plan = _EAGER.get(plan_key, lambda: EagerGemm(a, w, cfg, scales, out_dtype))
+        if plan(a, w, out, *_scale_tensors(scales)) is not None:
+            return out
     launch_gemm(a, w, out.view(1, m, n), cfg, scales=scales)
     return out
+
+
+# ----------------------------------------------------------------------------------------------- eager calls
+class EagerGemm:
+    """A repeated eager ``gemm`` on operands of one layout (shapes, strides, dtypes, devices, of the result and
+    the scales too) whose first call was checked and configured: TMA descriptors' shapes and blocks, the runtime
+    arguments that follow from the layout, and a ``Launcher`` bound to the compiled kernel. A call checks what
+    the layout does not fix (the current device, 16-byte aligned data) and costs the result's allocation, three
+    descriptors and the launch; it answers None where it does not apply (the checked path then runs)."""
+
+    def __init__(self, a, w, cfg, scales, out_dtype):
+        (m, k), n = a.shape, w.shape[0]
+        self.device, self.out_shape, self.out_dtype = a.device, (m, n), out_dtype
+        self.a_desc = ([cfg["BLOCK_M"], cfg["BLOCK_K"]], [m, k], [k, 1])  # tma_descriptor's block, shape, strides
+        self.w_desc = (b_block(cfg), [n, k], [k, 1])
+        self.c_desc = (c_block(cfg), [1, m, n], [m * n, n, 1])  # the [m, n] result as one segment
+        self.ints = (1, m, n, k, k, k, m * n, n, 0, 1)
+        self.scale_strides = None if scales is None else (scales.tensor_args()["stride_sa"],
+                                                          scales.tensor_args()["stride_sw"])
+        self.launcher = Launcher(gemm_kernel, gemm_grid(cfg, 1, m, n, a.device),
+                                 **gemm_meta(cfg, True, a.dtype, scales=scales))
+
+    def __call__(self, a, w, out, scale_a=None, scale_w=None):
+        if torch._C._cuda_getDevice() != self.device.index or (a.data_ptr() | w.data_ptr()) % 16:
+            return None
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        elif out.data_ptr() % 16:
+            return None
+        args = (tma_descriptor(a, *self.a_desc), tma_descriptor(w, *self.w_desc),
+                tma_descriptor(out, *self.c_desc)) + self.ints
+        if self.scale_strides is None:
+            self.launcher.run(*args)
+        elif (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
+            return None
+        else:
+            self.launcher.run(*args, scale_a=scale_a, scale_w=scale_w, stride_sa=self.scale_strides[0],
+                              stride_sw=self.scale_strides[1])
+        return out
+
+
+_EAGER = Plans("gemm_eager")  # a call's layout and FP8 keywords -> its EagerGemm
+
+
+def _tensors_or_none(*args):
+    for t in args:
+        if t is not None and not isinstance(t, torch.Tensor):
+            return False
+    return True
+
+
+def _contiguous_scales(*scales):  # a plan launches the scales as given: Scales holds them contiguous
+    for t in scales:
+        if t is not None and not t.is_contiguous():
+            return False
+    return True
+
+
+def _layout(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _scale_tensors(scales):
+    return () if scales is None else (scales.a, scales.w)
 
 
 def skinny_configs(dtype):

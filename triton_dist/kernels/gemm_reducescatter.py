@@ -34,9 +34,9 @@ import triton.language as tl
 from .. import autotune, hardware, shmem
 from .. import language as dl
 from . import fp8, library
-from .gemm import (TensorDescriptor, b_block, check_launchable, default_num_programs, dot_precision, fp8_tiles,
+from .gemm import (b_block, check_launchable, default_num_programs, dot_precision, fp8_tiles,
                    gemm_config, matmul_torch, output_like, skinny_configs, tile_accumulate, tile_coords, tile_store,
-                   tma_compatible)
+                   tma_compatible, tma_descriptor)
 from .replay import GraphCache
 
 # The crossover: below this many rows (M, all ranks together) the default path is torch.matmul + NCCL
@@ -181,13 +181,12 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
     remote_tma = bool(cfg.get("remote_tma")) and use_tma and peer_rows > 0
     recv_peer = ws.recv
     if use_tma:
-        a_arg = TensorDescriptor(a, list(a.shape), list(a.stride()), [bm, bk])
-        w_arg = TensorDescriptor(w, list(w.shape), list(w.stride()), b_block(cfg))
+        a_arg, w_arg = tma_descriptor(a, [bm, bk]), tma_descriptor(w, b_block(cfg))
         c_block = [1, bm, bn // 2 if subtile else bn]
-        out_arg = TensorDescriptor(out3, list(out3.shape), list(out3.stride()), c_block)
+        out_arg = tma_descriptor(out3, c_block)
         if remote_tma:
             view = shmem.peer_view(ws.recv, 1 - team.rank, group)[:peer_rows * n].view(1, peer_rows, n)
-            recv_peer = TensorDescriptor(view, list(view.shape), list(view.stride()), c_block)
+            recv_peer = tma_descriptor(view, c_block)
     else:
         a_arg, w_arg, out_arg = a, w, out3
     n_items = world * tiles_per_dest

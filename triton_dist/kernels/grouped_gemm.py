@@ -29,8 +29,8 @@ import triton.language as tl
 
 from .. import autotune, hardware, shmem
 from . import library
-from .gemm import (SUPPORTED_DTYPES, TensorDescriptor, check_launchable, default_num_programs, dot_precision,
-                   gemm_candidates, gemm_config, tile_accumulate, tile_coords, tile_store, tma_compatible)
+from .gemm import (SUPPORTED_DTYPES, c_block, check_launchable, default_num_programs, dot_precision, gemm_candidates,
+                   gemm_config, tile_accumulate, tile_coords, tile_store, tma_compatible, tma_descriptor)
 
 ACTIVATIONS = ("none", "silu_gate")
 
@@ -163,17 +163,12 @@ def launch_grouped_gemm(x, w, offsets, counts, out, cfg, silu_gate):
     experts, w_rows, _ = w.shape
     n_out = out.shape[1]
     w2 = w.view(experts * w_rows, k)
-    use_tma = cfg.get("use_tma")
-    if use_tma is None:
-        use_tma = k > 0 and tma_compatible(x, w2, out)
-    use_tma = bool(use_tma) and TensorDescriptor is not None
+    use_tma = cfg.get("use_tma") is not False and k > 0 and tma_compatible(x, w2, out)  # None / True: when allowed
     out3 = out.view(1, rows, n_out)
     if use_tma:
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-        x_arg = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, bk])
-        w_arg = TensorDescriptor(w2, list(w2.shape), list(w2.stride()), [bn, bk])
-        out_arg = TensorDescriptor(out3, list(out3.shape), list(out3.stride()),
-                                   [1, bm, bn // 2 if cfg.get("EPILOGUE_SUBTILE") else bn])
+        x_arg, w_arg = tma_descriptor(x, [bm, bk]), tma_descriptor(w2, [bn, bk])
+        out_arg = tma_descriptor(out3, c_block(cfg))
     else:
         x_arg, w_arg, out_arg = x, w, out
     programs = max(1, min(cfg.get("num_programs") or default_num_programs(x.device),

@@ -53,11 +53,19 @@ class Launcher:
         self.device = None  # the CUDA device it was compiled for (the compiled function is loaded there)
 
     def __call__(self, *args, **named):
+        if self.compiled is not None and _key(args + tuple(named.values())) == self.key and tuple(named) == self.names:
+            self.run(*args, **named)
+        else:
+            self._plain(args, named)
+
+    def run(self, *args, **named):
+        """``self(*args, **named)`` for a caller that knows the arguments specialize as the bound call's did (the
+        same dtypes, 16-byte alignments and plain values, the same names): the launch without the key's check
+        (``gemm``'s eager plans, keyed by the operands' layout, check the alignments themselves)."""
         compiled = self.compiled
         if compiled is not None and _no_hooks():
-            values = args + tuple(named.values())
             device = torch._C._cuda_getDevice()
-            if device == self.device and _key(values) == self.key and tuple(named) == self.names:
+            if device == self.device:
                 bound = self.bound
                 bound[:len(args)] = args
                 for at, value in zip(self.named_at, named.values()):
@@ -65,6 +73,10 @@ class Launcher:
                 compiled.run(self.grid[0], self.grid[1], self.grid[2], torch._C._cuda_getCurrentRawStream(device),
                              compiled.function, compiled.packed_metadata, None, None, None, *bound)
                 return
+        self._plain(args, named)
+
+    def _plain(self, args, named):
+        """The launch through ``kernel[grid]``; the first one (compiled, not interpreted) is kept, bound."""
         compiled = self.kernel[self.grid](*args, **named, **self.meta)
         if self.compiled is None and not hardware.interpreting():
             self._bind(compiled, args, named)
@@ -99,12 +111,17 @@ class Launchers:
         self._bound.get(key, lambda: Launcher(self.kernel, grid, **meta))(*args, **(named or {}))
 
 
+try:
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover - a Triton without knobs: launch the plain way
+    _knobs = None
+
+
 def _no_hooks():
     """Launch hooks (profilers) see only plain launches. Triton keeps them in chains of callbacks (empty: none)."""
     try:
-        from triton import knobs
-
-        return not any(getattr(h, "calls", h) for h in (knobs.runtime.launch_enter_hook,
-                                                        knobs.runtime.launch_exit_hook))
+        runtime = _knobs.runtime
+        return not (getattr(runtime.launch_enter_hook, "calls", runtime.launch_enter_hook)
+                    or getattr(runtime.launch_exit_hook, "calls", runtime.launch_exit_hook))
     except Exception:
         return False

@@ -73,6 +73,10 @@ class Plans:
                 self._plans[key] = plan
         return plan
 
+    def find(self, key):
+        """The plan of ``key``, or None."""
+        return self._plans.get(key)
+
     def clear(self):
         self._plans.clear()
 

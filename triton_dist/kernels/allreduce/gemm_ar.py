@@ -30,8 +30,8 @@ from ... import autotune, hardware, shmem
 from ... import language as dl
 from .. import library
 from ..launcher import Launcher
-from ..gemm import (TensorDescriptor, check_launchable, check_matmul_operands, dot_precision, skinny_configs,
-                    tile_accumulate, tile_coords, tile_store, tma_compatible)
+from ..gemm import (check_launchable, check_matmul_operands, dot_precision, skinny_configs, tile_accumulate,
+                    tile_coords, tile_store, tma_compatible, tma_descriptor)
 from . import config as knobs
 from .host import NCCL, grown_workspace, plan_pair
 from .kernels import sum_over_ranks
@@ -153,8 +153,7 @@ class _Plan:
     def launch(self, a, w, out):
         ws = self.ws
         if self.use_tma:
-            a_arg = TensorDescriptor(a, list(a.shape), list(a.stride()), self.blocks[0])
-            w_arg = TensorDescriptor(w, list(w.shape), list(w.stride()), self.blocks[1])
+            a_arg, w_arg = tma_descriptor(a, self.blocks[0]), tma_descriptor(w, self.blocks[1])
         else:
             a_arg, w_arg = a, w
         shmem.raise_pending_errors()
