@@ -66,7 +66,7 @@ class Launcher:
         if compiled is not None and _no_hooks():
             device = torch._C._cuda_getDevice()
             if device == self.device:
-                bound = self.bound
+                bound = self.bound.copy()  # a copy: another thread may launch the same kernel meanwhile
                 bound[:len(args)] = args
                 for at, value in zip(self.named_at, named.values()):
                     bound[at] = value
