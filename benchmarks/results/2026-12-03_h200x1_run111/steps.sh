@@ -2,7 +2,7 @@
 # run111 (1x H200, GPU image): after 1ac833b (eager gemm plans, descriptors without Triton's re-validation) and the
 # quantiser fix. gpu_tests: the GPU tests of what changed (gemm plans, quantize_fp8 bitwise, FP8 layers in every
 # mode, launcher, grouped_gemm / gemm_rs / gemm_ar descriptors); host_probe: run102's per-call host time and
-# cProfile; bench_host W=1 (every op's eager host time vs its baseline); bench_gemm --only fp8 (tuned, in turn).
+# cProfile; tile_probe: 16-warp FP8 tiles; bench_host W=1 (every op's eager host time vs its baseline); bench_gemm --only fp8 (tuned, in turn).
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 D=$(dirname "$0")
 step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s)
@@ -16,6 +16,8 @@ step host_probe 90 python "$D/../2026-12-03_h200x1_run102/host_probe.py" "$OUT"
 grep "per call" "$OUT/host_probe.log"
 BENCH_DIR=$OUT step bench_host 120 torchrun --nproc-per-node=1 benchmarks/bench_host.py
 grep -E "x |target|ours" "$OUT/bench_host.log" | tail -14
+step tile_probe 120 python "$D/tile_probe.py" "$OUT"
+grep -E " row | block " "$OUT/tile_probe.log" | cut -c1-110
 BENCH_DIR=$OUT step bench_gemm_fp8 200 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only fp8
 tail -14 "$OUT/bench_gemm_fp8.log"
 true
