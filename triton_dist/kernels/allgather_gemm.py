@@ -545,8 +545,9 @@ def _quantized_ag_gemm(a, w, quantize, config, activation, group):
     return out if fused else silu_gate_torch(out)
 
 
-def _ag_gemm_op(a, w, return_gathered=False, activation="none", group_name=None, quantize=None):
+def _ag_gemm_op(a, w, return_gathered=False, activation="none", group_name=None, quantize=None, fp8_grads=False):
     _check_inputs(a, w, activation, quantize=quantize, return_gathered=return_gathered)
+    fp8.check_fp8_grads(fp8_grads, quantize)  # (the backward's business: kernels/autograd.py)
     check_launchable(a)
     group = shmem.group_named(group_name)
     if quantize is not None:
@@ -555,8 +556,9 @@ def _ag_gemm_op(a, w, return_gathered=False, activation="none", group_name=None,
     return out, (a.new_empty((0, a.shape[1])) if gathered is None else gathered)
 
 
-def _ag_gemm_fake(a, w, return_gathered=False, activation="none", group_name=None, quantize=None):
+def _ag_gemm_fake(a, w, return_gathered=False, activation="none", group_name=None, quantize=None, fp8_grads=False):
     _check_inputs(a, w, activation, quantize=quantize, return_gathered=return_gathered)
+    fp8.check_fp8_grads(fp8_grads, quantize)
     world = shmem.world_size(shmem.group_named(group_name))
     rows = world * a.shape[0]
     return (a.new_empty((rows, _output_columns(w, activation))),
@@ -564,20 +566,21 @@ def _ag_gemm_fake(a, w, return_gathered=False, activation="none", group_name=Non
 
 
 library.define('ag_gemm(Tensor a, Tensor w, bool return_gathered=False, str activation="none", '
-               'str? group_name=None, str? quantize=None) -> (Tensor, Tensor)', _ag_gemm_op, _ag_gemm_fake)
+               'str? group_name=None, str? quantize=None, bool fp8_grads=False) -> (Tensor, Tensor)', _ag_gemm_op,
+               _ag_gemm_fake)
 
 
 def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=None, keep_gathered=False, *,
-            scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False, quantize=None):
+            scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False, quantize=None, fp8_grads=False):
     """``all_gather(a) @ w.T`` on every rank of ``group`` (default: the heap's), the gather overlapped with the GEMM.
 
     a: this rank's row shard [m, K]; w: this rank's weight slice [N_local, K] (``linear`` convention); both
     contiguous, same dtype (bfloat16 or float16; float32 for tests; FP8 with scales, below) and on triton_dist's
     device (CPU tensors only under the Triton interpreter). Collective: every rank calls it with the same shapes.
     Returns ``out`` [W*m, N_local], and with ``return_gathered=True`` the tuple ``(out, all_gather(a))``. Also
-    available as ``torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, group_name)`` (always returns
-    the pair; the second is empty unless asked for), which works under torch.compile and CUDA graphs (call once
-    before capturing); eager calls skip the op dispatcher. ``config``: override the tuned configuration (see
+    available as ``torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, group_name, quantize,
+    fp8_grads)`` (always returns the pair; the second is empty unless asked for), which works under torch.compile
+    and CUDA graphs (call once before capturing); eager calls skip the op dispatcher. ``config``: override the tuned configuration (see
     ``default_config``). ``group``: the tensor-parallel group (default: the heap's).
 
     ``activation="silu_gate"`` (a gated MLP's input projection): ``w`` is ``[w_gate; w_up]`` stacked by rows
@@ -599,7 +602,11 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=N
     (``fp8.quantize_operands``; "block": 1x128 groups of a, 128x128 blocks of w), then the FP8 op above, the
     result in a's dtype. Differentiable straight-through: the backward is the one below, from the unquantised
     ``a`` and ``w`` (FP8 forward, gradients in a's dtype). The gathered rows are FP8: no ``return_gathered`` /
-    ``keep_gathered``; the other FP8 keywords are not taken (ValueError).
+    ``keep_gathered``; the other FP8 keywords are not taken (ValueError). ``fp8_grads=True`` (with ``quantize``
+    only: ValueError otherwise; a bool: TypeError otherwise): the backward's two GEMMs in FP8 too, each operand
+    quantised in the same mode along that GEMM's reduction dimension: ``grad_a = gemm_rs(grad_out, w.T,
+    quantize=quantize)``, ``grad_w`` the FP8 core's ``grad_out.T @ all_gather(a)`` (grad_out.T and
+    all_gather(a).T quantised; "block": 1x128 groups / 128x128 blocks along the tokens), in a's dtype.
 
     Autograd: when ``a`` or ``w`` requires grad the call goes through the torch op, whose backward is
     ``grad_a = gemm_rs(grad_out, w.T)`` and ``grad_w = grad_out.T @ all_gather(a)`` (``kernels/autograd.py``);
@@ -612,7 +619,9 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=N
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
     scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum,
                                             quantize=quantize)
-    return _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group, keep_gathered, quantize)
+    fp8.check_fp8_grads(fp8_grads, quantize)
+    return _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group, keep_gathered, quantize,
+                    fp8_grads)
 
 
 def scaled_ag_gemm(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast_accum=False, return_gathered=False,
@@ -624,9 +633,9 @@ def scaled_ag_gemm(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
 
 
 def _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group, keep_gathered=False,
-             quantize=None):
+             quantize=None, fp8_grads=False):
     """The op on its operands' mode (``fp8.scaled_operands``: FP8 ``scales`` or None, the result's dtype; or
-    high-precision operands that the op ``quantize``s)."""
+    high-precision operands that the op ``quantize``s, and with ``fp8_grads`` differentiates in FP8)."""
     if quantize is not None:  # before any path: the gathered rows are FP8, none to return or keep
         _check_inputs(a, w, activation, quantize=quantize, return_gathered=return_gathered or keep_gathered)
     if scales is None and library.needs_grad(a, w):
@@ -637,12 +646,12 @@ def _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group
         if activation == "silu_gate":  # training keeps the pre-activation (as Megatron keeps SwiGLU's input): the
             # backward then needs no second GEMM; the activation is torch's, as in the modules it replaces
             h, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, "none", name,
-                                                        quantize)
+                                                        quantize, fp8_grads)
             half = h.shape[1] // 2
             out = torch.nn.functional.silu(h[:, :half]) * h[:, half:]
         else:
             out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, activation, name,
-                                                          quantize)
+                                                          quantize, fp8_grads)
     elif config is None and hardware.compiling() and (scales is None or activation == "none"):
         out, gathered = _traced_call(a, w, scales, out_dtype, return_gathered, activation, group, quantize)
     else:

@@ -27,15 +27,29 @@ FP8 training: ag_gemm / gemm_rs called with ``quantize=`` (high-precision a and 
 product forward) have the same backward, on the saved unquantised a and w: straight-through, gradients in a's
 dtype. A direct call of the torch op with silu_gate and quantize differentiates the gate at the high-precision
 pre-activation it computes again (the public call keeps the FP8 one).
+
+With ``fp8_grads=True`` as well (DeepSeek-V3's recipe, e4m3 throughout) both backward GEMMs are FP8, each operand
+quantised by ``fp8.quantize_operands`` in the forward's mode along that GEMM's reduction dimension (laid out as
+[rows, reduction], contiguous; "block": the first operand in 1x128 groups, the second in 128x128 blocks):
+
+    ag_gemm    grad_a = gemm_rs(grad_out, w.T, quantize)    (grad_out, w.T quantised along N)
+               grad_w = Q(grad_out.T) @ Q(x.T).T            (along the W*m gathered rows; x gathered again)
+    gemm_rs    grad_a = ag_gemm(grad_out, w.T, quantize)    (each rank's rows of G, and w.T, along N)
+               grad_w = Q(G.T) @ Q(a.T).T                   (along the M rows; G gathered on its own, unquantised)
+
+the overlapped ops' own FP8 modes, and the FP8 GEMM core for the weights' gradients (``quantized_gemm``, a torch
+op under torch.compile); gradients in a's dtype, the same fixed orders.
 """
 
 import torch
 
-from .. import shmem
+from .. import hardware, shmem
+from . import fp8, library
 from .allgather import gathered
 from .allgather_gemm import ag_gemm
 from .allreduce import all_reduce
 from .allreduce.ops import rmsnorm_backward
+from .gemm import gemm
 from .gemm_reducescatter import gemm_rs, rows_of_rank
 from .grouped_gemm import group_rows, grouped_gemm, grouped_weight_grad
 
@@ -49,6 +63,28 @@ def _own_rows(full, group):
 def _reduce_scatter(t, group):
     """This rank's rows of the sum over the ranks of ``t`` (every rank's equal-shaped ``t``)."""
     return _own_rows(all_reduce(t.contiguous(), group=group), group).contiguous()
+
+
+def quantized_gemm(a, w, mode):
+    """``a @ w.T`` of FP8 training's backward (``fp8_grads``): ``a`` [M, K] and ``w`` [N, K] (high precision,
+    contiguous) quantised along K by ``fp8.quantize_operands`` in ``mode``, the FP8 GEMM core's product in a's
+    dtype. Under torch.compile: ``torch.ops.triton_dist.quantized_gemm``."""
+    if hardware.compiling():
+        return torch.ops.triton_dist.quantized_gemm(a, w, mode)
+    a8, w8, scales = fp8.quantize_operands(a, w, mode)
+    return gemm(a8, w8, scale_a=scales.a, scale_w=scales.w, scaling=scales.mode, out_dtype=a.dtype)
+
+
+library.define("quantized_gemm(Tensor a, Tensor w, str mode) -> Tensor", quantized_gemm,
+               lambda a, w, mode: a.new_empty((a.shape[0], w.shape[0])))
+
+
+def _weight_grad(g, x, mode):
+    """``g.T @ x`` (the weights' gradient of a product whose output gradient is ``g`` [rows, N] and input ``x``
+    [rows, K]): torch's in g's dtype, or (``mode``: ``fp8_grads``) ``quantized_gemm`` of g.T and x.T."""
+    if mode is None:
+        return g.T @ x
+    return quantized_gemm(g.T.contiguous(), x.T.contiguous(), mode)
 
 
 def _silu_gate_backward(h, grad):
@@ -65,8 +101,9 @@ def _columns(w, activation):
 
 
 def _ag_gemm_setup(ctx, inputs, output):
-    a, w, return_gathered, activation, group_name = inputs[:5]  # (quantize: the backward is the same)
+    a, w, return_gathered, activation, group_name, quantize, fp8_grads = inputs
     ctx.activation, ctx.group_name = activation, group_name
+    ctx.grads_mode = quantize if fp8_grads else None  # the backward's GEMMs in FP8 (this mode) or not (None)
     ctx.set_materialize_grads(False)  # an unused gathered output: None, not a tensor of zeros to reduce
     ctx.save_for_backward(a, w, output[1] if return_gathered else None)
 
@@ -83,19 +120,20 @@ def _ag_gemm_backward(ctx, grad_out, grad_gathered):
         x = kept
     grad_a = grad_w = None
     if ctx.needs_input_grad[0]:
-        grad_a = gemm_rs(grad_out.contiguous(), w.T.contiguous(), group=group)
+        grad_a = gemm_rs(grad_out.contiguous(), w.T.contiguous(), group=group, quantize=ctx.grads_mode)
         if grad_gathered is not None:
             grad_a = grad_a + _reduce_scatter(grad_gathered, group)
     if ctx.needs_input_grad[1]:
         x = gathered(a, group) if x is None else x
-        grad_w = grad_out.T @ x
-    return grad_a, grad_w, None, None, None, None
+        grad_w = _weight_grad(grad_out, x, ctx.grads_mode)
+    return grad_a, grad_w, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------- gemm_rs
 def _gemm_rs_setup(ctx, inputs, output):
-    a, w, group_name = inputs[:3]  # (quantize: the backward is the same)
+    a, w, group_name, quantize, fp8_grads = inputs
     ctx.group_name = group_name
+    ctx.grads_mode = quantize if fp8_grads else None  # the backward's GEMMs in FP8 (this mode) or not (None)
     ctx.save_for_backward(a, w)
 
 
@@ -104,16 +142,22 @@ def _gemm_rs_backward(ctx, grad_out):
     group = shmem.group_named(ctx.group_name)
     world, m = shmem.world_size(group), a.shape[0]
     if grad_out is None:
-        return None, None, None, None
+        return None, None, None, None, None
     shard = -(-m // world)  # every rank's rows padded to the largest share: ag_gemm takes equal shapes
     padded = grad_out.new_zeros((shard, grad_out.shape[1]))
     padded[:grad_out.shape[0]] = grad_out
-    out, g = ag_gemm(padded, w.T.contiguous(), return_gathered=True, group=group)
+    mode = ctx.grads_mode
+    if mode is None:
+        out, g = ag_gemm(padded, w.T.contiguous(), return_gathered=True, group=group)
+    else:  # FP8 rows cross in ag_gemm: the weights' gradient gathers G on its own
+        out = ag_gemm(padded, w.T.contiguous(), group=group, quantize=mode) if ctx.needs_input_grad[0] else None
+        g = gathered(padded, group) if ctx.needs_input_grad[1] else None
     if shard * world != m:  # drop every rank's padding rows
         keep = torch.cat([torch.arange(r * shard, r * shard + rows_of_rank(m, world, r)[1], device=a.device)
                           for r in range(world)])
-        out, g = out[keep], g[keep]
-    return (out if ctx.needs_input_grad[0] else None), (g.T @ a if ctx.needs_input_grad[1] else None), None, None
+        out, g = (t if t is None else t[keep] for t in (out, g))
+    return (out if ctx.needs_input_grad[0] else None), \
+        (_weight_grad(g, a, mode) if ctx.needs_input_grad[1] else None), None, None, None
 
 
 # ----------------------------------------------------------------------------------------------- collectives

@@ -24,7 +24,9 @@ of zeros gets scale 1.
 FP8 training (the ops' ``quantize=`` mode, the ``nn`` layers' ``fp8=``): ag_gemm and gemm_rs take bf16 / fp16 /
 fp32 operands and quantise them in the call (``quantize_operands``: dynamic scales of this rank's operands, by
 ``quantize_fp8``'s kernels on the device), run the FP8 op, and differentiate straight-through: their backward is the high-precision one
-(``kernels/autograd.py``) on the unquantised operands.
+(``kernels/autograd.py``) on the unquantised operands. With ``fp8_grads=True`` (the layers' ``fp8_grads``) the
+backward's GEMMs are FP8 too (DeepSeek-V3's recipe, e4m3 throughout): each quantises its own operands (the output
+gradient and the saved a or w, laid out for that GEMM) along its reduction dimension, in the forward's mode.
 """
 
 import dataclasses
@@ -235,11 +237,23 @@ def check_mode(mode, name="quantize"):
     return mode
 
 
+def check_fp8_grads(fp8_grads, mode, name="fp8_grads", mode_name="quantize"):
+    """``fp8_grads`` (a bool: the backward GEMMs in FP8 too) when valid with the FP8 ``mode`` (None: none), else
+    TypeError (not a bool) or ValueError (True without a mode), naming the keywords ``name`` and ``mode_name``."""
+    if not isinstance(fp8_grads, bool):
+        raise TypeError(f"{name} must be a bool, got {type(fp8_grads).__name__}")
+    if fp8_grads and mode is None:
+        raise ValueError(f"{name}=True quantises the backward's GEMMs as {mode_name}= quantises the forward's: it "
+                         f"needs {mode_name}= (one of {MODES})")
+    return fp8_grads
+
+
 def quantize_operands(a, w, mode):
     """High-precision operands ``a`` [M, K] and ``w`` [N, K] -> (a8, w8, ``Scales``) in ``mode`` (one of
     ``MODES``; "block": a in 1x128 groups, w in 128x128 blocks), e4m3, by ``quantize_fp8``: dynamic scales, taken
     from the operands' amax on their device (no host sync). What the ops' ``quantize=``
-    mode runs (FP8 training: the forward of the usual recipe)."""
+    mode runs (FP8 training: the forward of the usual recipe; with ``fp8_grads``, the operands of every backward
+    GEMM too, each quantised along that GEMM's reduction dimension)."""
     if check_mode(mode) is None:
         raise ValueError(f"quantize_operands needs a mode of {MODES}, got None")
     a8, scale_a = quantize_fp8(a, "group" if mode == "block" else mode)

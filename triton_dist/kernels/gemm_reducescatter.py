@@ -369,14 +369,14 @@ def _gemm_rs_impl(a, w, config=None, out=None, group=None, scales=None, out_dtyp
     return res if out is None else out.copy_(res)
 
 
-def _output_shape(a, w, group, quantize=None):
+def _output_shape(a, w, group, quantize=None, fp8_grads=False):
     _check_inputs(a, w)
-    fp8.check_mode(quantize)
+    fp8.check_fp8_grads(fp8_grads, fp8.check_mode(quantize))
     return rows_of_rank(a.shape[0], shmem.world_size(group), shmem.rank(group))[1], w.shape[0]
 
 
-def _gemm_rs_fake(a, w, group_name=None, quantize=None):
-    return a.new_empty(_output_shape(a, w, shmem.group_named(group_name), quantize))
+def _gemm_rs_fake(a, w, group_name=None, quantize=None, fp8_grads=False):
+    return a.new_empty(_output_shape(a, w, shmem.group_named(group_name), quantize, fp8_grads))
 
 
 def _quantized_gemm_rs(a, w, quantize, config=None, out=None, group=None):
@@ -386,19 +386,20 @@ def _quantized_gemm_rs(a, w, quantize, config=None, out=None, group=None):
     return _gemm_rs_impl(a8, w8, config, out, group, scales, a.dtype)
 
 
-def _gemm_rs_op(a, w, group_name=None, quantize=None):
+def _gemm_rs_op(a, w, group_name=None, quantize=None, fp8_grads=False):
     _check_inputs(a, w)
+    fp8.check_fp8_grads(fp8_grads, quantize)  # (the backward's business: kernels/autograd.py)
     if quantize is not None:
         return _quantized_gemm_rs(a, w, quantize, group=shmem.group_named(group_name))
     return _gemm_rs_impl(a, w, group=shmem.group_named(group_name))
 
 
-library.define("gemm_rs(Tensor a, Tensor w, str? group_name=None, str? quantize=None) -> Tensor", _gemm_rs_op,
-               _gemm_rs_fake)
+library.define("gemm_rs(Tensor a, Tensor w, str? group_name=None, str? quantize=None, bool fp8_grads=False) -> Tensor",
+               _gemm_rs_op, _gemm_rs_fake)
 
 
 def gemm_rs(a, w, config=None, out=None, group=None, *, scale_a=None, scale_w=None, scaling=None, out_dtype=None,
-            fast_accum=False, quantize=None):
+            fast_accum=False, quantize=None, fp8_grads=False):
     """This rank's rows of ``sum over the ranks of group of a @ w.T`` (``group`` default: the heap's; rows split
     like ``torch.tensor_split``, see the module docstring), summed in a fixed order (own partial, then ranks r+1,
     r+2, ...: bitwise reproducible).
@@ -425,7 +426,11 @@ def gemm_rs(a, w, config=None, out=None, group=None, *, scale_a=None, scale_w=No
     quantize_operands``: over its K slice; "block": 1x128 groups of a, 128x128 blocks of w), then the FP8 op
     above, the result in a's dtype. Differentiable straight-through: the backward is the one below, from the
     unquantised ``a`` and ``w`` (FP8 forward, gradients in a's dtype). The other FP8 keywords are not taken
-    (ValueError).
+    (ValueError). ``fp8_grads=True`` (with ``quantize`` only: ValueError otherwise; a bool: TypeError otherwise):
+    the backward's two GEMMs in FP8 too, each operand quantised in the same mode along that GEMM's reduction
+    dimension: ``grad_a = ag_gemm(grad_out, w.T, quantize=quantize)`` (each rank's rows of G quantised by that
+    rank), ``grad_w`` the FP8 core's ``G.T @ a`` (G gathered on its own, unquantised; G.T and a.T quantised
+    along the M rows), in a's dtype.
 
     Autograd: when ``a`` or ``w`` requires grad the call goes through the torch op (``config`` and ``out`` are for
     calls without grad), whose backward gathers every rank's output rows' gradient G [M, N] with the gather
@@ -433,7 +438,8 @@ def gemm_rs(a, w, config=None, out=None, group=None, *, scale_a=None, scale_w=No
     """
     scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum,
                                             quantize=quantize)
-    return _gemm_rs(a, w, config, out, group, scales, out_dtype, quantize)
+    fp8.check_fp8_grads(fp8_grads, quantize)
+    return _gemm_rs(a, w, config, out, group, scales, out_dtype, quantize, fp8_grads)
 
 
 def scaled_gemm_rs(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast_accum=False, config=None, out=None,
@@ -444,26 +450,26 @@ def scaled_gemm_rs(a, w, scale_a, scale_w, *, scaling=None, out_dtype=None, fast
                                                                    fast_accum, required=True))
 
 
-def _gemm_rs(a, w, config, out, group, scales, out_dtype, quantize=None):
+def _gemm_rs(a, w, config, out, group, scales, out_dtype, quantize=None, fp8_grads=False):
     """The op on its operands' mode (``fp8.scaled_operands``: FP8 ``scales`` or None, the result's dtype; or
-    high-precision operands that the op ``quantize``s)."""
+    high-precision operands that the op ``quantize``s, and with ``fp8_grads`` differentiates in FP8)."""
     _check_inputs(a, w, scales)
     through_op = scales is None and library.needs_grad(a, w)
     if through_op and (config is not None or out is not None):
         raise ValueError("gemm_rs: config= and out= are for calls without grad (under torch.no_grad())")
     if through_op or (config is None and out is None and hardware.compiling()):
-        return _op_call(a, w, scales, out_dtype, group, quantize)
+        return _op_call(a, w, scales, out_dtype, group, quantize, fp8_grads)
     if quantize is not None:
         return _quantized_gemm_rs(a, w, quantize, config, out, group)
     return _gemm_rs_impl(a, w, config, out, group, scales, out_dtype)
 
 
-def _op_call(a, w, scales, out_dtype, group, quantize=None):
+def _op_call(a, w, scales, out_dtype, group, quantize=None, fp8_grads=False):
     """The call through the torch op (autograd, torch.compile; ``quantize`` inside it); FP8 through async-TP's
     (``async_tp.py``: B = W.t(), B's scales likewise)."""
     name = shmem.group_name(group)
     if scales is None:
-        return torch.ops.triton_dist.gemm_rs(a, w, name, quantize)
+        return torch.ops.triton_dist.gemm_rs(a, w, name, quantize, fp8_grads)
     return torch.ops.triton_dist.fused_scaled_matmul_reduce_scatter(
         a, w.t(), scales.a, scales.w if scales.w.numel() == 1 else scales.w.t(), "sum", 0, 0, name,
         [a.shape[0], w.shape[0]], None, None, out_dtype, scales.fast_accum)

@@ -17,47 +17,47 @@ The catalogue of blocks and the readers of their weights: ``hf_blocks.py``.
 from torch import nn
 
 from .hf_blocks import read_experts, read_moe_block, supported_classes  # noqa: F401  (read_*: re-exported)
-from ..kernels.fp8 import check_mode
+from ..kernels.fp8 import check_fp8_grads, check_mode
 from .linear import TensorParallelMLP
 from .moe import ExpertParallelMoE
 
 
 # ----------------------------------------------------------------------------------------------- parallelize
-def _replacement(name, module, tp_group, ep_group, max_tokens, align, fp8):
+def _replacement(name, module, tp_group, ep_group, max_tokens, align, fp8, fp8_grads):
     mlps, moes = supported_classes()
     try:
         if isinstance(module, moes):
             return ExpertParallelMoE.from_dense(module, ep_group, max_tokens=max_tokens, align=align)
         if isinstance(module, mlps):
-            return TensorParallelMLP.from_dense(module, tp_group, fp8=fp8)
+            return TensorParallelMLP.from_dense(module, tp_group, fp8=fp8, fp8_grads=fp8_grads)
     except ValueError as exc:
         raise ValueError(f"parallelize: cannot swap {name or 'the model'} ({type(module).__name__}): {exc}") from exc
     return None
 
 
-def parallelize(model, tp_group=None, ep_group=None, *, max_tokens=None, align=1, fp8=None):
+def parallelize(model, tp_group=None, ep_group=None, *, max_tokens=None, align=1, fp8=None, fp8_grads=False):
     """Swap, in place, every supported gated MLP of ``model`` for a ``TensorParallelMLP`` (on ``tp_group``) and
     every supported sparse-MoE block for an ``ExpertParallelMoE`` (on ``ep_group``); both take and return the
     full activations on every rank. Collective: every rank calls it on the same model (same weights). Groups:
     None (the group ``triton_dist.init`` was given). ``max_tokens``/``align``: the MoE
     blocks' dispatch capacity per rank and group alignment (see ``ExpertParallelMoE``). ``fp8`` ("tensor",
     "row", "block"): the MLPs train in FP8 (``TensorParallelMLP``'s mode; the MoE blocks stay in the model's
-    dtype). Returns ``model``."""
+    dtype); ``fp8_grads`` (with ``fp8``): their backward GEMMs in FP8 too. Returns ``model``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    check_mode(fp8, "parallelize: fp8")
+    check_fp8_grads(fp8_grads, check_mode(fp8, "parallelize: fp8"), "parallelize: fp8_grads", "fp8")
     swaps = []
 
     def walk(prefix, module):
         for child_name, child in module.named_children():
             name = f"{prefix}.{child_name}" if prefix else child_name
-            new = _replacement(name, child, tp_group, ep_group, max_tokens, align, fp8)
+            new = _replacement(name, child, tp_group, ep_group, max_tokens, align, fp8, fp8_grads)
             if new is None:
                 walk(name, child)
             else:  # a swapped block's insides (e.g. a shared expert) are the new layer's business
                 swaps.append((module, child_name, new))
 
-    new_root = _replacement("", model, tp_group, ep_group, max_tokens, align, fp8)
+    new_root = _replacement("", model, tp_group, ep_group, max_tokens, align, fp8, fp8_grads)
     if new_root is not None:
         raise ValueError(f"parallelize: {type(model).__name__} is itself a block: use its layer's from_dense")
     walk("", model)

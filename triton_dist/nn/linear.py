@@ -18,14 +18,17 @@ weights stay the bf16 / fp32 parameters (the master weights); each forward quant
 weight slice to e4m3 with scales taken on the device (per tensor, per row / output channel, or 1x128 groups and
 128x128 blocks, of this rank's operands: ``kernels/fp8.py``) and runs the overlapped FP8 ag_gemm / gemm_rs
 (their ``quantize=`` mode). The backward is the high-precision layer's, from the unquantised input and weight
-(straight-through). None: no quantisation.
+(straight-through). None: no quantisation. ``fp8_grads=True`` (with ``fp8`` only; DeepSeek-V3's recipe): the
+backward's GEMMs in FP8 too, each operand (the output gradient, the saved input or weight) quantised to e4m3 in
+the same mode along that GEMM's reduction dimension, dynamic scales of its own (the ops' ``fp8_grads``,
+``kernels/autograd.py``); the gradients come out in the parameters' dtype.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.fp8 import check_mode
+from ..kernels.fp8 import check_fp8_grads, check_mode
 from .sharding import (GroupOps, drop_padding, finish_rows, gather_slices, local_rows, plan_rows, replicated_param,
                        take_slice)
 
@@ -82,15 +85,16 @@ def _linear_state(module_or_state_dict, what):
 
 class _ParallelLinear(nn.Module):
     """A linear layer whose weight is split along ``SPLIT_DIM`` (0: output features, 1: input features);
-    ``fp8``: None, or the FP8 training mode (the module docstring)."""
+    ``fp8``: None, or the FP8 training mode, ``fp8_grads``: its backward in FP8 too (the module docstring)."""
 
     SPLIT_DIM = 0
 
     def __init__(self, in_features, out_features, bias=True, *, sequence_parallel=False, group=None, dtype=None,
-                 device=None, fp8=None):
+                 device=None, fp8=None, fp8_grads=False):
         super().__init__()
         split_dim = self.SPLIT_DIM
         self.fp8 = check_mode(fp8, f"{type(self).__name__}: fp8")
+        self.fp8_grads = check_fp8_grads(fp8_grads, self.fp8, f"{type(self).__name__}: fp8_grads", "fp8")
         self.ops = GroupOps(group)
         self.in_features, self.out_features = in_features, out_features
         self.sequence_parallel = bool(sequence_parallel)
@@ -105,13 +109,13 @@ class _ParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(bias_size, dtype=dtype, device=device)) if bias else None
 
     @classmethod
-    def from_dense(cls, module_or_state_dict, group=None, sequence_parallel=False, fp8=None):
+    def from_dense(cls, module_or_state_dict, group=None, sequence_parallel=False, fp8=None, fp8_grads=False):
         """From an ``nn.Linear`` (or its state dict): this rank's slice of the weight (column parallel: of the
         output features and the bias; row parallel: of the input features, the bias kept whole)."""
         split_dim = cls.SPLIT_DIM
         weight, bias = _linear_state(module_or_state_dict, cls.__name__)
         layer = cls(weight.shape[1], weight.shape[0], bias is not None, sequence_parallel=sequence_parallel,
-                    group=group, dtype=weight.dtype, device=weight.device, fp8=fp8)
+                    group=group, dtype=weight.dtype, device=weight.device, fp8=fp8, fp8_grads=fp8_grads)
         with torch.no_grad():
             layer.weight.copy_(_split(weight, split_dim, layer.ops, cls.__name__))
             if bias is not None:
@@ -135,8 +139,8 @@ class ColumnParallelLinear(_ParallelLinear):
         if rows.total == 0:
             width = self.weight.shape[0] if self.sequence_parallel else self.out_features
             return x.new_zeros((*lead, width))
-        y = drop_padding(self.ops.ag_gemm(local_rows(x2, rows, self.ops), self.weight, quantize=self.fp8),
-                         rows)  # [M, out / W]
+        y = drop_padding(self.ops.ag_gemm(local_rows(x2, rows, self.ops), self.weight, quantize=self.fp8,
+                                          fp8_grads=self.fp8_grads), rows)  # [M, out / W]
         if self.bias is not None:
             y = y + self.bias
         if self.sequence_parallel:
@@ -156,7 +160,7 @@ class RowParallelLinear(_ParallelLinear):
         lead = x.shape[:-1]
         if self.sequence_parallel:  # every row, our features: the output rows come out tensor_split
             x2 = x.reshape(-1, self.weight.shape[1])
-            y = self.ops.gemm_rs(x2.contiguous(), self.weight, quantize=self.fp8)
+            y = self.ops.gemm_rs(x2.contiguous(), self.weight, quantize=self.fp8, fp8_grads=self.fp8_grads)
             return y + replicated_param(self.bias, self.ops) if self.bias is not None else y
         x2 = x.reshape(-1, self.in_features)
         m, width = x2.shape[0], self.weight.shape[1]
@@ -166,7 +170,8 @@ class RowParallelLinear(_ParallelLinear):
         rows = plan_rows(x2, self.ops, False)
         padded = mine.new_zeros((rows.shard * self.ops.world, width))  # equal shares: rank r's are rows r*shard..
         padded[:m] = mine
-        y = finish_rows(self.ops.gemm_rs(padded, self.weight, quantize=self.fp8), rows, self.ops)
+        y = finish_rows(self.ops.gemm_rs(padded, self.weight, quantize=self.fp8, fp8_grads=self.fp8_grads), rows,
+                        self.ops)
         if self.bias is not None:  # on the full rows: the (replicated) bias sees every row's gradient
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
@@ -179,12 +184,14 @@ class TensorParallelMLP(nn.Module):
     sequence_parallel=True: x is this rank's rows [m_r, H] (``total_rows`` when shards are uneven), the result
     this rank's rows. False: x [..., H] full on every rank, the result the full [..., H], equal to the dense MLP's.
     ``fp8``: both projections in FP8 (the module docstring); the SiLU gate's input and output stay in x's dtype.
+    ``fp8_grads``: both projections' backward GEMMs in FP8 too (the module docstring).
     """
 
     def __init__(self, hidden_size, intermediate_size, *, sequence_parallel=False, group=None, dtype=None,
-                 device=None, fp8=None):
+                 device=None, fp8=None, fp8_grads=False):
         super().__init__()
         self.fp8 = check_mode(fp8, "TensorParallelMLP: fp8")
+        self.fp8_grads = check_fp8_grads(fp8_grads, self.fp8, "TensorParallelMLP: fp8_grads", "fp8")
         self.ops = GroupOps(group)
         if intermediate_size % self.ops.world:
             raise ValueError(f"TensorParallelMLP: intermediate_size={intermediate_size} is not divisible by the "
@@ -196,12 +203,12 @@ class TensorParallelMLP(nn.Module):
         self.down = nn.Parameter(torch.empty((hidden_size, local), dtype=dtype, device=device))
 
     @classmethod
-    def from_dense(cls, module, group=None, sequence_parallel=False, fp8=None):
+    def from_dense(cls, module, group=None, sequence_parallel=False, fp8=None, fp8_grads=False):
         """From a gated MLP module (``gate_proj``, ``up_proj``, ``down_proj``, SiLU, no biases: LlamaMLP and
         alike) or its state dict."""
         gate, up, down = gated_mlp_weights(module, type(module).__name__)
         layer = cls(gate.shape[1], gate.shape[0], sequence_parallel=sequence_parallel, group=group,
-                    dtype=gate.dtype, device=gate.device, fp8=fp8)
+                    dtype=gate.dtype, device=gate.device, fp8=fp8, fp8_grads=fp8_grads)
         ops = layer.ops
         with torch.no_grad():
             layer.gate_up.copy_(torch.cat([_split(gate, 0, ops, "gate_proj"), _split(up, 0, ops, "up_proj")]))
@@ -215,8 +222,9 @@ class TensorParallelMLP(nn.Module):
         if rows.total == 0:
             return x.new_zeros((*lead, self.hidden_size))
         h = self.ops.ag_gemm(local_rows(x2, rows, self.ops), self.gate_up, activation="silu_gate",
-                             quantize=self.fp8)  # [W*shard, I/W]
-        y = self.ops.gemm_rs(h, self.down, quantize=self.fp8)  # [shard, H]: W * shard rows split evenly
+                             quantize=self.fp8, fp8_grads=self.fp8_grads)  # [W*shard, I/W]
+        y = self.ops.gemm_rs(h, self.down, quantize=self.fp8,
+                             fp8_grads=self.fp8_grads)  # [shard, H]: W * shard rows split evenly
         out = finish_rows(y, rows, self.ops)
         return out.reshape(*lead, self.hidden_size) if not self.sequence_parallel else out
 

@@ -53,11 +53,11 @@ class GroupOps:
     def __deepcopy__(self, memo):  # no state of its own; a process group cannot be copied
         return self
 
-    def ag_gemm(self, a, w, activation="none", quantize=None):
-        return ag_gemm(a, w, activation=activation, group=self.group, quantize=quantize)
+    def ag_gemm(self, a, w, activation="none", quantize=None, fp8_grads=False):
+        return ag_gemm(a, w, activation=activation, group=self.group, quantize=quantize, fp8_grads=fp8_grads)
 
-    def gemm_rs(self, a, w, quantize=None):
-        return gemm_rs(a, w, group=self.group, quantize=quantize)
+    def gemm_rs(self, a, w, quantize=None, fp8_grads=False):
+        return gemm_rs(a, w, group=self.group, quantize=quantize, fp8_grads=fp8_grads)
 
     def all_reduce(self, x):
         return all_reduce(x, group=self.group)
