@@ -349,9 +349,15 @@ def _gather(t, plan):
 
 
 def _gather_then_matmul(a, w, plan, return_gathered, scales=None):
-    """The small-M path: all_gather (FP8: the rows' scales too), then one GEMM by torch (``matmul_torch``):
-    exactly the baseline."""
-    gathered = _gather(a, plan)
+    """The small-M path (and a group of one's, whose rows are a's own: nothing to gather): all_gather (FP8: the
+    rows' scales too), then one GEMM by torch (``matmul_torch``): exactly the baseline. The SiLU gate of
+    high-precision rows is the GEMM core's fused epilogue, which writes no [rows, 2I] pre-activation (torch needs
+    it and two more passes over it: docs/design/ag_gemm.md)."""
+    gathered = a if plan.world == 1 and not return_gathered else _gather(a, plan)
+    if plan.silu_gate and scales is None:
+        out = torch.empty((gathered.shape[0], plan.n), dtype=plan.out_dtype, device=a.device)
+        launch_gemm(gathered, w, out.view(1, gathered.shape[0], plan.n), plan.cfg, silu_gate=True)
+        return out, (gathered if return_gathered else None)
     if scales is not None:
         scales = scales.of_gathered(_gather(scales.rows_of_a(a.shape[0]), plan), w.shape[0])
     out = matmul_torch(gathered, w, scales, plan.out_dtype)
