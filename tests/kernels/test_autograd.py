@@ -424,6 +424,129 @@ def test_quantize_refuses_bad_input(ranks):
         assert names == ["ValueError", "ValueError", "TypeError"] + ["ValueError"] * 6, names
 
 
+# ----------------------------------------------------------------------------------------------- FP8 gradients
+# ``fp8_grads=True``: the backward's GEMMs in FP8 too, each operand quantised along that GEMM's reduction dimension.
+# The reference is the same recipe in fp64 torch: the same tensors (output gradients, inputs, weights, laid out
+# for each GEMM) quantised by ``fp8.quantize`` and the products taken in fp64 from the dequantised operands. Ours
+# multiplies the same e4m3 values (products exact in fp32) and sums them in fp32: 1e-5 as the high-precision
+# gradients above (6.5e-7 seen). fp16: the results are rounded to fp16, and so are gemm_rs's partials before their
+# sum, unit roundoff 2**-11 for the result and each of up to 3 partials: 4 * 2**-11 (3.7e-4 seen).
+FP8_GRADS_TOL = {torch.float32: 1e-5, torch.float16: 4 * 2.0 ** -11}
+FP8_GRADS_APART = 1e-2  # FP8 rounding of every operand (steps of 2**-4 relative) against a high-precision backward
+
+
+def _recipe(a, w, mode):
+    """``a @ w.T`` of FP8 training's backward in fp64: ``a`` [M, K] quantised as the first operand ("block": 1x128
+    groups), ``w`` [N, K] as the second (128x128 blocks), both along K, from their values in fp32."""
+    def dequantised(t, scaling):
+        q, scale = fp8.quantize(t.float(), scaling)
+        return q.double() * fp8.expand(scale.double(), scaling, *t.shape)
+
+    return dequantised(a, "group" if mode == "block" else mode) @ dequantised(w, mode).T
+
+
+def _fp8_grads(dtype, modes, gate_modes=(), split=False):
+    """ag_gemm (plain, and in ``gate_modes`` the torch op's SiLU gate) and gemm_rs with ``quantize`` and
+    ``fp8_grads`` on ``dtype`` operands, in each of ``modes``: {what: (relative error against ``_recipe``'s
+    gradients, relative distance from the high-precision backward's in fp64)}. ag_gemm: K 160 (two groups), N 136
+    (grad_a's reduction: two groups); gemm_rs: M 131 rows, uneven over the ranks (grad_w's reduction: two groups).
+    ``split``: on TP groups {0, 1} and {2, 3} of 4 ranks (each its own data), the references over the group's
+    members."""
+    from .test_groups import _new_groups
+
+    group, world, r, seed = None, td.world_size(), td.rank(), 50
+    if split:
+        (group,) = _new_groups([[0, 1], [2, 3]])
+        world, r, seed = 2, td.rank() % 2, 60 + 10 * (td.rank() // 2)
+    gen = torch.Generator().manual_seed(seed)
+
+    def every(*shape):  # every member's tensor of ``shape``, values of ``dtype``, in fp64
+        return [torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype).double() for _ in range(world)]
+
+    errs = {}
+    for mode in modes:
+        for activation in ("none", "silu_gate") if mode in gate_modes else ("none",):
+            m, k, n = 5, 160, 136
+            cols = 2 * n if activation == "silu_gate" else n
+            a64, w64, wt64 = every(m, k), every(cols, k), every(world * m, n)
+            x = torch.cat(a64)
+            grads = []  # every member's gradient of its output (of h with the gate: at the unquantised h)
+            for s in range(world):
+                h = (x @ w64[s].T).requires_grad_()
+                out = F.silu(h[:, :n]) * h[:, n:] if activation == "silu_gate" else h
+                grads.append(torch.autograd.grad((out * wt64[s]).sum(), h)[0])
+            ref_a = torch.tensor_split(sum(_recipe(g, w.T.contiguous(), mode) for g, w in zip(grads, w64)), world)[r]
+            ref_w = _recipe(grads[r].T.contiguous(), x.T.contiguous(), mode)
+            plain_a = torch.tensor_split(sum(g @ w for g, w in zip(grads, w64)), world)[r]
+            a, w = (t.to(dtype).requires_grad_() for t in (a64[r], w64[r]))
+            out, _ = torch.ops.triton_dist.ag_gemm(a, w, False, activation, td.shmem.group_name(group), mode, True)
+            out.backward(wt64[r].to(dtype))
+            name = f"ag_gemm {activation} {mode}"
+            errs[f"{name} a"] = (_rel(a.grad, ref_a), _rel(a.grad, plain_a))
+            errs[f"{name} w"] = (_rel(w.grad, ref_w), _rel(w.grad, grads[r].T @ x))
+        rows, k, n = 131, 160, 24
+        a64, w64, g64 = every(rows, k), every(n, k), every(rows, n)[0]
+        pieces = torch.tensor_split(g64, world)  # member q's output rows' gradient, quantised by member q
+        ref_a = torch.cat([_recipe(g, w64[r].T.contiguous(), mode) for g in pieces])
+        ref_w = _recipe(g64.T.contiguous(), a64[r].T.contiguous(), mode)
+        a, w = (t.to(dtype).requires_grad_() for t in (a64[r], w64[r]))
+        gemm_rs(a, w, group=group, quantize=mode, fp8_grads=True).backward(pieces[r].to(dtype))
+        errs[f"gemm_rs {mode} a"] = (_rel(a.grad, ref_a), _rel(a.grad, g64 @ w64[r]))
+        errs[f"gemm_rs {mode} w"] = (_rel(w.grad, ref_w), _rel(w.grad, g64.T @ a64[r]))
+        if not a.grad.dtype == w.grad.dtype == dtype:
+            errs[f"gemm_rs {mode} dtypes"] = (float("inf"), 0.0)
+    return errs
+
+
+def _fp8_grads_failures(results, dtype):
+    """{rank and what: errors} outside FP8_GRADS_TOL of the recipe or within FP8_GRADS_APART of the high-precision
+    backward."""
+    return {f"rank {q} {what}": v for q, errs in enumerate(results) for what, v in errs.items()
+            if not (v[0] < FP8_GRADS_TOL[dtype] and v[1] > FP8_GRADS_APART)}
+
+
+# W: (fp32 modes, of which the SiLU gate's, the fp16 mode): every mode in each column over the world sizes. The
+# gate in fp32 only: the reference's gradient of the gate is fp64, ours is rounded to the inputs' dtype before it
+# is quantised (in fp16 a rounding that moves a value across an e4m3 tie is likely; in fp32 it is not).
+FP8_GRADS_CASES = {1: (fp8.MODES, ("row",), "tensor"), 2: (("block", "tensor"), ("block",), "row"),
+                   3: (("tensor", "row"), ("tensor",), "block")}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_fp8_grads_match_the_recipe_in_fp64(ranks, world, dtype):
+    """Every gradient within FP8_GRADS_TOL of the recipe's and FP8_GRADS_APART from the high-precision backward's
+    (the FP8 backward ran), in the modes of FP8_GRADS_CASES."""
+    modes, gate_modes, fp16_mode = FP8_GRADS_CASES[world]
+    args = (modes, gate_modes) if dtype == torch.float32 else ((fp16_mode,),)
+    failures = _fp8_grads_failures(ranks(world, _fp8_grads, dtype, *args), dtype)
+    assert not failures, failures
+
+
+def test_fp8_grads_on_groups_match_the_recipe_in_fp64(ranks):
+    """TP groups {0, 1} and {2, 3} of 4 ranks, each with its own data."""
+    failures = _fp8_grads_failures(ranks(4, _fp8_grads, torch.float32, ("row",), split=True), torch.float32)
+    assert not failures, failures
+
+
+def _fp8_grads_refusals():
+    a, w = torch.randn(4, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True)
+    a8, w8, scales = fp8.quantize_operands(a.detach(), w.detach(), "row")
+    return error_names([lambda: ag_gemm(a, w, fp8_grads=True),                                # without quantize
+                        lambda: gemm_rs(a, w, fp8_grads=True),
+                        lambda: ag_gemm(a8, w8, scale_a=scales.a, scale_w=scales.w, fp8_grads=True),
+                        lambda: torch.ops.triton_dist.ag_gemm(a, w, False, "none", None, None, True),
+                        lambda: torch.ops.triton_dist.gemm_rs(a, w, None, None, True),
+                        lambda: ag_gemm(a, w, quantize="row", fp8_grads="yes"),               # not a bool
+                        lambda: gemm_rs(a, w, quantize="block", fp8_grads=1),
+                        lambda: gemm_rs(a, w, quantize="tensor", fp8_grads=None)])
+
+
+def test_fp8_grads_refuses_bad_input(ranks):
+    for names in ranks(2, _fp8_grads_refusals):
+        assert names == ["ValueError"] * 5 + ["TypeError"] * 3, names
+
+
 # ----------------------------------------------------------------------------------------------- GPU, bf16
 # The same gradients in bf16 on GPUs. bf16 keeps 8 bits of mantissa, so no bf16 computation is exact: each of ours
 # is held to what plain torch achieves on the same bf16 inputs (the same computation, no communication: an
