@@ -21,7 +21,9 @@ rank (one loss, copied) undo that where they split and gather rows (``nn/shardin
                                                         as the weight; zeros outside the groups),
                                                         grad_w[e] = grad[g_e].T @ x[g_e] (grouped_weight_grad)
 
-The sums run in fixed orders (the ops' own), so gradients are bitwise the same run to run.
+The sums run in fixed orders (the ops' own), so gradients are bitwise the same run to run. In a group of one
+(nothing to reduce or gather) ag_gemm's and gemm_rs's high-precision backward is torch's GEMMs on the saved tensors
+as they are, not the fused ops on a transposed copy of the weight.
 
 FP8 training: ag_gemm / gemm_rs called with ``quantize=`` (high-precision a and w quantised inside the op, the FP8
 product forward) have the same backward, on the saved unquantised a and w: straight-through, gradients in a's
@@ -119,12 +121,16 @@ def _ag_gemm_backward(ctx, grad_out, grad_gathered):
     else:
         x = kept
     grad_a = grad_w = None
+    alone = shmem.world_size(group) == 1 and ctx.grads_mode is None  # a group of one: nothing to reduce or gather
     if ctx.needs_input_grad[0]:
-        grad_a = gemm_rs(grad_out.contiguous(), w.T.contiguous(), group=group, quantize=ctx.grads_mode)
+        if alone:  # torch's GEMM on the weight as it is: no transposed copy of it
+            grad_a = grad_out @ w
+        else:
+            grad_a = gemm_rs(grad_out.contiguous(), w.T.contiguous(), group=group, quantize=ctx.grads_mode)
         if grad_gathered is not None:
             grad_a = grad_a + _reduce_scatter(grad_gathered, group)
     if ctx.needs_input_grad[1]:
-        x = gathered(a, group) if x is None else x
+        x = (a if alone else gathered(a, group)) if x is None else x
         grad_w = _weight_grad(grad_out, x, ctx.grads_mode)
     return grad_a, grad_w, None, None, None, None, None
 
@@ -143,6 +149,9 @@ def _gemm_rs_backward(ctx, grad_out):
     world, m = shmem.world_size(group), a.shape[0]
     if grad_out is None:
         return None, None, None, None, None
+    if world == 1 and ctx.grads_mode is None:  # a group of one: torch's GEMMs on the tensors as they are
+        return (grad_out @ w if ctx.needs_input_grad[0] else None), \
+            (grad_out.T @ a if ctx.needs_input_grad[1] else None), None, None, None
     shard = -(-m // world)  # every rank's rows padded to the largest share: ag_gemm takes equal shapes
     padded = grad_out.new_zeros((shard, grad_out.shape[1]))
     padded[:grad_out.shape[0]] = grad_out
