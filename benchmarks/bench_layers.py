@@ -107,8 +107,11 @@ def check():
 def main():
     from harness import IN_TURN, in_turn, path_of, record, start
 
-    args = start(__doc__, check, "layer benchmark", 8 << 30,
-                 lambda parser: parser.add_argument("--tokens", type=int, default=4096))
+    def add_arguments(parser):
+        parser.add_argument("--tokens", type=int, default=4096)
+        parser.add_argument("--only", default="mlp,moe", help="comma-separated layers of mlp, moe")
+
+    args = start(__doc__, check, "layer benchmark", 8 << 30, add_arguments)
     if args is None:
         return
     try:
@@ -119,7 +122,7 @@ def main():
         td.finalize()
         return
     rows = []
-    for kind in ("mlp", "moe"):
+    for kind in args.only.split(","):
         calls, pairs = contenders(kind, FULL[kind], args.tokens, torch.bfloat16, td.shmem.device())
         with torch.no_grad():
             turn = in_turn(calls, args.rounds)
