@@ -10,6 +10,12 @@ and sequence-parallel rows, each (layer, rows, FP8 mode) once; the MLP's gradien
 under activation checkpointing, and under torch.compile (fullgraph); a TensorParallelMLP trained in FP8 beside the
 dense MLP in fp32; bad modes refused, ``parallelize(fp8=...)``. The GPU test: the layers in bf16 on one GPU
 against the same reference, held to torch's bf16 error on it.
+
+``fp8_grads`` (the backward's GEMMs in FP8 too): the same layers and cases against the reference of that recipe
+(``_Fp8Grads``: each gradient's GEMM from its operands quantised by ``fp8.quantize`` along its reduction
+dimension, as the ranks quantise them), the input's and weights' gradients apart from the straight-through ones;
+the MLP bitwise on a rerun and under checkpointing, and under torch.compile; a TensorParallelMLP trained beside the
+recipe in torch (``_RecipeMLP``); bad values refused; the GPU test in bf16 likewise.
 """
 
 import copy
@@ -59,27 +65,54 @@ def _dequantised(t, mode, operand, rows=None):
     return torch.cat(out)
 
 
-def fp8_linear(a, w, mode, rows=None):
+class _Fp8Grads(torch.autograd.Function):
+    """``value`` in the forward; the backward of ``fp8_grads`` for the product ``a @ w.T`` of output gradient G:
+    grad_a = G @ w and grad_w = G.T @ a, each from its operands dequantised (``_dequantised``; G, w.T, G.T and a.T,
+    the first of each GEMM as an input, the second as a weight) and multiplied in fp32 (fp64 for fp64 operands),
+    rounded to a's dtype. ``grad_rows``: the row counts of G quantised on their own for grad_a (each rank's output
+    rows of a gemm_rs); None: G as one tensor (each rank's own output of an ag_gemm)."""
+
+    @staticmethod
+    def forward(ctx, a, w, value, mode, grad_rows):
+        ctx.save_for_backward(a, w)
+        ctx.mode, ctx.grad_rows = mode, grad_rows
+        return value
+
+    @staticmethod
+    def backward(ctx, g):
+        a, w = ctx.saved_tensors
+        mode = ctx.mode
+        grad_a = _dequantised(g, mode, "a", ctx.grad_rows) @ _dequantised(w.T.contiguous(), mode, "w").T
+        grad_w = _dequantised(g.T.contiguous(), mode, "a") @ _dequantised(a.T.contiguous(), mode, "w").T
+        return grad_a.to(a.dtype), grad_w.to(w.dtype), None, None, None
+
+
+def fp8_linear(a, w, mode, rows=None, fp8_grads=False, grad_rows=None):
     """``a @ w.T`` of the recipe: the value of the dequantised operands' product (in fp32 rounded to a's dtype when
-    a is not fp64), the gradient of the unquantised one."""
-    value = _dequantised(a, mode, "a", rows) @ _dequantised(w, mode, "w").T
-    return _StraightThrough.apply(a @ w.T, value.to(a.dtype))
+    a is not fp64), the gradient of the unquantised one, or with ``fp8_grads`` ``_Fp8Grads``'."""
+    value = (_dequantised(a, mode, "a", rows) @ _dequantised(w, mode, "w").T).to(a.dtype)
+    if fp8_grads:
+        return _Fp8Grads.apply(a, w, value, mode, grad_rows)
+    return _StraightThrough.apply(a @ w.T, value)
 
 
-def reference(kind, mode, x, params, world, shards):
+def reference(kind, mode, x, params, world, shards, fp8_grads=False):
     """The full output [M, out] of a layer of ``kind`` on ``world`` ranks, by ``fp8_linear``: rank r's products
-    of its slices; ``shards``: the input's rows per rank (the gather's pieces)."""
+    of its slices; ``shards``: the input's rows per rank (the gather's pieces, and the pieces of a row-parallel
+    product's output rows). ``fp8_grads``: the backward's GEMMs in FP8 too, each quantising its operands as the
+    ranks do (M here below 128: one group along the rows, so the padding rows the layers add change no scale)."""
     if kind == "col":
         weight, bias = params
-        return torch.cat([fp8_linear(x, w, mode, shards) for w in weight.chunk(world, 0)], dim=1) + bias
+        return torch.cat([fp8_linear(x, w, mode, shards, fp8_grads) for w in weight.chunk(world, 0)], dim=1) + bias
     if kind == "row":
         weight, bias = params
-        return sum(fp8_linear(xs, w, mode) for xs, w in zip(x.chunk(world, 1), weight.chunk(world, 1))) + bias
+        return sum(fp8_linear(xs, w, mode, None, fp8_grads, shards)
+                   for xs, w in zip(x.chunk(world, 1), weight.chunk(world, 1))) + bias
     gate, up, down = params
     out = 0
     for g, u, d in zip(gate.chunk(world, 0), up.chunk(world, 0), down.chunk(world, 1)):
-        h = fp8_linear(x, torch.cat([g, u]), mode, shards)
-        out = out + fp8_linear(F.silu(h[:, :g.shape[0]]) * h[:, g.shape[0]:], d, mode)
+        h = fp8_linear(x, torch.cat([g, u]), mode, shards, fp8_grads)
+        out = out + fp8_linear(F.silu(h[:, :g.shape[0]]) * h[:, g.shape[0]:], d, mode, None, fp8_grads, shards)
     return out
 
 
@@ -117,10 +150,21 @@ def _held(kind, grads, world, rank):
             "down": grads[2].chunk(world, 1)[rank]}
 
 
-def _case(kind, sp, mode, m, seed):
-    """One layer in FP8 against ``reference``: {what: relative error} of the forward (with grad and without) and of
-    every gradient on this rank (the objective: the full output weighted at random, each rank's rows in
-    sequence-parallel mode)."""
+def _reference_grads(kind, mode, x, dense, weighting, world, sp, fp8_grads):
+    """``reference`` in fp64 of the objective sum(out * weighting): (the output, x's gradient, every parameter's
+    as this rank's layer holds it)."""
+    leaves = [p.detach().double().requires_grad_() for p in _dense_params(kind, dense)]
+    x64 = x.double().requires_grad_()
+    want = reference(kind, mode, x64, leaves, world, row_shards(x.shape[0], world, sp), fp8_grads)
+    (want * weighting).sum().backward()
+    return want.detach(), x64.grad, _held(kind, [p.grad for p in leaves], world, td.rank())
+
+
+def _case(kind, sp, mode, m, seed, fp8_grads=False):
+    """One layer in FP8 against ``reference``: ({what: relative error} of the forward (with grad and without) and
+    of every gradient on this rank (the objective: the full output weighted at random, each rank's rows in
+    sequence-parallel mode), {what: relative distance} of the input's and the weights' gradients from the
+    straight-through reference's with ``fp8_grads``, else {})."""
     world, rank = td.world_size(), td.rank()
     torch.manual_seed(seed)  # the same dense module and data on every rank
     H, N, inter = 16, 4 * world, 8 * world
@@ -128,12 +172,9 @@ def _case(kind, sp, mode, m, seed):
     width, out_width = (N, H) if kind == "row" else (H, N if kind == "col" else H)
     x = torch.randn(m, width)
     weighting = torch.randn(m, out_width, dtype=torch.float64)
-    leaves = [p.detach().double().requires_grad_() for p in _dense_params(kind, dense)]
-    x64 = x.double().requires_grad_()
-    want = reference(kind, mode, x64, leaves, world, row_shards(m, world, sp))
-    (want * weighting).sum().backward()
+    want, want_x, want_params = _reference_grads(kind, mode, x, dense, weighting, world, sp, fp8_grads)
 
-    layer = LAYERS[kind].from_dense(dense, sequence_parallel=sp, fp8=mode)
+    layer = LAYERS[kind].from_dense(dense, sequence_parallel=sp, fp8=mode, fp8_grads=fp8_grads)
     start, count = rows_of_rank(m, world, rank)
     mine, feats = slice(start, start + count), slice(rank * (N // world), (rank + 1) * (N // world))
     if not sp:  # every row in and out
@@ -150,41 +191,63 @@ def _case(kind, sp, mode, m, seed):
     leaf = xi.clone().requires_grad_()
     out = forward(leaf)
     (out * weighting[out_view].float()).sum().backward()
-    errs = {"out": _rel(out, want.detach()[out_view]), "x": _rel(leaf.grad, x64.grad[x_view])}
-    for name, ref in _held(kind, [p.grad for p in leaves], world, rank).items():
+    errs = {"out": _rel(out, want[out_view]), "x": _rel(leaf.grad, want_x[x_view])}
+    for name, ref in want_params.items():
         errs[name] = _rel(getattr(layer, name).grad, ref)
     with torch.no_grad():  # the call without grad (the SiLU gate fused where the FP8 kernel takes it)
-        errs["out no_grad"] = _rel(forward(xi), want.detach()[out_view])
-    return errs
+        errs["out no_grad"] = _rel(forward(xi), want[out_view])
+    apart = {}
+    if fp8_grads:  # the FP8 backward ran: apart from the high-precision one (biases: sums of the output gradient)
+        _, plain_x, plain_params = _reference_grads(kind, mode, x, dense, weighting, world, sp, False)
+        apart["x"] = _rel(leaf.grad, plain_x[x_view])
+        for name, ref in plain_params.items():
+            if name != "bias":
+                apart[name] = _rel(getattr(layer, name).grad, ref)
+    return errs, apart
 
 
 # Every (layer, mode of rows, FP8 mode) once over the three world sizes: the FP8 mode turns with the world size.
 CASES = [(kind, sp) for kind in LAYERS for sp in (False, True)]
 
 
-def _cases(world):
+def _cases(world, fp8_grads=False):
     results = {}
     for i, (kind, sp) in enumerate(CASES):
         mode = MODES[(i + world) % len(MODES)]
         # rows that do not divide by the ranks
-        results[f"{kind} sp={sp} {mode}"] = _case(kind, sp, mode, 2 * world + 1, seed=i)
+        results[f"{kind} sp={sp} {mode}"] = _case(kind, sp, mode, 2 * world + 1, seed=i, fp8_grads=fp8_grads)
     return results
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_fp8_layers_match_the_straight_through_reference(ranks, world):
     for results in ranks(world, _cases, world):
-        bad = {case: errs for case, errs in results.items() if not all(e < TOL for e in errs.values())}
+        bad = {case: errs for case, (errs, _) in results.items() if not all(e < TOL for e in errs.values())}
         assert not bad, bad
 
 
-def _rerun_checkpointed_compiled(mode):
+# fp8_grads: every gradient's GEMM FP8 too; the reference quantises the same operands (TOL: the same sums of exact
+# products as the forward's; 2.4e-7 seen), and the input's and weights' gradients lie FP8_GRADS_APART from the
+# straight-through reference's, far beyond rounding (FP8 rounding of every backward operand, steps of 2**-4
+# relative; 1.4e-2 the least seen): the FP8 backward ran.
+FP8_GRADS_APART = 3e-3
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_fp8_grads_layers_match_the_recipe_reference(ranks, world):
+    for results in ranks(world, _cases, world, True):
+        bad = {case: (errs, apart) for case, (errs, apart) in results.items()
+               if not (all(e < TOL for e in errs.values()) and all(d > FP8_GRADS_APART for d in apart.values()))}
+        assert not bad, bad
+
+
+def _rerun_checkpointed_compiled(mode, fp8_grads=False):
     """The FP8 MLP's gradients (input and weights) eagerly, again, under activation checkpointing and under
     torch.compile(fullgraph=True): the largest difference of each from the first ones."""
     from torch.utils.checkpoint import checkpoint
 
     torch.manual_seed(0)
-    layer = TensorParallelMLP.from_dense(GatedMLP(16, 32), fp8=mode)
+    layer = TensorParallelMLP.from_dense(GatedMLP(16, 32), fp8=mode, fp8_grads=fp8_grads)
     x0 = torch.randn(7, 16)
 
     def grads(fn):
@@ -201,26 +264,38 @@ def test_fp8_mlp_reruns_bitwise_under_checkpointing_and_compile(ranks):
         assert rerun == 0.0 and checkpointed == 0.0 and compiled < 1e-6, (rerun, checkpointed, compiled)
 
 
+def test_fp8_grads_mlp_reruns_bitwise_under_checkpointing_and_compile(ranks):
+    for rerun, checkpointed, compiled in ranks(2, _rerun_checkpointed_compiled, "block", True):
+        assert rerun == 0.0 and checkpointed == 0.0 and compiled < 1e-6, (rerun, checkpointed, compiled)
+
+
+def _loss_curve(model, x, target, steps):
+    """``model`` trained ``steps`` AdamW steps (lr 1e-2) on the regression batch (x, target): its losses."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    curve = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        curve.append(loss.item())
+    return curve
+
+
+def _batch():
+    """The dense gated MLP (16 -> 64 -> 16) and a regression batch of 24 rows, the same on every rank."""
+    torch.manual_seed(1)
+    dense = GatedMLP(16, 64)
+    x = torch.randn(24, 16)
+    return dense, x, torch.tanh(x @ torch.randn(16, 16)) / 2
+
+
 def _train_mlp(mode, steps):
     """A TensorParallelMLP in FP8 and the dense gated MLP in fp32 (the same initial weights) trained ``steps``
     AdamW steps on one regression batch (the same on every rank): their loss curves."""
-    torch.manual_seed(1)
-    dense = GatedMLP(16, 64)
+    dense, x, target = _batch()
     ours = TensorParallelMLP.from_dense(dense, fp8=mode)
-    x = torch.randn(24, 16)
-    target = torch.tanh(x @ torch.randn(16, 16)) / 2
-    curves = []
-    for model in (ours, dense):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        curve = []
-        for _ in range(steps):
-            opt.zero_grad()
-            loss = F.mse_loss(model(x), target)
-            loss.backward()
-            opt.step()
-            curve.append(loss.item())
-        curves.append(curve)
-    return curves
+    return [_loss_curve(model, x, target, steps) for model in (ours, dense)]
 
 
 def test_fp8_mlp_trains_like_fp32(ranks):
@@ -229,6 +304,41 @@ def test_fp8_mlp_trains_like_fp32(ranks):
     for fp8_curve, fp32_curve in ranks(2, _train_mlp, "row", 12):
         assert fp8_curve[-1] < 0.6 * fp8_curve[0], fp8_curve
         assert max(abs(a - b) / b for a, b in zip(fp8_curve, fp32_curve)) < 0.05, (fp8_curve, fp32_curve)
+
+
+class _RecipeMLP(nn.Module):
+    """The gated MLP as ``reference`` computes it on ``world`` ranks with ``fp8_grads`` (replicated rows): FP8
+    training's recipe in plain torch, the dense module's weights in their dtype."""
+
+    def __init__(self, dense, mode, world):
+        super().__init__()
+        self.weights = nn.ParameterList([nn.Parameter(p.detach().clone()) for p in _dense_params("mlp", dense)])
+        self.mode, self.world = mode, world
+
+    def forward(self, x):
+        return reference("mlp", self.mode, x, list(self.weights), self.world, row_shards(x.shape[0], self.world, False),
+                         fp8_grads=True)
+
+
+def _train_fp8_grads_mlp(mode, steps):
+    """A TensorParallelMLP with ``fp8_grads``, ``_RecipeMLP`` and the dense MLP in fp32 (the same initial weights)
+    trained ``steps`` AdamW steps on one batch: (their loss curves, the largest relative difference of this rank's
+    weights from the recipe's after the steps)."""
+    dense, x, target = _batch()
+    ours = TensorParallelMLP.from_dense(dense, fp8=mode, fp8_grads=True)
+    recipe = _RecipeMLP(dense, mode, td.world_size())
+    curves = [_loss_curve(model, x, target, steps) for model in (ours, recipe, dense)]
+    held = _held("mlp", [p.detach() for p in recipe.weights], td.world_size(), td.rank())
+    return curves, max(_rel(getattr(ours, name), w) for name, w in held.items())
+
+
+def test_fp8_grads_mlp_trains_like_the_recipe_in_torch(ranks):
+    """Six steps at W = 2, blockwise: the loss curve and the weights within 1e-5 of the recipe's in torch (fp32 both,
+    sums in other orders: 1.7e-7 and 2.4e-7 seen), the curve within 5 % of the fp32 one as the FP8 forward's."""
+    for (ours, recipe, fp32), weights in ranks(2, _train_fp8_grads_mlp, "block", 6):
+        assert ours[-1] < 0.6 * ours[0], ours
+        assert max(abs(a - b) / b for a, b in zip(ours, recipe)) < 1e-5 and weights < 1e-5, (ours, recipe, weights)
+        assert max(abs(a - b) / b for a, b in zip(ours, fp32)) < 0.05, (ours, fp32)
 
 
 def _refusals():
@@ -252,6 +362,29 @@ def test_fp8_modes_are_checked_and_parallelize_sets_them(ranks):
         assert names == ["ValueError"] * 5 and modes == ["block"], (names, modes)
 
 
+def _fp8_grads_refusals():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dense = GatedMLP(16, 32)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    names = error_names([lambda: ColumnParallelLinear(16, 8, fp8_grads=True),                    # without fp8
+                         lambda: RowParallelLinear.from_dense(nn.Linear(8, 16), fp8_grads=True),
+                         lambda: TensorParallelMLP.from_dense(dense, fp8_grads=True),
+                         lambda: parallelize(copy.deepcopy(llama), fp8_grads=True),
+                         lambda: TensorParallelMLP(16, 32, fp8="row", fp8_grads="yes"),          # not a bool
+                         lambda: RowParallelLinear(16, 8, fp8="block", fp8_grads=1),
+                         lambda: parallelize(copy.deepcopy(llama), fp8="tensor", fp8_grads=None)])
+    parallelize(llama, fp8="row", fp8_grads=True)
+    return names, [(m.fp8, m.fp8_grads) for m in llama.modules() if isinstance(m, TensorParallelMLP)]
+
+
+def test_fp8_grads_are_checked_and_parallelize_sets_them(ranks):
+    pytest.importorskip("transformers")
+    for names, modes in ranks(2, _fp8_grads_refusals):
+        assert names == ["ValueError"] * 4 + ["TypeError"] * 3 and modes == [("row", True)], (names, modes)
+
+
 # ----------------------------------------------------------------------------------------------- GPU, bf16
 # The layers in FP8 with bf16 master weights and activations on one GPU (W = 1: the FP8 ops' fallback path,
 # torch._scaled_mm or our core for block scales; the backward's bf16 ops), against ``reference`` in fp64. No bf16
@@ -259,13 +392,15 @@ def test_fp8_modes_are_checked_and_parallelize_sets_them(ranks):
 # from the dequantised operands, rounded to bf16; the unquantised products' backward in bf16), as the bf16 layer
 # tests are (tests/kernels/test_autograd.py: BF16_FACTOR, BF16_FLOOR): an FP8 rounding of the MLP's activation
 # that lands the other way in bf16 than in fp64 moves the output by a step of e4m3, in ours and in torch's alike.
+# With fp8_grads the reference's backward is the same recipe (``_Fp8Grads``: torch's in bf16 quantises bf16
+# gradients, its products in fp32 rounded to bf16), and ours the FP8 backward GEMMs.
 GPU_SIZES = dict(hidden=1024, out=1536, inter=2816, tokens=517)
 
 
-def _gpu_fp8_layers(mode, dtype=torch.bfloat16, sizes=GPU_SIZES):
-    """Each layer in FP8 (``mode``; replicated rows) against ``reference``: {what: (our error, torch's error in
-    ``dtype``)} of the output, the input's gradient and every parameter's (``dtype`` float32 and small ``sizes``:
-    CPU ranks run it too)."""
+def _gpu_fp8_layers(mode, dtype=torch.bfloat16, sizes=GPU_SIZES, fp8_grads=False):
+    """Each layer in FP8 (``mode``; replicated rows; ``fp8_grads``) against ``reference``: {what: (our error,
+    torch's error in ``dtype``)} of the output, the input's gradient and every parameter's (``dtype`` float32 and
+    small ``sizes``: CPU ranks run it too)."""
     from ..kernels.test_autograd import _err, default_configs
     from .test_training import _randomised
 
@@ -282,11 +417,11 @@ def _gpu_fp8_layers(mode, dtype=torch.bfloat16, sizes=GPU_SIZES):
         for dt in (torch.float64, dtype):
             leaves = [p.detach().to(dt).requires_grad_() for p in _dense_params(kind, dense)]
             xr = x.to(dt, copy=True).requires_grad_()
-            out = reference(kind, mode, xr, leaves, world, row_shards(m, world, False))
+            out = reference(kind, mode, xr, leaves, world, row_shards(m, world, False), fp8_grads)
             (out.double() * weighting.double()).sum().backward()
             results.append([out.detach(), xr.grad, _held(kind, [p.grad for p in leaves], world, rank)])
         (ref_out, ref_x, ref_params), (torch_out, torch_x, torch_params) = results
-        layer = LAYERS[kind].from_dense(dense, fp8=mode)
+        layer = LAYERS[kind].from_dense(dense, fp8=mode, fp8_grads=fp8_grads)
         xi = x.clone().requires_grad_()
         with default_configs():
             out = layer(xi)
@@ -304,4 +439,13 @@ def test_fp8_layers_bf16_on_one_gpu(ranks, mode):
     from ..kernels.test_autograd import _bf16_failures
 
     errs = ranks.on_one_gpu(_gpu_fp8_layers, mode)
+    assert not _bf16_failures(errs), _bf16_failures(errs)
+
+
+@gpu_only
+@pytest.mark.parametrize("mode", MODES)
+def test_fp8_grads_layers_bf16_on_one_gpu(ranks, mode):
+    from ..kernels.test_autograd import _bf16_failures
+
+    errs = ranks.on_one_gpu(_gpu_fp8_layers, mode, torch.bfloat16, GPU_SIZES, True)
     assert not _bf16_failures(errs), _bf16_failures(errs)
