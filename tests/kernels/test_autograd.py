@@ -432,7 +432,7 @@ def test_quantize_refuses_bad_input(ranks):
 # gradients above (6.5e-7 seen). fp16: the results are rounded to fp16, and so are gemm_rs's partials before their
 # sum, unit roundoff 2**-11 for the result and each of up to 3 partials: 4 * 2**-11 (3.7e-4 seen).
 FP8_GRADS_TOL = {torch.float32: 1e-5, torch.float16: 4 * 2.0 ** -11}
-FP8_GRADS_APART = 1e-2  # FP8 rounding of every operand (steps of 2**-4 relative) against a high-precision backward
+FP8_GRADS_APART = 3e-3  # FP8 rounding of every operand (steps of 2**-4 relative) against a high-precision backward
 
 
 def _recipe(a, w, mode):
