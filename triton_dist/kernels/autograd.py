@@ -39,8 +39,8 @@ quantised by ``fp8.quantize_operands`` in the forward's mode along that GEMM's r
     gemm_rs    grad_a = ag_gemm(grad_out, w.T, quantize)    (each rank's rows of G, and w.T, along N)
                grad_w = Q(G.T) @ Q(a.T).T                   (along the M rows; G gathered on its own, unquantised)
 
-the overlapped ops' own FP8 modes, and the FP8 GEMM core for the weights' gradients (``quantized_gemm``, a torch
-op under torch.compile); gradients in a's dtype, the same fixed orders.
+(Q: e4m3 with its scales). The input gradients run the overlapped ops' own ``quantize=`` mode, the weights' the
+FP8 GEMM core (``quantized_gemm``, a torch op under torch.compile); gradients in a's dtype, the same fixed orders.
 """
 
 import torch
