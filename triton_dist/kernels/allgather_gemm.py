@@ -41,6 +41,7 @@ from .gemm import (check_launchable, check_matmul_operands, default_num_programs
                    tile_accumulate, tile_coords, tile_store)
 from .launcher import Launcher
 from .replay import GraphCache
+from .silu_gate import silu_gate
 
 MAX_CHUNKS = 64  # per rank; sizes the `arrived` flags
 # At or below this many gathered rows (W * m) the default path is NCCL all_gather + cuBLAS: the GEMM is too short
@@ -650,11 +651,10 @@ def _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group
                              "configuration); call it under torch.no_grad() or drop config")
         name = shmem.group_name(group)
         if activation == "silu_gate":  # training keeps the pre-activation (as Megatron keeps SwiGLU's input): the
-            # backward then needs no second GEMM; the activation is torch's, as in the modules it replaces
+            # backward then needs no second GEMM; the gate is the differentiable silu_gate op
             h, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, "none", name,
                                                         quantize, fp8_grads)
-            half = h.shape[1] // 2
-            out = torch.nn.functional.silu(h[:, :half]) * h[:, half:]
+            out = silu_gate(h)
         else:
             out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, activation, name,
                                                           quantize, fp8_grads)

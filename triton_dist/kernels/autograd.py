@@ -54,6 +54,7 @@ from .allreduce.ops import rmsnorm_backward
 from .gemm import gemm
 from .gemm_reducescatter import gemm_rs, rows_of_rank
 from .grouped_gemm import group_rows, grouped_gemm, grouped_weight_grad
+from .silu_gate import silu_gate_backward
 
 
 def _own_rows(full, group):
@@ -89,14 +90,6 @@ def _weight_grad(g, x, mode):
     return quantized_gemm(g.T.contiguous(), x.T.contiguous(), mode)
 
 
-def _silu_gate_backward(h, grad):
-    """d/d[gate | up] of silu(gate) * up, in fp32, as h's dtype."""
-    half = h.shape[1] // 2
-    gate, up, g = h[:, :half].float(), h[:, half:].float(), grad.float()
-    s = torch.sigmoid(gate)
-    return torch.cat([g * up * s * (1 + gate * (1 - s)), g * gate * s], dim=1).to(h.dtype)
-
-
 # ----------------------------------------------------------------------------------------------- ag_gemm
 def _columns(w, activation):
     return w.shape[0] // 2 if activation == "silu_gate" else w.shape[0]
@@ -117,7 +110,7 @@ def _ag_gemm_backward(ctx, grad_out, grad_gathered):
         grad_out = a.new_zeros((shmem.world_size(group) * a.shape[0], _columns(w, ctx.activation)))
     if ctx.activation == "silu_gate":  # the pre-activation again: one overlapped ag_gemm (or a GEMM of what is kept)
         h, x = (kept @ w.T, kept) if kept is not None else ag_gemm(a, w, return_gathered=True, group=group)
-        grad_out = _silu_gate_backward(h, grad_out)
+        grad_out = silu_gate_backward(h, grad_out)
     else:
         x = kept
     grad_a = grad_w = None
@@ -227,7 +220,7 @@ def _grouped_backward(ctx, grad):
     inside = group_rows(x.shape[0], offsets, counts, x.device)[:, None]  # rows outside the groups: zeros
     if ctx.activation == "silu_gate":  # the pre-activation again
         h = torch.where(inside, grouped_gemm(x, w, offsets, counts), 0)
-        grad = _silu_gate_backward(h, grad)
+        grad = silu_gate_backward(h, grad)
     grad = torch.where(inside, grad, 0).contiguous()
     grad_x = torch.where(inside, grouped_gemm(grad, w.transpose(1, 2).contiguous(), offsets, counts), 0) \
         if ctx.needs_input_grad[0] else None
@@ -235,7 +228,17 @@ def _grouped_backward(ctx, grad):
     return grad_x, grad_w, None, None, None
 
 
+# ----------------------------------------------------------------------------------------------- silu_gate
+def _silu_gate_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _silu_gate_grad(ctx, grad):
+    return silu_gate_backward(ctx.saved_tensors[0], grad)
+
+
 for _name, _backward, _setup in (("ag_gemm", _ag_gemm_backward, _ag_gemm_setup),
+                                 ("silu_gate", _silu_gate_grad, _silu_gate_setup),
                                  ("gemm_rs", _gemm_rs_backward, _gemm_rs_setup),
                                  ("all_gather", _all_gather_backward, _all_gather_setup),
                                  ("all_reduce", _all_reduce_backward, _all_reduce_setup),
