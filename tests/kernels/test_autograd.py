@@ -363,9 +363,7 @@ def _quantized_calls(world):
     g = torch.Generator().manual_seed(17 + td.rank())
     a0, w0, gate_up0 = (torch.randn(*shape, generator=g) for shape in ((5, 160), (24, 160), (48, 160)))
 
-    def silu_gate(h):
-        half = h.shape[1] // 2
-        return F.silu(h[:, :half]) * h[:, half:]
+    from triton_dist.kernels import silu_gate  # the gate a training call runs on the kept pre-activation
 
     results = {}
     for i, (name, weight, activation, op) in enumerate((("ag_gemm", w0, "none", ag_gemm),
@@ -387,7 +385,7 @@ def _quantized_calls(world):
         out = op(a, w, quantize=mode, **kw)
         weighting = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
         (out * weighting).sum().backward()
-        # the reference: the FP8 product, torch's gate on it (with grad: as without quantize), and the unquantised
+        # the reference: the FP8 product, the silu_gate op on it (with grad: as without quantize), and the unquantised
         # product's backward fed the gradient that reached the FP8 product
         h = op(a8, w8, **fp8_call).requires_grad_()
         fp8_out = h if activation == "none" else silu_gate(h)
