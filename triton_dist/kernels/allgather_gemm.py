@@ -41,7 +41,7 @@ from .gemm import (check_launchable, check_matmul_operands, default_num_programs
                    tile_accumulate, tile_coords, tile_store)
 from .launcher import Launcher
 from .replay import GraphCache
-from .silu_gate import silu_gate
+from .silu_gate import silu_gate, silu_gate_torch
 
 MAX_CHUNKS = 64  # per rank; sizes the `arrived` flags
 # At or below this many gathered rows (W * m) the default path is NCCL all_gather + cuBLAS: the GEMM is too short
@@ -365,15 +365,6 @@ def _gather_then_matmul(a, w, plan, return_gathered, scales=None):
     if plan.silu_gate:
         out = silu_gate_torch(out)
     return out, (gathered if return_gathered else None)
-
-
-def silu_gate_torch(h):
-    """``silu(gate) * up`` of ``h`` = [gate | up] (columns) in torch: the fallback path's epilogue (and the tests'
-    reference). Computed in fp32 and rounded once to h's dtype, as the fused kernels do (a bf16 silu and product
-    round twice more: docs/design/ag_gemm.md)."""
-    half = h.shape[-1] // 2
-    gate, up = h[..., :half].float(), h[..., half:].float()
-    return (torch.nn.functional.silu(gate) * up).to(h.dtype)
 
 
 # ----------------------------------------------------------------------------------------------- configs

@@ -64,13 +64,20 @@ def _check(h):
         raise TypeError(f"silu_gate takes bfloat16 / float16 / float32, got {h.dtype}")
 
 
+def silu_gate_torch(h):
+    """``silu(gate) * up`` of ``h`` = [gate | up] (columns) in torch: ag_gemm's fallback epilogue for FP8 rows, the
+    tests' reference, and this op on CPU tensors without the interpreter. Computed in fp32 and rounded once to h's
+    dtype, as the kernels do (a bf16 silu and product round twice more: docs/design/ag_gemm.md)."""
+    half = h.shape[-1] // 2
+    gate, up = h[..., :half].float(), h[..., half:].float()
+    return (torch.nn.functional.silu(gate) * up).to(h.dtype)
+
+
 def _silu_gate(h):
     _check(h)
     h = h.contiguous()
-    if not _kernels_run(h):  # CPU tensors without the interpreter: torch, the same arithmetic
-        half = h.shape[1] // 2
-        gate, up = h[:, :half].float(), h[:, half:].float()
-        return (torch.nn.functional.silu(gate) * up).to(h.dtype)
+    if not _kernels_run(h):
+        return silu_gate_torch(h)
     return _launch(silu_gate_kernel, h, out=h.new_empty((h.shape[0], h.shape[1] // 2)))
 
 
