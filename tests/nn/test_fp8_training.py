@@ -233,7 +233,7 @@ def test_fp8_layers_match_the_straight_through_reference(ranks, world):
 FP8_GRADS_APART = 3e-3
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("world", [1, 3])
 def test_fp8_grads_layers_match_the_recipe_reference(ranks, world):
     for results in ranks(world, _cases, world, True):
         bad = {case: (errs, apart) for case, (errs, apart) in results.items()
