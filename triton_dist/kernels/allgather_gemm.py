@@ -578,8 +578,8 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=N
     Returns ``out`` [W*m, N_local], and with ``return_gathered=True`` the tuple ``(out, all_gather(a))``. Also
     available as ``torch.ops.triton_dist.ag_gemm(a, w, return_gathered, activation, group_name, quantize,
     fp8_grads)`` (always returns the pair; the second is empty unless asked for), which works under torch.compile
-    and CUDA graphs (call once before capturing); eager calls skip the op dispatcher. ``config``: override the tuned configuration (see
-    ``default_config``). ``group``: the tensor-parallel group (default: the heap's).
+    and CUDA graphs (call once before capturing); eager calls skip the op dispatcher. ``config``: override the
+    tuned configuration (see ``default_config``). ``group``: the tensor-parallel group (default: the heap's).
 
     ``activation="silu_gate"`` (a gated MLP's input projection): ``w`` is ``[w_gate; w_up]`` stacked by rows
     ([2*I, K]) and the result is ``silu(x @ w_gate.T) * (x @ w_up.T)``, [W*m, I], with x = all_gather(a): both

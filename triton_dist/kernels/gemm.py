@@ -556,8 +556,8 @@ class EagerGemm:
         self.w_desc = (b_block(cfg), [n, k], [k, 1])
         self.c_desc = (c_block(cfg), [1, m, n], [m * n, n, 1])  # the [m, n] result as one segment
         self.ints = (1, m, n, k, k, k, m * n, n, 0, 1)
-        self.scale_strides = None if scales is None else (scales.tensor_args()["stride_sa"],
-                                                          scales.tensor_args()["stride_sw"])
+        named = None if scales is None else scales.tensor_args()
+        self.scale_strides = None if named is None else (named["stride_sa"], named["stride_sw"])
         self.launcher = Launcher(gemm_kernel, gemm_grid(cfg, 1, m, n, a.device),
                                  **gemm_meta(cfg, True, a.dtype, scales=scales))
 

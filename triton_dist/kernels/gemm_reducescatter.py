@@ -34,7 +34,7 @@ import triton.language as tl
 from .. import autotune, hardware, shmem
 from .. import language as dl
 from . import fp8, library
-from .gemm import (b_block, check_launchable, default_num_programs, dot_precision, fp8_tiles,
+from .gemm import (b_block, c_block, check_launchable, default_num_programs, dot_precision, fp8_tiles,
                    gemm_config, matmul_torch, output_like, skinny_configs, tile_accumulate, tile_coords, tile_store,
                    tma_compatible, tma_descriptor)
 from .replay import GraphCache
@@ -182,11 +182,10 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
     recv_peer = ws.recv
     if use_tma:
         a_arg, w_arg = tma_descriptor(a, [bm, bk]), tma_descriptor(w, b_block(cfg))
-        c_block = [1, bm, bn // 2 if subtile else bn]
-        out_arg = tma_descriptor(out3, c_block)
+        out_arg = tma_descriptor(out3, c_block(cfg))
         if remote_tma:
             view = shmem.peer_view(ws.recv, 1 - team.rank, group)[:peer_rows * n].view(1, peer_rows, n)
-            recv_peer = tma_descriptor(view, c_block)
+            recv_peer = tma_descriptor(view, c_block(cfg))
     else:
         a_arg, w_arg, out_arg = a, w, out3
     n_items = world * tiles_per_dest

@@ -46,9 +46,9 @@ def silu_gate_backward_kernel(h, grad, grad_h, numel, cols, BLOCK: tl.constexpr)
 
 
 def _launch(kernel, h, *tensors, out):
-    numel, block = out.numel() // (2 if kernel is silu_gate_backward_kernel else 1), 1024
+    numel = h.numel() // 2  # the gate's (and the output's) values: a program's BLOCK of them
     if numel:
-        kernel[(triton.cdiv(numel, block),)](h, *tensors, out, numel, h.shape[1] // 2, BLOCK=block, num_warps=4)
+        kernel[(triton.cdiv(numel, 1024),)](h, *tensors, out, numel, h.shape[1] // 2, BLOCK=1024, num_warps=4)
     return out
 
 
@@ -75,6 +75,11 @@ def silu_gate_torch(h):
 
 def _silu_gate(h):
     _check(h)
+    return _gated(h)
+
+
+def _gated(h):
+    """``silu_gate`` of a checked ``h``."""
     h = h.contiguous()
     if not _kernels_run(h):
         return silu_gate_torch(h)
@@ -105,7 +110,7 @@ def silu_gate(h):
     _check(h)
     if library.needs_grad(h) or hardware.compiling():
         return torch.ops.triton_dist.silu_gate(h)
-    return _silu_gate(h)
+    return _gated(h)
 
 
 def silu_gate_backward(h, grad):
