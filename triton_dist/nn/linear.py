@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.fp8 import check_fp8_grads, check_mode
-from .sharding import (GroupOps, drop_padding, finish_rows, gather_slices, local_rows, plan_rows, replicated_param,
-                       take_slice)
+from .sharding import (GroupOps, drop_padding, finish_rows, gather_slices, local_rows, pad_rows, plan_rows,
+                       replicated_param, take_slice)
 
 
 def state_of(module_or_state_dict):
@@ -168,8 +168,7 @@ class RowParallelLinear(_ParallelLinear):
             return x.new_zeros((*lead, self.out_features))
         mine = take_slice(x2, self.ops, 1, self.ops.rank * width, width)
         rows = plan_rows(x2, self.ops, False)
-        padded = mine.new_zeros((rows.shard * self.ops.world, width))  # equal shares: rank r's are rows r*shard..
-        padded[:m] = mine
+        padded = pad_rows(mine, rows.shard * self.ops.world).contiguous()  # equal shares: rank r's rows r*shard..
         y = finish_rows(self.ops.gemm_rs(padded, self.weight, quantize=self.fp8, fp8_grads=self.fp8_grads), rows,
                         self.ops)
         if self.bias is not None:  # on the full rows: the (replicated) bias sees every row's gradient

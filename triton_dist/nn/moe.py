@@ -26,7 +26,7 @@ from ..kernels.grouped_gemm import grouped_gemm
 from .hf_blocks import read_moe_block
 from .linear import gated_mlp_torch, gated_mlp_weights, state_of
 from .router import Router
-from .sharding import GroupOps, finish_rows, plan_rows, replicated_param, take_slice
+from .sharding import GroupOps, finish_rows, pad_rows, plan_rows, replicated_param, take_slice
 
 class ExpertParallelMoE(nn.Module):
     """A sparse MoE block with its experts split over ranks (module docstring). ``gate_up`` [E/W, 2I, H]
@@ -152,9 +152,7 @@ class ExpertParallelMoE(nn.Module):
             out = out + shared
         if self.sequence_parallel:
             return out
-        padded = out.new_zeros((rows.shard, self.hidden_size))
-        padded[:out.shape[0]] = out
-        return finish_rows(padded, rows, self.ops).reshape(*lead, self.hidden_size)
+        return finish_rows(pad_rows(out, rows.shard), rows, self.ops).reshape(*lead, self.hidden_size)
 
 
 def _state_dict_parts(sd, router):

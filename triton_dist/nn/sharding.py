@@ -117,7 +117,7 @@ def plan_rows(x, ops, sequence_parallel, total_rows=None):
     world, rank = ops.world, ops.rank
     if not sequence_parallel:
         m = x.shape[0]
-        shard = bucket_rows(triton.cdiv(m, world))
+        shard = m if world == 1 else bucket_rows(triton.cdiv(m, world))  # a group of one: no slices, no padding
         counts = [max(0, min(m, (r + 1) * shard) - r * shard) for r in range(world)]
         return Rows(m, shard, rank * shard, counts[rank], counts, False)
     total = world * x.shape[0] if total_rows is None else int(total_rows)
@@ -132,19 +132,25 @@ def plan_rows(x, ops, sequence_parallel, total_rows=None):
 def local_rows(x, rows, ops):
     """This rank's rows of ``x``, padded with zero rows to ``rows.shard`` (equal shapes on every rank)."""
     mine = x if rows.sequence_parallel else take_slice(x, ops, 0, rows.start, rows.count, rows)
-    if mine.shape[0] == rows.shard:
-        return mine.contiguous()
-    padded = mine.new_zeros((rows.shard, *mine.shape[1:]))
-    padded[:mine.shape[0]] = mine
+    return pad_rows(mine, rows.shard).contiguous()
+
+
+def pad_rows(t, count):
+    """``t`` [n, ...] with zero rows appended up to ``count`` rows (``t`` itself when it has them)."""
+    if t.shape[0] == count:
+        return t
+    padded = t.new_zeros((count, *t.shape[1:]))
+    padded[:t.shape[0]] = t
     return padded
 
 
 def drop_padding(gathered, rows):
-    """[W * shard, ...] rows of every rank (padded) -> the ``rows.total`` real rows, in order, as a new tensor."""
+    """[W * shard, ...] rows of every rank (padded) -> the ``rows.total`` real rows, in order: a view of
+    ``gathered`` unless sequence-parallel shards are uneven."""
     if not rows.sequence_parallel:  # slices were contiguous ranges padded at the end of the whole
-        return gathered[:rows.total].clone()
+        return gathered[:rows.total]
     if not rows.uneven:
-        return gathered.clone()
+        return gathered
     per_rank = gathered.view(len(rows.counts), rows.shard, *gathered.shape[1:])
     return torch.cat([per_rank[r, :c] for r, c in enumerate(rows.counts)])
 
@@ -161,8 +167,9 @@ def finish_rows(y, rows, ops):
 def _gather(t, ops, dim, rows):
     """Every rank's ``t`` (equal shapes) concatenated along ``dim`` (rows: ``rows.total`` real ones, padding
     dropped), a new tensor."""
-    if dim == 0:
-        return drop_padding(ops.all_gather(t.contiguous()), rows)
+    if dim == 0:  # (out of the all_gather's workspace: a copy)
+        real = drop_padding(ops.all_gather(t.contiguous()), rows)
+        return real if rows.sequence_parallel and rows.uneven else real.clone()
     slices = ops.all_gather(t.contiguous()).view(ops.world, *t.shape)  # [W, M, f]: rank r's features r-th
     return slices.permute(1, 0, 2).reshape(t.shape[0], ops.world * t.shape[1])
 
@@ -176,9 +183,7 @@ class _TakeSlice(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         if ctx.dim == 0:  # rows: every rank's padded slice gradient, gathered
-            padded = grad.new_zeros((ctx.rows.shard, *grad.shape[1:]))
-            padded[:ctx.count] = grad
-            return _gather(padded, ctx.ops, 0, ctx.rows), None, None, None, None, None
+            return _gather(pad_rows(grad, ctx.rows.shard), ctx.ops, 0, ctx.rows), None, None, None, None, None
         return _gather(grad, ctx.ops, 1, None), None, None, None, None, None
 
 
@@ -213,6 +218,8 @@ def take_slice(x, ops, dim, start, count, rows=None):
     """``x.narrow(dim, start, count)`` of a replicated ``x`` (dim 0: rows, ``rows`` their ``Rows``; 1: features);
     backward: every rank's slice gradient gathered, so that each rank holds the whole gradient."""
     start = min(start, x.shape[dim] - count)  # (a rank without rows: an empty slice at the end)
+    if ops.world == 1:  # the whole of x: autograd's own view, nothing to gather
+        return x.narrow(dim, start, count)
     return _TakeSlice.apply(x, ops, dim, start, count, rows) if torch.is_grad_enabled() and x.requires_grad \
         else x.narrow(dim, start, count)
 
@@ -220,6 +227,8 @@ def take_slice(x, ops, dim, start, count, rows=None):
 def gather_slices(y, ops, dim, rows=None):
     """Every rank's slice ``y`` concatenated along ``dim`` (0: rows, padding dropped; 1: features), the
     replicated result; backward: this rank's slice of the gradient."""
+    if ops.world == 1:  # its own slice is the whole (rows: less the padding)
+        return y[:rows.total] if dim == 0 else y
     return _GatherSlices.apply(y, ops, dim, rows) if torch.is_grad_enabled() and y.requires_grad \
         else _gather(y, ops, dim, rows)
 
@@ -227,4 +236,4 @@ def gather_slices(y, ops, dim, rows=None):
 def replicated_param(p, ops):
     """``p`` (the same on every rank) for use on this rank's share of the rows: backward sums every rank's
     gradient."""
-    return _ReplicatedParam.apply(p, ops) if torch.is_grad_enabled() and p.requires_grad else p
+    return _ReplicatedParam.apply(p, ops) if ops.world > 1 and torch.is_grad_enabled() and p.requires_grad else p
