@@ -5,6 +5,10 @@ EP=2 rank's shapes: 32 local experts, 16384 rows (4096 tokens x top-8 over 2 ran
   gate_up    silu(x @ gate[e].T) * (x @ up[e].T), w [32, 4096, 7168]  ours fused; the baselines multiply to
              [16384, 4096] and gate in torch
   down       h [16384, 2048] @ w[e].T, w [32, 7168, 2048]          the output projection
+  <p> dgrad  the backward's input gradient of projection p: dy [16384, N] @ w[e] (ours: w_layout="kn", the weight
+             as it lies; torch: grouped_mm on w, the loop dy_e @ w[e])
+  <p> wgrad  its weight gradient: dw[e] = dy[g_e].T @ x[g_e] [32, N, K] (ours: grouped_weight_grad; torch:
+             grouped_mm of dy.T and x with offsets along the rows, the loop dy_e.T @ x_e)
 Loads: "even" (rows spread evenly), "skewed" (half the experts empty, one expert with a quarter of the rows).
 
   ours             triton_dist.kernels.grouped_gemm (autotuned once per shape; offsets read on the device)
@@ -23,7 +27,9 @@ import torch.nn.functional as F
 
 EXPERTS, ROWS, HIDDEN, INTER = 32, 16384, 7168, 2048
 PROJECTIONS = {"up": (INTER, HIDDEN, "none"), "gate_up": (2 * INTER, HIDDEN, "silu_gate"),
-               "down": (HIDDEN, INTER, "none")}
+               "down": (HIDDEN, INTER, "none"),
+               "gate_up dgrad": (2 * INTER, HIDDEN, "dgrad"), "gate_up wgrad": (2 * INTER, HIDDEN, "wgrad"),
+               "down dgrad": (HIDDEN, INTER, "dgrad"), "down wgrad": (HIDDEN, INTER, "wgrad")}
 LOADS = ("even", "skewed")
 
 
@@ -40,12 +46,14 @@ def group_counts(experts, rows, load, seed=0):
     return counts
 
 
-def make_case(experts, rows, n, k, load, dtype, device):
+def make_case(experts, rows, n, k, load, dtype, device, kind="none"):
+    """(x, w, offsets) of a projection; "dgrad": x is dy [rows, n]; "wgrad": x is (dy, x)."""
     counts = group_counts(experts, rows, load)
     offsets = torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int32, device=device)
     x = torch.randn(rows, k, device=device).to(dtype)
     w = (torch.randn(experts, n, k, device=device) / k ** 0.5).to(dtype)
-    return x, w, offsets
+    dy = torch.randn(rows, n, device=device).to(dtype)
+    return {"dgrad": dy, "wgrad": (dy, x)}.get(kind, x), w, offsets
 
 
 def _gate(h, activation):
@@ -56,19 +64,35 @@ def _gate(h, activation):
 
 
 def contenders(x, w, offsets, activation):
-    """{label: fn} computing the same [rows, N_out] result (rows outside the groups aside)."""
-    from triton_dist.kernels.grouped_gemm import grouped_gemm
+    """{label: fn} computing the same result (rows outside the groups aside). activation "dgrad": ``x`` is dy
+    [rows, N] and the result dy_e @ w[e]; "wgrad": ``x`` is the pair (dy, x) and the result dw [E, N, K]."""
+    from triton_dist.kernels.grouped_gemm import grouped_gemm, grouped_weight_grad
 
-    n_out = w.shape[1] // 2 if activation == "silu_gate" else w.shape[1]
-    out = torch.empty((x.shape[0], n_out), dtype=x.dtype, device=x.device)
     ends = offsets[1:].contiguous()
     grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    bounds = offsets.tolist()
+    experts = w.shape[0]
+    if activation == "wgrad":
+        dy, xs = x
+        calls = {"ours": lambda: grouped_weight_grad(dy, xs, offsets, None, experts),
+                 "torch loop": lambda: torch.stack([dy[a:b].T @ xs[a:b] for a, b in zip(bounds, bounds[1:])])}
+        if grouped_mm is not None:
+            calls["torch grouped"] = lambda: grouped_mm(dy.t(), xs, offs=ends)
+        return _working(calls)
+    if activation == "dgrad":
+        out = torch.empty((x.shape[0], w.shape[2]), dtype=x.dtype, device=x.device)
+        calls = {"ours": lambda: grouped_gemm(x, w, offsets, out=out, w_layout="kn")}
+        if grouped_mm is not None:
+            calls["torch grouped"] = lambda: grouped_mm(x, w, offs=ends)
+        calls["torch loop"] = lambda: torch.cat([x[a:b] @ w[e] for e, (a, b) in enumerate(zip(bounds, bounds[1:]))])
+        return _working(calls)
+    n_out = w.shape[1] // 2 if activation == "silu_gate" else w.shape[1]
+    out = torch.empty((x.shape[0], n_out), dtype=x.dtype, device=x.device)
     calls = {"ours": lambda: grouped_gemm(x, w, offsets, activation=activation, out=out)}
     if grouped_mm is not None:
         calls["torch grouped"] = lambda: _gate(grouped_mm(x, w.transpose(-2, -1), offs=ends), activation)
 
     def loop():
-        bounds = offsets.tolist()
         res = torch.empty((x.shape[0], w.shape[1]), dtype=x.dtype, device=x.device)
         for e in range(w.shape[0]):
             torch.matmul(x[bounds[e]:bounds[e + 1]], w[e].T, out=res[bounds[e]:bounds[e + 1]])
@@ -78,15 +102,30 @@ def contenders(x, w, offsets, activation):
     return calls
 
 
+def _working(calls):
+    """``calls`` without a torch contender that this build cannot run (grouped_mm's layouts differ by version)."""
+    for label in [label for label in calls if label == "torch grouped"]:
+        try:
+            calls[label]()
+        except (RuntimeError, ValueError, TypeError):
+            del calls[label]
+    return calls
+
+
 def check(device):
     """Every contender on small fp32 shapes (both loads, every projection kind) against fp64."""
     problems = []
     for load in LOADS:
-        for name, (n, k, activation) in {"up": (24, 40, "none"), "gate_up": (48, 32, "silu_gate")}.items():
-            x, w, offsets = make_case(8, 50, n, k, load, torch.float32, device)
-            ref = _gate(torch.cat([x[a:b].double() @ w[e].double().T
-                                   for e, (a, b) in enumerate(zip(offsets.tolist(), offsets.tolist()[1:]))]),
-                        activation)
+        for name, (n, k, activation) in {"up": (24, 40, "none"), "gate_up": (48, 32, "silu_gate"),
+                                         "dgrad": (24, 40, "dgrad"), "wgrad": (24, 40, "wgrad")}.items():
+            x, w, offsets = make_case(8, 50, n, k, load, torch.float32, device, activation)
+            spans = list(enumerate(zip(offsets.tolist(), offsets.tolist()[1:])))
+            if activation == "wgrad":
+                ref = torch.stack([x[0][a:b].double().T @ x[1][a:b].double() for _, (a, b) in spans])
+            elif activation == "dgrad":
+                ref = torch.cat([x[a:b].double() @ w[e].double() for e, (a, b) in spans])
+            else:
+                ref = _gate(torch.cat([x[a:b].double() @ w[e].double().T for e, (a, b) in spans]), activation)
             for label, fn in contenders(x, w, offsets, activation).items():
                 err = (fn().double() - ref).abs().max().item() / ref.abs().max().item()
                 if not err < 1e-5:
@@ -115,7 +154,7 @@ def main():
     rows = []
     for name, (n, k, activation) in PROJECTIONS.items():
         for load in LOADS:
-            x, w, offsets = make_case(EXPERTS, ROWS, n, k, load, torch.bfloat16, torch.device("cuda"))
+            x, w, offsets = make_case(EXPERTS, ROWS, n, k, load, torch.bfloat16, torch.device("cuda"), activation)
             calls = contenders(x, w, offsets, activation)
             ref = calls["torch loop"]().float()
             errs = {label: ((fn().float() - ref).abs().max() / ref.abs().max()).item() for label, fn in calls.items()}

@@ -141,11 +141,12 @@ def test_calls_that_cannot_be_differentiated_are_refused(ranks):
 
 
 @cpu_only  # CPU tensors: the interpreter in this process (GPU: test_dtypes / the layers' GPU tests)
-@pytest.mark.parametrize("activation", ["none", "silu_gate"])
+@pytest.mark.parametrize("activation,w_layout", [("none", "nk"), ("silu_gate", "nk"), ("none", "kn")])
 @pytest.mark.parametrize("counts", [False, True])
-def test_grouped_gemm_gradients_match_fp64(activation, counts):
+def test_grouped_gemm_gradients_match_fp64(activation, w_layout, counts):
     """Groups with alignment padding between them (counts) or packed (offsets only), one empty; padding rows of
-    the incoming gradient hold NaN (what the forward leaves there must not leak into any gradient)."""
+    the input and of the incoming gradient hold NaN (what the forward leaves there must not leak into any
+    gradient; the input's gradient is zero there). "kn": w [E, K, N], out = x @ w[e]."""
     from triton_dist.kernels import grouped_gemm
 
     gen = torch.Generator().manual_seed(11)
@@ -154,29 +155,32 @@ def test_grouped_gemm_gradients_match_fp64(activation, counts):
     for n in sizes:
         starts.append(row)
         row += n + (pad - n % pad) % pad if pad else n
-    offsets = torch.tensor(starts + [row], dtype=torch.int32)
+    row += 3  # rows past every group
+    offsets = torch.tensor(starts + [starts[-1] + sizes[-1]], dtype=torch.int32)
     width = 2 * N if activation == "silu_gate" else N
-    x64, w64 = torch.randn(row, K, generator=gen, dtype=torch.float64), torch.randn(4, width, K, generator=gen,
-                                                                                     dtype=torch.float64)
+    inside = torch.zeros(row, dtype=torch.bool)
+    for s, n in zip(starts, sizes):
+        inside[s:s + n] = True
+    x64 = torch.where(inside[:, None], torch.randn(row, K, generator=gen, dtype=torch.float64), float("nan"))
+    w64 = torch.randn(*((4, K, width) if w_layout == "kn" else (4, width, K)), generator=gen, dtype=torch.float64)
     weighting = torch.randn(row, N, generator=gen, dtype=torch.float64)
     ref_x, ref_w = x64.clone().requires_grad_(), w64.clone().requires_grad_()
     loss = 0
     for e, (s, n) in enumerate(zip(starts, sizes)):
-        h = ref_x[s:s + n] @ ref_w[e].T
+        h = ref_x[s:s + n] @ (ref_w[e] if w_layout == "kn" else ref_w[e].T)
         out = F.silu(h[:, :N]) * h[:, N:] if activation == "silu_gate" else h
         loss = loss + (out * weighting[s:s + n]).sum()
     loss.backward()
-    inside = torch.zeros(row, dtype=torch.bool)
-    for s, n in zip(starts, sizes):
-        inside[s:s + n] = True
     x, w = x64.float().requires_grad_(), w64.float().requires_grad_()
     out = grouped_gemm(x, w, offsets, torch.tensor(sizes, dtype=torch.int32) if counts else None,
-                       activation=activation)
+                       activation=activation, w_layout=w_layout)
     grad = torch.where(inside[:, None], weighting.float(), float("nan"))
     out.backward(grad)
     assert torch.isfinite(x.grad).all() and torch.isfinite(w.grad).all()
-    assert _rel(x.grad, ref_x.grad) < 1e-5 and _rel(w.grad, ref_w.grad) < 1e-5, (_rel(x.grad, ref_x.grad),
-                                                                                  _rel(w.grad, ref_w.grad))
+    assert (x.grad[~inside] == 0).all()
+    ref_gx = torch.where(inside[:, None], ref_x.grad, 0)
+    assert _rel(x.grad, ref_gx) < 1e-5 and _rel(w.grad, ref_w.grad) < 1e-5, (_rel(x.grad, ref_gx),
+                                                                             _rel(w.grad, ref_w.grad))
 
 
 def _moe_grads(T, H, E, K, align, backends=()):

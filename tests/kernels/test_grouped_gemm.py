@@ -5,7 +5,9 @@ CPU (interpreter): both data paths (TMA descriptors, masks), plain and SiLU-gate
 reference with fresh inputs each repeat, poisoned outputs (rows outside every group must stay untouched), empty
 experts, ragged groups, alignment padding between groups (counts given), groups running to the next offset (no
 counts), offsets past the buffer (clamped), bad input, the torch op and its fake implementation. sm_90: the
-TMA + wgmma code of both paths. GPU: bf16 at MoE shapes, skewed loads, a CUDA-graph replay with new offsets.
+TMA + wgmma code of both paths. GPU: bf16 at MoE shapes, skewed loads, a CUDA-graph replay with new offsets,
+the backward's kernels ("kn" layout, weight gradient). The weight gradient on CPU: both data paths, NaN outside
+the groups.
 """
 
 import pytest
@@ -32,15 +34,15 @@ def _in_groups(offsets, counts, rows):
     return mask
 
 
-def _check(x, w, offsets, counts, activation, config, pass_counts=True):
+def _check(x, w, offsets, counts, activation, config, pass_counts=True, w_layout="nk"):
     """Run on a NaN-poisoned output; error of the group rows vs fp64, and whether every other row is still NaN."""
     rows = x.shape[0]
-    n_out = w.shape[1] // 2 if activation == "silu_gate" else w.shape[1]
+    n_out = w.shape[2] if w_layout == "kn" else w.shape[1] // 2 if activation == "silu_gate" else w.shape[1]
     out = torch.full((rows, n_out), float("nan"), dtype=x.dtype, device=x.device)
     cnt = torch.tensor(counts, dtype=torch.int32, device=x.device) if pass_counts else None
-    grouped_gemm(x, w, offsets.to(x.device), cnt, activation=activation, out=out, config=config)
+    grouped_gemm(x, w, offsets.to(x.device), cnt, activation=activation, out=out, config=config, w_layout=w_layout)
     ref = grouped_gemm_torch(x.double().cpu(), w.double().cpu(), offsets, torch.tensor(counts, dtype=torch.int32),
-                             activation)
+                             activation, w_layout=w_layout)
     inside = _in_groups(offsets, counts, rows)
     out = out.cpu().double()
     scale = max(ref[inside].abs().max().item(), 1.0) if inside.any() else 1.0
@@ -49,26 +51,51 @@ def _check(x, w, offsets, counts, activation, config, pass_counts=True):
 
 
 @cpu_only
-@pytest.mark.parametrize("dtype,use_tma,activation,align", [
-    (torch.float32, False, "none", 1),
-    (torch.float32, True, "silu_gate", 4),
-    (torch.float16, None, "none", 4),       # aligned K, N: TMA chosen by itself
-    (torch.float16, False, "silu_gate", 1),
+@pytest.mark.parametrize("dtype,use_tma,activation,align,w_layout", [
+    (torch.float32, False, "none", 1, "nk"),
+    (torch.float32, True, "silu_gate", 4, "nk"),
+    (torch.float16, None, "none", 4, "nk"),       # aligned K, N: TMA chosen by itself
+    (torch.float16, False, "silu_gate", 1, "nk"),
+    (torch.float32, True, "none", 4, "kn"),       # w [E, K, N]: K not a multiple of BLOCK_K (the 3-D bounds)
+    (torch.float32, False, "none", 1, "kn"),
 ])
-def test_grouped_gemm_matches_fp64(dtype, use_tma, activation, align):
+def test_grouped_gemm_matches_fp64(dtype, use_tma, activation, align, w_layout):
     """Ragged groups (a partial last tile, a group of one row, empty experts, a group spanning tiles), repeated
-    with fresh inputs; padding between groups and rows past the end stay untouched."""
+    with fresh inputs; padding between groups and rows past the end stay untouched. "kn": each expert's weight
+    [K, N] as it lies; a K step past an expert's K rows must not read the next expert's."""
     gen = torch.Generator().manual_seed(7)
-    K, N = 40 if use_tma is False else 32, 24
+    K, N = 40 if use_tma is False or w_layout == "kn" else 32, 24
     w_rows = 2 * N if activation == "silu_gate" else N
-    cfg = {"use_tma": use_tma, "num_programs": 3}
+    cfg = {"use_tma": use_tma, "num_programs": 3, **({"BLOCK_K": 32} if w_layout == "kn" else {})}
     for counts in ([5, 0, 1, 37], [0, 16, 3, 0]):
         offsets, rows = _groups(counts, align, 5, gen)
         x = torch.randn(rows, K, generator=gen).to(dtype)
-        w = (torch.randn(len(counts), w_rows, K, generator=gen) / K ** 0.5).to(dtype)
-        err, untouched = _check(x, w, offsets, counts, activation, cfg)
+        shape = (len(counts), K, N) if w_layout == "kn" else (len(counts), w_rows, K)
+        w = (torch.randn(*shape, generator=gen) / K ** 0.5).to(dtype)
+        err, untouched = _check(x, w, offsets, counts, activation, cfg, w_layout=w_layout)
         assert err < (1e-6 if dtype == torch.float32 else 3e-3), (counts, err)
         assert untouched, "rows outside the groups were written"
+
+
+@cpu_only
+@pytest.mark.parametrize("use_tma", [True, False])
+def test_weight_grad_matches_fp64(use_tma):
+    """``dw[e] = dy[g_e].T @ x[g_e]``: ragged groups (partial last steps, one row, empty experts: zeros), padding
+    between groups and rows past the end holding NaN in both operands (never read), tiles past N and K."""
+    from triton_dist.kernels.grouped_gemm import launch_weight_grad
+
+    gen = torch.Generator().manual_seed(5)
+    counts, N, K = [5, 0, 1, 37], 20, 24
+    offsets, rows = _groups(counts, 4, 6, gen)
+    inside = _in_groups(offsets, counts, rows)[:, None]
+    dy = torch.where(inside, torch.randn(rows, N, generator=gen), float("nan"))
+    x = torch.where(inside, torch.randn(rows, K, generator=gen), float("nan"))
+    dw = torch.full((len(counts), N, K), float("nan"))
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, use_tma=use_tma)
+    launch_weight_grad(dy, x, offsets, torch.tensor(counts, dtype=torch.int32), dw, cfg)
+    for e, (start, n) in enumerate(zip(offsets.tolist(), counts)):
+        ref = dy[start:start + n].double().T @ x[start:start + n].double()
+        assert torch.allclose(dw[e].double(), ref, atol=1e-5), e
 
 
 @cpu_only
@@ -120,10 +147,13 @@ def test_grouped_gemm_rejects_bad_input():
         lambda: grouped_gemm(x, w, offs, out=torch.empty(8, 5)),                         # out shape
         lambda: grouped_gemm(x, w, [0, 4, 8]),                                           # not a tensor
         lambda: grouped_gemm(x, w, offs, config={"BLOCKM": 16}),                         # unknown knob
+        lambda: grouped_gemm(x, w, offs, w_layout="tn"),                                 # layout
+        lambda: grouped_gemm(x, torch.randn(2, 16, 6), offs, activation="silu_gate", w_layout="kn"),  # "nk" only
+        lambda: grouped_gemm(x, w, offs, w_layout="kn"),                                 # [E, K, N]: K differs
     ]
     assert error_names(calls) == ["TypeError", "TypeError", "ValueError", "ValueError", "TypeError", "ValueError",
                                   "ValueError", "ValueError", "ValueError", "ValueError", "ValueError",
-                                  "ValueError", "TypeError", "ValueError"]
+                                  "ValueError", "TypeError", "ValueError", "ValueError", "ValueError", "ValueError"]
 
 
 @cpu_only
@@ -198,6 +228,34 @@ def _check_gpu_bf16(activation, skew):
     w = torch.randn(experts, 2 * N if activation == "silu_gate" else N, K, device="cuda", dtype=torch.bfloat16)
     err, untouched = _check(x, w / K ** 0.5, offsets, counts, activation, None)
     return err < 2e-2 and untouched
+
+
+@gpu_only
+@pytest.mark.parametrize("skew", [False, True])
+def test_grouped_gemm_gpu_backward_kernels_bf16(ranks, skew):
+    """The backward's kernels at MoE shapes, bf16, against fp64: the "kn" grouped GEMM (grad_x = dy @ w[e], each
+    expert's weight as it lies) and the tuned TMA weight gradient; the rows outside the groups hold NaN."""
+    assert ranks.on_one_gpu(_check_gpu_backward, skew)
+
+
+def _check_gpu_backward(skew):
+    from triton_dist.kernels.grouped_gemm import grouped_weight_grad
+
+    gen = torch.Generator().manual_seed(2)
+    experts, rows, K, N = 16, 4096, 1024, 768
+    counts = _moe_counts(experts, rows, skew, gen)
+    offsets, total = _groups(counts, 16, 100, gen)
+    inside = _in_groups(offsets, counts, total)[:, None]
+    x = torch.where(inside, torch.randn(total, K, generator=gen), float("nan")).to("cuda", torch.bfloat16)
+    dy = torch.where(inside, torch.randn(total, N, generator=gen), float("nan")).to("cuda", torch.bfloat16)
+    w = (torch.randn(experts, N, K, generator=gen) / K ** 0.5).to("cuda", torch.bfloat16)
+    err_kn, untouched = _check(dy, w, offsets, counts, "none", None, w_layout="kn")
+    dw = grouped_weight_grad(dy, x, offsets.cuda(), torch.tensor(counts, dtype=torch.int32, device="cuda"), experts)
+    err_w = 0.0
+    for e, (start, n) in enumerate(zip(offsets.tolist(), counts)):
+        ref = dy[start:start + n].double().T @ x[start:start + n].double()
+        err_w = max(err_w, ((dw[e].double() - ref).abs().max() / ref.abs().max().clamp(min=1.0)).item())
+    return err_kn < 2e-2 and untouched and err_w < 2e-2
 
 
 @gpu_only

@@ -17,9 +17,10 @@ rank (one loss, copied) undo that where they split and gather rows (``nn/shardin
     all_reduce_rmsnorm  new_res = res + sum_s x_s,      d new_res = grad_new_res + the norm's backward of grad_normed:
                normed = rmsnorm(new_res) * weight       grad_res = d new_res, grad_x = all_reduce(d new_res),
                                                         grad_weight = sum over rows of grad_normed * rmsnorm(new_res)
-    grouped_gemm  out[g_e] = x[g_e] @ w[e].T            grad_x[g_e] = grad[g_e] @ w[e] (a grouped GEMM, w[e].T
-                                                        as the weight; zeros outside the groups),
+    grouped_gemm  out[g_e] = x[g_e] @ w[e].T            grad_x[g_e] = grad[g_e] @ w[e] (the grouped GEMM with
+                                                        w_layout "kn" on the same w; zeros outside the groups),
                                                         grad_w[e] = grad[g_e].T @ x[g_e] (grouped_weight_grad)
+                  ("kn": out[g_e] = x[g_e] @ w[e], the layouts' roles swapped)
 
 The sums run in fixed orders (the ops' own), so gradients are bitwise the same run to run. In a group of one
 (nothing to reduce or gather) ag_gemm's and gemm_rs's high-precision backward is torch's GEMMs on the saved tensors
@@ -210,22 +211,28 @@ def _rmsnorm_backward(ctx, grad_normed, grad_residual, _):
 
 # ----------------------------------------------------------------------------------------------- grouped_gemm
 def _grouped_setup(ctx, inputs, output):
-    x, w, offsets, counts, activation = inputs
-    ctx.activation = activation
+    x, w, offsets, counts, activation, w_layout = inputs
+    ctx.activation, ctx.w_layout = activation, w_layout
     ctx.save_for_backward(x, w, offsets, counts)
 
 
 def _grouped_backward(ctx, grad):
     x, w, offsets, counts = ctx.saved_tensors
-    inside = group_rows(x.shape[0], offsets, counts, x.device)[:, None]  # rows outside the groups: zeros
-    if ctx.activation == "silu_gate":  # the pre-activation again
-        h = torch.where(inside, grouped_gemm(x, w, offsets, counts), 0)
-        grad = silu_gate_backward(h, grad)
-    grad = torch.where(inside, grad, 0).contiguous()
-    grad_x = torch.where(inside, grouped_gemm(grad, w.transpose(1, 2).contiguous(), offsets, counts), 0) \
-        if ctx.needs_input_grad[0] else None
-    grad_w = grouped_weight_grad(grad, x, offsets, counts, w.shape[0]) if ctx.needs_input_grad[1] else None
-    return grad_x, grad_w, None, None, None
+    grad = grad.contiguous()
+    if ctx.activation == "silu_gate":  # the pre-activation again (its rows outside the groups are never read)
+        grad = silu_gate_backward(grouped_gemm(x, w, offsets, counts), grad)
+    grad_x = grad_w = None
+    if ctx.needs_input_grad[0]:  # the other layout on the same weight, no transposed copy; zeros outside the groups
+        other = "kn" if ctx.w_layout == "nk" else "nk"
+        if hardware.compiling() or library.needs_grad(grad, w):
+            inside = group_rows(x.shape[0], offsets, counts, x.device)[:, None]
+            grad_x = torch.where(inside, grouped_gemm(grad, w, offsets, counts, w_layout=other), 0)
+        else:
+            grad_x = grouped_gemm(grad, w, offsets, counts, out=torch.zeros_like(x), w_layout=other)
+    if ctx.needs_input_grad[1]:  # dw[e] = grad[g].T @ x[g] ("nk"), x[g].T @ grad[g] ("kn")
+        dy, inputs = (grad, x) if ctx.w_layout == "nk" else (x, grad)
+        grad_w = grouped_weight_grad(dy, inputs, offsets, counts, w.shape[0])
+    return grad_x, grad_w, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------- silu_gate

@@ -33,6 +33,7 @@ from .gemm import (SUPPORTED_DTYPES, c_block, check_launchable, default_num_prog
                    gemm_config, tile_accumulate, tile_coords, tile_store, tma_compatible, tma_descriptor)
 
 ACTIVATIONS = ("none", "silu_gate")
+W_LAYOUTS = ("nk", "kn")  # w [E, N, K] (torch linear: out = x @ w[e].T) or [E, K, N] (out = x @ w[e])
 
 
 # ----------------------------------------------------------------------------------------------- kernel
@@ -57,12 +58,16 @@ def _group_table(offsets, counts, E, rows, BLOCK_M: tl.constexpr, E_PAD: tl.cons
 def _group_tile(x, w, out_desc, out, e, row0, n_rows, local_m, pid_n, rows, N, K, w_rows, stride_xm, stride_we,
                 stride_wn, stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                SILU_GATE: tl.constexpr):
+                SILU_GATE: tl.constexpr, W_KN: tl.constexpr):
     """One output tile: rows ``local_m..`` of expert ``e``'s group (``n_rows`` rows from ``row0``), columns
     ``pid_n * BLOCK_N..``. TMA: ``w`` is a descriptor of all experts' rows [E * w_rows, K], so expert e's rows
-    start at e * w_rows; masks: ``w`` points at expert 0 and expert e starts ``e * stride_we`` further."""
+    start at e * w_rows (W_KN: a 3-D descriptor of w [E, K, N]); masks: ``w`` points at expert 0 and expert e
+    starts ``e * stride_we`` further."""
     off_n = pid_n * BLOCK_N
-    if USE_TMA:
+    if W_KN:
+        acc = _kn_accumulate(x, w, e, row0 + local_m, off_n, rows, N, K, stride_xm, stride_we, stride_wn, BLOCK_M,
+                             BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
+    elif USE_TMA:
         acc = tile_accumulate(x, w, row0 + local_m, e * w_rows + off_n, rows, N, K, stride_xm, stride_wn,
                               BLOCK_M, BLOCK_N, BLOCK_K, True, DOT_PRECISION, SILU_GATE)
     else:
@@ -80,6 +85,33 @@ def _group_tile(x, w, out_desc, out, e, row0, n_rows, local_m, pid_n, rows, N, K
 
 
 @triton.jit
+def _kn_accumulate(x, w, e, a_row, off_n, rows, N, K, stride_xm, stride_we, stride_wk, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """fp32 ``x[a_row : a_row + BLOCK_M, :] @ w[e][:, off_n : off_n + BLOCK_N]`` for w [E, K, N] (rows past
+    ``rows``, columns past ``N`` / ``K`` count as zeros): expert e's weight as it lies, no transposed copy. TMA:
+    the 3-D descriptor's bounds clip every expert's K rows, so a K step never reads the next expert's."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if USE_TMA:
+        for ki in range(tl.cdiv(K, BLOCK_K)):
+            b = w.load([e, ki * BLOCK_K, off_n]).reshape(BLOCK_K, BLOCK_N)
+            acc = tl.dot(x.load([a_row, ki * BLOCK_K]), b, acc, input_precision=DOT_PRECISION)
+    else:
+        m = a_row + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        ks = tl.arange(0, BLOCK_K)
+        x_ptrs = x + m.to(tl.int64)[:, None] * stride_xm + ks[None, :]
+        w_ptrs = w + e.to(tl.int64) * stride_we + ks.to(tl.int64)[:, None] * stride_wk + cols[None, :]
+        for ki in range(tl.cdiv(K, BLOCK_K)):
+            k_left = K - ki * BLOCK_K
+            a = tl.load(x_ptrs, mask=(m[:, None] < rows) & (ks[None, :] < k_left), other=0.0)
+            b = tl.load(w_ptrs, mask=(ks[:, None] < k_left) & (cols[None, :] < N), other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K * stride_wk
+    return acc
+
+
+@triton.jit
 def _store_masked(out, acc, row0, local_m, off_n, n_rows, N, stride_om, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr):
     """The group's rows of a tile, masked to its ``n_rows`` (the core's "segment" starting at row0)."""
@@ -91,9 +123,11 @@ def grouped_gemm_kernel(x, w, out_desc, out, offsets, counts, E, rows, N, K, w_r
                         stride_wn, stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr, E_PAD: tl.constexpr, HAS_COUNTS: tl.constexpr,
                         USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
-                        WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr):
+                        WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr,
+                        W_KN: tl.constexpr = False):
     """Persistent grouped GEMM over the experts' row groups (module docstring). ``N``: output columns
-    (SILU_GATE: I, half of ``w_rows``); ``x``/``w``/``out_desc``: descriptors (USE_TMA) or pointers."""
+    (SILU_GATE: I, half of ``w_rows``); ``x``/``w``/``out_desc``: descriptors (USE_TMA) or pointers. W_KN: w is
+    [E, K, N] (``w_layout="kn"``), ``stride_wn`` its K rows' stride."""
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     start, n, first_tile, tiles = _group_table(offsets, counts, E, rows, BLOCK_M, E_PAD, HAS_COUNTS)
@@ -109,36 +143,73 @@ def grouped_gemm_kernel(x, w, out_desc, out, offsets, counts, E, rows, N, K, w_r
         local_m = (pid_m - tl.sum(tl.where(mine, first_tile, 0), 0)) * BLOCK_M
         _group_tile(x, w, out_desc, out, e, row0, n_rows, local_m, pid_n, rows, N, K, w_rows, stride_xm, stride_we,
                     stride_wn, stride_om, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, EPILOGUE_SUBTILE, DOT_PRECISION,
-                    SILU_GATE)
+                    SILU_GATE, W_KN)
 
 
 @triton.jit
-def grouped_weight_grad_kernel(dy, x, dw, offsets, counts, rows, N, K, stride_dym, stride_xm, stride_we, stride_wn,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               HAS_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """The weights' gradient of the grouped GEMM, program (e, n tile, k tile):
-    ``dw[e, n tile, k tile] = dy[rows of e, n tile].T @ x[rows of e, k tile]`` (fp32 accumulation over the group's
-    rows, BLOCK_M at a time; an empty group gives zeros)."""
-    e = tl.program_id(0)
-    start = tl.load(offsets + e)
-    if HAS_COUNTS:
-        n_rows = tl.load(counts + e)
+def _weight_grad_step(dy, x, acc, row, off_n, off_k, rows, N, K, stride_dym, stride_xm, inside,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+                      MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``acc + dy[row : row + BLOCK_M, off_n..].T @ x[row : row + BLOCK_M, off_k..]``; MASKED: only the rows
+    ``inside`` count (both operands zeroed elsewhere: a row past the group may hold anything, NaN included)."""
+    if USE_TMA:
+        a = dy.load([row, off_n])
+        b = x.load([row, off_k])
     else:
-        n_rows = tl.load(offsets + e + 1) - start
-    start = tl.minimum(tl.maximum(start, 0), rows)  # clamped to the buffer, as the forward does
-    n_rows = tl.minimum(tl.maximum(n_rows, 0), rows - start)
-    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.program_id(2) * BLOCK_K + tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for m0 in range(0, n_rows, BLOCK_M):
-        local = m0 + tl.arange(0, BLOCK_M)
-        ms = (start + local).to(tl.int64)
-        inside = (local < n_rows)[:, None]
-        a = tl.load(dy + ms[:, None] * stride_dym + ns[None, :], mask=inside & (ns < N)[None, :], other=0.0)
-        b = tl.load(x + ms[:, None] * stride_xm + ks[None, :], mask=inside & (ks < K)[None, :], other=0.0)
-        acc = tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
-    dst = dw + e.to(tl.int64) * stride_we + ns.to(tl.int64)[:, None] * stride_wn + ks[None, :]
-    tl.store(dst, acc.to(dw.dtype.element_ty), mask=(ns < N)[:, None] & (ks < K)[None, :])
+        m = (row + tl.arange(0, BLOCK_M)).to(tl.int64)
+        ns = off_n + tl.arange(0, BLOCK_N)
+        ks = off_k + tl.arange(0, BLOCK_K)
+        a = tl.load(dy + m[:, None] * stride_dym + ns[None, :], mask=(m < rows)[:, None] & (ns < N)[None, :],
+                    other=0.0)
+        b = tl.load(x + m[:, None] * stride_xm + ks[None, :], mask=(m < rows)[:, None] & (ks < K)[None, :],
+                    other=0.0)
+    if MASKED:
+        a = tl.where(inside[:, None], a, 0.0)
+        b = tl.where(inside[:, None], b, 0.0)
+    return tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def grouped_weight_grad_kernel(dy, x, dw, dw_ptr, offsets, counts, E, rows, N, K, stride_dym, stride_xm, stride_we,
+                               stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               HAS_COUNTS: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The weights' gradient of the grouped GEMM, persistent over the tiles (e, n tile, k tile) of dw [E, N, K]:
+    ``dw[e, n tile, k tile] = dy[rows of e, n tile].T @ x[rows of e, k tile]``, fp32 accumulation over the group's
+    rows BLOCK_M at a time, in order (deterministic); the group's last partial step masked. An expert's tiles are
+    neighbours in the order, so its rows of dy and x are read from L2 by all but the first. An empty group gives
+    zeros. ``dy``/``x``/``dw``: descriptors (USE_TMA; dw's 3-D, its bounds clip each expert) or pointers."""
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles_k = tl.cdiv(K, BLOCK_K)
+    per_expert = tiles_n * tiles_k
+    for tile in tl.range(pid, E * per_expert, tl.num_programs(0)):
+        e = tile // per_expert
+        pid_n = (tile % per_expert) // tiles_k
+        off_n = pid_n * BLOCK_N
+        off_k = (tile % tiles_k) * BLOCK_K
+        start = tl.load(offsets + e)
+        if HAS_COUNTS:
+            n_rows = tl.load(counts + e)
+        else:
+            n_rows = tl.load(offsets + e + 1) - start
+        start = tl.minimum(tl.maximum(start, 0), rows)  # clamped to the buffer, as the forward does
+        n_rows = tl.minimum(tl.maximum(n_rows, 0), rows - start)
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        whole = n_rows // BLOCK_M
+        for i in range(whole):
+            acc = _weight_grad_step(dy, x, acc, start + i * BLOCK_M, off_n, off_k, rows, N, K, stride_dym,
+                                    stride_xm, None, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, False, DOT_PRECISION)
+        if whole * BLOCK_M < n_rows:
+            inside = whole * BLOCK_M + tl.arange(0, BLOCK_M) < n_rows
+            acc = _weight_grad_step(dy, x, acc, start + whole * BLOCK_M, off_n, off_k, rows, N, K, stride_dym,
+                                    stride_xm, inside, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, True, DOT_PRECISION)
+        if USE_TMA:
+            dw.store([e, off_n, off_k], acc.to(dw.dtype).reshape(1, BLOCK_N, BLOCK_K))
+        else:
+            ns = off_n + tl.arange(0, BLOCK_N)
+            ks = off_k + tl.arange(0, BLOCK_K)
+            dst = dw_ptr + e.to(tl.int64) * stride_we + ns.to(tl.int64)[:, None] * stride_wn + ks[None, :]
+            tl.store(dst, acc.to(dw_ptr.dtype.element_ty), mask=(ns < N)[:, None] & (ks < K)[None, :])
 
 
 # ----------------------------------------------------------------------------------------------- launcher
@@ -156,18 +227,18 @@ def worst_case_tiles(rows, experts, n_out, cfg):
     return (triton.cdiv(rows, cfg["BLOCK_M"]) + experts) * triton.cdiv(n_out, cfg["BLOCK_N"])
 
 
-def launch_grouped_gemm(x, w, offsets, counts, out, cfg, silu_gate):
+def launch_grouped_gemm(x, w, offsets, counts, out, cfg, silu_gate, w_kn=False):
     """The kernel on checked inputs: x [rows, K], w [E, w_rows, K], out [rows, N] (N = w_rows, or w_rows / 2
-    with ``silu_gate``)."""
+    with ``silu_gate``); ``w_kn``: w [E, K, N]."""
     rows, k = x.shape
-    experts, w_rows, _ = w.shape
+    experts, w_rows = w.shape[:2]
     n_out = out.shape[1]
-    w2 = w.view(experts * w_rows, k)
-    use_tma = cfg.get("use_tma") is not False and k > 0 and tma_compatible(x, w2, out)  # None / True: when allowed
+    w_view = w if w_kn else w.view(experts * w_rows, k)
+    use_tma = cfg.get("use_tma") is not False and k > 0 and tma_compatible(x, w_view, out)  # None/True: if allowed
     out3 = out.view(1, rows, n_out)
     if use_tma:
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-        x_arg, w_arg = tma_descriptor(x, [bm, bk]), tma_descriptor(w2, [bn, bk])
+        x_arg, w_arg = tma_descriptor(x, [bm, bk]), tma_descriptor(w_view, [1, bk, bn] if w_kn else [bn, bk])
         out_arg = tma_descriptor(out3, c_block(cfg))
     else:
         x_arg, w_arg, out_arg = x, w, out
@@ -180,17 +251,17 @@ def launch_grouped_gemm(x, w, offsets, counts, out, cfg, silu_gate):
         E_PAD=max(2, triton.next_power_of_2(experts)), HAS_COUNTS=counts is not None, USE_TMA=use_tma,
         EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],
         WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(x.dtype), SILU_GATE=silu_gate,
-        num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
+        W_KN=w_kn, num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
     return out
 
 
-_CONFIGS = shmem.Plans("grouped_gemm")  # (rows, E, w_rows, K, dtype, device, silu_gate) -> tuned config
+_CONFIGS = shmem.Plans("grouped_gemm")  # (rows, E, N, K, dtype, device, silu_gate, w_kn) -> tuned config
 
 
-def _tuned_config(rows, experts, w_rows, k, dtype, device, silu_gate):
+def _tuned_config(rows, experts, n_out, k, dtype, device, silu_gate, w_kn):
     """On GPU the GEMM core's candidates timed with evenly filled groups (the op itself cannot see the real
     sizes without a sync); elsewhere the default."""
-    n_out = w_rows // 2 if silu_gate else w_rows
+    w_rows = 2 * n_out if silu_gate else n_out
     base = default_config(rows, n_out, k, dtype, device, silu_gate)
     if device.type != "cuda":
         return base
@@ -206,7 +277,7 @@ def _tuned_config(rows, experts, w_rows, k, dtype, device, silu_gate):
         from ..timing import graph_of
 
         x = torch.randn((rows, k), device=device).to(dtype)
-        w = (torch.randn((experts, w_rows, k), device=device) / k ** 0.5).to(dtype)
+        w = (torch.randn((experts, k, n_out) if w_kn else (experts, w_rows, k), device=device) / k ** 0.5).to(dtype)
         offsets = torch.linspace(0, rows, experts + 1, device=device).to(torch.int32)
         out = torch.empty((rows, n_out), dtype=dtype, device=device)
         graphs = {}
@@ -214,17 +285,17 @@ def _tuned_config(rows, experts, w_rows, k, dtype, device, silu_gate):
         def run(cfg):  # device time, from a CUDA graph per candidate
             key = repr(sorted(cfg.items()))
             if key not in graphs:
-                graphs[key] = graph_of(lambda: launch_grouped_gemm(x, w, offsets, None, out, cfg, silu_gate))
+                graphs[key] = graph_of(lambda: launch_grouped_gemm(x, w, offsets, None, out, cfg, silu_gate, w_kn))
             graphs[key].replay()
         return run
 
     key = dict(rows=rows, experts=experts, n=w_rows, k=k, dtype=str(dtype).replace("torch.", ""),
-               silu_gate=silu_gate)
+               silu_gate=silu_gate, **({"w_layout": "kn"} if w_kn else {}))
     return autotune.choose("grouped_gemm", key, autotune.dedupe(cands), make_runner, default=base, collective=False)
 
 
 # ----------------------------------------------------------------------------------------------- the op
-def _check_inputs(x, w, expert_offsets, expert_counts, activation):
+def _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout="nk"):
     for name, t in (("x", x), ("w", w), ("expert_offsets", expert_offsets)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -235,13 +306,22 @@ def _check_inputs(x, w, expert_offsets, expert_counts, activation):
                         f"{w.dtype}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if x.dim() != 2 or w.dim() != 3 or w.shape[2] != x.shape[1]:
-        raise ValueError(f"expected x [rows, K] and w [E, N, K]; got {list(x.shape)} and {list(w.shape)}")
+    if w_layout not in W_LAYOUTS:
+        raise ValueError(f"w_layout must be one of {W_LAYOUTS}, got {w_layout!r}")
+    k_dim = 2 if w_layout == "nk" else 1
+    if x.dim() != 2 or w.dim() != 3 or w.shape[k_dim] != x.shape[1]:
+        expected = "[E, N, K]" if w_layout == "nk" else "[E, K, N] (w_layout='kn')"
+        raise ValueError(f"expected x [rows, K] and w {expected}; got {list(x.shape)} and {list(w.shape)}")
+    if activation == "silu_gate" and w_layout != "nk":
+        raise ValueError("activation='silu_gate' takes w [E, 2I, K] (w_layout='nk')")
     if activation == "silu_gate" and w.shape[1] % 2:
         raise ValueError(f"activation='silu_gate' takes w [E, 2I, K] (gate over up), got {list(w.shape)}")
     if not x.is_contiguous() or not w.is_contiguous():
         raise ValueError("x and w must be contiguous (call .contiguous() first)")
-    experts = w.shape[0]
+    _check_groups(x, w.shape[0], expert_offsets, expert_counts, w)
+
+
+def _check_groups(x, experts, expert_offsets, expert_counts, *others):
     for name, t, size in (("expert_offsets", expert_offsets, experts + 1), ("expert_counts", expert_counts, experts)):
         if t is None:
             continue
@@ -250,112 +330,184 @@ def _check_inputs(x, w, expert_offsets, expert_counts, activation):
         if t.dim() != 1 or t.shape[0] != size or not t.is_contiguous():
             raise ValueError(f"{name} must be a contiguous [{size}] tensor for {experts} experts, got "
                              f"{list(t.shape)}")
-    for name, t in (("w", w), ("expert_offsets", expert_offsets), ("expert_counts", expert_counts)):
+    for name, t in (("w", others[0] if others else None), ("expert_offsets", expert_offsets),
+                    ("expert_counts", expert_counts)):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
 
 
-def _output_shape(x, w, activation):
+def _output_shape(x, w, activation, w_layout="nk"):
+    if w_layout == "kn":
+        return x.shape[0], w.shape[2]
     return x.shape[0], w.shape[1] // 2 if activation == "silu_gate" else w.shape[1]
 
 
-def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", out=None, config=None):
+def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", out=None, config=None, *,
+                 w_layout="nk"):
     """``out[rows of e] = x[rows of e] @ w[e].T`` for every expert e, group boundaries read on the device.
 
     ``x`` [rows, K] and ``w`` [E, N, K] (float16/bfloat16; float32 for tests), contiguous, on one device (CUDA, or
-    CPU under the Triton interpreter). ``expert_offsets`` int32 [E+1]: group e starts at row ``expert_offsets[e]``
+    CPU under the Triton interpreter). ``w_layout="kn"``: ``w`` is [E, K, N] (``torch._grouped_mm``'s layout)
+    and ``out[rows of e] = x[rows of e] @ w[e]``, read as it lies (no transposed copy; activation "none").
+    ``expert_offsets`` int32 [E+1]: group e starts at row ``expert_offsets[e]``
     (``expert_offsets[E]``: the end), e.g. ``EpDispatchResult.expert_offsets``. ``expert_counts`` int32 [E]
     (optional): group e is ``[offsets[e], offsets[e] + counts[e])``, so alignment padding after a group's rows
     is skipped; without it a group runs to the next offset. ``activation="silu_gate"``: ``w`` [E, 2I, K] holds
     each expert's gate rows over its up rows and ``out`` [rows, I] gets ``silu(x @ gate.T) * (x @ up.T)``.
     Rows outside every group are left untouched (``out=None``: uninitialised there). ``config``: overrides of
     ``default_config``. Also ``torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts,
-    activation)``. No host sync: CUDA-graph capturable after a first call of the shape (tuning).
-    Autograd: an ``x`` or ``w`` that requires grad goes through the torch op; the backward is a grouped GEMM with
-    each expert's weight transposed (``grad_x``) and ``grouped_weight_grad`` (``grad_w``), ``kernels/autograd.py``.
+    activation, w_layout)``. No host sync: CUDA-graph capturable after a first call of the shape (tuning).
+    Autograd: an ``x`` or ``w`` that requires grad goes through the torch op; the backward is the grouped GEMM of
+    the other layout on the same weight (``grad_x``) and ``grouped_weight_grad`` (``grad_w``),
+    ``kernels/autograd.py``; rows outside every group get zero gradients.
     """
-    _check_inputs(x, w, expert_offsets, expert_counts, activation)
+    _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout)
     if library.needs_grad(x, w):
         if out is not None or config is not None:
             raise ValueError("grouped_gemm: out= and config= are for calls without grad (under torch.no_grad())")
-        return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation)
+        return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout)
     if config is None and out is None and hardware.compiling():
-        return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation)
-    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config)
+        return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout)
+    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, w_layout)
 
 
-def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config):
+def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, w_layout="nk"):
     """The op on checked inputs."""
     check_launchable(x, "x and w")
-    shape = _output_shape(x, w, activation)
+    shape = _output_shape(x, w, activation, w_layout)
     if out is None:
         out = torch.empty(shape, dtype=x.dtype, device=x.device)
     elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != x.dtype
           or out.device != x.device or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {list(shape)} on {x.device}")
     rows, k = x.shape
-    experts, w_rows, _ = w.shape
+    experts = w.shape[0]
     if rows == 0 or shape[1] == 0 or experts == 0:
         return out
-    silu_gate = activation == "silu_gate"
+    silu_gate, w_kn = activation == "silu_gate", w_layout == "kn"
     if config is None:
-        key = (rows, experts, w_rows, k, x.dtype, x.device, silu_gate)
-        cfg = _CONFIGS.get(key, lambda: _tuned_config(rows, experts, w_rows, k, x.dtype, x.device, silu_gate))
+        key = (rows, experts, shape[1], k, x.dtype, x.device, silu_gate, w_kn)
+        cfg = _CONFIGS.get(key, lambda: _tuned_config(rows, experts, shape[1], k, x.dtype, x.device, silu_gate,
+                                                      w_kn))
     else:
         cfg = autotune.with_overrides(default_config(rows, shape[1], k, x.dtype, x.device, silu_gate), config)
-    return launch_grouped_gemm(x, w, expert_offsets, expert_counts, out, cfg, silu_gate)
+    return launch_grouped_gemm(x, w, expert_offsets, expert_counts, out, cfg, silu_gate, w_kn)
+
+
+# ----------------------------------------------------------------------------------------------- weight gradient
+def weight_grad_candidates(dtype, device):
+    """The weight-gradient kernel's tiles (BLOCK_N x BLOCK_K output tiles, BLOCK_M rows a step); the first: the
+    default. Under the interpreter: small tiles."""
+    if device.type != "cuda":
+        return [dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1)]
+    if dtype == torch.float32:
+        return [dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)]
+    return [dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=4),
+            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=3),
+            dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3),
+            dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3),
+            dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=5)]
+
+
+def launch_weight_grad(dy, x, offsets, counts, dw, cfg):
+    """``grouped_weight_grad_kernel`` on contiguous dy [rows, N], x [rows, K], dw [E, N, K]."""
+    rows, n = dy.shape
+    experts, _, k = dw.shape
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    use_tma = cfg.get("use_tma") is not False and tma_compatible(dy, x, dw)  # None / True: when allowed
+    if use_tma:
+        args = tma_descriptor(dy, [bm, bn]), tma_descriptor(x, [bm, bk]), tma_descriptor(dw, [1, bn, bk])
+    else:
+        args = dy, x, dw
+    tiles = experts * triton.cdiv(n, bn) * triton.cdiv(k, bk)
+    grouped_weight_grad_kernel[(max(1, min(default_num_programs(dy.device), tiles)),)](
+        *args, dw, offsets, offsets if counts is None else counts, experts, rows, n, k, dy.stride(0), x.stride(0),
+        dw.stride(0), dw.stride(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, HAS_COUNTS=counts is not None,
+        USE_TMA=use_tma, DOT_PRECISION=dot_precision(x.dtype), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+    return dw
+
+
+_WEIGHT_GRAD_CONFIGS = shmem.Plans("grouped_weight_grad")  # (rows, E, N, K, dtype, device) -> tuned config
+
+
+def _tuned_weight_grad_config(rows, experts, n, k, dtype, device):
+    """The candidates timed with evenly filled groups (as ``_tuned_config``)."""
+    cands = weight_grad_candidates(dtype, device)
+
+    def make_runner():
+        from ..timing import graph_of
+
+        dy = torch.randn((rows, n), device=device).to(dtype)
+        x = torch.randn((rows, k), device=device).to(dtype)
+        offsets = torch.linspace(0, rows, experts + 1, device=device).to(torch.int32)
+        dw = torch.empty((experts, n, k), dtype=dtype, device=device)
+        graphs = {}
+
+        def run(cfg):
+            key = repr(sorted(cfg.items()))
+            if key not in graphs:
+                graphs[key] = graph_of(lambda: launch_weight_grad(dy, x, offsets, None, dw, cfg))
+            graphs[key].replay()
+        return run
+
+    key = dict(rows=rows, experts=experts, n=n, k=k, dtype=str(dtype).replace("torch.", ""))
+    return autotune.choose("grouped_weight_grad", key, cands, make_runner, default=cands[0], collective=False)
 
 
 def grouped_weight_grad(dy, x, expert_offsets, expert_counts, experts):
     """``dw[e] = dy[rows of e].T @ x[rows of e]`` for every expert e: [E, N, K] for dy [rows, N], x [rows, K] (the
-    grouped GEMM's weight gradient; groups as ``grouped_gemm`` reads them, on the device)."""
+    grouped GEMM's weight gradient; groups as ``grouped_gemm`` reads them, on the device; rows outside every group
+    are never read). Also ``torch.ops.triton_dist.grouped_weight_grad``."""
     if hardware.compiling():
         return torch.ops.triton_dist.grouped_weight_grad(dy, x, expert_offsets, expert_counts, experts)
+    for name, t in (("dy", dy), ("x", x)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"grouped_weight_grad: {name} must be a 2-D tensor")
+    if dy.shape[0] != x.shape[0] or dy.dtype != x.dtype or x.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"grouped_weight_grad: dy {list(dy.shape)} {dy.dtype} and x {list(x.shape)} {x.dtype} "
+                         "must share rows and a dtype of float16/bfloat16 (float32 for tests)")
+    _check_groups(x, experts, expert_offsets, expert_counts, dy)
     rows, n = dy.shape
     k = x.shape[1]
     dw = torch.empty((experts, n, k), dtype=x.dtype, device=x.device)
     if experts == 0 or n == 0 or k == 0:
         return dw
-    if x.is_cuda:
-        bm, bn, bk, warps, stages = 64, 128, 64 if x.dtype == torch.float32 else 128, 8, 3
-    else:
-        bm, bn, bk, warps, stages = 16, 16, 16, 4, 1
-    dy, x = dy.contiguous(), x.contiguous()
-    grouped_weight_grad_kernel[(experts, triton.cdiv(n, bn), triton.cdiv(k, bk))](
-        dy, x, dw, expert_offsets, expert_offsets if expert_counts is None else expert_counts, rows, n, k,
-        dy.stride(0), x.stride(0), dw.stride(0), dw.stride(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        HAS_COUNTS=expert_counts is not None, DOT_PRECISION=dot_precision(x.dtype), num_warps=warps,
-        num_stages=stages)
-    return dw
+    if rows == 0:
+        return dw.zero_()
+    check_launchable(x, "dy and x")
+    key = (rows, experts, n, k, x.dtype, x.device)
+    cfg = _WEIGHT_GRAD_CONFIGS.get(key, lambda: _tuned_weight_grad_config(rows, experts, n, k, x.dtype, x.device))
+    return launch_weight_grad(dy.contiguous(), x.contiguous(), expert_offsets, expert_counts, dw, cfg)
 
 
-def grouped_gemm_torch(x, w, expert_offsets, expert_counts=None, activation="none", out=None):
+def grouped_gemm_torch(x, w, expert_offsets, expert_counts=None, activation="none", out=None, w_layout="nk"):
     """The same product in torch, one ``matmul`` per expert (syncs: reads the offsets on the host): the
     reference of the tests and a baseline of the benchmark. Rows outside every group: zeros unless ``out``."""
     offsets = expert_offsets.tolist()
     counts = expert_counts.tolist() if expert_counts is not None else [b - a for a, b in zip(offsets, offsets[1:])]
-    shape = _output_shape(x, w, activation)
+    shape = _output_shape(x, w, activation, w_layout)
     out = torch.zeros(shape, dtype=x.dtype, device=x.device) if out is None else out
     for e, (start, n) in enumerate(zip(offsets, counts)):
-        h = x[start:start + n] @ w[e].T
+        h = x[start:start + n] @ (w[e] if w_layout == "kn" else w[e].T)
         if activation == "silu_gate":
             h = torch.nn.functional.silu(h[:, :shape[1]]) * h[:, shape[1]:]
         out[start:start + n] = h
     return out
 
 
-def _grouped_gemm_op(x, w, expert_offsets, expert_counts=None, activation="none"):
-    _check_inputs(x, w, expert_offsets, expert_counts, activation)
-    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, None, None)
+def _grouped_gemm_op(x, w, expert_offsets, expert_counts=None, activation="none", w_layout="nk"):
+    _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout)
+    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, None, None, w_layout)
 
 
-def _grouped_gemm_fake(x, w, expert_offsets, expert_counts=None, activation="none"):
-    _check_inputs(x, w, expert_offsets, expert_counts, activation)
-    return x.new_empty(_output_shape(x, w, activation))
+def _grouped_gemm_fake(x, w, expert_offsets, expert_counts=None, activation="none", w_layout="nk"):
+    _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout)
+    return x.new_empty(_output_shape(x, w, activation, w_layout))
 
 
 library.define('grouped_gemm(Tensor x, Tensor w, Tensor expert_offsets, Tensor? expert_counts=None, '
-               'str activation="none") -> Tensor', _grouped_gemm_op, _grouped_gemm_fake)
+               'str activation="none", str w_layout="nk") -> Tensor', _grouped_gemm_op, _grouped_gemm_fake)
 library.define("grouped_weight_grad(Tensor dy, Tensor x, Tensor expert_offsets, Tensor? expert_counts, int experts) "
                "-> Tensor", grouped_weight_grad,
                lambda dy, x, offsets, counts, experts: x.new_empty((experts, dy.shape[1], x.shape[1])))
