@@ -6,6 +6,7 @@
     combine's backward    the output's gradient g dispatched like x (the same routing, so the same rows):
                               grad expert_out[row] = w[row] * g[t(row)]
                               grad w[row] = <g[t(row)], expert_out[row]>          (on the expert's rank)
+                          both in one pass over the rows (``combine_grad_kernel``)
     dispatch's backward   grad x[t] = sum_j grad rows[row of (t, j)]: a combine on the forward's records with unit
                           weights
                           grad topk_weights[t, j] = grad w[row of (t, j)]: the rows' scalars sent back to their
@@ -38,6 +39,8 @@ from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
+import triton
+import triton.language as tl
 
 from ... import hardware, shmem
 from .. import library
@@ -111,6 +114,55 @@ def _combine_train_fake(expert_out, weights, topk_idx, token_pos, slots, span, n
     return expert_out.new_empty((token_pos.shape[0], expert_out.shape[1]))
 
 
+@triton.jit
+def combine_grad_kernel(g, y, weights, ids, grad_y, grad_w, n, total, H, stride_g, stride_y, ROWS: tl.constexpr,
+                        BLOCK_H: tl.constexpr):
+    """Combine's backward on ROWS rows per program, one pass over them: ``grad_y[r] = weights[r] * g[r]`` and
+    ``grad_w[r] = <g[r], y[r]>`` (fp32) for the rows r < n of some expert group (ids >= 0); zeros for the other
+    rows (grad_w: every row < total). What a row outside the groups holds is never read (NaN included)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    real = rows < n
+    valid = real & (tl.load(ids + rows, mask=real, other=-1) >= 0)
+    w = tl.load(weights + rows, mask=valid, other=0.0)
+    at_g = rows.to(tl.int64)[:, None] * stride_g
+    at_y = rows.to(tl.int64)[:, None] * stride_y
+    dot = tl.zeros((ROWS,), dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        inside = valid[:, None] & (cols < H)[None, :]
+        gv = tl.load(g + at_g + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+        yv = tl.load(y + at_y + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+        dot += tl.sum(gv * yv, 1)
+        tl.store(grad_y + at_y + cols[None, :], (gv * w[:, None]).to(grad_y.dtype.element_ty),
+                 mask=real[:, None] & (cols < H)[None, :])
+    tl.store(grad_w + rows, dot, mask=rows < total)
+
+
+def _combine_grad_op(g_rows, expert_out, weights, expert_ids):
+    """(grad of expert_out [n, H] in its dtype, grad of weights [rows] fp32) from the dispatched output gradient
+    ``g_rows`` [>= n, H] (``combine_grad_kernel``; torch where no kernel runs)."""
+    n, hidden = expert_out.shape
+    total = weights.shape[0]
+    if not (expert_out.is_cuda or hardware.interpreting()):
+        valid = (expert_ids >= 0)[:n]
+        g = g_rows[:n].float()
+        grad_y = torch.where(valid[:, None], g * weights[:n, None].float(), 0.0).to(expert_out.dtype)
+        dots = torch.where(valid, (g * expert_out.float()).sum(dim=1), 0.0)
+        return grad_y, torch.nn.functional.pad(dots, (0, total - n))
+    grad_y = torch.empty_like(expert_out)
+    grad_w = torch.empty((total,), dtype=torch.float32, device=expert_out.device)
+    if total:
+        g_rows, expert_out = g_rows.contiguous(), expert_out.contiguous()
+        combine_grad_kernel[(triton.cdiv(total, 4),)](
+            g_rows, expert_out, weights.float().contiguous(), expert_ids, grad_y, grad_w, n, total, hidden,
+            g_rows.stride(0), expert_out.stride(0), ROWS=4, BLOCK_H=1024, num_warps=4)
+    return grad_y, grad_w
+
+
+def _combine_grad_fake(g_rows, expert_out, weights, expert_ids):
+    return torch.empty_like(expert_out), weights.new_empty(weights.shape, dtype=torch.float32)
+
+
 def _scalars_home(row_values, slots, token_pos, group_name=None):
     """[T, K]: the value of the row of every (token, slot) of this rank's tokens, from ``row_values`` [rows] of
     every rank (``slots`` [W, max_tokens, K]: this rank's rows of each rank's received tokens, -1: none)."""
@@ -138,6 +190,8 @@ library.define("ep_dispatch_train(Tensor x, Tensor topk_idx, Tensor topk_weights
 library.define("ep_combine_train(Tensor expert_out, Tensor weights, Tensor topk_idx, Tensor token_pos, Tensor slots, "
                "Tensor span, int num_experts, int max_tokens, int align, str? group_name=None) -> Tensor",
                _combine_train_op, _combine_train_fake)
+library.define("ep_combine_grad(Tensor g_rows, Tensor expert_out, Tensor weights, Tensor expert_ids) -> "
+               "(Tensor, Tensor)", _combine_grad_op, _combine_grad_fake)
 library.define("ep_scalars_home(Tensor row_values, Tensor slots, Tensor token_pos, str? group_name=None) -> Tensor",
                _scalars_home, _scalars_home_fake)
 library.collective("ep_dispatch_train", "ep_combine_train", "ep_scalars_home")
@@ -177,16 +231,10 @@ def _combine_backward(ctx, grad):
     expert_out, weights, topk_idx = ctx.saved_tensors
     unit = torch.ones(topk_idx.shape, dtype=torch.float32, device=topk_idx.device)
     g_rows, expert_ids = torch.ops.triton_dist.ep_dispatch_train(grad.contiguous(), topk_idx, unit, *ctx.routing)[:2]
-    n = expert_out.shape[0]  # (expert_out may stop at the rows in use; weights cover every row)
-    valid = (expert_ids >= 0)[:n]
-    g_rows = g_rows[:n].float()
-    grad_out = grad_w = None
-    if ctx.needs_input_grad[0]:
-        grad_out = torch.where(valid[:, None], g_rows * weights[:n, None], 0.0).to(expert_out.dtype)
-    if ctx.needs_input_grad[1]:
-        dots = torch.where(valid, (g_rows * expert_out.float()).sum(dim=1), 0.0)
-        grad_w = torch.nn.functional.pad(dots, (0, weights.shape[0] - n)).to(weights.dtype)
-    return grad_out, grad_w, None, None, None, None, None, None, None, None
+    # (expert_out may stop at the rows in use; weights cover every row)
+    grad_out, grad_w = torch.ops.triton_dist.ep_combine_grad(g_rows, expert_out, weights, expert_ids)
+    return (grad_out if ctx.needs_input_grad[0] else None, grad_w.to(weights.dtype) if ctx.needs_input_grad[1]
+            else None, None, None, None, None, None, None, None, None)
 
 
 torch.library.register_autograd("triton_dist::ep_dispatch_train", _dispatch_backward, setup_context=_dispatch_setup)
