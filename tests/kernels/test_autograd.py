@@ -146,7 +146,8 @@ def test_calls_that_cannot_be_differentiated_are_refused(ranks):
 def test_grouped_gemm_gradients_match_fp64(activation, w_layout, counts):
     """Groups with alignment padding between them (counts) or packed (offsets only), one empty; padding rows of
     the input and of the incoming gradient hold NaN (what the forward leaves there must not leak into any
-    gradient; the input's gradient is zero there). "kn": w [E, K, N], out = x @ w[e]."""
+    gradient; the input's gradient is zero there). "kn": w [E, K, N], out = x @ w[e]. The SiLU gate both ways: the
+    public call (keeps the pre-activation) and the torch op (computes it again in the backward)."""
     from triton_dist.kernels import grouped_gemm
 
     gen = torch.Generator().manual_seed(11)
@@ -171,16 +172,18 @@ def test_grouped_gemm_gradients_match_fp64(activation, w_layout, counts):
         out = F.silu(h[:, :N]) * h[:, N:] if activation == "silu_gate" else h
         loss = loss + (out * weighting[s:s + n]).sum()
     loss.backward()
-    x, w = x64.float().requires_grad_(), w64.float().requires_grad_()
-    out = grouped_gemm(x, w, offsets, torch.tensor(sizes, dtype=torch.int32) if counts else None,
-                       activation=activation, w_layout=w_layout)
-    grad = torch.where(inside[:, None], weighting.float(), float("nan"))
-    out.backward(grad)
-    assert torch.isfinite(x.grad).all() and torch.isfinite(w.grad).all()
-    assert (x.grad[~inside] == 0).all()
+    cnt = torch.tensor(sizes, dtype=torch.int32) if counts else None
+    calls = [lambda x, w: grouped_gemm(x, w, offsets, cnt, activation=activation, w_layout=w_layout)]
+    if activation == "silu_gate":  # the torch op itself keeps only x: its backward computes the pre-activation again
+        calls.append(lambda x, w: torch.ops.triton_dist.grouped_gemm(x, w, offsets, cnt, activation, w_layout))
     ref_gx = torch.where(inside[:, None], ref_x.grad, 0)
-    assert _rel(x.grad, ref_gx) < 1e-5 and _rel(w.grad, ref_w.grad) < 1e-5, (_rel(x.grad, ref_gx),
-                                                                             _rel(w.grad, ref_w.grad))
+    for call in calls:
+        x, w = x64.float().requires_grad_(), w64.float().requires_grad_()
+        call(x, w).backward(torch.where(inside[:, None], weighting.float(), float("nan")))
+        assert torch.isfinite(x.grad).all() and torch.isfinite(w.grad).all()
+        assert (x.grad[~inside] == 0).all()
+        assert _rel(x.grad, ref_gx) < 1e-5 and _rel(w.grad, ref_w.grad) < 1e-5, (_rel(x.grad, ref_gx),
+                                                                                 _rel(w.grad, ref_w.grad))
 
 
 def _moe_grads(T, H, E, K, align, backends=()):

@@ -31,6 +31,7 @@ from .. import autotune, hardware, shmem
 from . import library
 from .gemm import (SUPPORTED_DTYPES, c_block, check_launchable, default_num_programs, dot_precision, gemm_candidates,
                    gemm_config, tile_accumulate, tile_coords, tile_store, tma_compatible, tma_descriptor)
+from .silu_gate import silu_gate
 
 ACTIVATIONS = ("none", "silu_gate")
 W_LAYOUTS = ("nk", "kn")  # w [E, N, K] (torch linear: out = x @ w[e].T) or [E, K, N] (out = x @ w[e])
@@ -359,12 +360,16 @@ def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", ou
     activation, w_layout)``. No host sync: CUDA-graph capturable after a first call of the shape (tuning).
     Autograd: an ``x`` or ``w`` that requires grad goes through the torch op; the backward is the grouped GEMM of
     the other layout on the same weight (``grad_x``) and ``grouped_weight_grad`` (``grad_w``),
-    ``kernels/autograd.py``; rows outside every group get zero gradients.
+    ``kernels/autograd.py``; rows outside every group get zero gradients. With grad, ``silu_gate`` keeps the
+    pre-activation [rows, 2I] (as Megatron keeps SwiGLU's input) and gates it with the ``silu_gate`` op, so the
+    backward computes no GEMM again (the torch op called with "silu_gate" keeps only x and recomputes it).
     """
     _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout)
     if library.needs_grad(x, w):
         if out is not None or config is not None:
             raise ValueError("grouped_gemm: out= and config= are for calls without grad (under torch.no_grad())")
+        if activation == "silu_gate":  # training keeps the pre-activation: the backward runs no GEMM again
+            return silu_gate(torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, "none"))
         return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout)
     if config is None and out is None and hardware.compiling():
         return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout)
