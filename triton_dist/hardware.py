@@ -1,5 +1,7 @@
 """What the ops ask about the machine they run on: interpreter or GPU, SM count, compute capability, and whether
-the current moment allows host-side work (a CUDA-graph capture or a torch.compile trace does not).
+the current moment allows host-side work (a CUDA-graph capture or a torch.compile trace does not); and the
+launch-grid arithmetic of their host code (``cdiv``, ``next_power_of_2``: Triton's own are constexpr functions
+that cost microseconds per host call).
 
 Ops ask these on every call, so the device properties are cached.
 """
@@ -8,6 +10,16 @@ import functools
 import os
 
 import torch
+
+
+def cdiv(a, b):
+    """ceil(a / b) for ints (``triton.cdiv`` without its per-call cost)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n):
+    """The smallest power of two >= n, 0 for 0 (``triton.next_power_of_2`` without its per-call cost)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def interpreting():

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from .. import autotune, hardware, shmem
 from .. import language as dl
+from ..hardware import cdiv, next_power_of_2
 from . import library
 from .launcher import Launcher
 
@@ -159,13 +160,13 @@ class _Plan:
 
     def __init__(self, shard_words, word_bytes, device_type, team, config):
         cfg = autotune.with_overrides(default_config(shard_words * word_bytes, device_type), config)
-        n_chunks = max(1, min(cfg["n_chunks"], triton.cdiv(shard_words, cfg["block"])))
-        chunk_words = triton.cdiv(triton.cdiv(shard_words, n_chunks), cfg["block"]) * cfg["block"]
-        n_chunks = triton.cdiv(shard_words, chunk_words)
+        n_chunks = max(1, min(cfg["n_chunks"], cdiv(shard_words, cfg["block"])))
+        chunk_words = cdiv(cdiv(shard_words, n_chunks), cfg["block"]) * cfg["block"]
+        n_chunks = cdiv(shard_words, chunk_words)
         ws = shmem.workspace("all_gather", n_chunks, lambda: _Signals(n_chunks, team.group), group=team.group)
         self.args = (ws.arrived, ws.ready, ws.state, shard_words, chunk_words, n_chunks, team.ctx)
         self.launch = Launcher(all_gather_push_kernel, (cfg["num_programs"],), BLOCK=cfg["block"],
-                               FLAGS_BLOCK=triton.next_power_of_2(min(team.size * n_chunks, 1024)),
+                               FLAGS_BLOCK=next_power_of_2(min(team.size * n_chunks, 1024)),
                                num_warps=cfg["num_warps"])
 
 

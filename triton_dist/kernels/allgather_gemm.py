@@ -35,6 +35,7 @@ import triton.language as tl
 
 from .. import autotune, hardware, shmem
 from .. import language as dl
+from ..hardware import cdiv
 from . import fp8, library
 from .gemm import (check_launchable, check_matmul_operands, default_num_programs, describe_operands, dot_precision,
                    fp8_tiles, gemm_candidates, gemm_config, launch_gemm, matmul_torch, skinny_configs,
@@ -200,9 +201,9 @@ def buffers(m_shard, k, dtype, group=None, scale_cols=0):
 def _chunking(m_shard, cfg):
     """Rows per chunk (a multiple of BLOCK_M, so a tile never straddles two chunks) and the chunk count."""
     bm = cfg["BLOCK_M"]
-    n_chunks = max(1, min(int(cfg["n_chunks"]), MAX_CHUNKS, triton.cdiv(m_shard, bm)))
-    chunk_rows = triton.cdiv(triton.cdiv(m_shard, n_chunks), bm) * bm
-    return chunk_rows, triton.cdiv(m_shard, chunk_rows)
+    n_chunks = max(1, min(int(cfg["n_chunks"]), MAX_CHUNKS, cdiv(m_shard, bm)))
+    chunk_rows = cdiv(cdiv(m_shard, n_chunks), bm) * bm
+    return chunk_rows, cdiv(m_shard, chunk_rows)
 
 
 class _Plan:
@@ -240,7 +241,7 @@ class _Plan:
                               ws.arrived_peers[peer][flag: flag + 1]))
             scale_dst = ws.scale_full_peers[peer][own] if scale_cols else None
             self.pushes.append((ws.streams.get(peer), items, scale_dst))
-        tiles = world * triton.cdiv(m_shard, cfg["BLOCK_M"]) * triton.cdiv(self.n, cfg["BLOCK_N"])
+        tiles = world * cdiv(m_shard, cfg["BLOCK_M"]) * cdiv(self.n, cfg["BLOCK_N"])
         self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device), tiles)),)
         self.fence = not hardware.interpreting()
         self.handshake = Launcher(ready_handshake_kernel, (1,))

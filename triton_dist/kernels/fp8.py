@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from .. import hardware
+from ..hardware import cdiv
 
 GROUP = 128  # values per scale along K (1 x 128 groups of A, 128 x 128 blocks of W)
 E4M3_MAX = 448.0
@@ -164,7 +165,7 @@ def is_fp8(t):
 
 def groups(k):
     """Scales along a dimension of ``k`` values (the last group may be short)."""
-    return triton.cdiv(k, GROUP)
+    return cdiv(k, GROUP)
 
 
 def quantize_fp8(x, scaling="group"):
@@ -183,23 +184,23 @@ def quantize_fp8(x, scaling="group"):
     x = x.contiguous()
     t, h = x.shape
     q = torch.empty((t, h), dtype=torch.float8_e4m3fn, device=x.device)
-    shape = {"group": (t, groups(h)), "row": (t, 1), "block": (triton.cdiv(t, GROUP), groups(h)), "tensor": (1,)}
+    shape = {"group": (t, groups(h)), "row": (t, 1), "block": (cdiv(t, GROUP), groups(h)), "tensor": (1,)}
     scales = torch.empty(shape[scaling], dtype=torch.float32, device=x.device)
     if not (t and h):
         return q, scales.fill_(1.0)
     if scaling == "group":
         bt, bh = (16, 512) if x.is_cuda else (4, 128)
-        quantize_fp8_kernel[(triton.cdiv(t, bt), triton.cdiv(h, bh))](x, q, scales, t, h, BT=bt, BH=bh,
+        quantize_fp8_kernel[(cdiv(t, bt), cdiv(h, bh))](x, q, scales, t, h, BT=bt, BH=bh,
                                                                     num_warps=4)
     elif scaling == "block":
-        quantize_blocks_kernel[(triton.cdiv(t, GROUP), groups(h))](x, q, scales, t, h, BLOCK=GROUP, num_warps=8)
+        quantize_blocks_kernel[(cdiv(t, GROUP), groups(h))](x, q, scales, t, h, BLOCK=GROUP, num_warps=8)
     elif scaling == "row":
         bt, bh = (4, 1024) if x.is_cuda else (4, 128)
-        quantize_rows_kernel[(triton.cdiv(t, bt),)](x, q, scales, t, h, BT=bt, BH=bh, num_warps=4)
+        quantize_rows_kernel[(cdiv(t, bt),)](x, q, scales, t, h, BT=bt, BH=bh, num_warps=4)
     else:
         block = 4096 if x.is_cuda else 1024
         amax = torch.zeros(1, dtype=torch.int32, device=x.device)
-        grid = (triton.cdiv(t * h, block),)
+        grid = (cdiv(t * h, block),)
         amax_kernel[grid](x, amax, t * h, BLOCK=block, num_warps=8)
         quantize_tensor_kernel[grid](x, q, amax, scales, t * h, BLOCK=block, num_warps=8)
     return q, scales
@@ -218,7 +219,7 @@ def quantize(x, scaling, dtype=torch.float8_e4m3fn):
         amax = x.abs().amax(dim=1, keepdim=True)
     elif scaling in ("group", "block"):
         rb = GROUP if scaling == "block" else 1
-        pad = torch.zeros((triton.cdiv(r, rb) * rb, groups(c) * GROUP), device=x.device)
+        pad = torch.zeros((cdiv(r, rb) * rb, groups(c) * GROUP), device=x.device)
         pad[:r, :c] = x.abs()
         amax = pad.view(pad.shape[0] // rb, rb, groups(c), GROUP).amax(dim=(1, 3))
     else:

@@ -33,6 +33,7 @@ import triton.language as tl
 
 from .. import autotune, hardware, shmem
 from .. import language as dl
+from ..hardware import cdiv, next_power_of_2
 from . import fp8, library
 from .gemm import (b_block, c_block, check_launchable, default_num_programs, dot_precision, fp8_tiles,
                    gemm_config, matmul_torch, output_like, skinny_configs, tile_accumulate, tile_coords, tile_store,
@@ -167,9 +168,9 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
     (m, k), n = a.shape, w.shape[0]
     own_rows = out.shape[0]
     partial_dtype = torch.float32 if cfg["partial"] == "fp32" else out.dtype
-    rows_max = triton.cdiv(m, world)
+    rows_max = cdiv(m, world)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    tiles_per_dest = triton.cdiv(rows_max, bm) * triton.cdiv(n, bn)
+    tiles_per_dest = cdiv(rows_max, bm) * cdiv(n, bn)
     ws = _workspace(partial_dtype, (world - 1) * rows_max * n, (world - 1) * tiles_per_dest, group)
     out3 = out.view(1, own_rows, n)
     # TMA whenever allowed (use_tma None or True) and the operands are aligned; a rank with no rows of its own
@@ -199,7 +200,7 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
         w.stride(0), own_rows, team.ctx,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], USE_TMA=use_tma, EPILOGUE_SUBTILE=subtile,
         DEFER_SIGNAL=bool(cfg["DEFER_SIGNAL"]), DOT_PRECISION=dot_precision(a.dtype),
-        SLOTS_BLOCK=triton.next_power_of_2(max(world - 1, 1)), REMOTE_TMA=remote_tma,
+        SLOTS_BLOCK=next_power_of_2(max(world - 1, 1)), REMOTE_TMA=remote_tma,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **({} if scales is None else scales.kernel_args(cfg)))
     return out
 
@@ -218,7 +219,7 @@ def reduce_scatter_rows(partial, group=None):
     m, n = partial.shape
     if world == 1:
         return partial
-    rows_max = triton.cdiv(m, world)
+    rows_max = cdiv(m, world)
     if m % world:
         padded = partial.new_zeros((world * rows_max, n))
         for d in range(world):
@@ -248,7 +249,7 @@ def default_config(m, n, k, dtype, device, world, scales=None):
     after the program's next tile is computed, so the release never waits for NVLink), remote_tma (2 ranks, TMA
     on: partial tiles go to the peer by TMA stores, asynchronous to the program, instead of stores from
     registers), num_programs (None: one per SM on GPU, one per tile under the interpreter; 0: one per tile)."""
-    rows_max = triton.cdiv(m, world)
+    rows_max = cdiv(m, world)
     cfg = gemm_config(rows_max, n, k, dtype, device, scales)
     # FLATTEN / WARP_SPECIALIZE stay off: the tile loop's body waits and signals between tiles
     cfg.update(path=choose_path(m, world, device.type), partial="out", DEFER_SIGNAL=True, FLATTEN=False,
@@ -262,7 +263,7 @@ def candidate_configs(m, n, k, dtype, device, world, scales=None):
     """The small sweep the autotuner runs once per shape on GPU (both paths; the partial dtype never changes); FP8
     ``dtype`` (``scales``: their mode): as FP8 tiles (``gemm.fp8_tiles``)."""
     base = default_config(m, n, k, dtype, device, world, scales)
-    rows_max = triton.cdiv(m, world)
+    rows_max = cdiv(m, world)
     cands = [{**base, "path": "fallback"}]
     if world > 1 and m >= world:
         over = {**base, "path": "overlap"}

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from .. import autotune, hardware, shmem
+from ..hardware import cdiv, next_power_of_2
 from . import library
 from .gemm import (SUPPORTED_DTYPES, c_block, check_launchable, default_num_programs, dot_precision, gemm_candidates,
                    gemm_config, tile_accumulate, tile_coords, tile_store, tma_compatible, tma_descriptor)
@@ -225,7 +226,7 @@ def default_config(rows, n, k, dtype, device, silu_gate=False):
 
 def worst_case_tiles(rows, experts, n_out, cfg):
     """Tiles the launch may meet: every group's last tile-row can be partial, so at most cdiv(rows, BM) + E."""
-    return (triton.cdiv(rows, cfg["BLOCK_M"]) + experts) * triton.cdiv(n_out, cfg["BLOCK_N"])
+    return (cdiv(rows, cfg["BLOCK_M"]) + experts) * cdiv(n_out, cfg["BLOCK_N"])
 
 
 def launch_grouped_gemm(x, w, offsets, counts, out, cfg, silu_gate, w_kn=False):
@@ -249,7 +250,7 @@ def launch_grouped_gemm(x, w, offsets, counts, out, cfg, silu_gate, w_kn=False):
         x_arg, w_arg, out_arg, out, offsets, offsets if counts is None else counts, experts, rows, n_out, k, w_rows,
         x.stride(0), w.stride(0), w.stride(1), out.stride(0),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
-        E_PAD=max(2, triton.next_power_of_2(experts)), HAS_COUNTS=counts is not None, USE_TMA=use_tma,
+        E_PAD=max(2, next_power_of_2(experts)), HAS_COUNTS=counts is not None, USE_TMA=use_tma,
         EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],
         WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(x.dtype), SILU_GATE=silu_gate,
         W_KN=w_kn, num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
@@ -424,7 +425,7 @@ def launch_weight_grad(dy, x, offsets, counts, dw, cfg):
         args = tma_descriptor(dy, [bm, bn]), tma_descriptor(x, [bm, bk]), tma_descriptor(dw, [1, bn, bk])
     else:
         args = dy, x, dw
-    tiles = experts * triton.cdiv(n, bn) * triton.cdiv(k, bk)
+    tiles = experts * cdiv(n, bn) * cdiv(k, bk)
     grouped_weight_grad_kernel[(max(1, min(default_num_programs(dy.device), tiles)),)](
         *args, dw, offsets, offsets if counts is None else counts, experts, rows, n, k, dy.stride(0), x.stride(0),
         dw.stride(0), dw.stride(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, HAS_COUNTS=counts is not None,

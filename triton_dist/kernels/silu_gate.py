@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .. import hardware
+from ..hardware import cdiv
 from . import library
 
 
@@ -48,7 +49,7 @@ def silu_gate_backward_kernel(h, grad, grad_h, numel, cols, BLOCK: tl.constexpr)
 def _launch(kernel, h, *tensors, out):
     numel = h.numel() // 2  # the gate's (and the output's) values: a program's BLOCK of them
     if numel:
-        kernel[(triton.cdiv(numel, 1024),)](h, *tensors, out, numel, h.shape[1] // 2, BLOCK=1024, num_warps=4)
+        kernel[(cdiv(numel, 1024),)](h, *tensors, out, numel, h.shape[1] // 2, BLOCK=1024, num_warps=4)
     return out
 
 

@@ -13,6 +13,7 @@ import triton.language as tl
 from triton.language.extra import cuda as _cuda
 
 from ..shmem import layout
+from ..hardware import next_power_of_2
 
 # The heap layout (shmem/layout.py) as compile-time constants of the same names (CTX_*, ERR_*, BARRIER_ARRIVALS,
 # FENCE_SCRATCH).
@@ -36,7 +37,7 @@ def rank_lanes(world):
     as a constexpr: a power of two, at least 2. A rank axis of one lane is miscompiled by triton 3.6 inside
     ep_combine's kernels (a group of one on an H200: 60 % of tokens wrong, right with two lanes;
     docs/design/moe_ep.md), so no kernel gets one."""
-    return max(2, triton.next_power_of_2(world))
+    return max(2, next_power_of_2(world))
 
 
 @triton.jit

@@ -19,10 +19,10 @@ transformers block routes with that block's own router module (``use_gate``).
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch import nn
 
 from ..kernels.grouped_gemm import grouped_gemm
+from ..hardware import next_power_of_2
 from .hf_blocks import read_moe_block
 from .linear import gated_mlp_torch, gated_mlp_weights, state_of
 from .router import Router
@@ -120,7 +120,7 @@ class ExpertParallelMoE(nn.Module):
             if rows.shard > self.max_tokens:
                 raise ValueError(f"{rows.shard} tokens per rank exceed max_tokens={self.max_tokens}")
             return self.max_tokens
-        return triton.next_power_of_2(max(rows.shard, 1))
+        return next_power_of_2(max(rows.shard, 1))
 
     def experts(self, x, idx, weights, max_tokens):
         """The routed part on this rank's tokens ``x`` [T <= max_tokens, H] and their routing (collective: every

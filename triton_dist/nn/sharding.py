@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import triton
 
 from .. import hardware, shmem
 from ..kernels import ag_gemm, all_gather, all_reduce, ep_combine, ep_dispatch, gemm_rs, sp_flash_decode
 from ..kernels.gemm_reducescatter import rows_of_rank
+from ..hardware import cdiv
 
 
 def resolve_group(group):
@@ -109,7 +109,7 @@ def bucket_rows(rows):
     if rows <= 16:
         return rows
     step = 1 << max(0, rows.bit_length() - 3)  # 4 sizes per power of two
-    return triton.cdiv(rows, step) * step
+    return cdiv(rows, step) * step
 
 
 def plan_rows(x, ops, sequence_parallel, total_rows=None):
@@ -117,7 +117,7 @@ def plan_rows(x, ops, sequence_parallel, total_rows=None):
     world, rank = ops.world, ops.rank
     if not sequence_parallel:
         m = x.shape[0]
-        shard = m if world == 1 else bucket_rows(triton.cdiv(m, world))  # a group of one: no slices, no padding
+        shard = m if world == 1 else bucket_rows(cdiv(m, world))  # a group of one: no slices, no padding
         counts = [max(0, min(m, (r + 1) * shard) - r * shard) for r in range(world)]
         return Rows(m, shard, rank * shard, counts[rank], counts, False)
     total = world * x.shape[0] if total_rows is None else int(total_rows)
@@ -126,7 +126,7 @@ def plan_rows(x, ops, sequence_parallel, total_rows=None):
         raise ValueError(f"rank {rank} holds {x.shape[0]} rows, but its tensor_split share of total_rows={total} "
                          f"is {counts[rank]}" + ("" if total_rows is not None else
                                                  " (uneven shards: pass total_rows)"))
-    return Rows(total, triton.cdiv(total, world), rows_of_rank(total, world, rank)[0], counts[rank], counts, True)
+    return Rows(total, cdiv(total, world), rows_of_rank(total, world, rank)[0], counts[rank], counts, True)
 
 
 def local_rows(x, rows, ops):

@@ -13,10 +13,10 @@ a CUDA graph of one call (device time); a call made while a CUDA graph is being 
 """
 
 import torch
-import triton
 
 from ... import autotune, hardware
 from ...timing import graph_of
+from ...hardware import next_power_of_2
 
 ALGOS = ("auto", "one_shot", "two_shot", "nccl")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -31,14 +31,14 @@ def one_shot_limit(world):
 
 def bucket(nbytes):
     """The size bucket a message of ``nbytes`` is tuned in."""
-    return triton.next_power_of_2(max(int(nbytes), 1024))
+    return next_power_of_2(max(int(nbytes), 1024))
 
 
 def default_config(nbytes, world, device, row_len=None):
     """Launch knobs for a message of ``nbytes`` (``row_len``: all_reduce_rmsnorm's rows, else None)."""
     algo = "one_shot" if nbytes <= one_shot_limit(world) else "two_shot"
     if row_len is not None:  # a whole row per block
-        warps = 4 if device.type != "cuda" else max(4, min(16, triton.next_power_of_2(row_len) // 512))
+        warps = 4 if device.type != "cuda" else max(4, min(16, next_power_of_2(row_len) // 512))
         return dict(algo=algo, num_programs=2 if device.type != "cuda" else None, num_warps=warps)
     if device.type != "cuda":  # interpreter: few programs, small rows
         return dict(algo=algo, num_programs=2, block=32, num_warps=4)

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from ... import autotune, hardware, shmem
 from ... import language as dl
+from ...hardware import cdiv, next_power_of_2
 from .. import library
 from ..launcher import Launcher
 from ..gemm import (check_launchable, check_matmul_operands, dot_precision, skinny_configs, tile_accumulate,
@@ -137,7 +138,7 @@ class _Plan:
     def __init__(self, a, w, cfg, team):
         m, n, world = a.shape[0], w.shape[0], team.size
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-        tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+        tiles = cdiv(m, bm) * cdiv(n, bn)
         dtype = torch.float32 if cfg["partial"] == "fp32" else a.dtype
         self.ws = grown_workspace("gemm_ar", dtype, lambda sizes: _Partials(dtype, sizes, team.group),
                                   (m * n, tiles * world), team.group)
@@ -173,7 +174,7 @@ def _configs(a, w, config, team):
         x, y = torch.randn_like(a), torch.randn_like(w)
         return lambda cfg: _gemm_ar(x, y, cfg, team)
 
-    key = dict(m=triton.next_power_of_2(m), n=n, k=k, dtype=str(a.dtype))
+    key = dict(m=next_power_of_2(m), n=n, k=k, dtype=str(a.dtype))
     return knobs.tuned("gemm_ar", key, candidates(m, n, k, a.dtype, a.device), base, make_call, team.group)
 
 

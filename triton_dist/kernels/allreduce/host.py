@@ -3,11 +3,11 @@ allocated per call), the plan of a call (grid, constants, workspace: derived onc
 and how a call resolves its configuration and whether x can be read in place (zero-copy)."""
 
 import torch
-import triton
 
 from ... import autotune, shmem
 from ... import language as dl
 from ...shmem.heap import runtime
+from ...hardware import cdiv, next_power_of_2
 from ..launcher import Launcher
 from . import config as knobs
 from .config import ALGOS, DTYPES
@@ -39,7 +39,7 @@ def grown_workspace(op, key, build, needs, group):
             return old
         needs = tuple(max(have, need) for have, need in zip(old.sizes, needs))
         shmem.barrier(group)
-    sizes = tuple(triton.next_power_of_2(max(int(n), 1)) for n in needs)
+    sizes = tuple(next_power_of_2(max(int(n), 1)) for n in needs)
     return shmem.workspace(op, key, lambda: build(sizes), group=group,
                            fits=lambda ws: all(h >= n for h, n in zip(ws.sizes, sizes)))
 
@@ -50,10 +50,10 @@ class Plan:
 
     def __init__(self, op, x, reduced_dtype, row_len, block, epilogue, cfg, zero_copy, team):
         world, numel = team.size, x.numel()
-        rows = triton.cdiv(numel, row_len)
+        rows = cdiv(numel, row_len)
         two_shot = cfg["algo"] == "two_shot" and world > 1
-        programs = knobs.num_programs(cfg, triton.cdiv(rows, world) if two_shot else rows, x.device)
-        needs = (0 if zero_copy else numel, triton.cdiv(rows, world) * row_len if two_shot else 0, programs * world)
+        programs = knobs.num_programs(cfg, cdiv(rows, world) if two_shot else rows, x.device)
+        needs = (0 if zero_copy else numel, cdiv(rows, world) * row_len if two_shot else 0, programs * world)
         self.ws = ws = grown_workspace(op, (x.dtype, reduced_dtype),
                                        lambda sizes: Workspace(op, x.dtype, reduced_dtype, sizes, team.group),
                                        needs, team.group)

@@ -4,9 +4,9 @@ torch baselines (also the "nccl" paths) and their ``torch.ops.triton_dist`` regi
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import triton
 
 from ... import hardware, shmem
+from ...hardware import next_power_of_2
 from .. import library
 from ..fp8 import E4M3_MAX
 from .config import MAX_ROW, bucket
@@ -175,7 +175,7 @@ def _rmsnorm_plans(x, weight, eps, out_fp8, algo, config, team):
     def build(cfg):
         if cfg["algo"] == "nccl":
             return NCCL
-        return Plan("all_reduce_rmsnorm", x, torch.float32, hidden, triton.next_power_of_2(hidden),
+        return Plan("all_reduce_rmsnorm", x, torch.float32, hidden, next_power_of_2(hidden),
                     EPILOGUE_RMSNORM_FP8 if out_fp8 else EPILOGUE_RMSNORM, cfg,
                     zero_copy(x, False, cfg["algo"], team.size), team)
 

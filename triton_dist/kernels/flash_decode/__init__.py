@@ -23,10 +23,10 @@ local epilogue (single-GPU decode). Knobs: ``config.default_config``; docs/desig
 import math
 
 import torch
-import triton
 
 from ... import language as dl
 from ... import shmem
+from ...hardware import next_power_of_2
 from .. import library
 from ..launcher import Launcher
 from .config import (COMBINES, DTYPES, HEAD_DIMS, MAX_SPLITS, SMEM_PER_BLOCK, SMEM_PER_SM, check_inputs,  # noqa: F401
@@ -78,8 +78,8 @@ class _Plan:
         world = team.size if distributed else 1
         mode = {"fused": MODE_FUSED, "kernel": MODE_PUSH}[cfg["combine"]] if distributed else MODE_LOCAL
         self.mode = mode
-        pad = max(16, triton.next_power_of_2(group))  # tl.dot needs >= 16 rows
-        group_p2 = triton.next_power_of_2(group)
+        pad = max(16, next_power_of_2(group))  # tl.dot needs >= 16 rows
+        group_p2 = next_power_of_2(group)
         rank_pad = pad if n_splits == 1 else group_p2  # rows of the tile a rank publishes
         self.part = (torch.empty((batch * kv_heads, n_splits, group, head_dim), dtype=torch.float32, device=q.device),
                      torch.empty((batch * kv_heads, n_splits, group), dtype=torch.float32, device=q.device),

@@ -4,9 +4,9 @@ validation, and the resolved configuration of a call."""
 import math
 
 import torch
-import triton
 
 from ... import autotune, hardware
+from ...hardware import cdiv, next_power_of_2
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -27,7 +27,7 @@ def choose_splits(batch_kv_heads, s_local_max, num_sms, programs_per_sm=2, block
     best, best_fill = 1, 0.0
     for n in range(1, most + 1):
         programs = batch_kv_heads * n
-        fill = programs / (triton.cdiv(programs, slots) * slots)
+        fill = programs / (cdiv(programs, slots) * slots)
         if fill >= 0.95:
             return n
         if fill > best_fill + 1e-9:
@@ -40,7 +40,7 @@ def merge_chunk(group, head_dim, n, num_warps=4):
     within 32 registers a thread (1024 elements a warp), and no more than ``n`` needs."""
     max_elems = 1024 * num_warps
     chunk = 1
-    while chunk < n and 2 * chunk * triton.next_power_of_2(group) * head_dim <= max_elems:
+    while chunk < n and 2 * chunk * next_power_of_2(group) * head_dim <= max_elems:
         chunk *= 2
     return chunk
 

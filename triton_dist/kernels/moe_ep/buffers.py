@@ -4,10 +4,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
 from ... import language as dl
 from ... import shmem
+from ...hardware import cdiv, next_power_of_2
 from .. import fp8
 from .protocol import MAX_CHUNKS
 
@@ -34,7 +34,7 @@ class Buffers:
         self.key = (num_experts, topk, max_tokens, hidden, dtype, align) + ((wire,) if wire else ())
         self.num_experts, self.topk, self.max_tokens, self.hidden, self.dtype, self.align = self.key[:6]
         self.local = num_experts // w
-        self.el_pad = max(2, triton.next_power_of_2(self.local))  # (no one-lane axis: dl.rank_lanes)
+        self.el_pad = max(2, next_power_of_2(self.local))  # (no one-lane axis: dl.rank_lanes)
         self.w_pad = dl.rank_lanes(w)  # (W = 1: two lanes, see dl.rank_lanes)
         self.max_rows = max_recv_rows(w, num_experts, topk, max_tokens, align)
         ep = self.w_pad * self.el_pad
@@ -42,7 +42,7 @@ class Buffers:
         # symmetric: peers write here
         self.recv_x = shmem.empty((self.max_rows, hidden), torch.float8_e4m3fn if wire else dtype, name=name + "recv_x",
                                   group=group)
-        self.recv_scales = shmem.empty((self.max_rows, triton.cdiv(hidden, 128)), torch.float32,
+        self.recv_scales = shmem.empty((self.max_rows, cdiv(hidden, 128)), torch.float32,
                                        name=name + "recv_scales", group=group) if wire else None
         self.recv_slots = shmem.empty((w, max_tokens, topk), torch.int32, name=name + "recv_slots", group=group)
         self.recv_w = shmem.empty((w, max_tokens, topk), torch.float32, name=name + "recv_w", group=group)
@@ -139,7 +139,7 @@ def check_fp8(x, quant, x_scales):
     if quant not in (None, "none", "fp8"):
         raise ValueError(f"quant must be None or 'fp8', got {quant!r}")
     if x.dtype == torch.float8_e4m3fn:
-        groups = triton.cdiv(x.shape[1], 128)
+        groups = cdiv(x.shape[1], 128)
         if not isinstance(x_scales, torch.Tensor) or x_scales.dtype != torch.float32:
             raise TypeError(f"x in float8_e4m3fn needs x_scales, a float32 tensor [T, {groups}] (one scale per 1x128 "
                             f"group), got {getattr(x_scales, 'dtype', type(x_scales).__name__)}")

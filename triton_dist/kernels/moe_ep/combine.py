@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ... import language as dl
 from ... import shmem
+from ...hardware import cdiv, next_power_of_2
 from ..launcher import Launchers
 from . import protocol
 from .buffers import EpHandle
@@ -211,8 +212,8 @@ def combine_records(expert_out, ws, token_pos, slots, slot_weights, span, num_ch
     shmem.op_team("ep_combine", ws.team.group, lambda: dict(H=tuple(expert_out.shape[1:]), call=call,
                                                             config=config))  # (rows: this rank's own)
     cfg = combine_config(ws.max_tokens, H, expert_out.device.type, config)
-    bh = min(triton.next_power_of_2(int(cfg.block_h)), triton.next_power_of_2(H))
-    bt = triton.next_power_of_2(max(1, min(int(cfg.block_tokens), triton.cdiv(ws.max_tokens, num_chunks))))
+    bh = min(next_power_of_2(int(cfg.block_h)), next_power_of_2(H))
+    bt = next_power_of_2(max(1, min(int(cfg.block_tokens), cdiv(ws.max_tokens, num_chunks))))
     expert_out = expert_out.contiguous()
     if expert_out.shape[0] == 0:
         expert_out = torch.zeros((1, H), dtype=ws.dtype, device=expert_out.device)
@@ -225,7 +226,7 @@ def combine_records(expert_out, ws, token_pos, slots, slot_weights, span, num_ch
         (n_prog,), expert_out, y_arg, T, H, ws.max_tokens, num_chunks, cfg.h_parts,
         *tail(cfg, num_chunks), n_push, slots, slot_weights, span, tp, ws.partials, ws.combined,
         ws.combine_claims, ws.combine_state, ws.team.ctx, ws.combine_state if timeline is None else timeline,
-        K=ws.topk, BT=bt, BH=bh, K_PAD=triton.next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
+        K=ws.topk, BT=bt, BH=bh, K_PAD=next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
         SENDERS_HELP=senders_help(n_prog, expert_out), TIMELINE=timeline is not None,
         DEFER_SIGNAL=bool(cfg.defer_signal), EVICT="evict_first" if cfg.stream_hints else "",
         num_warps=int(cfg.num_warps), **register_cap(cfg, expert_out))

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from ... import hardware, shmem
 from ... import language as dl
+from ...hardware import cdiv, next_power_of_2
 from ..fp8 import quantize_groups
 from ..replay import GraphCache
 from . import protocol
@@ -337,21 +338,21 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     n_chunks, n_prog, n_push = int(cfg.num_chunks), int(cfg.num_programs), int(cfg.push_programs)
     check_timeline(timeline, x.device, n_prog)
     h_parts = cfg.h_parts
-    k_pad = triton.next_power_of_2(K)
+    k_pad = next_power_of_2(K)
     ep = ws.w_pad * ws.el_pad
-    bt = min(int(cfg.block_tokens), 8192 // (k_pad * ep), triton.cdiv(max_tokens, n_chunks))
-    bt = triton.next_power_of_2(max(1, bt))
-    bt_count = triton.next_power_of_2(max(1, min(8192 // (k_pad * ep), max_tokens)))  # tokens per counting step
+    bt = min(int(cfg.block_tokens), 8192 // (k_pad * ep), cdiv(max_tokens, n_chunks))
+    bt = next_power_of_2(max(1, bt))
+    bt_count = next_power_of_2(max(1, min(8192 // (k_pad * ep), max_tokens)))  # tokens per counting step
     # layout programs: cg chunks each, counted tb tokens of every chunk at a time (at most 4096 tokens per step)
-    tb_layout = min(triton.next_power_of_2(triton.cdiv(max_tokens, n_chunks)), 256)
-    cg = min(triton.next_power_of_2(min(int(cfg.layout_chunks), n_chunks)), 4096 // tb_layout)
-    n_groups = triton.cdiv(n_chunks, cg)
-    bh = min(triton.next_power_of_2(int(cfg.block_h)), triton.next_power_of_2(H))
+    tb_layout = min(next_power_of_2(cdiv(max_tokens, n_chunks)), 256)
+    cg = min(next_power_of_2(min(int(cfg.layout_chunks), n_chunks)), 4096 // tb_layout)
+    n_groups = cdiv(n_chunks, cg)
+    bh = min(next_power_of_2(int(cfg.block_h)), next_power_of_2(H))
     if fp8_mode:  # whole 1x128 groups per tile
         bh = max(bh, 128)
     if T == 0:  # keep real pointers for the kernels; nothing is read
         x = torch.zeros((1, H), dtype=x.dtype, device=x.device)
-        x_scales = torch.ones((1, triton.cdiv(H, 128)), device=x.device) if fp8_mode == "given" else None
+        x_scales = torch.ones((1, cdiv(H, 128)), device=x.device) if fp8_mode == "given" else None
         topk_idx = torch.full((1, K), -1, dtype=torch.int32, device=x.device)
         topk_weights = torch.zeros((1, K), dtype=torch.float32, device=x.device)
     x = x.contiguous()
@@ -368,7 +369,7 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
             ep_layout_kernel[(n_groups,)](
                 idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
                 num_experts, n_chunks, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
-                QB=min(triton.next_power_of_2(n_groups), 128 if x.device.type == "cuda" else 4),
+                QB=min(next_power_of_2(n_groups), 128 if x.device.type == "cuda" else 4),
                 TIMELINE=timeline is not None, PDL=pdl, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad,
                 EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
         ep_dispatch_kernel[(n_prog,)](

@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from ... import hardware, shmem
+from ...hardware import cdiv
 from .. import library
 from . import combine as _combine
 from . import dispatch as _dispatch
@@ -153,7 +154,7 @@ def _combine_grad_op(g_rows, expert_out, weights, expert_ids):
     grad_w = torch.empty((total,), dtype=torch.float32, device=expert_out.device)
     if total:
         g_rows, expert_out = g_rows.contiguous(), expert_out.contiguous()
-        combine_grad_kernel[(triton.cdiv(total, 4),)](
+        combine_grad_kernel[(cdiv(total, 4),)](
             g_rows, expert_out, weights.float().contiguous(), expert_ids, grad_y, grad_w, n, total, hidden,
             g_rows.stride(0), expert_out.stride(0), ROWS=4, BLOCK_H=1024, num_warps=4)
     return grad_y, grad_w
