@@ -298,11 +298,9 @@ def _tuned_config(rows, experts, n_out, k, dtype, device, silu_gate, w_kn):
 
 # ----------------------------------------------------------------------------------------------- the op
 def _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout="nk"):
-    for name, t in (("x", x), ("w", w), ("expert_offsets", expert_offsets)):
+    for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if expert_counts is not None and not isinstance(expert_counts, torch.Tensor):
-        raise TypeError(f"expert_counts must be a torch.Tensor or None, got {type(expert_counts).__name__}")
     if x.dtype not in SUPPORTED_DTYPES or w.dtype != x.dtype:
         raise TypeError(f"x and w must share one dtype of float16/bfloat16 (float32 for tests), got {x.dtype} and "
                         f"{w.dtype}")
@@ -320,10 +318,15 @@ def _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout="nk"
         raise ValueError(f"activation='silu_gate' takes w [E, 2I, K] (gate over up), got {list(w.shape)}")
     if not x.is_contiguous() or not w.is_contiguous():
         raise ValueError("x and w must be contiguous (call .contiguous() first)")
-    _check_groups(x, w.shape[0], expert_offsets, expert_counts, w)
+    _check_groups(x, w.shape[0], expert_offsets, expert_counts, ("w", w))
 
 
-def _check_groups(x, experts, expert_offsets, expert_counts, *others):
+def _check_groups(x, experts, expert_offsets, expert_counts, operand):
+    """The group tensors for ``experts`` experts, and they and ``operand`` (name, tensor) on x's device."""
+    if not isinstance(expert_offsets, torch.Tensor):
+        raise TypeError(f"expert_offsets must be a torch.Tensor, got {type(expert_offsets).__name__}")
+    if expert_counts is not None and not isinstance(expert_counts, torch.Tensor):
+        raise TypeError(f"expert_counts must be a torch.Tensor or None, got {type(expert_counts).__name__}")
     for name, t, size in (("expert_offsets", expert_offsets, experts + 1), ("expert_counts", expert_counts, experts)):
         if t is None:
             continue
@@ -332,8 +335,7 @@ def _check_groups(x, experts, expert_offsets, expert_counts, *others):
         if t.dim() != 1 or t.shape[0] != size or not t.is_contiguous():
             raise ValueError(f"{name} must be a contiguous [{size}] tensor for {experts} experts, got "
                              f"{list(t.shape)}")
-    for name, t in (("w", others[0] if others else None), ("expert_offsets", expert_offsets),
-                    ("expert_counts", expert_counts)):
+    for name, t in (operand, ("expert_offsets", expert_offsets), ("expert_counts", expert_counts)):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
 
@@ -473,7 +475,7 @@ def grouped_weight_grad(dy, x, expert_offsets, expert_counts, experts):
     if dy.shape[0] != x.shape[0] or dy.dtype != x.dtype or x.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"grouped_weight_grad: dy {list(dy.shape)} {dy.dtype} and x {list(x.shape)} {x.dtype} "
                          "must share rows and a dtype of float16/bfloat16 (float32 for tests)")
-    _check_groups(x, experts, expert_offsets, expert_counts, dy)
+    _check_groups(x, experts, expert_offsets, expert_counts, ("dy", dy))
     rows, n = dy.shape
     k = x.shape[1]
     dw = torch.empty((experts, n, k), dtype=x.dtype, device=x.device)

@@ -150,10 +150,10 @@ def _combine_grad_op(g_rows, expert_out, weights, expert_ids):
         grad_y = torch.where(valid[:, None], g * weights[:n, None].float(), 0.0).to(expert_out.dtype)
         dots = torch.where(valid, (g * expert_out.float()).sum(dim=1), 0.0)
         return grad_y, torch.nn.functional.pad(dots, (0, total - n))
-    grad_y = torch.empty_like(expert_out)
+    g_rows, expert_out = g_rows.contiguous(), expert_out.contiguous()
+    grad_y = torch.empty_like(expert_out)  # (the kernel indexes it with expert_out's row stride)
     grad_w = torch.empty((total,), dtype=torch.float32, device=expert_out.device)
     if total:
-        g_rows, expert_out = g_rows.contiguous(), expert_out.contiguous()
         combine_grad_kernel[(cdiv(total, 4),)](
             g_rows, expert_out, weights.float().contiguous(), expert_ids, grad_y, grad_w, n, total, hidden,
             g_rows.stride(0), expert_out.stride(0), ROWS=4, BLOCK_H=1024, num_warps=4)
