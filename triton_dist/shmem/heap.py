@@ -157,12 +157,15 @@ def _init_process_group(use_gpu, nccl=True):
     several ranks share a GPU (NCCL refuses that). Rank ``LOCAL_RANK`` takes GPU ``LOCAL_RANK`` mod the count."""
     if use_gpu and "LOCAL_RANK" in os.environ:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-    if "WORLD_SIZE" not in os.environ:  # a plain `python script.py`: a world of one
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+    kwargs = {}
+    if "WORLD_SIZE" not in os.environ:
+        # a plain `python script.py`: a world of one, its store in this process (a TCP store's free port can be taken
+        # by another process before the store binds it)
+        kwargs = dict(store=dist.HashStore(), rank=0, world_size=1)
     if use_gpu and nccl:
-        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()), **kwargs)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", **kwargs)
 
 
 def _free_port():
