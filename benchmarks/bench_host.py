@@ -134,6 +134,9 @@ def main():
     def disp():
         return ep_dispatch(xt, idx, wts, num_experts=E, max_tokens=T)
     cases["ep_dispatch T=128 (ours)"] = (disp, "ep_dispatch")
+    cases["ep_dispatch T=128 bound launches, no graph"] = (
+        lambda: ep_dispatch(xt, idx, wts, num_experts=E, max_tokens=T, config={"eager_graph": False}),
+        "ep_dispatch_bound")
     # combine needs the latest dispatch's handle: it is refreshed right before combine is timed
     cases["ep_combine T=128 (ours)"] = (None, "ep_combine")
 

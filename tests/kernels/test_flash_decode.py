@@ -346,6 +346,31 @@ def test_gpu_fused_guard(ranks):
     assert ranks(ranks.gpu_world, _check_fused_guard) == ["kernel"] * ranks.gpu_world
 
 
+def _check_bound_launches():
+    """A repeated call takes the plan's bound launches only where they apply: calls of one plan with a contiguous
+    out, an out of other strides, a q and an out that are not 16-byte aligned, in turn, each matching the first."""
+    dev = td.shmem.device()
+    batch, q_heads, kv_heads, head_dim, s_local = 3, 16, 4, 128, 3000
+    g = torch.Generator(device=dev).manual_seed(7 + td.rank())
+    k = torch.randn(batch, s_local, kv_heads, head_dim, device=dev, generator=g).to(torch.bfloat16)
+    v = torch.randn(batch, s_local, kv_heads, head_dim, device=dev, generator=g).to(torch.bfloat16)
+    kv_lens = torch.tensor([s_local, 1000, 17], dtype=torch.int32, device=dev)
+    q = torch.randn(batch, q_heads, head_dim, device=dev, generator=g).to(torch.bfloat16)
+    first = sp_flash_decode(q, k, v, kv_lens)
+    wide = torch.full((batch, q_heads, 2 * head_dim), float("nan"), device=dev, dtype=torch.bfloat16)
+    odd = torch.full((q.numel() + 1,), float("nan"), device=dev, dtype=torch.bfloat16)
+    q_odd = odd[1:].view_as(q).copy_(q)  # 2 bytes past an aligned address
+    out_odd = torch.full((q.numel() + 1,), float("nan"), device=dev, dtype=torch.bfloat16)[1:].view_as(q)
+    results = [sp_flash_decode(q, k, v, kv_lens, out=wide[..., :head_dim]), sp_flash_decode(q_odd, k, v, kv_lens),
+               sp_flash_decode(q, k, v, kv_lens, out=out_odd), sp_flash_decode(q, k, v, kv_lens)]
+    return max((r.float() - first.float()).abs().max().item() for r in results)
+
+
+@gpu_only
+def test_gpu_bound_launches_only_where_they_apply(ranks):
+    assert max(ranks(ranks.gpu_world, _check_bound_launches)) < 1e-2
+
+
 # ----------------------------------------------------------------------------------------------- sm_90
 SPLIT_SIG = dict(q="*bf16", k_cache="*bf16", v_cache="*bf16", kv_lens="*i32", block_table="*i32",
                  part_o="*fp32", part_lse="*fp32", split_arrivals="*i32", dst_o="*fp32", dst_lse="*fp32",

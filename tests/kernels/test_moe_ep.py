@@ -510,6 +510,36 @@ def test_gpu_eager_dispatch_replays_a_graph(ranks):
     assert all(ranks(2, _gpu_eager_graph))
 
 
+def _gpu_bound_launches(T, config):
+    """Repeated dispatches / combines of one layout launch bound (no argument check) only where that applies:
+    16-byte aligned inputs; x, expert_out and out 2 bytes off an aligned address in between go the checked way."""
+    dev = td.shmem.device()
+    H, E, K = 1000, 16, 4
+    ok = True
+    for i, odd in enumerate((False, False, True, False, True)):
+        g = torch.Generator(device=dev).manual_seed(10 * i + td.rank())
+        x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
+        if odd:
+            x = torch.empty(T * H + 1, device=dev, dtype=torch.bfloat16)[1:].view(T, H).copy_(x)
+        idx = torch.rand(T, E, device=dev, generator=g).topk(K, dim=1).indices
+        weights = torch.rand(T, K, device=dev, generator=g)
+        res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, config=config)
+        rows = res.x if not odd else torch.empty(res.x.numel() + 1, device=dev, dtype=torch.bfloat16)[1:].view(
+            res.x.shape).copy_(res.x)
+        out = None if not odd else torch.full((T * H + 1,), float("nan"), device=dev, dtype=torch.bfloat16)[1:].view(
+            T, H)
+        y = ep_combine(rows, res.handle, out=out)
+        ok &= torch.allclose(y.float(), weights.sum(1, keepdim=True) * x.float(), rtol=2e-2, atol=2e-2)
+    return ok
+
+
+@gpu_only
+@pytest.mark.parametrize("T,config", [(128, {"eager_graph": False}), (128, None), (1000, None)],
+                         ids=["decode-bound", "decode-graph", "prefill"])
+def test_gpu_bound_launches_only_where_they_apply(ranks, T, config):
+    assert all(ranks(ranks.gpu_world, _gpu_bound_launches, T, config))
+
+
 @gpu_only
 def test_gpu_phase_timeline(ranks):
     assert all(ranks(2, _gpu_timeline))

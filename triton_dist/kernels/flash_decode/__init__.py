@@ -106,8 +106,12 @@ class _Plan:
             num_warps=cfg["merge_num_warps"])
         if cfg["pdl"]:
             self.merge_meta["launch_pdl"] = True
+        # the launches bound for a contiguous out (its strides are then fixed); an out of other strides goes through
+        # the checked launches of its own Launchers (``_other_out``)
+        self.out_strides = (q_heads * head_dim, head_dim)
         self.split = Launcher(flash_decode_split_kernel, self.grid, **self.split_meta)
         self.merge = Launcher(flash_decode_merge_kernel, (self.grid[1],), **self.merge_meta)
+        self.other_out = None
         self.exchange = shmem.workspace("flash_decode", (batch, q_heads, kv_heads, head_dim),
                                         lambda: _Exchange(batch, q_heads, kv_heads, head_dim, team.group),
                                         group=team.group) if distributed and batch else None
@@ -131,12 +135,32 @@ class _Plan:
                softmax_scale, tuple(sorted(config.items())) if config else None)
         return _PLANS.get(key, lambda: cls(q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, team))
 
-    def launch_split(self, q, k_cache, v_cache, kv_lens, block_table, dst_o, dst_lse, out, flags, state, ctx):
+    def launchers(self, q, k_cache, v_cache, kv_lens, block_table, out):
+        """(split, merge, bound): the Launchers for this call's ``out`` and whether the bound launch applies (a
+        contiguous out, every pointer 16-byte aligned: ``Launcher.run`` without the argument check)."""
+        out_strides = (out.stride(0), out.stride(1))
+        if out_strides != self.out_strides:
+            if self.other_out is None:
+                self.other_out = (Launcher(flash_decode_split_kernel, self.grid, **self.split_meta),
+                                  Launcher(flash_decode_merge_kernel, (self.grid[1],), **self.merge_meta))
+            return self.other_out + (False,)
+        pointers = q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | kv_lens.data_ptr() | out.data_ptr()
+        if block_table is not None:
+            pointers |= block_table.data_ptr()
+        return self.split, self.merge, q.is_cuda and not self.q_copy and pointers % 16 == 0
+
+    def launch_split(self, q, k_cache, v_cache, kv_lens, block_table, dst_o, dst_lse, out, flags, state, ctx,
+                     split=None, bound=False):
         if self.q_copy:
             q = q.contiguous()
         table = block_table if block_table is not None else kv_lens  # a dummy pointer when not paged
-        self.split(q, k_cache, v_cache, kv_lens, table, *self.part, dst_o, dst_lse, out, flags, state, ctx,
-                   *self.strides, out.stride(0), out.stride(1), *self.scalars)
+        args = (q, k_cache, v_cache, kv_lens, table, *self.part, dst_o, dst_lse, out, flags, state, ctx,
+                *self.strides, out.stride(0), out.stride(1), *self.scalars)
+        split = split or self.launchers(q, k_cache, v_cache, kv_lens, block_table, out)[0]
+        if bound:
+            split.run(*args)
+        else:
+            split(*args)
 
 
 def resolved_config(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scale=None, config=None,
@@ -168,7 +192,9 @@ def local_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_s
         if recording:
             shmem.raise_pending_errors()
         ctx = shmem.context() if recording else kv_lens
-        plan.launch_split(q, k_cache, v_cache, kv_lens, block_table, out, lse, out, kv_lens, kv_lens, ctx)
+        split, _, bound = plan.launchers(q, k_cache, v_cache, kv_lens, block_table, out)
+        plan.launch_split(q, k_cache, v_cache, kv_lens, block_table, out, lse, out, kv_lens, kv_lens, ctx, split,
+                          bound and lse.data_ptr() % 16 == 0 and ctx.data_ptr() % 16 == 0)
     return out, lse
 
 
@@ -209,11 +235,16 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
         return out
     ex = plan.exchange
     shmem.raise_pending_errors()
+    split, merge, bound = plan.launchers(q, k_cache, v_cache, kv_lens, block_table, out)
     plan.launch_split(q, k_cache, v_cache, kv_lens, block_table, ex.recv_o, ex.recv_lse, out, ex.flags, ex.state,
-                      ctx)
+                      ctx, split, bound)
     if plan.mode == MODE_PUSH:
-        plan.merge(ex.recv_o, ex.recv_lse, ex.flags, out, ex.state, ctx, out.stride(0), out.stride(1),
-                   *plan.scalars[:3])
+        args = (ex.recv_o, ex.recv_lse, ex.flags, out, ex.state, ctx, out.stride(0), out.stride(1),
+                *plan.scalars[:3])
+        if bound:
+            merge.run(*args)
+        else:
+            merge(*args)
     return out
 
 

@@ -22,7 +22,7 @@ import triton.language as tl
 from ... import language as dl
 from ... import shmem
 from ...hardware import cdiv, next_power_of_2
-from ..launcher import Launchers
+from ..launcher import Launcher
 from . import protocol
 from .buffers import EpHandle
 from .config import check_timeline, combine_config, register_cap, senders_help, tail
@@ -167,9 +167,6 @@ def ep_combine_kernel(expert_out, y, T, H, max_tokens, n_chunks, h_parts, tail, 
 
 
 # ----------------------------------------------------------------------------------------------------- launcher
-_LAUNCH_COMBINE = Launchers(ep_combine_kernel, "ep_combine_launch")  # its bound launches
-
-
 def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     """``y[t] = sum_j topk_weights[t, j] * expert_out[row of (t, j)]`` back on every token's own rank, summed in
     a fixed order (slot order within a rank, then rank order): bitwise reproducible.
@@ -198,6 +195,45 @@ def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
                            handle.num_chunks, out, config, timeline, handle.call)
 
 
+class _CombinePlan:
+    """A combine's launch for one (workspace, token count, chunking, expert rows' layout, config): the geometry and
+    the ``Launcher`` with its fixed arguments, so a repeated call costs the look-up and the launch."""
+
+    def __init__(self, expert_out, ws, T, num_chunks, cfg, timed):
+        H = ws.hidden
+        bh = min(next_power_of_2(int(cfg.block_h)), next_power_of_2(H))
+        bt = next_power_of_2(max(1, min(int(cfg.block_tokens), cdiv(ws.max_tokens, num_chunks))))
+        n_prog, n_push = int(cfg.num_programs), int(cfg.push_programs)
+        self.n_prog, self.ws, self.timed = n_prog, ws, timed
+        dev = expert_out.device
+        # no rows or no tokens: the kernel gets real pointers, of which nothing is read
+        self.no_rows = None if expert_out.shape[0] else torch.zeros((1, H), dtype=ws.dtype, device=dev)
+        self.no_tokens = None if T else torch.empty((1, H), dtype=ws.dtype, device=dev)
+        self.sizes = (T, H, ws.max_tokens, num_chunks, cfg.h_parts, *tail(cfg, num_chunks), n_push)
+        self.fixed = (ws.partials, ws.combined, ws.combine_claims, ws.combine_state, ws.team.ctx)
+        self.launcher = Launcher(
+            ep_combine_kernel, (n_prog,), K=ws.topk, BT=bt, BH=bh, K_PAD=next_power_of_2(ws.topk), W_PAD=ws.w_pad,
+            MAXC=MAX_CHUNKS, SENDERS_HELP=senders_help(n_prog, expert_out), TIMELINE=timed,
+            DEFER_SIGNAL=bool(cfg.defer_signal), EVICT="evict_first" if cfg.stream_hints else "",
+            num_warps=int(cfg.num_warps), **register_cap(cfg, expert_out))
+
+    def __call__(self, expert_out, y, token_pos, slots, slot_weights, span, timeline):
+        if self.no_rows is not None:
+            expert_out = self.no_rows
+        if self.no_tokens is not None:
+            y, token_pos = self.no_tokens, self.ws.token_pos
+        args = (expert_out, y, *self.sizes, slots, slot_weights, span, token_pos, *self.fixed,
+                self.ws.combine_state if timeline is None else timeline)
+        if timeline is None and y.is_cuda and not (expert_out.data_ptr() | y.data_ptr() | token_pos.data_ptr() |
+                                                   slots.data_ptr() | slot_weights.data_ptr() | span.data_ptr()) % 16:
+            self.launcher.run(*args)  # 16-byte aligned like the bound call's pointers (or better)
+        else:
+            self.launcher(*args)
+
+
+_PLANS = shmem.Plans("ep_combine")  # a combine's layout -> its _CombinePlan
+
+
 def combine_records(expert_out, ws, token_pos, slots, slot_weights, span, num_chunks, out=None, config=None,
                     timeline=None, call=None):
     """The combine launch on a dispatch's records given as tensors (what ``ep_combine`` takes from the workspace;
@@ -212,22 +248,10 @@ def combine_records(expert_out, ws, token_pos, slots, slot_weights, span, num_ch
     shmem.op_team("ep_combine", ws.team.group, lambda: dict(H=tuple(expert_out.shape[1:]), call=call,
                                                             config=config))  # (rows: this rank's own)
     cfg = combine_config(ws.max_tokens, H, expert_out.device.type, config)
-    bh = min(next_power_of_2(int(cfg.block_h)), next_power_of_2(H))
-    bt = next_power_of_2(max(1, min(int(cfg.block_tokens), cdiv(ws.max_tokens, num_chunks))))
     expert_out = expert_out.contiguous()
-    if expert_out.shape[0] == 0:
-        expert_out = torch.zeros((1, H), dtype=ws.dtype, device=expert_out.device)
-    y_arg = y if T else torch.empty((1, H), dtype=ws.dtype, device=expert_out.device)
-    tp = token_pos if T else ws.token_pos
+    plan = _PLANS.get((ws, T, num_chunks, cfg, expert_out.shape[0] == 0, timeline is None),
+                      lambda: _CombinePlan(expert_out, ws, T, num_chunks, cfg, timeline is not None))
+    check_timeline(timeline, expert_out.device, plan.n_prog)
     shmem.raise_pending_errors()
-    n_prog, n_push = int(cfg.num_programs), int(cfg.push_programs)
-    check_timeline(timeline, expert_out.device, n_prog)
-    _LAUNCH_COMBINE(
-        (n_prog,), expert_out, y_arg, T, H, ws.max_tokens, num_chunks, cfg.h_parts,
-        *tail(cfg, num_chunks), n_push, slots, slot_weights, span, tp, ws.partials, ws.combined,
-        ws.combine_claims, ws.combine_state, ws.team.ctx, ws.combine_state if timeline is None else timeline,
-        K=ws.topk, BT=bt, BH=bh, K_PAD=next_power_of_2(ws.topk), W_PAD=ws.w_pad, MAXC=MAX_CHUNKS,
-        SENDERS_HELP=senders_help(n_prog, expert_out), TIMELINE=timeline is not None,
-        DEFER_SIGNAL=bool(cfg.defer_signal), EVICT="evict_first" if cfg.stream_hints else "",
-        num_warps=int(cfg.num_warps), **register_cap(cfg, expert_out))
+    plan(expert_out, y, token_pos, slots, slot_weights, span, timeline)
     return y

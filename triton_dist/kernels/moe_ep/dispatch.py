@@ -26,10 +26,11 @@ from ... import hardware, shmem
 from ... import language as dl
 from ...hardware import cdiv, next_power_of_2
 from ..fp8 import quantize_groups
+from ..launcher import Launcher
 from ..replay import GraphCache
 from . import protocol
 from .buffers import EpDispatchResult, EpHandle, buffers, check_fp8, check_inputs
-from .config import check_timeline, dispatch_config, register_cap, senders_help, tail
+from .config import DispatchConfig, check_timeline, dispatch_config, register_cap, senders_help, tail
 from .layout import BIG, check_ids, column, count, ep_layout_kernel, publish_counts, route
 from .protocol import MAX_CHUNKS, TL_CHUNK, TL_PROGRAM
 
@@ -298,7 +299,110 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
 
 
 # ----------------------------------------------------------------------------------------------------- launcher
-_GRAPHS = GraphCache("moe_ep")  # eager dispatches at decode sizes, replayed from CUDA graphs
+_GRAPHS = GraphCache("moe_ep")  # eager dispatches replayed from CUDA graphs (``DispatchConfig.eager_graph``)
+_PLANS = shmem.Plans("ep_dispatch")  # a call's layout -> its _DispatchPlan
+
+
+class _DispatchPlan:
+    """What a dispatch needs that follows from its inputs' layout, sizes and config alone: the workspace, the
+    launch geometry, the two launches bound (``Launcher``) with their fixed arguments, and the result's views.
+    Built on the first call of a layout (after its checks), so a repeated call costs the look-up and the launches."""
+
+    def __init__(self, x, topk_idx, num_experts, max_tokens, align, group, fp8_mode, dtype, cfg, team, timed):
+        T, H = x.shape
+        K = topk_idx.shape[1]
+        dev = x.device
+        ws = self.ws = buffers(num_experts, K, max_tokens, H, dtype, align, group, "fp8" if fp8_mode else None)
+        self.cfg, self.fp8_mode, self.num_tokens = cfg, fp8_mode, T
+        n_chunks, n_prog, n_push = int(cfg.num_chunks), int(cfg.num_programs), int(cfg.push_programs)
+        self.n_chunks, self.n_prog = n_chunks, n_prog
+        k_pad = next_power_of_2(K)
+        ep = ws.w_pad * ws.el_pad
+        bt = min(int(cfg.block_tokens), 8192 // (k_pad * ep), cdiv(max_tokens, n_chunks))
+        bt = next_power_of_2(max(1, bt))
+        bt_count = next_power_of_2(max(1, min(8192 // (k_pad * ep), max_tokens)))  # tokens per counting step
+        # layout programs: cg chunks each, counted tb tokens of every chunk at a time (at most 4096 tokens per step)
+        tb_layout = min(next_power_of_2(cdiv(max_tokens, n_chunks)), 256)
+        cg = min(next_power_of_2(min(int(cfg.layout_chunks), n_chunks)), 4096 // tb_layout)
+        n_groups = cdiv(n_chunks, cg)
+        bh = min(next_power_of_2(int(cfg.block_h)), next_power_of_2(H))
+        if fp8_mode:  # whole 1x128 groups per tile
+            bh = max(bh, 128)
+        common = dict(K=K, EL=ws.local, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
+        fused = bool(cfg.fused_layout)
+        pdl = not fused and hardware.pdl_capable(dev) and bool(cfg.pdl)
+        ctx = team.ctx
+        # T = 0: the kernels get real pointers, of which nothing is read
+        self.empty = None if T else (
+            torch.zeros((1, H), dtype=x.dtype, device=dev), torch.full((1, K), -1, dtype=torch.int32, device=dev),
+            torch.zeros((1, K), dtype=torch.float32, device=dev),
+            torch.ones((1, cdiv(H, 128)), device=dev) if fp8_mode == "given" else None)
+        self.layout = None if fused else Launcher(
+            ep_layout_kernel, (n_groups,), TB=tb_layout, CG=cg,
+            QB=min(next_power_of_2(n_groups), 128 if dev.type == "cuda" else 4), TIMELINE=timed, PDL=pdl,
+            num_warps=4, **common)
+        self.layout_args = (ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state,
+                            T, num_experts, n_chunks, ctx)
+        self.dispatch = Launcher(
+            ep_dispatch_kernel, (n_prog,), BT=bt, BH=bh, RB=128 if dev.type == "cuda" else 16, MAXC=MAX_CHUNKS,
+            FUSED_LAYOUT=fused, BT_COUNT=bt_count, SENDERS_HELP=senders_help(n_prog, x), TIMELINE=timed, PDL=pdl,
+            DEFER_SIGNAL=bool(cfg.defer_signal), EVICT="evict_first" if cfg.stream_hints else "",
+            num_warps=int(cfg.num_warps), **({"launch_pdl": True} if pdl else {}), **register_cap(cfg, x), **common,
+            **({"FP8": fp8_mode} if fp8_mode else {}))
+        self.dispatch_args = (T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, cfg.h_parts,
+                              *tail(cfg, n_chunks), n_push, ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span,
+                              ws.all_counts, ws.counts_ready, ws.arrived, ws.expert_ids, ws.weights, ws.expert_counts,
+                              ws.expert_offsets, ws.token_pos, ws.chunk_prefix, ws.dispatch_claims, ws.state, ctx)
+        self.token_pos = ws.token_pos[:T]
+        rows = ws.max_rows  # the results: views of the workspace, whichever way the kernels ran
+        self.views = (ws.recv_x[:rows], ws.expert_ids[:rows], ws.weights[:rows], ws.expert_counts,
+                      ws.expert_offsets)
+        self.scales = ws.recv_scales[:rows] if fp8_mode else None
+        self.graph_key = (ws.key, T, x.dtype, topk_idx.dtype, cfg)
+
+    def launch(self, x, idx, wts, x_scales=None, timeline=None, checked=True):
+        """The layout and dispatch launches on these inputs (``checked``: through the launchers' argument check;
+        else the bound launch, for inputs whose pointers are 16-byte aligned like the plan's)."""
+        ws = self.ws
+        stamps = ws.state if timeline is None else timeline
+        fp8 = dict(x_scales=x_scales, recv_scales=ws.recv_scales) if self.fp8_mode else {}
+        if checked:
+            if self.layout is not None:
+                self.layout(idx, *self.layout_args, stamps)
+            self.dispatch(x, idx, wts, *self.dispatch_args, stamps, **fp8)
+        else:
+            if self.layout is not None:
+                self.layout.run(idx, *self.layout_args, stamps)
+            self.dispatch.run(x, idx, wts, *self.dispatch_args, stamps, **fp8)
+        return ws.recv_x
+
+    def __call__(self, x, idx, wts, x_scales, timeline):
+        if self.empty is not None:
+            x, idx, wts, dummy_scales = self.empty
+            x_scales = None if x_scales is None else dummy_scales
+        # every input read where it is: contiguous (the layout said so) or copied
+        x, idx, wts = x.contiguous(), idx.contiguous(), wts.contiguous()
+        inputs = (x, idx, wts) if x_scales is None else (x, idx, wts, x_scales.contiguous())
+        if self.cfg.eager_graph and timeline is None and \
+                _GRAPHS.run(self.graph_key, self.launch, inputs, clone=False) is not None:
+            return
+        aligned = timeline is None and x.is_cuda and not (x.data_ptr() | idx.data_ptr() | wts.data_ptr() | (
+            0 if x_scales is None else inputs[3].data_ptr())) % 16
+        self.launch(*inputs, timeline=timeline, checked=not aligned)
+
+
+def _config_key(config):
+    """``config`` as part of a plan's key: None, a DispatchConfig, or a dict's items."""
+    if config is None or isinstance(config, DispatchConfig):
+        return config
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a DispatchConfig or a dict, got {type(config).__name__}")
+    key = tuple(config.items())
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(f"config values must be plain values (ints, bools), got {config}") from None
+    return key
 
 
 def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, exact=False, check_ids=None,
@@ -318,88 +422,42 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
     ceil(H/128)]: what an FP8 grouped GEMM takes); x already FP8 (float8_e4m3fn with ``x_scales`` [T,
     ceil(H/128)]) travels as it is. ep_combine stays in x's dtype (bfloat16 for FP8 x).
     Returns an ``EpDispatchResult``; its tensors are views valid until the next dispatch of the same shapes."""
-    for name, t in (("x", x), ("topk_idx", topk_idx)):
+    for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     team = shmem.op_team("ep_dispatch", group, lambda: dict(
         H=x.shape[1:], K=topk_idx.shape[1:], dtype=str(x.dtype), num_experts=num_experts, max_tokens=max_tokens,
         align=align, exact=exact, config=config, quant=quant))
-    check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align, team.size)
-    fp8_mode, dtype = check_fp8(x, quant, x_scales)
     if check_ids is None:
         check_ids = x.device.type == "cpu"
+    # a repeated layout skips the checks its first call passed (types, shapes, devices, sizes, config)
+    key = (x.shape, x.stride(), x.dtype, x.device, topk_idx.shape, topk_idx.stride(), topk_idx.dtype,
+           topk_idx.device, topk_weights.shape, topk_weights.stride(), topk_weights.dtype, topk_weights.device,
+           num_experts, max_tokens, align, type(num_experts) is type(max_tokens) is type(align) is int, quant,
+           None if x_scales is None else (type(x_scales), getattr(x_scales, "shape", None),
+                                          getattr(x_scales, "dtype", None), getattr(x_scales, "device", None)),
+           team, _config_key(config), timeline is None)
+    plan = _PLANS.find(key)
+    if plan is None:
+        check_inputs(x, topk_idx, topk_weights, num_experts, max_tokens, align, team.size)
+        fp8_mode, dtype = check_fp8(x, quant, x_scales)
+        cfg = dispatch_config(max_tokens, x.shape[1], x.device.type, config)
+        check_timeline(timeline, x.device, int(cfg.num_programs))
+        plan = _PLANS.get(key, lambda: _DispatchPlan(x, topk_idx, num_experts, max_tokens, align, group, fp8_mode,
+                                                     dtype, cfg, team, timeline is not None))
+    elif timeline is not None:
+        check_timeline(timeline, x.device, plan.n_prog)
     if check_ids and topk_idx.numel() and bool(((topk_idx < -1) | (topk_idx >= num_experts)).any()):
         bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][0].item()
         raise ValueError(f"topk_idx holds expert id {bad}, outside [0, {num_experts}) (-1 marks an unused slot)")
-    T, H = x.shape
-    K = topk_idx.shape[1]
-    ws = buffers(num_experts, K, max_tokens, H, dtype, align, group, "fp8" if fp8_mode else None)
-    cfg = dispatch_config(max_tokens, H, x.device.type, config)
-    n_chunks, n_prog, n_push = int(cfg.num_chunks), int(cfg.num_programs), int(cfg.push_programs)
-    check_timeline(timeline, x.device, n_prog)
-    h_parts = cfg.h_parts
-    k_pad = next_power_of_2(K)
-    ep = ws.w_pad * ws.el_pad
-    bt = min(int(cfg.block_tokens), 8192 // (k_pad * ep), cdiv(max_tokens, n_chunks))
-    bt = next_power_of_2(max(1, bt))
-    bt_count = next_power_of_2(max(1, min(8192 // (k_pad * ep), max_tokens)))  # tokens per counting step
-    # layout programs: cg chunks each, counted tb tokens of every chunk at a time (at most 4096 tokens per step)
-    tb_layout = min(next_power_of_2(cdiv(max_tokens, n_chunks)), 256)
-    cg = min(next_power_of_2(min(int(cfg.layout_chunks), n_chunks)), 4096 // tb_layout)
-    n_groups = cdiv(n_chunks, cg)
-    bh = min(next_power_of_2(int(cfg.block_h)), next_power_of_2(H))
-    if fp8_mode:  # whole 1x128 groups per tile
-        bh = max(bh, 128)
-    if T == 0:  # keep real pointers for the kernels; nothing is read
-        x = torch.zeros((1, H), dtype=x.dtype, device=x.device)
-        x_scales = torch.ones((1, cdiv(H, 128)), device=x.device) if fp8_mode == "given" else None
-        topk_idx = torch.full((1, K), -1, dtype=torch.int32, device=x.device)
-        topk_weights = torch.zeros((1, K), dtype=torch.float32, device=x.device)
-    x = x.contiguous()
-    idx = topk_idx.contiguous()  # int32/int64 and any float weights are read as they are: no conversion kernels
-    wts = topk_weights.contiguous()
-    ctx = team.ctx
-    common = dict(K=K, EL=ws.local, BT=bt, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
     shmem.raise_pending_errors()
-    fused = bool(cfg.fused_layout)
-    pdl = not fused and hardware.pdl_capable(x.device) and bool(cfg.pdl)
-
-    def launch(x, idx, wts, *xs):  # xs: x_scales ("given")
-        if not fused:
-            ep_layout_kernel[(n_groups,)](
-                idx, ws.chunk_counts, ws.chunk_prefix, ws.counted, ws.all_counts, ws.counts_ready, ws.state, T,
-                num_experts, n_chunks, ctx, ws.state if timeline is None else timeline, TB=tb_layout, CG=cg,
-                QB=min(next_power_of_2(n_groups), 128 if x.device.type == "cuda" else 4),
-                TIMELINE=timeline is not None, PDL=pdl, num_warps=4, K=K, EL=ws.local, K_PAD=k_pad,
-                EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
-        ep_dispatch_kernel[(n_prog,)](
-            x, idx, wts, T, H, num_experts, align, max_tokens, ws.max_rows, n_chunks, h_parts,
-            *tail(cfg, n_chunks), n_push,
-            ws.recv_x, ws.recv_slots, ws.recv_w, ws.recv_span, ws.all_counts, ws.counts_ready, ws.arrived,
-            ws.expert_ids, ws.weights, ws.expert_counts, ws.expert_offsets, ws.token_pos, ws.chunk_prefix,
-            ws.dispatch_claims, ws.state, ctx, ws.state if timeline is None else timeline, BH=bh,
-            RB=128 if x.device.type == "cuda" else 16, MAXC=MAX_CHUNKS, FUSED_LAYOUT=fused, BT_COUNT=bt_count,
-            SENDERS_HELP=senders_help(n_prog, x), TIMELINE=timeline is not None, PDL=pdl,
-            DEFER_SIGNAL=bool(cfg.defer_signal), EVICT="evict_first" if cfg.stream_hints else "",
-            num_warps=int(cfg.num_warps), **({"launch_pdl": True} if pdl else {}), **register_cap(cfg, x),
-            **common, **(dict(x_scales=xs[0] if xs else None, recv_scales=ws.recv_scales, FP8=fp8_mode)
-                         if fp8_mode else {}))
-        return ws.recv_x  # the results are views of the workspace, whichever way the kernels ran
-
-    # decode sizes: an eager call replays the two launches from a cached CUDA graph (inputs copied in), which
-    # costs a fraction of their Python launch cost; inside a capture, under torch.compile or on CPU: direct
-    replayed = False
-    inputs = (x, idx, wts) + ((x_scales.contiguous(),) if fp8_mode == "given" else ())
-    if cfg.eager_graph and timeline is None:
-        graph_key = (ws.key, T, x.dtype, idx.dtype, wts.dtype, cfg)
-        replayed = _GRAPHS.run(graph_key, launch, inputs, clone=False) is not None
-    if not replayed:
-        launch(*inputs)
+    plan(x, topk_idx, topk_weights, x_scales, timeline)
+    ws = plan.ws
     ws.calls += 1
-    handle = EpHandle(ws, ws.calls, T, n_chunks, ws.token_pos[:T])
+    handle = EpHandle(ws, ws.calls, plan.num_tokens, plan.n_chunks, plan.token_pos)
     ws.last = handle
-    rows = ws.max_rows
     if exact:
         rows = int(ws.expert_offsets[ws.local].item())
-    return EpDispatchResult(ws.recv_x[:rows], ws.expert_ids[:rows], ws.weights[:rows], ws.expert_counts,
-                            ws.expert_offsets, handle, ws.recv_scales[:rows] if fp8_mode else None)
+        return EpDispatchResult(ws.recv_x[:rows], ws.expert_ids[:rows], ws.weights[:rows], ws.expert_counts,
+                                ws.expert_offsets, handle, ws.recv_scales[:rows] if plan.fp8_mode else None)
+    return EpDispatchResult(*plan.views, handle, plan.scales)
