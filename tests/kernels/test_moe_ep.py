@@ -487,19 +487,19 @@ def _gpu_timeline():
 
 
 def _gpu_eager_graph():
-    """Decode-sized eager dispatches (default config) replay from a cached CUDA graph after the first call: every
-    call, fresh inputs, correct result."""
+    """Eager dispatches with ``eager_graph`` replay from a cached CUDA graph after the first call: every call, fresh
+    inputs, correct result."""
     from triton_dist.kernels import moe_ep
 
     dev = td.shmem.device()
     T, H, E, K = 128, 1024, 64, 8
-    ok = moe_ep.dispatch_config(T, H, "cuda").eager_graph
+    ok = True
     for i in range(4):  # direct, capture + replay, replay, replay
         g = torch.Generator(device=dev).manual_seed(10 * i + td.rank())
         x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
         idx = torch.rand(T, E, device=dev, generator=g).topk(K, dim=1).indices
         weights = torch.rand(T, K, device=dev, generator=g)
-        res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T)
+        res = ep_dispatch(x, idx, weights, num_experts=E, max_tokens=T, config={"eager_graph": True})
         y = ep_combine(res.x, res.handle)
         ok &= torch.allclose(y.float(), weights.sum(1, keepdim=True) * x.float(), rtol=2e-2, atol=2e-2)
     return ok and len(moe_ep.dispatch._GRAPHS.graphs) >= 1
@@ -534,8 +534,8 @@ def _gpu_bound_launches(T, config):
 
 
 @gpu_only
-@pytest.mark.parametrize("T,config", [(128, {"eager_graph": False}), (128, None), (1000, None)],
-                         ids=["decode-bound", "decode-graph", "prefill"])
+@pytest.mark.parametrize("T,config", [(128, None), (128, {"eager_graph": True}), (1000, None)],
+                         ids=["decode", "decode-graph", "prefill"])
 def test_gpu_bound_launches_only_where_they_apply(ranks, T, config):
     assert all(ranks(ranks.gpu_world, _gpu_bound_launches, T, config))
 

@@ -101,25 +101,58 @@ def all_gather(x, out=None, config=None, group=None):
     team = shmem.op_team("all_gather", group, lambda: dict(shape=tuple(x.shape), dtype=str(x.dtype),
                                                            out=None if out is None else tuple(out.shape),
                                                            config=config))
-    world = team.size
     x = x.contiguous()
-    shape = (world * x.shape[0], *x.shape[1:])
     if out is None:
-        out = shmem.empty(shape, x.dtype, name="all_gather.out", group=group)
+        out = shmem.empty((team.size * x.shape[0], *x.shape[1:]), x.dtype, name="all_gather.out", group=group)
     shmem.check_symmetric(out, "out")
-    if tuple(out.shape) != shape or out.dtype != x.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {list(shape)}, "
-                         f"got {out.dtype} {list(out.shape)}")
-    if x.numel() == 0:
+    cfg_key = None if config is None else repr(sorted(config.items()))
+    key = (team, x.shape, x.dtype, x.device, out.shape, out.stride(), out.dtype, cfg_key)
+    words = _LAYOUTS.find(key)
+    if words is None:  # a new layout: checked once
+        shape = (team.size * x.shape[0], *x.shape[1:])
+        if tuple(out.shape) != shape or out.dtype != x.dtype or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {list(shape)}, "
+                             f"got {out.dtype} {list(out.shape)}")
+        words = _LAYOUTS.get(key, lambda: _Words(x, team, config, cfg_key))
+    if words.empty:
+        return out
+    if (x.data_ptr() | out.data_ptr()) % 16 == 0:  # (the word views and the bound launch want aligned data)
+        src, dst, plan = words.view(x), words.view(out), words.plan
+        shmem.raise_pending_errors()
+        plan.launch.run(src, dst, *plan.args)
         return out
     src, dst = _as_words(x), _as_words(out)
     if src.dtype != dst.dtype:  # alignment of one side forbids the wider view
         src, dst = x.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
-    key = (team.name, src.numel(), src.dtype, x.device.type, None if config is None else repr(sorted(config.items())))
-    plan = _PLANS.get(key, lambda: _Plan(src.numel(), src.element_size(), x.device.type, team, config))
+    plan = _plan(team, src.numel(), src.dtype, x.device.type, config, cfg_key)
     shmem.raise_pending_errors()
     plan.launch(src, dst, *plan.args)
     return out
+
+
+class _Words:
+    """How the shards of one layout (x's shape and dtype, out's, the group, the config) travel: as the widest
+    integer words their byte size allows, viewed directly where x's rows hold whole words, and the launch plan of
+    those words."""
+
+    def __init__(self, x, team, config, cfg_key):
+        nbytes = x.numel() * x.element_size()
+        self.empty = nbytes == 0
+        self.word = next((d for d in (torch.int64, torch.int32, torch.int16) if nbytes % d.itemsize == 0),
+                         torch.uint8)
+        self.direct = x.shape[-1] * x.element_size() % self.word.itemsize == 0
+        self.plan = None if self.empty else _plan(team, nbytes // self.word.itemsize, self.word, x.device.type,
+                                                  config, cfg_key)
+
+    def view(self, t):
+        if self.direct:
+            return t.view(self.word)
+        return t.reshape(-1).view(torch.uint8).view(self.word)
+
+
+def _plan(team, shard_words, word, device_type, config, cfg_key):
+    return _PLANS.get((team.name, shard_words, word, device_type, cfg_key),
+                      lambda: _Plan(shard_words, word.itemsize, device_type, team, config))
 
 
 def _check_input(x):
@@ -170,4 +203,5 @@ class _Plan:
                                num_warps=cfg["num_warps"])
 
 
-_PLANS = shmem.Plans("all_gather")
+_PLANS = shmem.Plans("all_gather")  # (group, shard words, word, config) -> _Plan
+_LAYOUTS = shmem.Plans("all_gather_layouts")  # a call's layout -> its _Words

@@ -1,5 +1,5 @@
-"""Eager calls replayed from a cached CUDA graph: the small-problem path of the overlapped GEMM ops and of MoE
-dispatch at decode sizes, where an eager call's Python and launch cost exceeds its GPU work.
+"""Eager calls replayed from a cached CUDA graph: the small-problem path of the overlapped GEMM ops (and of MoE
+dispatch with ``eager_graph``), where an eager call's Python and launch cost exceeds its GPU work.
 
 The path ``"graph"`` captures the op's launches once per (shape, config, weight) into a CUDA graph on static
 buffers; a call then costs one copy of the activation in, one graph launch and one copy of the result out.

@@ -517,7 +517,10 @@ def is_symmetric(t):
     if not isinstance(t, torch.Tensor) or t.device.type != rt.heap.device.type:
         return False
     start = t.data_ptr() - rt.heap.bases[rt.rank]
-    span = (sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0) + 1) * t.element_size()
+    if t.is_contiguous():
+        span = t.numel() * t.element_size()
+    else:
+        span = (sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0) + 1) * t.element_size()
     return layout.RESERVED_BYTES <= start and start + span <= rt.nbytes
 
 

@@ -120,6 +120,18 @@ class _Plan:
     @classmethod
     def get(cls, q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, team):
         """The plan of a call (``team``: the group's team for sp_flash_decode, None for the local op)."""
+        try:
+            key = (None if team is None else team.name, q.dtype, q.device, q.shape, q.stride(), k_cache.dtype,
+                   k_cache.shape, k_cache.stride(), v_cache.dtype, v_cache.shape, v_cache.stride(), kv_lens.dtype,
+                   kv_lens.device, kv_lens.shape,
+                   None if block_table is None else (block_table.dtype, block_table.device, block_table.shape,
+                                                     block_table.stride()),
+                   softmax_scale, tuple(sorted(config.items())) if config else None)
+        except AttributeError:  # not tensors (or config not a dict): the checks below say which
+            key = None
+        plan = None if key is None else _PLANS.find(key)
+        if plan is not None:
+            return plan
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("kv_lens", kv_lens)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -127,12 +139,8 @@ class _Plan:
             raise TypeError(f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
         if config is not None and not isinstance(config, dict):
             raise TypeError(f"config must be a dict or None, got {type(config).__name__}")
-        key = (None if team is None else team.name, q.dtype, q.device, q.shape, q.stride(), k_cache.dtype,
-               k_cache.shape, k_cache.stride(), v_cache.dtype, v_cache.shape, v_cache.stride(), kv_lens.dtype,
-               kv_lens.device, kv_lens.shape,
-               None if block_table is None else (block_table.dtype, block_table.device, block_table.shape,
-                                                 block_table.stride()),
-               softmax_scale, tuple(sorted(config.items())) if config else None)
+        if team is not None:
+            shmem.check_device(q, "q")
         return _PLANS.get(key, lambda: cls(q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, team))
 
     def launchers(self, q, k_cache, v_cache, kv_lens, block_table, out):
@@ -215,8 +223,6 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
     shape allocates symmetric buffers (collective, not graph capturable); later calls are graph capturable.
     ``config``: launch knobs (see ``default_config``), identical on every rank.
     """
-    if isinstance(q, torch.Tensor):
-        shmem.check_device(q, "q")
     team = shmem.op_team("sp_flash_decode", group, lambda: dict(
         q=tuple(getattr(q, "shape", ())), dtype=str(getattr(q, "dtype", None)),
         kv_heads=tuple(getattr(k_cache, "shape", ())[2:]), paged=block_table is not None,

@@ -40,7 +40,7 @@ class DispatchConfig(CombineConfig):
     fused_layout: bool = False  # no layout launch: program 0 counts (low latency at small max_tokens)
     layout_chunks: int = 4    # chunks counted at once by one program of the layout launch
     pdl: bool = True          # sm_90+: the dispatch launch starts while the layout launch runs
-    eager_graph: bool = False  # an eager call replays its launches from a cached CUDA graph (host-bound sizes)
+    eager_graph: bool = False  # an eager call replays its launches from a cached CUDA graph (inputs copied in)
 
 
 def _defaults(max_tokens, device_type):
@@ -50,7 +50,7 @@ def _defaults(max_tokens, device_type):
         return DispatchConfig(**common, fused_layout=max_tokens <= 256, layout_chunks=2), CombineConfig(**common)
     if max_tokens <= 256:  # decode: small chunks, wide copies, every SM
         common = dict(num_programs=132, push_programs=66, block_h=1024, block_tokens=2, num_warps=8)
-        return DispatchConfig(**common, num_chunks=64, eager_graph=True), CombineConfig(**common)
+        return DispatchConfig(**common, num_chunks=64), CombineConfig(**common)
     return (DispatchConfig(num_programs=128, push_programs=80, block_h=512, block_tokens=16, num_warps=8,
                            num_chunks=256, h_parts=4, tail_chunks=16, tail_parts=8, stream_hints=True),
             CombineConfig(num_programs=128, push_programs=48, block_h=512, block_tokens=16, num_warps=16,
