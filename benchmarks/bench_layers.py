@@ -10,6 +10,9 @@
   ours seq-par      the native sharded shapes: this rank's 4096/W tokens in and out (no all-gather)
   HF                the original module, whole, on every GPU (what the model ran before ``parallelize``)
   HF grouped_mm     (MoE) the same with transformers' ``grouped_mm`` experts implementation, where it has one
+  Llama      a whole LlamaForCausalLM (hidden 2048, intermediate 5632, 2 layers, 16 / 4 heads, vocab 32000),
+             input_ids [4, tokens / 4]  -> ``parallelize(model)`` (the MLPs swapped; attention, norms, head as
+             they were): the whole forward, logits included ("ours seq-par": none, the model takes full batches)
 "path ours ..." columns: the path of each ag_gemm / gemm_rs call inside (overlap / graph / fallback; "-": none,
 e.g. the MoE layer). All timed in turn (``harness.in_turn``), max over ranks. ``--check``: the same contenders at tiny fp32 sizes
 against each other (runs on CPU ranks too).
@@ -21,8 +24,10 @@ import torch
 
 import triton_dist as td
 
-FULL = {"mlp": dict(hidden=4096, inter=14336), "moe": dict(hidden=7168, experts=64, top_k=8, inter=2048)}
-TINY = {"mlp": dict(hidden=32, inter=64), "moe": dict(hidden=32, experts=8, top_k=2, inter=16)}
+FULL = {"mlp": dict(hidden=4096, inter=14336), "moe": dict(hidden=7168, experts=64, top_k=8, inter=2048),
+        "llama": dict(hidden=2048, inter=5632, layers=2, heads=16, kv_heads=4, vocab=32000)}
+TINY = {"mlp": dict(hidden=32, inter=64), "moe": dict(hidden=32, experts=8, top_k=2, inter=16),
+        "llama": dict(hidden=32, inter=64, layers=2, heads=4, kv_heads=2, vocab=97)}
 
 
 def hf_module(kind, sizes, dtype, device):
@@ -46,11 +51,44 @@ def hf_module(kind, sizes, dtype, device):
     return module.to(dtype).eval()
 
 
+def llama_model(sizes, dtype, device):
+    """A randomly initialised LlamaForCausalLM (O(1) activations), the same on every rank."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=sizes["vocab"], hidden_size=sizes["hidden"], intermediate_size=sizes["inter"],
+                      num_hidden_layers=sizes["layers"], num_attention_heads=sizes["heads"],
+                      num_key_value_heads=sizes["kv_heads"], max_position_embeddings=8192)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) / p.shape[-1] ** 0.5)
+    return model.to(dtype).eval()
+
+
+def model_contenders(sizes, tokens, dtype, device):
+    """``contenders`` of the whole-model case: the HF model and a parallelised copy, logits compared."""
+    from triton_dist.nn import parallelize
+
+    hf = llama_model(sizes, dtype, device)
+    ours = parallelize(copy.deepcopy(hf))
+    batch = 4 if tokens % 4 == 0 else 1
+    ids = torch.randint(0, sizes["vocab"], (batch, tokens // batch), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(device)
+    calls = {"ours replicated": lambda: ours(ids).logits, "HF": lambda: hf(ids).logits}
+    with torch.no_grad():
+        pairs = {"ours replicated": (calls["ours replicated"](), calls["HF"]())}
+    return calls, pairs
+
+
 def contenders(kind, sizes, tokens, dtype, device):
     """{label: fn} of the contenders (collective: every rank calls them in the same order) and the reference
     output of each, {label: (output, reference)}."""
     from triton_dist.nn import ExpertParallelMoE, TensorParallelMLP
 
+    if kind == "llama":
+        return model_contenders(sizes, tokens, dtype, device)
     world, rank = td.world_size(), td.rank()
     hf = hf_module(kind, sizes, dtype, device)
     layer_cls = TensorParallelMLP if kind == "mlp" else ExpertParallelMoE
@@ -91,11 +129,11 @@ def check():
     from harness import path_of
 
     checked, problems = [], []
-    for kind in ("mlp", "moe"):
+    for kind in ("mlp", "moe", "llama"):
         calls, pairs = contenders(kind, TINY[kind], 13, torch.float32, td.shmem.device())
         with torch.no_grad():
             path = path_of(calls["ours replicated"])
-        if kind == "mlp" and not path.startswith("ag_gemm "):
+        if kind != "moe" and not path.startswith("ag_gemm "):
             problems.append(f"mlp: the path of ours replicated was not recorded ({path!r})")
         for label, (got, ref) in pairs.items():
             checked.append(f"{kind} {label}")
@@ -109,7 +147,7 @@ def main():
 
     def add_arguments(parser):
         parser.add_argument("--tokens", type=int, default=4096)
-        parser.add_argument("--only", default="mlp,moe", help="comma-separated layers of mlp, moe")
+        parser.add_argument("--only", default="mlp,moe,llama", help="comma-separated cases of mlp, moe, llama")
 
     args = start(__doc__, check, "layer benchmark", 8 << 30, add_arguments)
     if args is None:

@@ -419,6 +419,14 @@ def _check_bf16_against_nccl(numels):
                     bad.append((numel, algo))
                 if ((out.float() - ref).abs() > 2e-2 * ref.abs() + 1e-2).any():
                     bad.append((numel, algo, "far from NCCL"))
+    # x 2 bytes past an aligned address between aligned calls of the same plan (bound launches only where aligned)
+    x = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+    exact = _rank_order_sum([p.cpu() for p in _gather(x)], torch.bfloat16).cuda()
+    odd = torch.empty(1001, device="cuda", dtype=torch.bfloat16)[1:].copy_(x)
+    for algo in ("one_shot", "two_shot"):
+        for i, t in enumerate((x, odd, x, odd)):
+            if not torch.equal(all_reduce(t, algo=algo), exact):
+                bad.append(("unaligned", algo, i))
     return bad
 
 
