@@ -95,20 +95,28 @@ def all_gather(x, out=None, config=None, group=None):
     buffer), which an ``x`` that requires grad goes through: its gradient is this rank's rows of the sum of every
     rank's (``kernels/autograd.py``).
     """
-    _check_input(x)
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        _check_input(x)  # raises
     if out is None and config is None and (library.needs_grad(x) or hardware.compiling()):
         return torch.ops.triton_dist.all_gather(x, shmem.group_name(group))
     team = shmem.op_team("all_gather", group, lambda: dict(shape=tuple(x.shape), dtype=str(x.dtype),
                                                            out=None if out is None else tuple(out.shape),
                                                            config=config))
     x = x.contiguous()
+    address = None  # (an out allocated here is symmetric by construction)
     if out is None:
         out = shmem.empty((team.size * x.shape[0], *x.shape[1:]), x.dtype, name="all_gather.out", group=group)
-    shmem.check_symmetric(out, "out")
+    elif not isinstance(out, torch.Tensor):
+        shmem.check_symmetric(out, "out")  # raises
+    else:
+        address = out.data_ptr()
     cfg_key = None if config is None else repr(sorted(config.items()))
-    key = (team, x.shape, x.dtype, x.device, out.shape, out.stride(), out.dtype, cfg_key)
+    # a given out's address in the key: whether it lies in the heap is checked once per address
+    key = (team, x.shape, x.dtype, x.device, out.shape, out.stride(), out.dtype, address, cfg_key)
     words = _LAYOUTS.find(key)
     if words is None:  # a new layout: checked once
+        _check_input(x)
+        shmem.check_symmetric(out, "out")
         shape = (team.size * x.shape[0], *x.shape[1:])
         if tuple(out.shape) != shape or out.dtype != x.dtype or not out.is_contiguous():
             raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {list(shape)}, "
