@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run125 (1x H200, GPU image): all_gather's layout plans with the given out's address in the key (its heap check
+# run125 (1x H200, GPU image; planned: the session's GPU time ran out): all_gather's layout plans with the given out's address in the key (its heap check
 # once per address; x's device check once per layout): the all-gather GPU tests, bench_host at W = 1.
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/benchmarks
 step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s)
