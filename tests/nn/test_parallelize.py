@@ -2,7 +2,8 @@
 MLP and sparse-MoE class the swapped block's forward equals the original's within 1e-4 at 2 and 4 ranks (token
 counts that leave a rank without tokens included); a whole 2-layer model (a dense and a sparse-MoE layer with a
 shared expert) gives the same logits; unsupported configurations raise a ValueError naming the module and leave
-the model untouched; every expert layout transformers uses is read into the same weights."""
+the model untouched; other models' MLPs of the same form are swapped where they are SiLU without biases and left
+alone otherwise; every expert layout transformers uses is read into the same weights."""
 
 import copy
 
@@ -69,11 +70,20 @@ def _block(name):
             **moe, shared_expert_intermediate_size=12)),
         "Qwen3MoeSparseMoeBlock": lambda: q3m.Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(**moe, norm_topk_prob=True)),
         "DeepseekV3MoE": lambda: ds.DeepseekV3MoE(ds_cfg),
+        # not listed: recognised by the form of their forward (hf_blocks.gated_mlp_form)
+        "Olmo2MLP": lambda: _module("olmo2", "Olmo2MLP")(transformers.Olmo2Config(**dense)),
+        "GraniteMLP": lambda: _module("granite", "GraniteMLP")(transformers.GraniteConfig(**dense)),
+        "CohereMLP": lambda: _module("cohere", "CohereMLP")(transformers.CohereConfig(**dense)),
     }[name]()
+
+
+def _module(model, name):
+    return getattr(__import__(f"transformers.models.{model}.modeling_{model}", fromlist=[name]), name)
 
 
 BLOCKS = ["LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "Qwen2MoeMLP", "Qwen3MoeMLP", "DeepseekV3MLP",
           "MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock", "DeepseekV3MoE"]
+FORM_BLOCKS = ["Olmo2MLP", "GraniteMLP", "CohereMLP"]  # other models' MLPs of the listed ones' form
 
 
 def _rel(got, ref):
@@ -107,7 +117,7 @@ def test_every_supported_class_is_installed():
 
 @pytest.mark.parametrize("world,tokens", [(2, (5,)), (4, (3,))])  # 3 tokens on 4 ranks: the last has none
 def test_parallelized_blocks_match_originals(ranks, world, tokens):
-    for errs in ranks(world, _swapped_blocks, BLOCKS, tokens):
+    for errs in ranks(world, _swapped_blocks, BLOCKS + FORM_BLOCKS, tokens):
         bad = {k: v for k, v in errs.items() if isinstance(v, str) or v > TOL}
         assert not bad, bad
 
@@ -138,6 +148,29 @@ def _whole_model():
 def test_parallelized_model_gives_the_same_logits(ranks):
     for kinds, err in ranks(2, _whole_model):
         assert kinds == ["TensorParallelMLP", "ExpertParallelMoE"] and err < TOL, (kinds, err)
+
+
+def _by_form():
+    """Models whose MLP classes are not listed: OLMo-2's (SiLU) swapped, logits unchanged; Gemma's (GELU, the same
+    form) left as it is, logits unchanged."""
+    small = dict(vocab_size=32, hidden_size=H, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=2, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    found = {}
+    for name, cfg, cls in (("olmo2", transformers.Olmo2Config(**small), transformers.Olmo2ForCausalLM),
+                           ("gemma", transformers.GemmaConfig(**small, head_dim=8), transformers.GemmaForCausalLM)):
+        torch.manual_seed(0)
+        model = _randomise(cls(cfg), seed=1)
+        ref = copy.deepcopy(model)
+        parallelize(model)
+        ids = torch.randint(0, 32, (1, 6), generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            found[name] = (type(model.model.layers[0].mlp).__name__, _rel(model(ids).logits, ref(ids).logits) < TOL)
+    return found
+
+
+def test_mlps_of_the_same_form_swapped_where_they_fit(ranks):
+    for found in ranks(2, _by_form):
+        assert found == {"olmo2": ("TensorParallelMLP", True), "gemma": ("GemmaMLP", True)}, found
 
 
 def _unsupported():
@@ -209,8 +242,8 @@ def test_every_expert_layout_reads_the_same_weights():
 
 # ----------------------------------------------------------------------------------------------- GPU
 def _hf_model(name, hidden=64):
-    """A small causal LM of each family parallelize swaps blocks in (2 layers; the MoE ones: a dense layer too
-    where the family has one, shared experts where it has them)."""
+    """A small causal LM of each family parallelize swaps blocks in (2 layers; OLMo-2: MLPs recognised by form; the
+    MoE ones: a dense layer too where the family has one, shared experts where it has them)."""
     from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig,
                               MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
                               Qwen3MoeForCausalLM)
@@ -220,6 +253,8 @@ def _hf_model(name, hidden=64):
     moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
     cfg, cls = {
         "llama": (LlamaConfig(**common, intermediate_size=96), LlamaForCausalLM),
+        "olmo2": (transformers.Olmo2Config(**common, intermediate_size=96, pad_token_id=0, bos_token_id=0,
+                                           eos_token_id=0), transformers.Olmo2ForCausalLM),
         "mixtral": (MixtralConfig(**common, intermediate_size=48, num_local_experts=8, num_experts_per_tok=2),
                     MixtralForCausalLM),
         "qwen2_moe": (Qwen2MoeConfig(**common, intermediate_size=96, **moe, shared_expert_intermediate_size=48,
@@ -237,7 +272,7 @@ def _hf_model(name, hidden=64):
     return _randomise(cls(cfg), seed=1)
 
 
-MODELS = ["llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"]
+MODELS = ["llama", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"]  # olmo2: an MLP by form
 
 
 def _gpu_models(names, dtypes, shapes):
@@ -278,5 +313,5 @@ def test_parallelized_models_on_gpus(ranks, name):
     for res in ranks(ranks.gpu_world, _gpu_models, [name], dtypes, shapes):
         bad = {k: v for k, v in res.items() if not (v[0] <= max(2 * v[1], 1e-4)) or
                not set(v[2]) <= {"TensorParallelMLP", "ExpertParallelMoE"} or "ExpertParallelMoE" not in v[2] and
-               name != "llama"}
+               name not in ("llama", "olmo2")}
         assert not bad, bad

@@ -5,26 +5,36 @@
     logits = model(input_ids).logits                    # the same logits on every rank, as before
 
 Blocks are recognised by class (the classes the installed transformers has, ``SUPPORTED_MLPS`` /
-``SUPPORTED_MOES``); everything else (attention, norms, embeddings) stays replicated, so a swapped block gets the
-full activations on every rank and returns the full output (``sequence_parallel=False``, ``sharding.py``). Every
-block is read and checked before any is swapped: an unsupported one (an activation other than SiLU, biases, an
-intermediate size or expert count the group does not divide, an unknown expert layout) raises a ValueError
-naming the module, and leaves the model untouched.
+``SUPPORTED_MOES``), and other models' MLPs by form (``hf_blocks.gated_mlp_form``: a forward that is exactly
+``down_proj(act_fn(gate_proj(x)) * up_proj(x))``; swapped where the activation is SiLU and there are no biases, else
+left as they are, e.g. Gemma's GELU MLPs); everything else (attention, norms, embeddings) stays replicated, so a
+swapped block gets the full activations on every rank and returns the full output (``sequence_parallel=False``,
+``sharding.py``). Every block is read and checked before any is swapped: a listed one that cannot be (an activation
+other than SiLU, biases, an intermediate size or expert count the group does not divide, an unknown expert layout)
+raises a ValueError naming the module, and leaves the model untouched.
 
 The catalogue of blocks and the readers of their weights: ``hf_blocks.py``.
 """
 
 from torch import nn
 
-from .hf_blocks import read_experts, read_moe_block, supported_classes  # noqa: F401  (read_*: re-exported)
+from .hf_blocks import gated_mlp_form, read_experts, read_moe_block, supported_classes  # noqa: F401
+# (read_*: re-exported)
 from ..kernels.fp8 import check_fp8_grads, check_mode
-from .linear import TensorParallelMLP
+from .linear import TensorParallelMLP, gated_mlp_weights
 from .moe import ExpertParallelMoE
 
 
 # ----------------------------------------------------------------------------------------------- parallelize
 def _replacement(name, module, tp_group, ep_group, max_tokens, align, fp8, fp8_grads):
     mlps, moes = supported_classes()
+    if not isinstance(module, mlps + moes) and gated_mlp_form(type(module)):
+        # another model's MLP of the listed ones' form: swapped where it is SiLU without biases, else left as it is
+        try:
+            gated_mlp_weights(module, name)
+        except ValueError:
+            return None
+        mlps += (type(module),)
     try:
         if isinstance(module, moes):
             return ExpertParallelMoE.from_dense(module, ep_group, max_tokens=max_tokens, align=align)

@@ -44,6 +44,47 @@ def supported_classes():
     return _classes(tuple(SUPPORTED_MLPS)), _classes(tuple(SUPPORTED_MOES))
 
 
+@functools.lru_cache(maxsize=None)
+def gated_mlp_form(cls):
+    """Whether ``cls.forward`` is exactly a Llama-style gated MLP, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
+    (returned, or assigned to a name that is returned), read from its source: the form of many transformers
+    models' MLPs beyond the listed classes (OLMo, Granite, Cohere, Gemma's with GELU...). Whether an instance can be
+    swapped (SiLU, no biases) is ``gated_mlp_weights``' business."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, ast.FunctionDef) or len(fn.args.args) != 2 or fn.args.vararg or fn.args.kwarg:
+        return False
+    x = fn.args.args[1].arg
+    body = [st for st in fn.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
+
+    def call_of(node, attr, arg):  # self.<attr>(<arg>)
+        return (isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords
+                and isinstance(node.func, ast.Attribute) and node.func.attr == attr
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "self" and arg(node.args[0]))
+
+    def is_x(node):
+        return isinstance(node, ast.Name) and node.id == x
+
+    def is_form(node):
+        return call_of(node, "down_proj", lambda prod: isinstance(prod, ast.BinOp) and isinstance(prod.op, ast.Mult)
+                       and call_of(prod.left, "act_fn", lambda g: call_of(g, "gate_proj", is_x))
+                       and call_of(prod.right, "up_proj", is_x))
+
+    if len(body) == 1:
+        return isinstance(body[0], ast.Return) and is_form(body[0].value)
+    return (len(body) == 2 and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1
+            and isinstance(body[0].targets[0], ast.Name) and is_form(body[0].value)
+            and isinstance(body[1], ast.Return) and isinstance(body[1].value, ast.Name)
+            and body[1].value.id == body[0].targets[0].id)
+
+
 # ----------------------------------------------------------------------------------------------- reading blocks
 def _router_of(gate, what):
     """Our ``Router`` with the math and weights of a block's router module."""
