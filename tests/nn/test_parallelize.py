@@ -70,6 +70,12 @@ def _block(name):
             **moe, shared_expert_intermediate_size=12)),
         "Qwen3MoeSparseMoeBlock": lambda: q3m.Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(**moe, norm_topk_prob=True)),
         "DeepseekV3MoE": lambda: ds.DeepseekV3MoE(ds_cfg),
+        "OlmoeSparseMoeBlock": lambda: _module("olmoe", "OlmoeSparseMoeBlock")(transformers.OlmoeConfig(
+            hidden_size=H, intermediate_size=8, num_experts=8, num_experts_per_tok=2, **heads)),
+        "Glm4MoeMoE": lambda: _module("glm4_moe", "Glm4MoeMoE")(transformers.Glm4MoeConfig(
+            hidden_size=H, **heads, intermediate_size=16, moe_intermediate_size=8, n_routed_experts=8,
+            num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=1, routed_scaling_factor=2.5,
+            norm_topk_prob=True)),
         # not listed: recognised by the form of their forward (hf_blocks.gated_mlp_form)
         "Olmo2MLP": lambda: _module("olmo2", "Olmo2MLP")(transformers.Olmo2Config(**dense)),
         "GraniteMLP": lambda: _module("granite", "GraniteMLP")(transformers.GraniteConfig(**dense)),
@@ -82,7 +88,8 @@ def _module(model, name):
 
 
 BLOCKS = ["LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "Qwen2MoeMLP", "Qwen3MoeMLP", "DeepseekV3MLP",
-          "MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock", "DeepseekV3MoE"]
+          "MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock", "DeepseekV3MoE",
+          "OlmoeSparseMoeBlock", "Glm4MoeMoE"]
 FORM_BLOCKS = ["Olmo2MLP", "GraniteMLP", "CohereMLP"]  # other models' MLPs of the listed ones' form
 
 
@@ -255,6 +262,14 @@ def _hf_model(name, hidden=64):
         "llama": (LlamaConfig(**common, intermediate_size=96), LlamaForCausalLM),
         "olmo2": (transformers.Olmo2Config(**common, intermediate_size=96, pad_token_id=0, bos_token_id=0,
                                            eos_token_id=0), transformers.Olmo2ForCausalLM),
+        "olmoe": (transformers.OlmoeConfig(**common, intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+                                           pad_token_id=0, bos_token_id=0, eos_token_id=0),
+                  transformers.OlmoeForCausalLM),
+        "glm4_moe": (transformers.Glm4MoeConfig(**common, intermediate_size=96, moe_intermediate_size=32,
+                                                n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2,
+                                                n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True,
+                                                pad_token_id=0, bos_token_id=0, eos_token_id=0),
+                     transformers.Glm4MoeForCausalLM),
         "mixtral": (MixtralConfig(**common, intermediate_size=48, num_local_experts=8, num_experts_per_tok=2),
                     MixtralForCausalLM),
         "qwen2_moe": (Qwen2MoeConfig(**common, intermediate_size=96, **moe, shared_expert_intermediate_size=48,
@@ -272,7 +287,7 @@ def _hf_model(name, hidden=64):
     return _randomise(cls(cfg), seed=1)
 
 
-MODELS = ["llama", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"]  # olmo2: an MLP by form
+MODELS = ["llama", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "olmoe", "glm4_moe"]
 
 
 def _gpu_models(names, dtypes, shapes):

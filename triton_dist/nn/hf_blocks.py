@@ -25,7 +25,8 @@ SUPPORTED_MLPS = [("llama.modeling_llama", "LlamaMLP"), ("mistral.modeling_mistr
 SUPPORTED_MOES = [("mixtral.modeling_mixtral", "MixtralSparseMoeBlock"),
                   ("qwen2_moe.modeling_qwen2_moe", "Qwen2MoeSparseMoeBlock"),
                   ("qwen3_moe.modeling_qwen3_moe", "Qwen3MoeSparseMoeBlock"),
-                  ("deepseek_v3.modeling_deepseek_v3", "DeepseekV3MoE")]
+                  ("deepseek_v3.modeling_deepseek_v3", "DeepseekV3MoE"),
+                  ("olmoe.modeling_olmoe", "OlmoeSparseMoeBlock"), ("glm4_moe.modeling_glm4_moe", "Glm4MoeMoE")]
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,10 +95,10 @@ def _router_of(gate, what):
     if kind == "MixtralTopKRouter":
         router = Router(hidden, experts, gate.top_k, norm_topk_prob=True, cast_weights=False, dtype=weight.dtype,
                         device=weight.device)
-    elif kind in ("Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter"):
+    elif kind in ("Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter"):
         router = Router(hidden, experts, gate.top_k, norm_topk_prob=gate.norm_topk_prob, cast_weights=True,
                         dtype=weight.dtype, device=weight.device)
-    elif kind == "DeepseekV3TopkRouter":
+    elif kind in ("DeepseekV3TopkRouter", "Glm4MoeTopkRouter"):
         router = Router(hidden, experts, gate.top_k, scoring="sigmoid", norm_topk_prob=gate.norm_topk_prob,
                         n_group=gate.num_group, topk_group=gate.topk_group,
                         routed_scaling_factor=gate.routed_scaling_factor, score_bias=True, dtype=weight.dtype,

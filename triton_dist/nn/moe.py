@@ -64,7 +64,7 @@ class ExpertParallelMoE(nn.Module):
 
     @classmethod
     def from_dense(cls, module, group=None, *, router=None, sequence_parallel=False, max_tokens=None, align=1):
-        """From a sparse-MoE block of the installed transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3:
+        """From a sparse-MoE block of the installed transformers (Mixtral, Qwen2/3-MoE, DeepSeek-V3, OLMoE, GLM-4-MoE:
         see ``hf.read_moe_block``), or from a state dict in their naming (``gate.weight``,
         ``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I], optional
         ``gate.e_score_correction_bias``, ``shared_expert(s).{gate,up,down}_proj.weight``,
