@@ -129,6 +129,8 @@ FP8_RS_SIG = dict(RS_SIG, a="tensordesc<fp8e4nv[128,128]>", w="tensordesc<fp8e4n
 FP8_N128 = dict(b="tensordesc<fp8e4nv[128,128]>", c="tensordesc<bf16[1,128,128]>")
 # promoted per-tensor / rowwise 128x256 tiles: B's descriptor of 128 rows, two 128-wide accumulators (SPLIT_N)
 FP8_SPLIT = "tensordesc<fp8e4nv[128,128]>"
+FP8_GROUPED_SIG = dict(GROUPED_SIG, x="tensordesc<fp8e4nv[128,128]>", out_desc="tensordesc<bf16[1,128,256]>",
+                       stride_swe="i32", **FP8_SCALES)
 FP8_DISPATCH_SIG = dict(DISPATCH_SIG, recv_x="*fp8e4nv", x_scales="*fp32", recv_scales="*fp32", FP8="constexpr")
 
 # (variant id, kernel module, kernel name, signature, constexprs, aligned args, launch options)
@@ -253,6 +255,13 @@ KERNELS = [
     ("gemm_rs/fp8-blocks", K + "gemm_reducescatter", "gemm_rs_kernel",
      dict(FP8_RS_SIG, w="tensordesc<fp8e4nv[128,128]>", out="tensordesc<bf16[1,128,128]>"),
      dict(RS_DEFAULT, **FP8_BLOCKS, BLOCK_N=128), ("recv", "N", "K", "stride_am", "stride_wn"),
+     {"num_warps": 8, "num_stages": 4}),
+    ("grouped_gemm/fp8-rows-128x256", K + "grouped_gemm", "grouped_gemm_kernel",
+     dict(FP8_GROUPED_SIG, w=FP8_SPLIT), dict(GROUPED_DEFAULT, **FP8_ROWS), GROUPED_ALIGNED,
+     {"num_warps": 8, "num_stages": 3}),
+    ("grouped_gemm/fp8-blocks-silu-128x64", K + "grouped_gemm", "grouped_gemm_kernel",
+     dict(FP8_GROUPED_SIG, w="tensordesc<fp8e4nv[64,128]>", out_desc="tensordesc<bf16[1,128,64]>"),
+     dict(GROUPED_DEFAULT, **FP8_BLOCKS, BLOCK_N=64, SILU_GATE=True), GROUPED_ALIGNED,
      {"num_warps": 8, "num_stages": 4}),
     ("ep/dispatch-fp8-quantize-T4096", K + "moe_ep", "ep_dispatch_kernel", FP8_DISPATCH_SIG,
      dict(DISPATCH_T4096, FP8="quantize"), ("x", "recv_x", "H"), {"num_warps": 8}),

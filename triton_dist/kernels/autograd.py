@@ -26,9 +26,9 @@ The sums run in fixed orders (the ops' own), so gradients are bitwise the same r
 (nothing to reduce or gather) ag_gemm's and gemm_rs's high-precision backward is torch's GEMMs on the saved tensors
 as they are, not the fused ops on a transposed copy of the weight.
 
-FP8 training: ag_gemm / gemm_rs called with ``quantize=`` (high-precision a and w quantised inside the op, the FP8
-product forward) have the same backward, on the saved unquantised a and w: straight-through, gradients in a's
-dtype. A direct call of the torch op with silu_gate and quantize differentiates the gate at the high-precision
+FP8 training: ag_gemm / gemm_rs / grouped_gemm called with ``quantize=`` (high-precision a and w quantised inside
+the op, the FP8 product forward) have the same backward, on the saved unquantised a and w: straight-through,
+gradients in a's dtype. A direct call of the torch op with silu_gate and quantize differentiates the gate at the high-precision
 pre-activation it computes again (the public call keeps the FP8 one).
 
 With ``fp8_grads=True`` as well (DeepSeek-V3's recipe, e4m3 throughout) both backward GEMMs are FP8, each operand
@@ -210,8 +210,8 @@ def _rmsnorm_backward(ctx, grad_normed, grad_residual, _):
 
 
 # ----------------------------------------------------------------------------------------------- grouped_gemm
-def _grouped_setup(ctx, inputs, output):
-    x, w, offsets, counts, activation, w_layout = inputs
+def _grouped_setup(ctx, inputs, output):  # (quantize: the same backward, straight-through; FP8 x / w need none)
+    x, w, offsets, counts, activation, w_layout = inputs[:6]
     ctx.activation, ctx.w_layout = activation, w_layout
     ctx.save_for_backward(x, w, offsets, counts)
 
@@ -232,7 +232,7 @@ def _grouped_backward(ctx, grad):
     if ctx.needs_input_grad[1]:  # dw[e] = grad[g].T @ x[g] ("nk"), x[g].T @ grad[g] ("kn")
         dy, inputs = (grad, x) if ctx.w_layout == "nk" else (x, grad)
         grad_w = grouped_weight_grad(dy, inputs, offsets, counts, w.shape[0])
-    return grad_x, grad_w, None, None, None, None
+    return grad_x, grad_w, None, None, None, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------- silu_gate

@@ -140,22 +140,28 @@ def quantize_rows_kernel(x, q, scales, T, H, BT: tl.constexpr, BH: tl.constexpr)
 
 @triton.jit
 def amax_kernel(x, amax, numel, BLOCK: tl.constexpr):
-    """``amax[0]`` = max(amax[0], |x| over this program's BLOCK values) (amax starts at 0: magnitudes compare as
-    their bits, so an integer atomic max is exact and order-free)."""
+    """``amax[i]`` = max(amax[i], |x| over this program's BLOCK values of tensor ``i = program_id(1)``, the i-th
+    ``numel`` values of x (a stack of tensors: one scale each). amax starts at 0: magnitudes compare as their
+    bits, so an integer atomic max is exact and order-free."""
+    i = tl.program_id(1)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    part = tl.max(tl.abs(tl.load(x + offs, mask=offs < numel, other=0.0).to(tl.float32)), axis=0)
-    tl.atomic_max(amax, part.to(tl.int32, bitcast=True))
+    values = tl.load(x + i.to(tl.int64) * numel + offs, mask=offs < numel, other=0.0)
+    part = tl.max(tl.abs(values.to(tl.float32)), axis=0)
+    tl.atomic_max(amax + i, part.to(tl.int32, bitcast=True))
 
 
 @triton.jit
 def quantize_tensor_kernel(x, q, amax, scale, numel, BLOCK: tl.constexpr):
-    """x -> q by the scale of ``amax[0]`` (``amax_kernel``'s bits) ("tensor"); program 0 writes the scale."""
-    s = _scale_of(tl.load(amax).to(tl.float32, bitcast=True))
+    """Tensor ``i = program_id(1)`` of the stack -> q by the scale of ``amax[i]`` (``amax_kernel``'s bits)
+    ("tensor"); its program 0 writes the scale."""
+    i = tl.program_id(1)
+    s = _scale_of(tl.load(amax + i).to(tl.float32, bitcast=True))
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(q + offs, _quantized(tl.load(x + offs, mask=offs < numel, other=0.0).to(tl.float32), s),
+    first = i.to(tl.int64) * numel
+    tl.store(q + first + offs, _quantized(tl.load(x + first + offs, mask=offs < numel, other=0.0).to(tl.float32), s),
              mask=offs < numel)
     if tl.program_id(0) == 0:
-        tl.store(scale, s)
+        tl.store(scale + i, s)
 
 
 # ----------------------------------------------------------------------------------------------- host side
@@ -198,12 +204,51 @@ def quantize_fp8(x, scaling="group"):
         bt, bh = (4, 1024) if x.is_cuda else (4, 128)
         quantize_rows_kernel[(cdiv(t, bt),)](x, q, scales, t, h, BT=bt, BH=bh, num_warps=4)
     else:
-        block = 4096 if x.is_cuda else 1024
-        amax = torch.zeros(1, dtype=torch.int32, device=x.device)
-        grid = (cdiv(t * h, block),)
-        amax_kernel[grid](x, amax, t * h, BLOCK=block, num_warps=8)
-        quantize_tensor_kernel[grid](x, q, amax, scales, t * h, BLOCK=block, num_warps=8)
+        _quantize_tensors(x, q, scales)
     return q, scales
+
+
+def _quantize_tensors(x, q, scales):
+    """Contiguous ``x`` as a stack of ``len(scales)`` tensors of equal size, each quantised to ``q`` by its own
+    per-tensor scale (``amax_kernel``, then ``quantize_tensor_kernel``): one launch each for the whole stack."""
+    stack = scales.numel()
+    numel = x.numel() // stack
+    block = 4096 if x.is_cuda else 1024
+    amax = torch.zeros(stack, dtype=torch.int32, device=x.device)
+    grid = (cdiv(numel, block), stack)
+    amax_kernel[grid](x, amax, numel, BLOCK=block, num_warps=8)
+    quantize_tensor_kernel[grid](x, q, amax, scales, numel, BLOCK=block, num_warps=8)
+
+
+def quantize_stack(w, scaling):
+    """A stack of weights ``w`` [E, R, C] (an MoE layer's experts; bf16 / fp16 / fp32) -> (q [E, R, C]
+    float8_e4m3fn, scales): each ``w[e]`` quantised as ``quantize_fp8`` quantises a weight, its scales stacked:
+    "tensor" [E], "row" [E, R, 1], "block" [E, ceil(R/128), ceil(C/128)] (a block never straddles two
+    experts). The same kernels, one launch for the whole stack (R not a multiple of 128, "block": a padded copy)."""
+    if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.dtype not in OUT_DTYPES:
+        raise TypeError("w must be a 3-D bfloat16 / float16 / float32 tensor [E, R, C]")
+    if scaling not in MODES:
+        raise ValueError(f"scaling must be one of {MODES}, got {scaling!r}")
+    e, r, c = w.shape
+    if scaling == "tensor":
+        if not w.is_cuda and not hardware.interpreting():
+            parts = [quantize(w[i], "tensor") for i in range(e)]
+            return (torch.stack([p[0] for p in parts]) if e else w.to(torch.float8_e4m3fn),
+                    torch.cat([p[1] for p in parts]) if e else w.new_ones(0, dtype=torch.float32))
+        check_device(w)
+        w = w.contiguous()
+        q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
+        scales = torch.ones(e, dtype=torch.float32, device=w.device)
+        if w.numel():
+            _quantize_tensors(w, q, scales)
+        return q, scales
+    if scaling == "block" and r % GROUP:  # whole 128-row blocks per expert: rows of zeros added, then cut
+        padded = w.new_zeros((e, cdiv(r, GROUP) * GROUP, c))
+        padded[:, :r] = w
+        q, s = quantize_stack(padded, "block")
+        return q[:, :r].contiguous(), s
+    q, s = quantize_fp8(w.reshape(e * r, c), scaling)
+    return q.view(e, r, c), s.view(e, r, 1) if scaling == "row" else s.view(e, r // GROUP, groups(c))
 
 
 def quantize(x, scaling, dtype=torch.float8_e4m3fn):

@@ -107,7 +107,7 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr = None, SILU_GATE: tl.constexpr = False,
                     scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = None,
-                    MAX_IMPRECISE_ACC: tl.constexpr = None):
+                    MAX_IMPRECISE_ACC: tl.constexpr = None, b_row0=None):
     """fp32 ``A[a_row : a_row + BLOCK_M, :] @ B[off_n : off_n + BLOCK_N, :].T`` (rows past ``a_rows`` and
     columns past ``N`` / ``K`` count as zeros; ``off_n`` a multiple of BLOCK_N). ``a``/``b``: tensor descriptors
     (USE_TMA) or pointers.
@@ -121,8 +121,9 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
     strides 0; rowwise: a scale per row of A and per row of B); "blocks": ``scale_a[row * stride_sa + kb]`` per
     1x128 group of A times ``scale_w[(b_row // 128) * stride_sw + kb]`` per 128x128 block of B, applied to each
     K step (kb = its 128-wide K block: BLOCK_K divides 128). MAX_IMPRECISE_ACC, DOT_PRECISION (None: the default):
-    see ``tl.dot``. (Defaults are None, never strings: triton 3.6 passes a left-out default of a nested call as a
-    plain Python value, and a str then fails to compile.)"""
+    see ``tl.dot``. ``b_row0`` (TMA): the row of B's descriptor where B starts (a weight in a stack of them, e.g.
+    an expert's; None: 0), so that ``off_n`` and the scales stay B's own. (Defaults are None, never strings: triton
+    3.6 passes a left-out default of a nested call as a plain Python value, and a str then fails to compile.)"""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # unused (and compiled away) without SILU_GATE
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -132,6 +133,9 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
         # B's descriptor holds BLOCK_N rows, or half of them (SPLIT_N, ``b_block``): then the tile's columns are two
         # accumulators, one dot each per K step, so that a promoted FP8 step's partial sum is half a tile
         COLS: tl.constexpr = b.block_shape[0]
+        b_row = off_n
+        if b_row0 is not None:
+            b_row = b_row0 + off_n
         acc_l = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)
         acc_r = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)  # the right half (split columns only)
         up_l = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)
@@ -140,18 +144,18 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
             a_tile = a.load([a_row, ki * BLOCK_K])
             s_gate, s_up = _block_scales(scale_a, scale_w, rows, off_n, ki * BLOCK_K // 128, a_rows, N, stride_sa,
                                          stride_sw, COLS, SCALES, SILU_GATE)
-            acc_l = _mma(acc_l, a_tile, b.load([off_n, ki * BLOCK_K]), s_gate, DOT_PRECISION, SCALES,
+            acc_l = _mma(acc_l, a_tile, b.load([b_row, ki * BLOCK_K]), s_gate, DOT_PRECISION, SCALES,
                          MAX_IMPRECISE_ACC)
             if COLS < BLOCK_N:
                 s_gate_r, s_up_r = _block_scales(scale_a, scale_w, rows, off_n + COLS, ki * BLOCK_K // 128, a_rows,
                                                  N, stride_sa, stride_sw, COLS, SCALES, SILU_GATE)
-                acc_r = _mma(acc_r, a_tile, b.load([off_n + COLS, ki * BLOCK_K]), s_gate_r, DOT_PRECISION, SCALES,
+                acc_r = _mma(acc_r, a_tile, b.load([b_row + COLS, ki * BLOCK_K]), s_gate_r, DOT_PRECISION, SCALES,
                              MAX_IMPRECISE_ACC)
             if SILU_GATE:  # gate rows past N (a ragged last tile) read up rows: their columns are never stored
-                up_l = _mma(up_l, a_tile, b.load([N + off_n, ki * BLOCK_K]), s_up, DOT_PRECISION, SCALES,
+                up_l = _mma(up_l, a_tile, b.load([N + b_row, ki * BLOCK_K]), s_up, DOT_PRECISION, SCALES,
                             MAX_IMPRECISE_ACC)
                 if COLS < BLOCK_N:
-                    up_r = _mma(up_r, a_tile, b.load([N + off_n + COLS, ki * BLOCK_K]), s_up_r, DOT_PRECISION,
+                    up_r = _mma(up_r, a_tile, b.load([N + b_row + COLS, ki * BLOCK_K]), s_up_r, DOT_PRECISION,
                                 SCALES, MAX_IMPRECISE_ACC)
         if COLS < BLOCK_N:
             acc = _join_columns(acc_l, acc_r, BLOCK_M, BLOCK_N)

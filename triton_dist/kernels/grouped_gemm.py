@@ -19,8 +19,9 @@ sizes the launch for the worst case the buffer allows (``cdiv(rows, BLOCK_M) + E
 A tile may *read* rows past its group (the next group's, or zeros past the buffer): they only feed output rows
 that are masked out. Rows outside every group (alignment padding, rows past the end) are left untouched: pass a
 zeroed ``out`` if you need zeros there. Offsets and counts are clamped to the buffer, so bad ones cannot write
-out of bounds. The K loop, tile order and stores are the GEMM core's (``gemm.py``); a quantised variant would
-scale ``acc`` between the accumulation and the store, where ``_group_tile`` keeps both.
+out of bounds. The K loop, tile order and stores are the GEMM core's (``gemm.py``), and so is FP8: FP8 x and w
+with their scales (x's by row, as ``ep_dispatch(quant="fp8")`` delivers them; each expert's weight scales after the
+previous expert's) are the core's SCALES modes, the expert's scales found as its weight is.
 """
 
 import torch
@@ -29,9 +30,10 @@ import triton.language as tl
 
 from .. import autotune, hardware, shmem
 from ..hardware import cdiv, next_power_of_2
-from . import library
-from .gemm import (SUPPORTED_DTYPES, c_block, check_launchable, default_num_programs, dot_precision, gemm_candidates,
-                   gemm_config, tile_accumulate, tile_coords, tile_store, tma_compatible, tma_descriptor)
+from . import fp8, library
+from .gemm import (SUPPORTED_DTYPES, b_block, c_block, check_launchable, default_num_programs, dot_precision,
+                   gemm_candidates, gemm_config, tile_accumulate, tile_coords, tile_store, tma_compatible,
+                   tma_descriptor)
 from .silu_gate import silu_gate
 
 ACTIVATIONS = ("none", "silu_gate")
@@ -60,21 +62,26 @@ def _group_table(offsets, counts, E, rows, BLOCK_M: tl.constexpr, E_PAD: tl.cons
 def _group_tile(x, w, out_desc, out, e, row0, n_rows, local_m, pid_n, rows, N, K, w_rows, stride_xm, stride_we,
                 stride_wn, stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                SILU_GATE: tl.constexpr, W_KN: tl.constexpr):
+                SILU_GATE: tl.constexpr, W_KN: tl.constexpr, scale_a, scale_w, stride_sa, stride_sw, stride_swe,
+                SCALES: tl.constexpr, MAX_IMPRECISE_ACC: tl.constexpr):
     """One output tile: rows ``local_m..`` of expert ``e``'s group (``n_rows`` rows from ``row0``), columns
     ``pid_n * BLOCK_N..``. TMA: ``w`` is a descriptor of all experts' rows [E * w_rows, K], so expert e's rows
     start at e * w_rows (W_KN: a 3-D descriptor of w [E, K, N]); masks: ``w`` points at expert 0 and expert e
-    starts ``e * stride_we`` further."""
+    starts ``e * stride_we`` further. FP8 (SCALES): x's scales ``scale_a`` by row, expert e's weight scales ``stride_swe`` further on."""
     off_n = pid_n * BLOCK_N
+    if SCALES != "":
+        scale_w = scale_w + e.to(tl.int64) * stride_swe
     if W_KN:
         acc = _kn_accumulate(x, w, e, row0 + local_m, off_n, rows, N, K, stride_xm, stride_we, stride_wn, BLOCK_M,
                              BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
     elif USE_TMA:
-        acc = tile_accumulate(x, w, row0 + local_m, e * w_rows + off_n, rows, N, K, stride_xm, stride_wn,
-                              BLOCK_M, BLOCK_N, BLOCK_K, True, DOT_PRECISION, SILU_GATE)
+        acc = tile_accumulate(x, w, row0 + local_m, off_n, rows, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
+                              BLOCK_K, True, DOT_PRECISION, SILU_GATE, scale_a, scale_w, stride_sa, stride_sw, SCALES,
+                              MAX_IMPRECISE_ACC, e * w_rows)
     else:
         acc = tile_accumulate(x, w + e.to(tl.int64) * stride_we, row0 + local_m, off_n, rows, N, K, stride_xm,
-                              stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, False, DOT_PRECISION, SILU_GATE)
+                              stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, False, DOT_PRECISION, SILU_GATE, scale_a, scale_w,
+                              stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC)
     full = local_m + BLOCK_M <= n_rows
     if USE_TMA:
         if full:  # inside the group: one TMA store (the descriptor clips columns past N)
@@ -126,10 +133,12 @@ def grouped_gemm_kernel(x, w, out_desc, out, offsets, counts, E, rows, N, K, w_r
                         GROUP_M: tl.constexpr, E_PAD: tl.constexpr, HAS_COUNTS: tl.constexpr,
                         USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
                         WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr,
-                        W_KN: tl.constexpr = False):
+                        W_KN: tl.constexpr = False, scale_a=None, scale_w=None, stride_sa=None, stride_sw=None,
+                        stride_swe=None, SCALES: tl.constexpr = "", MAX_IMPRECISE_ACC: tl.constexpr = None):
     """Persistent grouped GEMM over the experts' row groups (module docstring). ``N``: output columns
     (SILU_GATE: I, half of ``w_rows``); ``x``/``w``/``out_desc``: descriptors (USE_TMA) or pointers. W_KN: w is
-    [E, K, N] (``w_layout="kn"``), ``stride_wn`` its K rows' stride."""
+    [E, K, N] (``w_layout="kn"``), ``stride_wn`` its K rows' stride. FP8: the core's SCALES (``tile_accumulate``),
+    expert e's weight scales ``e * stride_swe`` after expert 0's."""
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     start, n, first_tile, tiles = _group_table(offsets, counts, E, rows, BLOCK_M, E_PAD, HAS_COUNTS)
@@ -145,7 +154,7 @@ def grouped_gemm_kernel(x, w, out_desc, out, offsets, counts, E, rows, N, K, w_r
         local_m = (pid_m - tl.sum(tl.where(mine, first_tile, 0), 0)) * BLOCK_M
         _group_tile(x, w, out_desc, out, e, row0, n_rows, local_m, pid_n, rows, N, K, w_rows, stride_xm, stride_we,
                     stride_wn, stride_om, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, EPILOGUE_SUBTILE, DOT_PRECISION,
-                    SILU_GATE, W_KN)
+                    SILU_GATE, W_KN, scale_a, scale_w, stride_sa, stride_sw, stride_swe, SCALES, MAX_IMPRECISE_ACC)
 
 
 @triton.jit
@@ -215,12 +224,13 @@ def grouped_weight_grad_kernel(dy, x, dw, dw_ptr, offsets, counts, E, rows, N, K
 
 
 # ----------------------------------------------------------------------------------------------- launcher
-def default_config(rows, n, k, dtype, device, silu_gate=False):
-    """The GEMM core's configuration for the shape (``gemm.gemm_config``; SILU_GATE: half-width tiles, as a
-    tile holds a gate and an up accumulator)."""
-    cfg = gemm_config(rows, n, k, dtype, device)
+def default_config(rows, n, k, dtype, device, silu_gate=False, scales=None):
+    """The GEMM core's configuration for the shape (``gemm.gemm_config``; FP8: its ``scales``). SILU_GATE: a tile
+    holds a gate and an up accumulator, each half the width (FP8: the pair sized as the core sizes one tile, so
+    the split of a promoted tile's columns is the pair itself)."""
+    cfg = gemm_config(rows, n, k, dtype, device, scales)
     if silu_gate:
-        cfg["BLOCK_N"] = max(16, cfg["BLOCK_N"] // 2)
+        cfg.update(BLOCK_N=max(16, cfg["BLOCK_N"] // 2), SPLIT_N=False)
     return cfg
 
 
@@ -229,9 +239,9 @@ def worst_case_tiles(rows, experts, n_out, cfg):
     return (cdiv(rows, cfg["BLOCK_M"]) + experts) * cdiv(n_out, cfg["BLOCK_N"])
 
 
-def launch_grouped_gemm(x, w, offsets, counts, out, cfg, silu_gate, w_kn=False):
+def launch_grouped_gemm(x, w, offsets, counts, out, cfg, silu_gate, w_kn=False, scales=None):
     """The kernel on checked inputs: x [rows, K], w [E, w_rows, K], out [rows, N] (N = w_rows, or w_rows / 2
-    with ``silu_gate``); ``w_kn``: w [E, K, N]."""
+    with ``silu_gate``); ``w_kn``: w [E, K, N]; ``scales``: FP8 operands' (``expert_scales``)."""
     rows, k = x.shape
     experts, w_rows = w.shape[:2]
     n_out = out.shape[1]
@@ -240,12 +250,13 @@ def launch_grouped_gemm(x, w, offsets, counts, out, cfg, silu_gate, w_kn=False):
     out3 = out.view(1, rows, n_out)
     if use_tma:
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-        x_arg, w_arg = tma_descriptor(x, [bm, bk]), tma_descriptor(w_view, [1, bk, bn] if w_kn else [bn, bk])
+        x_arg, w_arg = tma_descriptor(x, [bm, bk]), tma_descriptor(w_view, [1, bk, bn] if w_kn else b_block(cfg))
         out_arg = tma_descriptor(out3, c_block(cfg))
     else:
         x_arg, w_arg, out_arg = x, w, out
     programs = max(1, min(cfg.get("num_programs") or default_num_programs(x.device),
                           worst_case_tiles(rows, experts, n_out, cfg)))
+    fp8_args = {} if scales is None else dict(scales.kernel_args(cfg), stride_swe=scales.w.numel() // experts)
     grouped_gemm_kernel[(programs,)](
         x_arg, w_arg, out_arg, out, offsets, offsets if counts is None else counts, experts, rows, n_out, k, w_rows,
         x.stride(0), w.stride(0), w.stride(1), out.stride(0),
@@ -253,27 +264,28 @@ def launch_grouped_gemm(x, w, offsets, counts, out, cfg, silu_gate, w_kn=False):
         E_PAD=max(2, next_power_of_2(experts)), HAS_COUNTS=counts is not None, USE_TMA=use_tma,
         EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],
         WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(x.dtype), SILU_GATE=silu_gate,
-        W_KN=w_kn, num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
+        W_KN=w_kn, num_stages=cfg["num_stages"], num_warps=cfg["num_warps"], **fp8_args)
     return out
 
 
-_CONFIGS = shmem.Plans("grouped_gemm")  # (rows, E, N, K, dtype, device, silu_gate, w_kn) -> tuned config
+_CONFIGS = shmem.Plans("grouped_gemm")  # (rows, E, N, K, dtype, device, silu_gate, w_kn, FP8 key) -> tuned config
 
 
-def _tuned_config(rows, experts, n_out, k, dtype, device, silu_gate, w_kn):
+def _tuned_config(rows, experts, n_out, k, dtype, device, silu_gate, w_kn, scales=None, out_dtype=None):
     """On GPU the GEMM core's candidates timed with evenly filled groups (the op itself cannot see the real
     sizes without a sync); elsewhere the default."""
     w_rows = 2 * n_out if silu_gate else n_out
-    base = default_config(rows, n_out, k, dtype, device, silu_gate)
+    base = default_config(rows, n_out, k, dtype, device, silu_gate, scales)
     if device.type != "cuda":
         return base
     cands = []
-    for c in gemm_candidates(rows, n_out, k, dtype, device):
+    for c in gemm_candidates(rows, n_out, k, dtype, device, scales):
         if c.get("WARP_SPECIALIZE") or c.get("FLATTEN"):  # the store branch and the group look-up in the loop
             continue  # are outside what triton's warp specialisation and loop flattening take (3.6 fails)
         if silu_gate:  # a tile holds a gate and an up accumulator: half the width
-            c = {**c, "BLOCK_N": max(16, c["BLOCK_N"] // 2)}
-        cands.append(c)
+            c = {**c, "BLOCK_N": max(16, c["BLOCK_N"] // 2), "SPLIT_N": False}
+        if fp8.takes(scales, c):
+            cands.append(c)
 
     def make_runner():
         from ..timing import graph_of
@@ -281,29 +293,43 @@ def _tuned_config(rows, experts, n_out, k, dtype, device, silu_gate, w_kn):
         x = torch.randn((rows, k), device=device).to(dtype)
         w = (torch.randn((experts, k, n_out) if w_kn else (experts, w_rows, k), device=device) / k ** 0.5).to(dtype)
         offsets = torch.linspace(0, rows, experts + 1, device=device).to(torch.int32)
-        out = torch.empty((rows, n_out), dtype=dtype, device=device)
+        out = torch.empty((rows, n_out), dtype=out_dtype or dtype, device=device)
+        probe = None if scales is None else scales.probe()
         graphs = {}
 
         def run(cfg):  # device time, from a CUDA graph per candidate
             key = repr(sorted(cfg.items()))
             if key not in graphs:
-                graphs[key] = graph_of(lambda: launch_grouped_gemm(x, w, offsets, None, out, cfg, silu_gate, w_kn))
+                graphs[key] = graph_of(lambda: launch_grouped_gemm(x, w, offsets, None, out, cfg, silu_gate, w_kn,
+                                                                   probe))
             graphs[key].replay()
         return run
 
     key = dict(rows=rows, experts=experts, n=w_rows, k=k, dtype=str(dtype).replace("torch.", ""),
-               silu_gate=silu_gate, **({"w_layout": "kn"} if w_kn else {}))
+               silu_gate=silu_gate, **({"w_layout": "kn"} if w_kn else {}), **fp8.describe(scales, out_dtype))
     return autotune.choose("grouped_gemm", key, autotune.dedupe(cands), make_runner, default=base, collective=False)
 
 
 # ----------------------------------------------------------------------------------------------- the op
-def _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout="nk"):
+def _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout="nk", scale_x=None, scale_w=None,
+                  scaling=None, out_dtype=None, fast_accum=False, quantize=None):
+    """A call's FP8 mode: ``(expert_scales, the result's dtype)`` for FP8 operands, ``(None, x's dtype)``
+    otherwise (``quantize``: the op quantises them); TypeError / ValueError for what the op cannot take."""
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if x.dtype not in SUPPORTED_DTYPES or w.dtype != x.dtype:
-        raise TypeError(f"x and w must share one dtype of float16/bfloat16 (float32 for tests), got {x.dtype} and "
-                        f"{w.dtype}")
+    given = scale_x is not None or scale_w is not None or fp8.is_fp8(x) or fp8.is_fp8(w)
+    if fp8.check_mode(quantize) is not None and (given or scaling is not None or out_dtype is not None or fast_accum):
+        raise ValueError("quantize= takes bfloat16 / float16 / float32 x and w and computes their scales: no FP8 "
+                         "operands, scale_x, scale_w, scaling, out_dtype or fast_accum")
+    if not given and (scaling is not None or out_dtype is not None or fast_accum):
+        raise ValueError("scaling, out_dtype and fast_accum go with FP8 x and w and their scales (scale_x=, "
+                         "scale_w=)")
+    if (given or quantize is not None) and w_layout != "nk":
+        raise ValueError("FP8 grouped_gemm takes w_layout='nk' (w [E, N, K], scaled along K)")
+    if not given and (x.dtype not in SUPPORTED_DTYPES or w.dtype != x.dtype):
+        raise TypeError(f"x and w must share one dtype of float16/bfloat16 (float32 for tests; FP8 with scale_x= and "
+                        f"scale_w=), got {x.dtype} and {w.dtype}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if w_layout not in W_LAYOUTS:
@@ -319,6 +345,27 @@ def _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout="nk"
     if not x.is_contiguous() or not w.is_contiguous():
         raise ValueError("x and w must be contiguous (call .contiguous() first)")
     _check_groups(x, w.shape[0], expert_offsets, expert_counts, ("w", w))
+    if not given:
+        return None, x.dtype
+    return expert_scales(x, w, scale_x, scale_w, scaling, fast_accum), fp8.out_dtype_of(out_dtype)
+
+
+def expert_scales(x, w, scale_x, scale_w, scaling=None, fast_accum=False):
+    """``fp8.Scales`` of FP8 ``x`` [rows, K] and a stack of FP8 weights ``w`` [E, N, K]: ``scale_x`` as the GEMM
+    core's A scales ([1], [rows, 1], [rows, ceil(K/128)]), ``scale_w`` one weight's scales per expert ([E],
+    [E, N, 1], [E, ceil(N/128), ceil(K/128)]: ``fp8.quantize_stack``), held as the rows of all experts' scales."""
+    if not isinstance(scale_w, torch.Tensor):
+        raise TypeError(f"FP8 operands need scale_w, a float32 tensor; got {type(scale_w).__name__}")
+    experts = w.shape[0]
+    if scale_w.dim() == 0 or scale_w.shape[0] != experts:
+        raise ValueError(f"scale_w holds one weight's scales per expert ([E], [E, N, 1] or [E, ceil(N/128), "
+                         f"ceil(K/128)] for w {list(w.shape)}), got {list(scale_w.shape)}")
+    first = w[0] if experts else w.new_empty((w.shape[1], w.shape[2]))
+    one = scale_w[0] if experts else scale_w.new_empty(scale_w.shape[1:])
+    per = fp8.check_scales(x, first, scale_x, one, scaling, fast_accum, what=("x", "w[e]"))
+    stacked = scale_w.contiguous()
+    stacked = stacked.reshape(experts) if per.mode == "tensor" else stacked.reshape(-1, per.w.shape[-1])
+    return fp8.Scales(per.mode, per.a, stacked, per.fast_accum)
 
 
 def _check_groups(x, experts, expert_offsets, expert_counts, operand):
@@ -347,7 +394,8 @@ def _output_shape(x, w, activation, w_layout="nk"):
 
 
 def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", out=None, config=None, *,
-                 w_layout="nk"):
+                 w_layout="nk", scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False,
+                 quantize=None):
     """``out[rows of e] = x[rows of e] @ w[e].T`` for every expert e, group boundaries read on the device.
 
     ``x`` [rows, K] and ``w`` [E, N, K] (float16/bfloat16; float32 for tests), contiguous, on one device (CUDA, or
@@ -359,47 +407,81 @@ def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", ou
     is skipped; without it a group runs to the next offset. ``activation="silu_gate"``: ``w`` [E, 2I, K] holds
     each expert's gate rows over its up rows and ``out`` [rows, I] gets ``silu(x @ gate.T) * (x @ up.T)``.
     Rows outside every group are left untouched (``out=None``: uninitialised there). ``config``: overrides of
-    ``default_config``. Also ``torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts,
-    activation, w_layout)``. No host sync: CUDA-graph capturable after a first call of the shape (tuning).
-    Autograd: an ``x`` or ``w`` that requires grad goes through the torch op; the backward is the grouped GEMM of
-    the other layout on the same weight (``grad_x``) and ``grouped_weight_grad`` (``grad_w``),
-    ``kernels/autograd.py``; rows outside every group get zero gradients. With grad, ``silu_gate`` keeps the
-    pre-activation [rows, 2I] (as Megatron keeps SwiGLU's input) and gates it with the ``silu_gate`` op, so the
-    backward computes no GEMM again (the torch op called with "silu_gate" keeps only x and recomputes it).
+    ``default_config``. No host sync: CUDA-graph capturable after a first call of the shape (tuning).
+
+    FP8 (the GEMM core's modes, ``kernels/fp8.py``): ``x`` and ``w`` float8_e4m3fn (or float8_e5m2 for both) with
+    float32 ``scale_x`` (x's, as ``gemm``'s scale_a: [1], [rows, 1] or 1x128 groups [rows, ceil(K/128)], which
+    ``ep_dispatch(quant="fp8")`` delivers as ``recv.scales``) and ``scale_w`` (each expert's: [E], [E, N, 1] or
+    128x128 blocks [E, ceil(N/128), ceil(K/128)], as ``fp8.quantize_stack`` gives them); ``scaling`` names the
+    mode (None: the shapes do), the result in ``out_dtype`` (bfloat16 unless given), ``fast_accum`` as in ``gemm``;
+    w_layout "nk". ``quantize`` ("tensor", "row", "block"; FP8 training's forward): high-precision x and w
+    quantised in the call (x by ``fp8.quantize_fp8``: 1x128 groups for "block", the rows inside the groups only
+    for "tensor"; w by ``fp8.quantize_stack``), then the FP8 op, the result in x's dtype.
+
+    Also ``torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
+    quantize, scale_x, scale_w, scaling, out_dtype, fast_accum)``. Autograd: an ``x`` or ``w`` that requires grad
+    goes through the torch op; the backward is the grouped GEMM of the other layout on the same weight
+    (``grad_x``) and ``grouped_weight_grad`` (``grad_w``), ``kernels/autograd.py``; rows outside every group get
+    zero gradients; with ``quantize`` the same backward on the unquantised x and w (straight-through, gradients
+    in x's dtype). With grad, ``silu_gate`` keeps the pre-activation [rows, 2I] (as Megatron keeps SwiGLU's
+    input) and gates it with the ``silu_gate`` op, so the backward computes no GEMM again (the torch op called
+    with "silu_gate" keeps only x and recomputes it).
     """
-    _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout)
+    fp8_kw = dict(scale_x=scale_x, scale_w=scale_w, scaling=scaling, out_dtype=out_dtype, fast_accum=fast_accum,
+                  quantize=quantize)
+    scales, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, **fp8_kw)
     if library.needs_grad(x, w):
         if out is not None or config is not None:
             raise ValueError("grouped_gemm: out= and config= are for calls without grad (under torch.no_grad())")
         if activation == "silu_gate":  # training keeps the pre-activation: the backward runs no GEMM again
-            return silu_gate(torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, "none"))
-        return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout)
+            return silu_gate(torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, "none",
+                                                                quantize=quantize))
+        return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
+                                                  quantize=quantize)
     if config is None and out is None and hardware.compiling():
-        return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout)
-    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, w_layout)
+        return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
+                                                  **fp8_kw)
+    if quantize is not None:
+        x, w, scales = _quantized(x, w, expert_offsets, expert_counts, quantize)
+    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, w_layout, scales, result_dtype)
 
 
-def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, w_layout="nk"):
-    """The op on checked inputs."""
+def _quantized(x, w, expert_offsets, expert_counts, mode):
+    """(x8, w8, scales) of high-precision x and w in ``mode`` (``grouped_gemm``'s ``quantize``): dynamic scales,
+    on the device. "tensor": x's amax over the rows inside the groups only (the others may hold anything)."""
+    if mode == "tensor":
+        x = torch.where(group_rows(x.shape[0], expert_offsets, expert_counts, x.device)[:, None], x, 0)
+    x8, scale_x = fp8.quantize_fp8(x, "group" if mode == "block" else mode)
+    w8, scale_w = fp8.quantize_stack(w, mode)
+    return x8, w8, expert_scales(x8, w8, scale_x, scale_w, mode)
+
+
+def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, w_layout="nk", scales=None,
+                  result_dtype=None):
+    """The op on checked inputs (FP8: their ``scales``, the result in ``result_dtype``)."""
     check_launchable(x, "x and w")
     shape = _output_shape(x, w, activation, w_layout)
+    dtype = result_dtype or x.dtype
     if out is None:
-        out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != x.dtype
+        out = torch.empty(shape, dtype=dtype, device=x.device)
+    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != dtype
           or out.device != x.device or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {list(shape)} on {x.device}")
+        raise ValueError(f"out must be a contiguous {dtype} tensor of shape {list(shape)} on {x.device}")
     rows, k = x.shape
     experts = w.shape[0]
     if rows == 0 or shape[1] == 0 or experts == 0:
         return out
     silu_gate, w_kn = activation == "silu_gate", w_layout == "kn"
+    fp8_key = fp8.plan_key(scales, dtype)
     if config is None:
-        key = (rows, experts, shape[1], k, x.dtype, x.device, silu_gate, w_kn)
+        key = (rows, experts, shape[1], k, x.dtype, x.device, silu_gate, w_kn, *fp8_key)
         cfg = _CONFIGS.get(key, lambda: _tuned_config(rows, experts, shape[1], k, x.dtype, x.device, silu_gate,
-                                                      w_kn))
+                                                      w_kn, scales, dtype if scales is not None else None))
     else:
-        cfg = autotune.with_overrides(default_config(rows, shape[1], k, x.dtype, x.device, silu_gate), config)
-    return launch_grouped_gemm(x, w, expert_offsets, expert_counts, out, cfg, silu_gate, w_kn)
+        cfg = autotune.with_overrides(default_config(rows, shape[1], k, x.dtype, x.device, silu_gate, scales),
+                                      config)
+        fp8.check_block_k(scales, cfg)
+    return launch_grouped_gemm(x, w, expert_offsets, expert_counts, out, cfg, silu_gate, w_kn, scales)
 
 
 # ----------------------------------------------------------------------------------------------- weight gradient
@@ -504,18 +586,27 @@ def grouped_gemm_torch(x, w, expert_offsets, expert_counts=None, activation="non
     return out
 
 
-def _grouped_gemm_op(x, w, expert_offsets, expert_counts=None, activation="none", w_layout="nk"):
-    _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout)
-    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, None, None, w_layout)
+def _grouped_gemm_op(x, w, expert_offsets, expert_counts=None, activation="none", w_layout="nk", quantize=None,
+                     scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):
+    fp8_kw = dict(scale_x=scale_x, scale_w=scale_w, scaling=scaling, out_dtype=out_dtype, fast_accum=fast_accum,
+                  quantize=quantize)
+    scales, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, **fp8_kw)
+    if quantize is not None:
+        x, w, scales = _quantized(x, w, expert_offsets, expert_counts, quantize)
+    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, None, None, w_layout, scales, result_dtype)
 
 
-def _grouped_gemm_fake(x, w, expert_offsets, expert_counts=None, activation="none", w_layout="nk"):
-    _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout)
-    return x.new_empty(_output_shape(x, w, activation, w_layout))
+def _grouped_gemm_fake(x, w, expert_offsets, expert_counts=None, activation="none", w_layout="nk", quantize=None,
+                       scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):
+    _, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, scale_x, scale_w,
+                                    scaling, out_dtype, fast_accum, quantize)
+    return x.new_empty(_output_shape(x, w, activation, w_layout), dtype=result_dtype)
 
 
 library.define('grouped_gemm(Tensor x, Tensor w, Tensor expert_offsets, Tensor? expert_counts=None, '
-               'str activation="none", str w_layout="nk") -> Tensor', _grouped_gemm_op, _grouped_gemm_fake)
+               'str activation="none", str w_layout="nk", str? quantize=None, Tensor? scale_x=None, '
+               'Tensor? scale_w=None, str? scaling=None, ScalarType? out_dtype=None, bool fast_accum=False) -> Tensor',
+               _grouped_gemm_op, _grouped_gemm_fake)
 library.define("grouped_weight_grad(Tensor dy, Tensor x, Tensor expert_offsets, Tensor? expert_counts, int experts) "
                "-> Tensor", grouped_weight_grad,
                lambda dy, x, offsets, counts, experts: x.new_empty((experts, dy.shape[1], x.shape[1])))
