@@ -14,6 +14,13 @@ Loads: "even" (rows spread evenly), "skewed" (half the experts empty, one expert
   ours             triton_dist.kernels.grouped_gemm (autotuned once per shape; offsets read on the device)
   torch grouped    torch.nn.functional.grouped_mm / torch._grouped_mm (one launch; where the torch build has it)
   torch loop       one torch.matmul per expert (reads the offsets on the host, as the per-expert loop must)
+FP8 (``--what fp8`` or ``all``): up / gate_up / down with e4m3 x and w (quantised before timing) and bf16
+results, rowwise and 128-blockwise scales; groups of multiples of 16 rows (torch's scaled grouped GEMM needs them).
+
+  ours             grouped_gemm(x8, w8, ..., scale_x=, scale_w=)
+  ours bf16        the bf16 grouped GEMM of the unquantised operands (what FP8 must beat)
+  torch grouped    grouped_mm in bf16 (as above)
+  torch scaled     torch._scaled_grouped_mm (rowwise only; where the torch build and GPU have it)
 All timed in turn (``harness.in_turn``), every GPU its own (torchrun --nproc-per-node=N, or plain python: one GPU).
 ``--check``: every contender on tiny fp32 shapes against an fp64 reference (runs on CPU too).
 """
@@ -33,22 +40,25 @@ PROJECTIONS = {"up": (INTER, HIDDEN, "none"), "gate_up": (2 * INTER, HIDDEN, "si
 LOADS = ("even", "skewed")
 
 
-def group_counts(experts, rows, load, seed=0):
-    """Rows per expert: even, or skewed (half the experts empty, expert 0 a quarter of the rows)."""
+def group_counts(experts, rows, load, seed=0, align=1):
+    """Rows per expert: even, or skewed (half the experts empty, expert 0 a quarter of the rows); each a multiple
+    of ``align`` (``rows`` one)."""
     gen = torch.Generator().manual_seed(seed)
+    units = rows // align
     if load == "even":
-        return torch.full((experts,), rows // experts).index_add_(
-            0, torch.arange(rows % experts), torch.ones(rows % experts, dtype=torch.long)).tolist()
-    counts = [0] * experts
-    counts[0] = rows // 4
-    for e in torch.randint(1, experts // 2, (rows - rows // 4,), generator=gen).tolist():
-        counts[e] += 1
-    return counts
+        counts = torch.full((experts,), units // experts).index_add_(
+            0, torch.arange(units % experts), torch.ones(units % experts, dtype=torch.long)).tolist()
+    else:
+        counts = [0] * experts
+        counts[0] = units // 4
+        for e in torch.randint(1, experts // 2, (units - units // 4,), generator=gen).tolist():
+            counts[e] += 1
+    return [c * align for c in counts]
 
 
-def make_case(experts, rows, n, k, load, dtype, device, kind="none"):
+def make_case(experts, rows, n, k, load, dtype, device, kind="none", align=1):
     """(x, w, offsets) of a projection; "dgrad": x is dy [rows, n]; "wgrad": x is (dy, x)."""
-    counts = group_counts(experts, rows, load)
+    counts = group_counts(experts, rows, load, align=align)
     offsets = torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int32, device=device)
     x = torch.randn(rows, k, device=device).to(dtype)
     w = (torch.randn(experts, n, k, device=device) / k ** 0.5).to(dtype)
@@ -102,9 +112,31 @@ def contenders(x, w, offsets, activation):
     return calls
 
 
+def fp8_contenders(x, w, offsets, activation, mode):
+    """{label: fn}: the FP8 grouped GEMM of x and w quantised in ``mode`` ("row" / "block"), bf16 results, and the
+    bf16 products of the unquantised operands (ours and torch's), torch's scaled grouped GEMM (rowwise)."""
+    from triton_dist.kernels.fp8 import quantize_fp8, quantize_stack
+    from triton_dist.kernels.grouped_gemm import grouped_gemm
+
+    x8, scale_x = quantize_fp8(x, "group" if mode == "block" else "row")
+    w8, scale_w = quantize_stack(w, mode)
+    n_out = w.shape[1] // 2 if activation == "silu_gate" else w.shape[1]
+    out = torch.empty((x.shape[0], n_out), dtype=torch.bfloat16, device=x.device)
+    calls = {"ours": lambda: grouped_gemm(x8, w8, offsets, activation=activation, out=out, scale_x=scale_x,
+                                          scale_w=scale_w),
+             **{f"{label} bf16" if label == "ours" else label: fn
+                for label, fn in contenders(x, w, offsets, activation).items() if label != "torch loop"}}
+    scaled = getattr(torch, "_scaled_grouped_mm", None)
+    if scaled is not None and mode == "row":
+        ends, w8_kn, sw = offsets[1:].contiguous(), w8.transpose(-2, -1), scale_w.reshape(w.shape[0], -1)
+        calls["torch scaled"] = lambda: _gate(scaled(x8, w8_kn, scale_x.reshape(-1), sw, offs=ends,
+                                                     out_dtype=torch.bfloat16), activation)
+    return _working(calls)
+
+
 def _working(calls):
     """``calls`` without a torch contender that this build cannot run (grouped_mm's layouts differ by version)."""
-    for label in [label for label in calls if label == "torch grouped"]:
+    for label in [label for label in calls if label in ("torch grouped", "torch scaled")]:
         try:
             calls[label]()
         except (RuntimeError, ValueError, TypeError):
@@ -130,6 +162,15 @@ def check(device):
                 err = (fn().double() - ref).abs().max().item() / ref.abs().max().item()
                 if not err < 1e-5:
                     problems.append(f"{label} {name} {load}: relative error {err:.3g}")
+    for mode in ("row", "block"):  # FP8 against fp64 of the unquantised operands: within FP8's error
+        for name, (n, k, activation) in {"up": (24, 160, "none"), "gate_up": (48, 128, "silu_gate")}.items():
+            x, w, offsets = make_case(4, 64, n, k, "skewed", torch.float32, device, align=16)
+            spans = list(enumerate(zip(offsets.tolist(), offsets.tolist()[1:])))
+            ref = _gate(torch.cat([x[a:b].double() @ w[e].double().T for e, (a, b) in spans]), activation)
+            for label, fn in fp8_contenders(x, w, offsets, activation, mode).items():
+                err = (fn().double() - ref).abs().max().item() / ref.abs().max().item()
+                if not err < 5e-2:
+                    problems.append(f"{label} {name} fp8-{mode}: relative error {err:.3g}")
     return problems
 
 
@@ -137,6 +178,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only check every contender on tiny fp32 shapes")
     parser.add_argument("--rounds", type=int, default=5, help="in-turn rounds")
+    parser.add_argument("--what", choices=("bf16", "fp8", "all"), default="all", help="which rows to time")
     args = parser.parse_args()
     if args.check or not torch.cuda.is_available():
         import triton_dist  # noqa: F401  (no GPU: the Triton interpreter)
@@ -152,7 +194,7 @@ def main():
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
     dist.init_process_group("nccl")
     rows = []
-    for name, (n, k, activation) in PROJECTIONS.items():
+    for name, (n, k, activation) in PROJECTIONS.items() if args.what != "fp8" else ():
         for load in LOADS:
             x, w, offsets = make_case(EXPERTS, ROWS, n, k, load, torch.bfloat16, torch.device("cuda"), activation)
             calls = contenders(x, w, offsets, activation)
@@ -165,7 +207,24 @@ def main():
                          "ours TFLOP/s": flops / turn["ours"] / 1e6,
                          **{f"vs {label}": turn[label] / turn["ours"] for label in turn if label != "ours"},
                          "max rel err vs loop": max(errs.values())})
-    record("grouped_gemm", rows, notes=f"bf16, {EXPERTS} experts, {ROWS} rows; {IN_TURN}")
+    for name, (n, k, activation) in PROJECTIONS.items() if args.what != "bf16" else ():
+        for load in LOADS if activation in ("none", "silu_gate") else ():
+            x, w, offsets = make_case(EXPERTS, ROWS, n, k, load, torch.bfloat16, torch.device("cuda"), activation,
+                                      align=16)
+            for mode in ("row", "block"):
+                calls = fp8_contenders(x, w, offsets, activation, mode)
+                ref = calls["torch grouped"]().float() if "torch grouped" in calls else calls["ours bf16"]().float()
+                errs = {label: ((fn().float() - ref).abs().max() / ref.abs().max()).item()
+                        for label, fn in calls.items()}
+                turn = in_turn(calls, args.rounds)
+                flops = 2 * ROWS * n * k
+                rows.append({"projection": f"{name} fp8-{mode}", "load": load, "N": n, "K": k,
+                             **{f"{label} us": t for label, t in turn.items()},
+                             "ours TFLOP/s": flops / turn["ours"] / 1e6,
+                             **{f"vs {label}": turn[label] / turn["ours"] for label in turn if label != "ours"},
+                             "max rel err vs bf16": max(errs.values())})
+    record("grouped_gemm", rows, notes=f"bf16 (fp8 rows: e4m3 operands, bf16 out), {EXPERTS} experts, {ROWS} rows; "
+                                       f"{IN_TURN}")
     dist.destroy_process_group()
 
 
