@@ -28,7 +28,7 @@ from torch import nn
 import triton_dist as td
 from triton_dist.kernels import fp8
 from triton_dist.kernels.gemm_reducescatter import rows_of_rank
-from triton_dist.nn import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP, parallelize
+from triton_dist.nn import ColumnParallelLinear, ExpertParallelMoE, RowParallelLinear, TensorParallelMLP, parallelize
 from triton_dist.nn.sharding import bucket_rows
 
 from ..conftest import error_names, gpu_only
@@ -344,6 +344,10 @@ def test_fp8_grads_mlp_trains_like_the_recipe_in_torch(ranks):
 def _refusals():
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from .test_training import _tiny_qwen2_moe
+
+    qwen_moe = _tiny_qwen2_moe()
+    moe_block = qwen_moe.model.layers[1].mlp
     dense = GatedMLP(16, 32)
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1))
@@ -351,15 +355,19 @@ def _refusals():
                          lambda: ColumnParallelLinear(16, 8, fp8=True),
                          lambda: RowParallelLinear.from_dense(nn.Linear(8, 16), fp8="blockwise"),
                          lambda: TensorParallelMLP.from_dense(dense, fp8="fp8"),
-                         lambda: parallelize(copy.deepcopy(llama), fp8="rows")])
+                         lambda: parallelize(copy.deepcopy(llama), fp8="rows"),
+                         lambda: ExpertParallelMoE.from_dense(copy.deepcopy(moe_block), fp8="e5m2")])
     parallelize(llama, fp8="block")
-    return names, [m.fp8 for m in llama.modules() if isinstance(m, TensorParallelMLP)]
+    parallelize(qwen_moe, fp8="row")
+    return names, [m.fp8 for m in (*llama.modules(), *qwen_moe.modules())
+                   if isinstance(m, (TensorParallelMLP, ExpertParallelMoE))]
 
 
 def test_fp8_modes_are_checked_and_parallelize_sets_them(ranks):
+    """Bad modes refused; parallelize sets the MLPs' and the MoE blocks' (a Qwen2-MoE: a dense layer, a sparse one)."""
     pytest.importorskip("transformers")
     for names, modes in ranks(2, _refusals):
-        assert names == ["ValueError"] * 5 and modes == ["block"], (names, modes)
+        assert names == ["ValueError"] * 6 and modes == ["block", "row", "row"], (names, modes)
 
 
 def _fp8_grads_refusals():
@@ -448,4 +456,75 @@ def test_fp8_grads_layers_bf16_on_one_gpu(ranks, mode):
     from ..kernels.test_autograd import _bf16_failures
 
     errs = ranks.on_one_gpu(_gpu_fp8_layers, mode, torch.bfloat16, GPU_SIZES, True)
+    assert not _bf16_failures(errs), _bf16_failures(errs)
+
+
+# ----------------------------------------------------------------------------------------------- the MoE layer
+class _Fp8RecipeExperts(nn.Module):
+    """transformers' fused experts (``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I], the same parameters)
+    as ``ExpertParallelMoE(fp8=mode)`` computes them on ``world`` ranks: rank r's received rows (every token
+    routed to one of its experts, once per expert) quantised as one input (a per-tensor scale over all of them),
+    each expert's weights on their own, the SiLU-gated activations of all of rank r's rows quantised as one input
+    for the down projection; every product straight-through (``_StraightThrough``), the gate differentiated at
+    the FP8 pre-activation."""
+
+    def __init__(self, experts, mode, world):
+        super().__init__()
+        self.gate_up_proj, self.down_proj = experts.gate_up_proj, experts.down_proj
+        self.mode, self.world = mode, world
+
+    def _product(self, a, a_fp8, w):
+        value = (a_fp8 @ _dequantised(w, self.mode, "w").to(a_fp8.dtype).T).to(a.dtype)
+        return _StraightThrough.apply(a @ w.T, value)
+
+    def forward(self, x, top_k_index, top_k_weights):
+        out = torch.zeros_like(x)
+        local = self.gate_up_proj.shape[0] // self.world
+        for first in range(0, self.gate_up_proj.shape[0], local):
+            routed = [(e, *torch.where(top_k_index == e)) for e in range(first, first + local)]
+            counts = [len(tokens) for _, tokens, _ in routed]
+            if not sum(counts):
+                continue
+            rows = torch.cat([x[tokens] for _, tokens, _ in routed])
+            hidden = []
+            for (e, _, _), a, a_fp8 in zip(routed, rows.split(counts), _dequantised(rows, self.mode, "a").split(counts)):
+                gate, up = self._product(a, a_fp8, self.gate_up_proj[e]).chunk(2, dim=-1)
+                hidden.append(F.silu(gate) * up)
+            hidden = torch.cat(hidden)
+            for (e, tokens, slots), h, h_fp8 in zip(routed, hidden.split(counts),
+                                                    _dequantised(hidden, self.mode, "a").split(counts)):
+                y = self._product(h, h_fp8, self.down_proj[e]) * top_k_weights[tokens, slots, None]
+                out = out.index_add(0, tokens, y.to(out.dtype))
+        return out
+
+
+MOE_SIZES = dict(hidden=160, experts=4, top_k=2, inter=24, shared=16)  # K = 160: a 32-wide last 128-group
+
+
+def _fp8_moe_grads(tokens, sp, mode, dtype=torch.float32, sizes=MOE_SIZES):
+    from .test_training import _gpu_moe_grads
+
+    return _gpu_moe_grads(tokens, sp, dtype, sizes, mode, _Fp8RecipeExperts)
+
+
+@pytest.mark.parametrize("world,sp,mode", [(1, False, "block"), (2, True, "tensor"), (2, False, "row")])
+def test_fp8_moe_layer_matches_the_straight_through_reference(ranks, world, sp, mode):
+    """ExpertParallelMoE(fp8=mode) from a Qwen2-MoE block (router, experts, gated shared expert) against the
+    block in fp64 with its experts computed as the recipe (``_Fp8RecipeExperts``), its routing pinned to ours:
+    the output and the gradients of the input, the router, this rank's experts and the shared expert."""
+    pytest.importorskip("transformers")
+    for errs in ranks(world, _fp8_moe_grads, 2 * world + 9, sp, mode):
+        assert max(ours for ours, _ in errs.values()) < TOL, errs
+
+
+@gpu_only
+@pytest.mark.parametrize("mode", MODES)
+def test_fp8_moe_layer_bf16_on_one_gpu(ranks, mode):
+    """ExpertParallelMoE(fp8=mode) in bf16 at GPU sizes (16 experts, top 4, a shared expert) against the recipe in
+    fp64, held to the recipe computed by torch in bf16 (``_bf16_failures``)."""
+    pytest.importorskip("transformers")
+    from ..kernels.test_autograd import _bf16_failures
+    from .test_training import GPU_MOE
+
+    errs = ranks.on_one_gpu(_fp8_moe_grads, 333, False, mode, torch.bfloat16, GPU_MOE)
     assert not _bf16_failures(errs), _bf16_failures(errs)

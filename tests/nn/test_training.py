@@ -427,10 +427,11 @@ class _PinnedRouter(nn.Module):
         return logits, top.to(logits.dtype), self.idx
 
 
-def _gpu_moe_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MOE):
+def _gpu_moe_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MOE, fp8=None, recipe=None):
     """ExpertParallelMoE made from a Qwen2-MoE block (a gated shared expert beside the routed ones) against the
     block: {what: (our error, plain torch's error)} of the output and the gradients of the input, the router,
-    this rank's experts and the shared expert."""
+    this rank's experts and the shared expert. ``fp8``: the layer's FP8 mode, the references' experts
+    ``recipe(experts, fp8, world)`` (its recipe in torch). ``dtype`` float32 and small ``sizes``: CPU ranks."""
     from transformers import Qwen2MoeConfig
     from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 
@@ -453,7 +454,7 @@ def _gpu_moe_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MOE):
 
     # ours first: the experts it routed each token to pin the references' routing
 
-    layer = ExpertParallelMoE.from_dense(copy.deepcopy(block), sequence_parallel=sp)
+    layer = ExpertParallelMoE.from_dense(copy.deepcopy(block), sequence_parallel=sp, fp8=fp8)
     routed = []
     layer.gate.register_forward_hook(lambda mod, inp, out: routed.append(out[2]))
     out, xi = _two_poisoned_steps(layer, rows(x), rows(weighting), tokens, sp)
@@ -468,6 +469,8 @@ def _gpu_moe_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MOE):
     for dt in (torch.float64, dtype):
         pinned = copy.deepcopy(block)
         pinned.gate = _PinnedRouter(pinned.gate, idx)
+        if fp8 is not None:
+            pinned.experts = recipe(pinned.experts, fp8, world)
         got = _torch_grads(pinned, dt, x, weighting, ["gate.gate.weight"] + list(names[1:]))
         results.append((got[0], got[1], {name: g for name, g in zip(names, got[2].values())}))
     ref, plain = results

@@ -9,8 +9,9 @@
 Every layer has ``from_dense(module, group=None)``, which loads this rank's shard from the unsharded module, and
 the forward semantics of the module it replaces (``sequence_parallel=False``: full activations in and out on
 every rank; ``True``: the native sharded rows, see ``sharding.py``). Call ``triton_dist.init()`` first. The
-tensor-parallel layers (and ``parallelize``) take ``fp8="tensor" | "row" | "block"``: FP8 training, FP8 forward
-and high-precision gradients, or with ``fp8_grads=True`` FP8 backward GEMMs too (``linear.py``).
+tensor-parallel layers, ``ExpertParallelMoE`` (its experts) and ``parallelize`` take ``fp8="tensor" | "row" |
+"block"``: FP8 training, FP8 forward and high-precision gradients, or for the tensor-parallel layers with
+``fp8_grads=True`` FP8 backward GEMMs too (``linear.py``, ``moe.py``).
 """
 
 from .attention import DecodeAttention, SequenceParallelDecodeAttention  # noqa: F401

@@ -37,7 +37,7 @@ def _replacement(name, module, tp_group, ep_group, max_tokens, align, fp8, fp8_g
         mlps += (type(module),)
     try:
         if isinstance(module, moes):
-            return ExpertParallelMoE.from_dense(module, ep_group, max_tokens=max_tokens, align=align)
+            return ExpertParallelMoE.from_dense(module, ep_group, max_tokens=max_tokens, align=align, fp8=fp8)
         if isinstance(module, mlps):
             return TensorParallelMLP.from_dense(module, tp_group, fp8=fp8, fp8_grads=fp8_grads)
     except ValueError as exc:
@@ -51,8 +51,9 @@ def parallelize(model, tp_group=None, ep_group=None, *, max_tokens=None, align=1
     full activations on every rank. Collective: every rank calls it on the same model (same weights). Groups:
     None (the group ``triton_dist.init`` was given). ``max_tokens``/``align``: the MoE
     blocks' dispatch capacity per rank and group alignment (see ``ExpertParallelMoE``). ``fp8`` ("tensor",
-    "row", "block"): the MLPs train in FP8 (``TensorParallelMLP``'s mode; the MoE blocks stay in the model's
-    dtype); ``fp8_grads`` (with ``fp8``): their backward GEMMs in FP8 too. Returns ``model``."""
+    "row", "block"): the MLPs and the MoE blocks' experts train in FP8 (``TensorParallelMLP``'s and
+    ``ExpertParallelMoE``'s mode); ``fp8_grads`` (with ``fp8``): the MLPs' backward GEMMs in FP8 too (the MoE
+    blocks' backward stays in the model's dtype). Returns ``model``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     check_fp8_grads(fp8_grads, check_mode(fp8, "parallelize: fp8"), "parallelize: fp8_grads", "fp8")

@@ -13,6 +13,12 @@ each rank routes only its slice and the slices' results are all-gathered, so the
 block's. ``max_tokens`` (tokens per rank the dispatch buffers hold, the same on every rank) defaults to the
 slice size rounded up to a power of two, so that a few workspaces serve every batch size.
 
+FP8 (``fp8="tensor" | "row" | "block"``, the usual recipe as the tensor-parallel layers': FP8 forward,
+high-precision gradients): both grouped GEMMs take their operands quantised in the call (``grouped_gemm``'s
+``quantize=``: the received rows and the SiLU-gated activations with dynamic scales, each expert's weight on its
+own) and give results in x's dtype; the backward is the high-precision one of the unquantised operands
+(straight-through). Dispatch, combine, the router and the shared experts stay in x's dtype.
+
 ``Router`` (``router.py``) reproduces the routers of the blocks ``parallelize`` replaces; a layer made from a
 transformers block routes with that block's own router module (``use_gate``).
 """
@@ -21,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.fp8 import check_mode
 from ..kernels.grouped_gemm import grouped_gemm
 from ..hardware import next_power_of_2
 from .hf_blocks import read_moe_block
@@ -32,12 +39,13 @@ class ExpertParallelMoE(nn.Module):
     """A sparse MoE block with its experts split over ranks (module docstring). ``gate_up`` [E/W, 2I, H]
     (each expert's gate rows over its up rows), ``down`` [E/W, H, I]; optional shared experts (``shared_gate_up``
     [2Is, H], ``shared_down`` [H, Is]) and, Qwen2-MoE style, a sigmoid gate on their output
-    (``shared_expert_gate`` [1, H])."""
+    (``shared_expert_gate`` [1, H]). ``fp8``: None, or the experts' FP8 training mode (module docstring)."""
 
     def __init__(self, hidden_size, intermediate_size, router, *, shared_intermediate_size=0,
                  shared_expert_gate=False, sequence_parallel=False, max_tokens=None, align=1, group=None,
-                 dtype=None, device=None):
+                 dtype=None, device=None, fp8=None):
         super().__init__()
+        self.fp8 = check_mode(fp8, "ExpertParallelMoE: fp8")
         self.ops = GroupOps(group)
         if not isinstance(router, Router):
             raise TypeError(f"router must be a triton_dist.nn.Router, got {type(router).__name__}")
@@ -63,12 +71,14 @@ class ExpertParallelMoE(nn.Module):
             self.shared_expert_gate = nn.Parameter(torch.empty((1, hidden_size), dtype=dtype, device=device))
 
     @classmethod
-    def from_dense(cls, module, group=None, *, router=None, sequence_parallel=False, max_tokens=None, align=1):
+    def from_dense(cls, module, group=None, *, router=None, sequence_parallel=False, max_tokens=None, align=1,
+                   fp8=None):
         """From a sparse-MoE block of the installed transformers (Mixtral, Qwen2/3-MoE, DeepSeek-V3, OLMoE, GLM-4-MoE:
         see ``hf.read_moe_block``), or from a state dict in their naming (``gate.weight``,
         ``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I], optional
         ``gate.e_score_correction_bias``, ``shared_expert(s).{gate,up,down}_proj.weight``,
-        ``shared_expert_gate.weight``) together with ``router`` (a ``Router`` giving the routing math)."""
+        ``shared_expert_gate.weight``) together with ``router`` (a ``Router`` giving the routing math). ``fp8``: as
+        the constructor's."""
         if isinstance(module, nn.Module):
             if router is not None:
                 raise ValueError("router= goes with a state dict; a module brings its own router")
@@ -83,7 +93,8 @@ class ExpertParallelMoE(nn.Module):
         layer = cls(gate_up.shape[2], gate_up.shape[1] // 2, parts["router"],
                     shared_intermediate_size=shared[1].shape[1] if shared else 0,
                     shared_expert_gate=parts.get("shared_gate") is not None, sequence_parallel=sequence_parallel,
-                    max_tokens=max_tokens, align=align, group=group, dtype=gate_up.dtype, device=gate_up.device)
+                    max_tokens=max_tokens, align=align, group=group, dtype=gate_up.dtype, device=gate_up.device,
+                    fp8=fp8)
         mine = slice(layer.first_expert, layer.first_expert + layer.gate_up.shape[0])
         with torch.no_grad():
             layer.gate_up.copy_(gate_up[mine])
@@ -126,8 +137,9 @@ class ExpertParallelMoE(nn.Module):
         """The routed part on this rank's tokens ``x`` [T <= max_tokens, H] and their routing (collective: every
         rank calls it with the same ``max_tokens``)."""
         recv = self.ops.ep_dispatch(x.contiguous(), idx, weights, self.num_experts, max_tokens, self.align)
-        h = grouped_gemm(recv.x, self.gate_up, recv.expert_offsets, recv.expert_counts, activation="silu_gate")
-        y = grouped_gemm(h, self.down, recv.expert_offsets, recv.expert_counts)
+        h = grouped_gemm(recv.x, self.gate_up, recv.expert_offsets, recv.expert_counts, activation="silu_gate",
+                         quantize=self.fp8)
+        y = grouped_gemm(h, self.down, recv.expert_offsets, recv.expert_counts, quantize=self.fp8)
         return self.ops.ep_combine(y, recv.handle)
 
     def forward(self, x, total_rows=None):
