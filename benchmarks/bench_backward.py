@@ -4,6 +4,8 @@ autograd of the same computation, bf16 (torchrun --nproc-per-node=N benchmarks/b
   mlp       LlamaMLP, hidden 4096, intermediate 14336, 4096 tokens   ours: TensorParallelMLP (replicated, seq-par)
   moe       Qwen3-MoE block, bench_layers' shapes                     ours: ExpertParallelMoE (replicated, seq-par)
             (HF, and HF with transformers' grouped_mm experts where it has them)
+  mlp, moe also "ours fp8-<mode>" (replicated, ``fp8=mode``: FP8 forward, bf16 gradients; ``--fp8`` modes), its
+            error held to FP8_TOLERANCE instead
   ag_gemm   all_gather(a) @ w.T, M x N x K full sizes                 torch: all_gather_tensor_autograd, matmul
   gemm_rs   rows_r(sum_s a_s @ w_s.T)                                 torch: matmul, reduce_scatter_tensor_autograd
 
@@ -17,7 +19,7 @@ and the backward of sum(out * g) (g: a fixed random output gradient). One row pe
   path          what ran: the path of every ag_gemm / gemm_rs call of the forward and of the backward (the tuner's
                 choice per shape: overlap, graph or fallback), "torch" for the baselines
   max rel err   of the output and every gradient against the baseline's (bf16 on both sides); above
-                bench_layers' BF16_TOLERANCE the row's ratios are withheld
+                bench_layers' BF16_TOLERANCE (FP8 contenders: FP8_TOLERANCE) the row's ratios are withheld
 All timed in turn (``harness.in_turn``), max over ranks. ``--check``: the same contenders at tiny fp32 sizes against
 each other (runs on CPU ranks too).
 """
@@ -31,6 +33,7 @@ import triton_dist as td
 from bench_layers import BF16_TOLERANCE, FULL, TINY, hf_module
 from triton_dist.kernels import ag_gemm, gemm_rs
 
+FP8_TOLERANCE = 0.15  # an FP8 layer against the bf16 one: e4m3 steps are 6 %, the SiLU gate's two products compound
 OPS_FULL = [(8192, 8192, 8192), (2048, 8192, 8192)]  # (M, N, K), full sizes: a large and a small step
 OPS_TINY = [(12, 24, 40)]
 CASES = ("mlp", "moe", "ag_gemm", "gemm_rs")
@@ -78,8 +81,13 @@ def _output_gradient(shape_of_full, dtype, device):
     return grad_of
 
 
-def layer_steps(kind, sizes, tokens, dtype, device):
-    """{label: Step} of a layer case: ours (replicated, seq-par) and the HF module(s)."""
+def tolerance(label):
+    return FP8_TOLERANCE if "fp8" in label else BF16_TOLERANCE
+
+
+def layer_steps(kind, sizes, tokens, dtype, device, fp8_modes=()):
+    """{label: Step} of a layer case: ours (replicated, seq-par; replicated in each of ``fp8_modes``) and the HF
+    module(s)."""
     from triton_dist.nn import ExpertParallelMoE, TensorParallelMLP
 
     world, rank = td.world_size(), td.rank()
@@ -120,6 +128,9 @@ def layer_steps(kind, sizes, tokens, dtype, device):
              "ours seq-par": Step(lambda rows: ours_sp(rows, total_rows=tokens), _own_rows(x), ours_params(ours_sp),
                                   held_ours, grad_of),
              "HF": Step(hf, x, dict(hf.named_parameters()), held_hf, grad_of)}
+    for mode in fp8_modes:
+        fp8_layer = layer_cls.from_dense(copy.deepcopy(hf), fp8=mode)
+        steps[f"ours fp8-{mode}"] = Step(fp8_layer, x, ours_params(fp8_layer), held_ours, grad_of)
     if kind == "moe" and hasattr(hf.experts, "config"):
         try:  # a copy of the block (its own config) with transformers' grouped_mm experts
             grouped = copy.deepcopy(hf)
@@ -198,11 +209,12 @@ def errors(steps, baseline):
             for label, step in steps.items() if label != baseline}
 
 
-def cases(tiny, dtype, device, only=CASES, tokens=4096):
+def cases(tiny, dtype, device, only=CASES, tokens=4096, fp8_modes=("row",)):
     """(case name, {label: Step}, baseline label) of every case."""
     for kind in ("mlp", "moe"):
         if kind in only:
-            steps, base = layer_steps(kind, (TINY if tiny else FULL)[kind], 13 if tiny else tokens, dtype, device)
+            steps, base = layer_steps(kind, (TINY if tiny else FULL)[kind], 13 if tiny else tokens, dtype, device,
+                                      fp8_modes)
             yield f"{kind} {tokens if not tiny else 13} tokens", steps, base
     for op in ("ag_gemm", "gemm_rs"):
         if op in only:
@@ -213,13 +225,13 @@ def cases(tiny, dtype, device, only=CASES, tokens=4096):
 
 
 def check():
-    """Tiny fp32 sizes: every contender's output and gradients against its baseline's (within 1e-4). Returns
-    (the labels checked, the problems)."""
+    """Tiny fp32 sizes: every contender's output and gradients against its baseline's (within 1e-4; FP8 ones
+    within FP8_TOLERANCE). Returns (the labels checked, the problems)."""
     checked, problems = [], []
     for case, steps, base in cases(True, torch.float32, td.shmem.device()):
         for label, err in errors(steps, base).items():
             checked.append(f"{case}: {label}")
-            if not err < 1e-4:
+            if not err < (FP8_TOLERANCE if "fp8" in label else 1e-4):
                 problems.append(f"{case}: {label}: relative error {err:.3g}")
     return checked, problems
 
@@ -230,6 +242,7 @@ def main():
     def add_arguments(parser):
         parser.add_argument("--only", default=",".join(CASES), help=f"comma-separated cases of {', '.join(CASES)}")
         parser.add_argument("--tokens", type=int, default=4096)
+        parser.add_argument("--fp8", default="row", help="comma-separated FP8 modes of the layers' FP8 contenders")
 
     args = start(__doc__, check, "backward benchmark", 8 << 30, add_arguments)
     if args is None:
@@ -242,7 +255,8 @@ def main():
         if td.rank() == 0:
             print("bench_backward: transformers is not installed: the layer cases are left out", flush=True)
     rows = []
-    for case, steps, base in cases(False, torch.bfloat16, td.shmem.device(), only, args.tokens):
+    fp8_modes = [m for m in args.fp8.split(",") if m]
+    for case, steps, base in cases(False, torch.bfloat16, td.shmem.device(), only, args.tokens, fp8_modes):
         errs = errors(steps, base)  # (the first step of each: the tuner picks every shape's path here)
         paths = {label: paths_of(step, label) for label, step in steps.items()}
         timed = {}
@@ -252,7 +266,7 @@ def main():
         step_us = {label: turn[f"{label} fwd+bwd"] for label in steps}
         bwd_us = {label: turn[f"{label} fwd+bwd"] - turn[f"{label} fwd"] for label in steps}
         for label in steps:
-            wrong = not errs.get(label, 0.0) < BF16_TOLERANCE  # no speed-up of a wrong result
+            wrong = not errs.get(label, 0.0) < tolerance(label)  # no speed-up of a wrong result
             rows.append({"case": case, "contender": label, "fwd+bwd us": step_us[label],
                          "fwd us": turn[f"{label} fwd"], "bwd us": bwd_us[label],
                          f"{base} / ours fwd+bwd": None if wrong or label == base else step_us[base] / step_us[label],
