@@ -272,7 +272,7 @@ KERNELS = [
      dict(BT=16, BH=512), ("x", "q", "H"), {"num_warps": 4}),
     ("fp8/quantize-blocks", K + "fp8", "quantize_blocks_kernel",
      dict(x="*bf16", q="*fp8e4nv", scales="*fp32", T="i32", H="i32", BLOCK="constexpr"), dict(BLOCK=128),
-     ("x", "q", "H"), {"num_warps": 8}),
+     ("x", "q", "H"), {"num_warps": 16}),
     ("fp8/quantize-rows", K + "fp8", "quantize_rows_kernel",
      dict(x="*bf16", q="*fp8e4nv", scales="*fp32", T="i32", H="i32", BT="constexpr", BH="constexpr"),
      dict(BT=4, BH=1024), ("x", "q", "H"), {"num_warps": 4}),

@@ -227,10 +227,10 @@ def test_parallelized_moe_model_trains_like_the_original(ranks):
         assert worst < 1e-3, worst
 
 
-def _moe_layer_trained_compiled(sp, steps, backend="aot_eager"):
-    """ExpertParallelMoE (from a Qwen2-MoE block: router, experts, gated shared expert) trained ``steps`` AdamW
-    steps eagerly and, a copy, under torch.compile(fullgraph=True): (loss curves equal, final parameters equal,
-    largest relative difference of either)."""
+def _moe_layer_trained_compiled(sp, steps, backend="aot_eager", fp8=None):
+    """ExpertParallelMoE (from a Qwen2-MoE block: router, experts, gated shared expert; ``fp8``: its FP8 mode)
+    trained ``steps`` AdamW steps eagerly and, a copy, under torch.compile(fullgraph=True): (loss curves equal,
+    final parameters equal, largest relative difference of either)."""
     from transformers import Qwen2MoeConfig
     from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 
@@ -247,7 +247,8 @@ def _moe_layer_trained_compiled(sp, steps, backend="aot_eager"):
     x, weighting = torch.randn(rows, 16), torch.randn(rows, 16)
     if sp:  # this rank's rows
         x, weighting = torch.tensor_split(x, world)[rank], torch.tensor_split(weighting, world)[rank]
-    eager, compiled = (ExpertParallelMoE.from_dense(copy.deepcopy(block), sequence_parallel=sp) for _ in range(2))
+    eager, compiled = (ExpertParallelMoE.from_dense(copy.deepcopy(block), sequence_parallel=sp, fp8=fp8)
+                       for _ in range(2))
 
     def loss(layer):
         return lambda x: (layer(x, total_rows=rows) * weighting).sum()
@@ -260,12 +261,13 @@ def _moe_layer_trained_compiled(sp, steps, backend="aot_eager"):
     return same, worst
 
 
-@pytest.mark.parametrize("sp", [False, True])
-def test_moe_layer_trains_under_compile_fullgraph(ranks, sp):
-    """The MoE layer's dispatch and combine are torch ops with their backward (``kernels/moe_ep/training.py``):
-    compiled with fullgraph=True (aot_eager) it trains with the eager layer's bits."""
+@pytest.mark.parametrize("sp,fp8", [(False, None), (True, None), (True, "block")])
+def test_moe_layer_trains_under_compile_fullgraph(ranks, sp, fp8):
+    """The MoE layer's dispatch and combine are torch ops with their backward (``kernels/moe_ep/training.py``), and
+    so is the grouped GEMM (FP8 too): compiled with fullgraph=True (aot_eager) it trains with the eager layer's
+    bits."""
     pytest.importorskip("transformers")
-    for same, worst in ranks(2, _moe_layer_trained_compiled, sp, 3):
+    for same, worst in ranks(2, _moe_layer_trained_compiled, sp, 3, "aot_eager", fp8):
         assert same, worst
 
 

@@ -199,7 +199,7 @@ def quantize_fp8(x, scaling="group"):
         quantize_fp8_kernel[(cdiv(t, bt), cdiv(h, bh))](x, q, scales, t, h, BT=bt, BH=bh,
                                                                     num_warps=4)
     elif scaling == "block":
-        quantize_blocks_kernel[(cdiv(t, GROUP), groups(h))](x, q, scales, t, h, BLOCK=GROUP, num_warps=8)
+        quantize_blocks_kernel[(cdiv(t, GROUP), groups(h))](x, q, scales, t, h, BLOCK=GROUP, num_warps=16)
     elif scaling == "row":
         bt, bh = (4, 1024) if x.is_cuda else (4, 128)
         quantize_rows_kernel[(cdiv(t, bt),)](x, q, scales, t, h, BT=bt, BH=bh, num_warps=4)
