@@ -6,7 +6,8 @@ CPU (interpreter; 2, 3 and 4 ranks): every received row and its scales against t
 a rank without tokens, the one- and two-launch layouts with column parts; combine of bf16 expert outputs against
 an fp64 reference of the dequantised tokens; the FP8 inference path of a DeepSeek-V3-style block (the received rows
 and their group scales straight into the FP8 grouped GEMM with 128x128-block expert weights, then combine);
-``torch.ops.triton_dist.ep_dispatch_fp8`` + ep_combine and their fakes; bad input. GPU: T=4096-like shapes. sm_90: the FP8 dispatch kernel variants.
+``torch.ops.triton_dist.ep_dispatch_fp8`` + ep_combine and their fakes; bad input. GPU: T=4096-like shapes. sm_90:
+the FP8 dispatch kernel variants.
 """
 
 import pytest

@@ -487,7 +487,8 @@ class _Fp8RecipeExperts(nn.Module):
                 continue
             rows = torch.cat([x[tokens] for _, tokens, _ in routed])
             hidden = []
-            for (e, _, _), a, a_fp8 in zip(routed, rows.split(counts), _dequantised(rows, self.mode, "a").split(counts)):
+            rows_fp8 = _dequantised(rows, self.mode, "a").split(counts)
+            for (e, _, _), a, a_fp8 in zip(routed, rows.split(counts), rows_fp8):
                 gate, up = self._product(a, a_fp8, self.gate_up_proj[e]).chunk(2, dim=-1)
                 hidden.append(F.silu(gate) * up)
             hidden = torch.cat(hidden)

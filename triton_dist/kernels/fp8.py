@@ -21,10 +21,11 @@ Quantisation (``quantize_fp8``, ``quantize``, ``ep_dispatch(quant="fp8")``): per
 amax(|x|) / 448 (the largest e4m3 value) and q = x / scale rounded to the nearest e4m3 value (ties to even); a group
 of zeros gets scale 1.
 
-FP8 training (the ops' ``quantize=`` mode, the ``nn`` layers' ``fp8=``): ag_gemm and gemm_rs take bf16 / fp16 /
-fp32 operands and quantise them in the call (``quantize_operands``: dynamic scales of this rank's operands, by
-``quantize_fp8``'s kernels on the device), run the FP8 op, and differentiate straight-through: their backward is the high-precision one
-(``kernels/autograd.py``) on the unquantised operands. With ``fp8_grads=True`` (the layers' ``fp8_grads``) the
+FP8 training (the ops' ``quantize=`` mode, the ``nn`` layers' ``fp8=``): ag_gemm, gemm_rs and grouped_gemm take
+bf16 / fp16 / fp32 operands and quantise them in the call (``quantize_operands``, ``quantize_stack`` for a stack of
+expert weights: dynamic scales of this rank's operands, by ``quantize_fp8``'s kernels on the device), run the FP8
+op, and differentiate straight-through: their backward is the high-precision one (``kernels/autograd.py``) on the
+unquantised operands. With ``fp8_grads=True`` (the layers' ``fp8_grads``) the
 backward's GEMMs are FP8 too (DeepSeek-V3's recipe, e4m3 throughout): each quantises its own operands (the output
 gradient and the saved a or w, laid out for that GEMM) along its reduction dimension, in the forward's mode.
 """

@@ -67,7 +67,8 @@ def _group_tile(x, w, out_desc, out, e, row0, n_rows, local_m, pid_n, rows, N, K
     """One output tile: rows ``local_m..`` of expert ``e``'s group (``n_rows`` rows from ``row0``), columns
     ``pid_n * BLOCK_N..``. TMA: ``w`` is a descriptor of all experts' rows [E * w_rows, K], so expert e's rows
     start at e * w_rows (W_KN: a 3-D descriptor of w [E, K, N]); masks: ``w`` points at expert 0 and expert e
-    starts ``e * stride_we`` further. FP8 (SCALES): x's scales ``scale_a`` by row, expert e's weight scales ``stride_swe`` further on."""
+    starts ``e * stride_we`` further. FP8 (SCALES): x's scales ``scale_a`` by row, expert e's weight scales
+    ``e * stride_swe`` after expert 0's."""
     off_n = pid_n * BLOCK_N
     if SCALES != "":
         scale_w = scale_w + e.to(tl.int64) * stride_swe
