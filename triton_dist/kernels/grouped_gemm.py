@@ -442,9 +442,8 @@ def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", ou
     if config is None and out is None and hardware.compiling():
         return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
                                                   **fp8_kw)
-    if quantize is not None:
-        x, w, scales = _quantized(x, w, expert_offsets, expert_counts, quantize)
-    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, w_layout, scales, result_dtype)
+    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, w_layout, scales, result_dtype,
+                         quantize)
 
 
 def _quantized(x, w, expert_offsets, expert_counts, mode):
@@ -458,8 +457,11 @@ def _quantized(x, w, expert_offsets, expert_counts, mode):
 
 
 def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, w_layout="nk", scales=None,
-                  result_dtype=None):
-    """The op on checked inputs (FP8: their ``scales``, the result in ``result_dtype``)."""
+                  result_dtype=None, quantize=None):
+    """The op on checked inputs (FP8: their ``scales``, the result in ``result_dtype``; ``quantize``: x and w
+    quantised here first)."""
+    if quantize is not None:
+        x, w, scales = _quantized(x, w, expert_offsets, expert_counts, quantize)
     check_launchable(x, "x and w")
     shape = _output_shape(x, w, activation, w_layout)
     dtype = result_dtype or x.dtype
@@ -592,9 +594,8 @@ def _grouped_gemm_op(x, w, expert_offsets, expert_counts=None, activation="none"
     fp8_kw = dict(scale_x=scale_x, scale_w=scale_w, scaling=scaling, out_dtype=out_dtype, fast_accum=fast_accum,
                   quantize=quantize)
     scales, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, **fp8_kw)
-    if quantize is not None:
-        x, w, scales = _quantized(x, w, expert_offsets, expert_counts, quantize)
-    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, None, None, w_layout, scales, result_dtype)
+    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, None, None, w_layout, scales, result_dtype,
+                         quantize)
 
 
 def _grouped_gemm_fake(x, w, expert_offsets, expert_counts=None, activation="none", w_layout="nk", quantize=None,
