@@ -5,7 +5,8 @@ autograd of the same computation, bf16 (torchrun --nproc-per-node=N benchmarks/b
   moe       Qwen3-MoE block, bench_layers' shapes                     ours: ExpertParallelMoE (replicated, seq-par)
             (HF, and HF with transformers' grouped_mm experts where it has them)
   mlp, moe also "ours fp8-<mode>" (replicated, ``fp8=mode``: FP8 forward, bf16 gradients; ``--fp8`` modes), its
-            error held to FP8_TOLERANCE instead
+            error held to FP8_TOLERANCE instead, and "ours fp8-<mode> kept": the same layer in ``fp8_weight_cache``,
+            its weights quantised once (a micro-batch after the first of an optimizer step)
   ag_gemm   all_gather(a) @ w.T, M x N x K full sizes                 torch: all_gather_tensor_autograd, matmul
   gemm_rs   rows_r(sum_s a_s @ w_s.T)                                 torch: matmul, reduce_scatter_tensor_autograd
 
@@ -85,6 +86,19 @@ def tolerance(label):
     return FP8_TOLERANCE if "fp8" in label else BF16_TOLERANCE
 
 
+def _kept_weights(layer):
+    """``layer``'s forward inside one ``fp8_weight_cache`` of its own: from the second call on, the FP8 weights
+    quantised by the first (a micro-batch after the first of an optimizer step)."""
+    from triton_dist.nn import fp8_weight_cache
+
+    cache = fp8_weight_cache()
+
+    def forward(x):
+        with cache:
+            return layer(x)
+    return forward
+
+
 def layer_steps(kind, sizes, tokens, dtype, device, fp8_modes=()):
     """{label: Step} of a layer case: ours (replicated, seq-par; replicated in each of ``fp8_modes``) and the HF
     module(s)."""
@@ -131,6 +145,7 @@ def layer_steps(kind, sizes, tokens, dtype, device, fp8_modes=()):
     for mode in fp8_modes:
         fp8_layer = layer_cls.from_dense(copy.deepcopy(hf), fp8=mode)
         steps[f"ours fp8-{mode}"] = Step(fp8_layer, x, ours_params(fp8_layer), held_ours, grad_of)
+        steps[f"ours fp8-{mode} kept"] = Step(_kept_weights(fp8_layer), x, ours_params(fp8_layer), held_ours, grad_of)
     if kind == "moe" and hasattr(hf.experts, "config"):
         try:  # a copy of the block (its own config) with transformers' grouped_mm experts
             grouped = copy.deepcopy(hf)

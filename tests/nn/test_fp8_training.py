@@ -18,6 +18,7 @@ the MLP bitwise on a rerun and under checkpointing, and under torch.compile; a T
 recipe in torch (``_RecipeMLP``); bad values refused; the GPU test in bf16 likewise.
 """
 
+import contextlib
 import copy
 
 import pytest
@@ -529,3 +530,85 @@ def test_fp8_moe_layer_bf16_on_one_gpu(ranks, mode):
 
     errs = ranks.on_one_gpu(_fp8_moe_grads, 333, False, mode, torch.bfloat16, GPU_MOE)
     assert not _bf16_failures(errs), _bf16_failures(errs)
+
+
+def _weight_cache_case(mode, device="cpu"):
+    """A TensorParallelMLP(fp8=mode) trained on two micro-batches with and without ``fp8_weight_cache``, and an FP8
+    grouped GEMM of a Parameter stack twice in one context; weights changed in place inside a context. Returns
+    {what: whether it holds}."""
+    from triton_dist.kernels.grouped_gemm import grouped_gemm
+
+    dense, x, target = _batch()
+    layer = TensorParallelMLP.from_dense(dense.to(device), fp8=mode)
+    x, target = x.to(device), target.to(device)
+    quantised = []  # the modes the weights were quantised in, one entry a quantisation of a Parameter
+
+    def counting(real):
+        def quantise(t, scaling="group"):
+            if isinstance(t, nn.Parameter):
+                quantised.append(scaling)
+            return real(t, scaling)
+        return quantise
+
+    def train(cache):
+        """Two micro-batches: no cache, one cache around both ("outer"), or one entered around each ("each")."""
+        layer.zero_grad()
+        quantised.clear()
+        outs, kept = [], fp8.weight_cache()
+        with kept if cache == "outer" else contextlib.nullcontext():
+            for rows in (slice(0, 12), slice(12, 24)):
+                with kept if cache == "each" else contextlib.nullcontext():
+                    y = layer(x[rows])
+                    F.mse_loss(y, target[rows]).backward()
+                outs.append(y.detach())
+        return outs, [p.grad.clone() for p in layer.parameters()], len(quantised), len(kept)
+
+    gen = torch.Generator().manual_seed(3)
+    counts = torch.tensor([5, 0, 9], dtype=torch.int32, device=device)
+    offsets = torch.tensor([0, 8, 8, 20], dtype=torch.int32, device=device)
+    rows = torch.randn(20, 160, generator=gen).to(device)
+    inside = torch.tensor([r < 5 or 8 <= r < 17 for r in range(20)], device=device)  # the groups' rows
+    stack = nn.Parameter(torch.randn(3, 48, 160, generator=gen).to(device) / 12)
+    real_fp8, real_stack = fp8.quantize_fp8, fp8.quantize_stack
+    fp8.quantize_fp8, fp8.quantize_stack = counting(real_fp8), counting(real_stack)
+    try:
+        outs, grads, calls, _ = train(cache=None)
+        kept_runs = [train(cache) for cache in ("outer", "each")]
+        with fp8.weight_cache() as kept:
+            quantised.clear()
+            first = grouped_gemm(rows, stack, offsets, counts, quantize=mode)[inside]
+            again = grouped_gemm(rows, stack, offsets, counts, quantize=mode)[inside]
+            stack_calls = len(quantised)
+            y_before = layer(x).detach()
+            with torch.no_grad():  # an optimizer-like update inside the context: quantised again
+                layer.gate_up.mul_(0.5)
+                stack.mul_(0.5)
+            y_after = layer(x).detach()
+            halved = grouped_gemm(rows, stack, offsets, counts, quantize=mode)[inside]
+            held_at_end = len(kept)
+        fresh = layer(x).detach()
+        fresh_halved = grouped_gemm(rows, stack, offsets, counts, quantize=mode)[inside]
+        return {"outputs bitwise": all(torch.equal(a, b) for run in kept_runs for a, b in zip(outs, run[0])),
+                "gradients bitwise": all(torch.equal(a, b) for run in kept_runs for a, b in zip(grads, run[1])),
+                "each weight quantised once": calls == 4 and all(run[2:] == (2, 2) for run in kept_runs),
+                "stack quantised once": stack_calls == 1 and torch.equal(first, again),
+                "in-place update seen": torch.equal(y_after, fresh) and not torch.equal(y_before, y_after),
+                "stack update seen": torch.equal(halved, fresh_halved) and not torch.equal(first, halved),
+                "copies per mode and weight": held_at_end == 3,
+                "nothing kept outside": not fp8.weight_cache._active}
+    finally:
+        fp8.quantize_fp8, fp8.quantize_stack = real_fp8, real_stack
+
+
+@pytest.mark.parametrize("world,mode", [(1, "block"), (2, "row")])
+def test_fp8_weight_cache_quantises_each_weight_once(ranks, world, mode):
+    """``fp8_weight_cache``: micro-batches of one step give bitwise the outputs and gradients of quantising in every
+    forward, with each weight quantised once; an in-place update inside the context is quantised again."""
+    for result in ranks(world, _weight_cache_case, mode):
+        assert all(result.values()), result
+
+
+@gpu_only
+def test_fp8_weight_cache_on_one_gpu(ranks):
+    result = ranks.on_one_gpu(_weight_cache_case, "row", "cuda")
+    assert all(result.values()), result

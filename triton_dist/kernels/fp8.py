@@ -31,6 +31,7 @@ gradient and the saved a or w, laid out for that GEMM) along its reduction dimen
 """
 
 import dataclasses
+import weakref
 
 import torch
 import triton
@@ -252,6 +253,78 @@ def quantize_stack(w, scaling):
     return q.view(e, r, c), s.view(e, r, 1) if scaling == "row" else s.view(e, r // GROUP, groups(c))
 
 
+class weight_cache:
+    """``with fp8.weight_cache(): ...``: while the weights do not change, quantise each once.
+
+    FP8 training quantises a layer's weights in every forward (the ops' ``quantize=``). Inside this context the
+    FP8 copy of a weight (its values and scales, one per mode) is kept and reused, so that the micro-batches of
+    one optimizer step, and an activation-checkpointed forward recomputed in the backward, quantise each weight
+    once::
+
+        for batch in loader:
+            with triton_dist.nn.fp8_weight_cache():
+                for micro in batch.split(micro_rows):
+                    model(micro).loss.backward()
+            optimizer.step()
+
+    or one cache for the whole run, entered around each forward and backward (``with cache: ...``): a weight is
+    quantised again when it has changed, once per optimizer step.
+
+    What is kept: the weights of the FP8 ops (``ag_gemm`` / ``gemm_rs`` / ``grouped_gemm`` with ``quantize=``,
+    hence the ``nn`` layers' ``fp8=``) that are ``nn.Parameter``s, never activations or gradients. A kept copy is
+    used while the parameter is the same tensor with the same storage and version counter, so an in-place update
+    (``optimizer.step()``, ``load_state_dict``, ``p.add_`` under no_grad) is quantised again; a write through
+    ``p.data`` is not seen (``.data`` has a version counter of its own): do not edit weights that way while a cache
+    holds them, or ``clear()`` it after. The copies (half a bf16 weight's bytes each) live as long as the cache
+    object. The backward stays the straight-through one, on the high-precision weights. The innermost open cache
+    keeps; during CUDA-graph capture and torch.compile's tracing nothing is kept or reused."""
+
+    _active = []  # the open caches, innermost last
+
+    def __init__(self):
+        self.kept = {}  # (id(w), what) -> (weakref to w, w's stamp, (q, scales))
+
+    def __enter__(self):
+        weight_cache._active.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        weight_cache._active.remove(self)
+        return False
+
+    def __len__(self):
+        return len(self.kept)
+
+    def clear(self):
+        """Drop every kept copy."""
+        self.kept.clear()
+
+    @staticmethod
+    def quantized(w, what, quantise):
+        """``quantise()`` (w's FP8 copy for ``what``, e.g. its mode), or the copy the innermost open context
+        keeps for this unchanged parameter."""
+        if (not weight_cache._active or not isinstance(w, torch.nn.Parameter) or hardware.compiling()
+                or (w.is_cuda and torch.cuda.is_current_stream_capturing())):
+            return quantise()
+        cache = weight_cache._active[-1]
+        stamp = (w._version, w.data_ptr(), tuple(w.shape), w.stride(), w.dtype, w.device)
+        entry = cache.kept.get((id(w), what))
+        if entry is not None and entry[0]() is w and entry[1] == stamp:
+            return entry[2]
+        copy = quantise()
+        cache.kept[(id(w), what)] = (weakref.ref(w), stamp, copy)
+        return copy
+
+
+def quantize_weight(w, mode):
+    """A weight's FP8 copy in ``mode`` for the ops' ``quantize=``: (q, scales) of ``quantize_fp8`` for a weight
+    [N, K], of ``quantize_stack`` for a stack of experts' weights [E, N, K]; from an open ``weight_cache`` where it
+    keeps this parameter unchanged."""
+    if w.dim() == 3:
+        return weight_cache.quantized(w, ("stack", mode), lambda: quantize_stack(w, mode))
+    return weight_cache.quantized(w, mode, lambda: quantize_fp8(w, mode))
+
+
 def quantize(x, scaling, dtype=torch.float8_e4m3fn):
     """``x`` [R, C] in torch (a reference and a convenience; ``quantize_fp8`` is the kernels) -> (q, scale):
     "tensor" (scale [1]), "row" (one per row: [R, 1]), "group" (per 1x128 group: [R, ceil(C/128)], A's "block"
@@ -298,13 +371,13 @@ def check_fp8_grads(fp8_grads, mode, name="fp8_grads", mode_name="quantize"):
 def quantize_operands(a, w, mode):
     """High-precision operands ``a`` [M, K] and ``w`` [N, K] -> (a8, w8, ``Scales``) in ``mode`` (one of
     ``MODES``; "block": a in 1x128 groups, w in 128x128 blocks), e4m3, by ``quantize_fp8``: dynamic scales, taken
-    from the operands' amax on their device (no host sync). What the ops' ``quantize=``
-    mode runs (FP8 training: the forward of the usual recipe; with ``fp8_grads``, the operands of every backward
+    from the operands' amax on their device (no host sync; w's copy from an open ``weight_cache`` where it keeps
+    it: ``quantize_weight``). What the ops' ``quantize=`` mode runs (FP8 training: the forward of the usual recipe; with ``fp8_grads``, the operands of every backward
     GEMM too, each quantised along that GEMM's reduction dimension)."""
     if check_mode(mode) is None:
         raise ValueError(f"quantize_operands needs a mode of {MODES}, got None")
     a8, scale_a = quantize_fp8(a, "group" if mode == "block" else mode)
-    w8, scale_w = quantize_fp8(w, mode)
+    w8, scale_w = quantize_weight(w, mode)
     return a8, w8, check_scales(a8, w8, scale_a, scale_w, mode)
 
 

@@ -452,7 +452,7 @@ def _quantized(x, w, expert_offsets, expert_counts, mode):
     if mode == "tensor":
         x = torch.where(group_rows(x.shape[0], expert_offsets, expert_counts, x.device)[:, None], x, 0)
     x8, scale_x = fp8.quantize_fp8(x, "group" if mode == "block" else mode)
-    w8, scale_w = fp8.quantize_stack(w, mode)
+    w8, scale_w = fp8.quantize_weight(w, mode)
     return x8, w8, expert_scales(x8, w8, scale_x, scale_w, mode)
 
 

@@ -48,6 +48,7 @@ def fp8_matmul(a, b, c, sa, sb, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
             acc = tl.reshape(tl.permute(tl.join(acc_l, acc_r), (0, 2, 1)), (BLOCK_M, BLOCK_N))
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            prev = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for ki in range(k_tiles):
                 x = a.load([om, ki * BLOCK_K])
                 y = b.load([on, ki * BLOCK_K])
@@ -55,9 +56,14 @@ def fp8_matmul(a, b, c, sa, sb, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
                     acc = tl.dot(x, y.T, acc)
                 elif MODE == "mia":
                     acc = tl.dot(x, y.T, acc, max_num_imprecise_acc=BLOCK_K)
+                elif MODE == "lagged":
+                    p = tl.dot(x, y.T)
+                    acc += prev
+                    prev = p
                 else:
                     s = tl.load(sa + rows * k_tiles + ki) * tl.load(sb + (on // 128) * k_tiles + ki)
                     acc += tl.dot(x, y.T) * s[:, None]
+            acc += prev
         c.store([om, on], acc.to(tl.bfloat16))
 
 
