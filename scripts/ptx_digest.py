@@ -244,6 +244,11 @@ KERNELS = [
      dict(GEMM_BIG, **{**FP8_ROWS, "MAX_IMPRECISE_ACC": None}), ("K", "N"), {"num_warps": 8, "num_stages": 3}),
     ("gemm/fp8-blocks-128x128", K + "gemm", "gemm_kernel", dict(FP8_GEMM_SIG, **FP8_N128),
      dict(GEMM_BIG, **FP8_BLOCKS, BLOCK_N=128), ("K", "N"), {"num_warps": 8, "num_stages": 4}),
+    # the tuner's block-scaled candidate of one warpgroup, two programs per SM (``gemm.gemm_candidates``)
+    ("gemm/fp8-blocks-64x128-w4", K + "gemm", "gemm_kernel",
+     dict(FP8_GEMM_SIG, a="tensordesc<fp8e4nv[64,128]>", b="tensordesc<fp8e4nv[128,128]>",
+          c="tensordesc<bf16[1,64,128]>"), dict(GEMM_BIG, **FP8_BLOCKS, BLOCK_M=64, BLOCK_N=128), ("K", "N"),
+     {"num_warps": 4, "num_stages": 4}),
     ("gemm/fp8-blocks-masked", K + "gemm", "gemm_kernel", dict(FP8_GEMM_SIG, a="*fp8e4nv", b="*fp8e4nv", c="*bf16"),
      dict(GEMM_BIG, **FP8_BLOCKS, BLOCK_N=128, USE_TMA=False), (), {"num_warps": 8, "num_stages": 4}),
     ("ag_gemm/phased-fp8-rows", K + "allgather_gemm", "ag_gemm_kernel", dict(FP8_AG_SIG, b=FP8_SPLIT),

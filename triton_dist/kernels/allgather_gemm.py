@@ -242,7 +242,7 @@ class _Plan:
             scale_dst = ws.scale_full_peers[peer][own] if scale_cols else None
             self.pushes.append((ws.streams.get(peer), items, scale_dst))
         tiles = world * cdiv(m_shard, cfg["BLOCK_M"]) * cdiv(self.n, cfg["BLOCK_N"])
-        self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device), tiles)),)
+        self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device, cfg), tiles)),)
         self.fence = not hardware.interpreting()
         self.handshake = Launcher(ready_handshake_kernel, (1,))
         self.precision = dot_precision(dtype)

@@ -267,9 +267,12 @@ FP8_BLOCK_K = 128  # FP8 tiles keep the bf16 tiles' bytes per pipeline stage: tw
 FP8_ACC_PER_THREAD = 64  # fp32 values of one accumulator per thread where a tile holds two (FP8 block scales)
 
 
-def default_num_programs(device):
-    """One persistent program per SM on GPU; a couple under the interpreter (programs run one after another)."""
-    return num_sms(device.index) if device.type == "cuda" else 2
+def default_num_programs(device, cfg=None):
+    """One persistent program per SM on GPU (``cfg``'s ``programs_per_sm`` for tiles of one warpgroup that share
+    an SM); a couple under the interpreter (programs run one after another)."""
+    if device.type != "cuda":
+        return 2
+    return num_sms(device.index) * ((cfg or {}).get("programs_per_sm") or 1)
 
 
 def fp8_tiles(cfg, dtype, device, scales=None):
@@ -297,8 +300,8 @@ def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
     """A good fixed configuration for ``[m, k] @ [n, k].T`` (the autotuner refines it on GPU).
 
     Keys: BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, SPLIT_N (the
-    tile's columns as two accumulators, TMA only: ``tile_accumulate``), use_tma
-    (None: whenever the operands allow), num_programs (None: one per SM). FP8 operands (``scales``: their
+    tile's columns as two accumulators, TMA only: ``tile_accumulate``), use_tma (None: whenever the operands
+    allow), num_programs (None: one per SM, or ``programs_per_sm`` per SM). FP8 operands (``scales``: their
     ``fp8.Scales``): ``fp8_tiles``."""
     if device.type != "cuda":  # interpreter: small tiles keep it quick
         cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_stages=1, num_warps=4)
@@ -388,7 +391,7 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
 def gemm_grid(cfg, segments, seg_rows, n, device):
     """``gemm_kernel``'s persistent grid: one program per SM (``num_programs``), at most one per tile."""
     tiles = segments * -(-seg_rows // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"])  # (triton.cdiv costs µs on host)
-    return (max(1, min(cfg.get("num_programs") or default_num_programs(device), tiles)),)
+    return (max(1, min(cfg.get("num_programs") or default_num_programs(device, cfg), tiles)),)
 
 
 def gemm_meta(cfg, use_tma, dtype, silu_gate=False, scales=None):
@@ -630,6 +633,10 @@ def gemm_candidates(m, n, k, dtype, device, scales=None):
     if dtype in fp8.FP8_DTYPES:  # FP8: 128x128 tiles with deeper pipelines, 256x128 (docs/design/fp8.md)
         cands += [{**base, "BLOCK_N": 128, "num_stages": 5}, {**base, "BLOCK_N": 128, "num_stages": 5, "GROUP_M": 16},
                   {**base, "BLOCK_M": 256, "BLOCK_N": 128, "num_stages": 3}]
+    if scales is not None and scales.mode == "block" and device.type == "cuda":
+        # one warpgroup a program, two programs an SM: one's block scaling beside the other's wgmmas (fp8.md)
+        cands += [{**base, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": stages,
+                   "programs_per_sm": 2} for stages in (3, 4)]
     if m <= 512:
         cands += [{**base, **c} for c in skinny_configs(dtype)]
     cands = [fp8_tiles(c, dtype, device, scales) for c in cands]

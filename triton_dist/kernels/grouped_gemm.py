@@ -255,7 +255,7 @@ def launch_grouped_gemm(x, w, offsets, counts, out, cfg, silu_gate, w_kn=False, 
         out_arg = tma_descriptor(out3, c_block(cfg))
     else:
         x_arg, w_arg, out_arg = x, w, out
-    programs = max(1, min(cfg.get("num_programs") or default_num_programs(x.device),
+    programs = max(1, min(cfg.get("num_programs") or default_num_programs(x.device, cfg),
                           worst_case_tiles(rows, experts, n_out, cfg)))
     fp8_args = {} if scales is None else dict(scales.kernel_args(cfg), stride_swe=scales.w.numel() // experts)
     grouped_gemm_kernel[(programs,)](
