@@ -266,6 +266,20 @@ def test_scaled_gemm_gpu_every_candidate(ranks, mode):
     assert ranks.on_one_gpu(_gpu_errors_of_every_candidate, 1000, 1536, 1032, mode) == []
 
 
+@pytest.mark.parametrize("mode", [None, "row", "block"])
+def test_every_candidate_is_a_config_the_op_takes(mode):
+    """What the tuner may pick passes as ``config=`` too (the GPU test above runs every candidate so)."""
+    from triton_dist import autotune
+    from triton_dist.kernels.gemm import gemm_config
+
+    cuda, dtype = torch.device("cuda"), torch.bfloat16 if mode is None else torch.float8_e4m3fn
+    scales = None if mode is None else types.SimpleNamespace(mode=mode, fast_accum=False)
+    for m in (256, 4096):
+        base = gemm_config(m, 4096, 4096, dtype, cuda, scales)
+        for cand in gemm_candidates(m, 4096, 4096, dtype, cuda, scales):
+            assert autotune.with_overrides(base, cand) == {**base, **cand}
+
+
 @pytest.mark.parametrize("mode,fast_accum", [("tensor", False), ("row", False), ("row", True), ("block", False)])
 def test_fp8_block_tiles_keep_both_accumulators_in_registers(mode, fast_accum):
     """Block scales keep each K step's product apart from the sum (two fp32 accumulators): every candidate of gemm

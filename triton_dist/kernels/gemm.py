@@ -312,7 +312,7 @@ def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
     if dtype == torch.float32 and device.type == "cuda":
         cfg.update(BLOCK_N=min(cfg["BLOCK_N"], 128), BLOCK_K=32)
     cfg.update(EPILOGUE_SUBTILE=False, FLATTEN=False, WARP_SPECIALIZE=False, SPLIT_N=False, use_tma=None,
-               num_programs=None)
+               num_programs=None, programs_per_sm=None)
     cfg = fp8_tiles(cfg, dtype, device, scales)
     cfg.update(overrides)
     return cfg
