@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run135 (1x H200, GPU image, 2026-12-04 ~17:14 UTC): the FP8 MoE training step with both FP8 modes after
+# run135 (1x H200, GPU image, 2026-12-04 ~17:13 UTC): the FP8 MoE training step with both FP8 modes after
 # the block quantiser's 16 warps (bench_backward --only moe --fp8 row,block), the FP8 GEMM core against
 # _scaled_mm again (bench_gemm --only fp8: issue 34's 0.95x / 0.85x targets), bench_host on another host; first the
 # GPU tests of 5d6164c (grouped_gemm's quantize= step moved into _grouped_gemm after run134's tier).
