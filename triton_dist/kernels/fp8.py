@@ -536,31 +536,42 @@ def scaled_operands(a, w, scale_a=None, scale_w=None, scaling=None, out_dtype=No
                     required=False, quantize=None):
     """A GEMM op's FP8 mode, from its keywords: ``(Scales, result dtype)`` for FP8 operands with their scales
     (``check_scales``, ``out_dtype_of``), ``(None, a's dtype)`` for other operands without scales (the op as it
-    is). ``required`` (the ``scaled_*`` entry points): the scales are checked whatever the operands. TypeError
-    for FP8 operands without scales, or scales with operands that are not FP8; ValueError for ``scaling``,
-    ``out_dtype`` or ``fast_accum`` without scales. ``quantize`` (a mode of ``MODES``): high-precision operands
-    that the op quantises itself (``quantize_operands``), so ``(None, a's dtype)``; ValueError for another mode
-    or with any other FP8 keyword, TypeError for FP8 operands."""
+    is) and for ``quantize=`` (the op quantises them itself: ``quantize_operands``). The keywords' rules:
+    ``keywords_given``."""
+    if keywords_given(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum, required, quantize):
+        return check_scales(a, w, scale_a, scale_w, scaling, fast_accum), out_dtype_of(out_dtype)
+    return None, getattr(a, "dtype", None)
+
+
+def keywords_given(a, w, scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False,
+                   required=False, quantize=None, names=("a", "w", "scale_a", "scale_w")):
+    """Whether an FP8-capable op's call gives FP8 scales to check (True), or runs without them (False: other
+    operands, or ``quantize=``, a mode of ``MODES``, with high-precision operands the op quantises itself).
+    ``required`` (the ``scaled_*`` entry points): scales are expected whatever the operands. TypeError for FP8
+    operands without scales, or for FP8 operands with ``quantize``; ValueError for ``scaling``, ``out_dtype`` or
+    ``fast_accum`` without scales, for another mode, or for ``quantize`` with any other FP8 keyword. ``names``:
+    the op's names of the operands and scales, for the messages."""
+    a_name, w_name, sa_name, sw_name = names
     if check_mode(quantize) is not None:
         if required or scale_a is not None or scale_w is not None or scaling is not None or out_dtype is not None \
                 or fast_accum:
-            raise ValueError("quantize= computes the scales itself and returns a's dtype: it takes no scale_a, "
-                             "scale_w, scaling, out_dtype or fast_accum")
-        for t, name in ((a, "a"), (w, "w")):
+            raise ValueError(f"quantize= computes the scales itself and returns {a_name}'s dtype: it takes no "
+                             f"{sa_name}, {sw_name}, scaling, out_dtype or fast_accum")
+        for t, name in ((a, a_name), (w, w_name)):
             if is_fp8(t):
                 raise TypeError(f"{name} is {t.dtype} already: quantize= takes bfloat16 / float16 / float32 "
-                                f"operands (FP8 ones come with scale_a= and scale_w=)")
-        return None, getattr(a, "dtype", None)
+                                f"operands (FP8 ones come with {sa_name}= and {sw_name}=)")
+        return False
     if required or scale_a is not None or scale_w is not None:
-        return check_scales(a, w, scale_a, scale_w, scaling, fast_accum), out_dtype_of(out_dtype)
-    for t, name in ((a, "a"), (w, "w")):
+        return True
+    for t, name in ((a, a_name), (w, w_name)):
         if is_fp8(t):
-            raise TypeError(f"{name} is {t.dtype}: FP8 operands take their float32 scales, scale_a= and scale_w= "
-                            f"(per-tensor, rowwise or 128-blockwise: kernels/fp8.py)")
+            raise TypeError(f"{name} is {t.dtype}: FP8 operands take their float32 scales, {sa_name}= and "
+                            f"{sw_name}= (per-tensor, rowwise or 128-blockwise: kernels/fp8.py)")
     if scaling is not None or out_dtype is not None or fast_accum:
-        raise ValueError(f"scaling, out_dtype and fast_accum go with FP8 operands and their scales (scale_a=, "
-                         f"scale_w=); got {getattr(a, 'dtype', type(a).__name__)} operands without scales")
-    return None, getattr(a, "dtype", None)
+        raise ValueError(f"scaling, out_dtype and fast_accum go with FP8 operands and their scales ({sa_name}=, "
+                         f"{sw_name}=); got {getattr(a, 'dtype', type(a).__name__)} operands without scales")
+    return False
 
 
 def describe(scales, out_dtype):

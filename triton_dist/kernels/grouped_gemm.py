@@ -319,13 +319,8 @@ def _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout="nk"
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    given = scale_x is not None or scale_w is not None or fp8.is_fp8(x) or fp8.is_fp8(w)
-    if fp8.check_mode(quantize) is not None and (given or scaling is not None or out_dtype is not None or fast_accum):
-        raise ValueError("quantize= takes bfloat16 / float16 / float32 x and w and computes their scales: no FP8 "
-                         "operands, scale_x, scale_w, scaling, out_dtype or fast_accum")
-    if not given and (scaling is not None or out_dtype is not None or fast_accum):
-        raise ValueError("scaling, out_dtype and fast_accum go with FP8 x and w and their scales (scale_x=, "
-                         "scale_w=)")
+    given = fp8.keywords_given(x, w, scale_x, scale_w, scaling, out_dtype, fast_accum, quantize=quantize,
+                               names=("x", "w", "scale_x", "scale_w"))
     if (given or quantize is not None) and w_layout != "nk":
         raise ValueError("FP8 grouped_gemm takes w_layout='nk' (w [E, N, K], scaled along K)")
     if not given and (x.dtype not in SUPPORTED_DTYPES or w.dtype != x.dtype):
