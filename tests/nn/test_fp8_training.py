@@ -532,10 +532,13 @@ def test_fp8_moe_layer_bf16_on_one_gpu(ranks, mode):
     assert not _bf16_failures(errs), _bf16_failures(errs)
 
 
-def _weight_cache_case(mode, device="cpu"):
+def _weight_cache_case(mode, compile_too=False, device="cpu"):
     """A TensorParallelMLP(fp8=mode) trained on two micro-batches with and without ``fp8_weight_cache``, and an FP8
-    grouped GEMM of a Parameter stack twice in one context; weights changed in place inside a context. Returns
-    {what: whether it holds}."""
+    grouped GEMM of a Parameter stack twice in one context; weights changed in place inside a context; the MLP
+    checkpointed and (``compile_too``) under torch.compile(fullgraph=True) in a cache. Returns {what: whether it
+    holds}."""
+    from torch.utils.checkpoint import checkpoint
+
     from triton_dist.kernels.grouped_gemm import grouped_gemm
 
     dense, x, target = _batch()
@@ -588,6 +591,17 @@ def _weight_cache_case(mode, device="cpu"):
             held_at_end = len(kept)
         fresh = layer(x).detach()
         fresh_halved = grouped_gemm(rows, stack, offsets, counts, quantize=mode)[inside]
+        quantised.clear()
+        with fp8.weight_cache():  # the checkpointed forward's recompute in the backward reuses the copies
+            checkpoint(layer, x, use_reentrant=False).sum().backward()
+        recomputed = len(quantised)
+        compiled = torch.compile(layer, fullgraph=True) if compile_too else None
+        if compiled is not None:  # the compiled graph's op calls take the kept copies too
+            compiled(x).sum().backward()
+            quantised.clear()
+            with fp8.weight_cache():
+                for _ in range(2):
+                    compiled(x).sum().backward()
         return {"outputs bitwise": all(torch.equal(a, b) for run in kept_runs for a, b in zip(outs, run[0])),
                 "gradients bitwise": all(torch.equal(a, b) for run in kept_runs for a, b in zip(grads, run[1])),
                 "each weight quantised once": calls == 4 and all(run[2:] == (2, 2) for run in kept_runs),
@@ -595,6 +609,8 @@ def _weight_cache_case(mode, device="cpu"):
                 "in-place update seen": torch.equal(y_after, fresh) and not torch.equal(y_before, y_after),
                 "stack update seen": torch.equal(halved, fresh_halved) and not torch.equal(first, halved),
                 "copies per mode and weight": held_at_end == 3,
+                "checkpointed: quantised once": recomputed == 2,
+                "compiled: quantised once": compiled is None or len(quantised) == 2,
                 "nothing kept outside": not fp8.weight_cache._active}
     finally:
         fp8.quantize_fp8, fp8.quantize_stack = real_fp8, real_stack
@@ -603,12 +619,13 @@ def _weight_cache_case(mode, device="cpu"):
 @pytest.mark.parametrize("world,mode", [(1, "block"), (2, "row")])
 def test_fp8_weight_cache_quantises_each_weight_once(ranks, world, mode):
     """``fp8_weight_cache``: micro-batches of one step give bitwise the outputs and gradients of quantising in every
-    forward, with each weight quantised once; an in-place update inside the context is quantised again."""
-    for result in ranks(world, _weight_cache_case, mode):
+    forward, with each weight quantised once (also checkpointed, and compiled at W = 1); an in-place update inside
+    the context is quantised again."""
+    for result in ranks(world, _weight_cache_case, mode, world == 1):
         assert all(result.values()), result
 
 
 @gpu_only
 def test_fp8_weight_cache_on_one_gpu(ranks):
-    result = ranks.on_one_gpu(_weight_cache_case, "row", "cuda")
+    result = ranks.on_one_gpu(_weight_cache_case, "row", True, "cuda")
     assert all(result.values()), result

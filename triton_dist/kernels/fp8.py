@@ -277,7 +277,8 @@ class weight_cache:
     ``p.data`` is not seen (``.data`` has a version counter of its own): do not edit weights that way while a cache
     holds them, or ``clear()`` it after. The copies (half a bf16 weight's bytes each) live as long as the cache
     object. The backward stays the straight-through one, on the high-precision weights. The innermost open cache
-    keeps; during CUDA-graph capture and torch.compile's tracing nothing is kept or reused."""
+    keeps; the ops called by a torch.compile'd graph use it as eager calls do (nothing is kept while the graph is
+    traced), and nothing is kept or reused during CUDA-graph capture."""
 
     _active = []  # the open caches, innermost last
 
