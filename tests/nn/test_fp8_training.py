@@ -589,6 +589,10 @@ def _weight_cache_case(mode, compile_too=False, device="cpu"):
             y_after = layer(x).detach()
             halved = grouped_gemm(rows, stack, offsets, counts, quantize=mode)[inside]
             held_at_end = len(kept)
+            gone = nn.Parameter(stack.detach().clone())
+            grouped_gemm(rows, gone, offsets, counts, quantize=mode)
+            del gone  # a weight freed: its copy with it
+            forgotten = len(kept) == held_at_end
         fresh = layer(x).detach()
         fresh_halved = grouped_gemm(rows, stack, offsets, counts, quantize=mode)[inside]
         quantised.clear()
@@ -608,7 +612,7 @@ def _weight_cache_case(mode, compile_too=False, device="cpu"):
                 "stack quantised once": stack_calls == 1 and torch.equal(first, again),
                 "in-place update seen": torch.equal(y_after, fresh) and not torch.equal(y_before, y_after),
                 "stack update seen": torch.equal(halved, fresh_halved) and not torch.equal(first, halved),
-                "copies per mode and weight": held_at_end == 3,
+                "copies per mode and weight": held_at_end == 3 and forgotten,
                 "checkpointed: quantised once": recomputed == 2,
                 "compiled: quantised once": compiled is None or len(quantised) == 2,
                 "nothing kept outside": not fp8.weight_cache._active}

@@ -276,7 +276,7 @@ class weight_cache:
     (``optimizer.step()``, ``load_state_dict``, ``p.add_`` under no_grad) is quantised again; a write through
     ``p.data`` is not seen (``.data`` has a version counter of its own): do not edit weights that way while a cache
     holds them, or ``clear()`` it after. The copies (half a bf16 weight's bytes each) live as long as the cache
-    object. The backward stays the straight-through one, on the high-precision weights. The innermost open cache
+    object and their weights. The backward stays the straight-through one, on the high-precision weights. The innermost open cache
     keeps; the ops called by a torch.compile'd graph use it as eager calls do (nothing is kept while the graph is
     traced), and nothing is kept or reused during CUDA-graph capture."""
 
@@ -313,7 +313,12 @@ class weight_cache:
         if entry is not None and entry[0]() is w and entry[1] == stamp:
             return entry[2]
         copy = quantise()
-        cache.kept[(id(w), what)] = (weakref.ref(w), stamp, copy)
+        key, kept = (id(w), what), cache.kept
+
+        def forget(ref):  # w is gone: its copy with it (unless the key was reused by a later tensor)
+            if kept.get(key, (None,))[0] is ref:
+                del kept[key]
+        kept[key] = (weakref.ref(w, forget), stamp, copy)
         return copy
 
 
