@@ -276,9 +276,9 @@ class weight_cache:
     (``optimizer.step()``, ``load_state_dict``, ``p.add_`` under no_grad) is quantised again; a write through
     ``p.data`` is not seen (``.data`` has a version counter of its own): do not edit weights that way while a cache
     holds them, or ``clear()`` it after. The copies (half a bf16 weight's bytes each) live as long as the cache
-    object and their weights. The backward stays the straight-through one, on the high-precision weights. The innermost open cache
-    keeps; the ops called by a torch.compile'd graph use it as eager calls do (nothing is kept while the graph is
-    traced), and nothing is kept or reused during CUDA-graph capture."""
+    object and their weights. The backward stays the straight-through one, on the high-precision weights. The
+    innermost open cache keeps; the ops called by a torch.compile'd graph use it as eager calls do (nothing is kept
+    while the graph is traced), and nothing is kept or reused during CUDA-graph capture."""
 
     _active = []  # the open caches, innermost last
 
@@ -378,8 +378,9 @@ def quantize_operands(a, w, mode):
     """High-precision operands ``a`` [M, K] and ``w`` [N, K] -> (a8, w8, ``Scales``) in ``mode`` (one of
     ``MODES``; "block": a in 1x128 groups, w in 128x128 blocks), e4m3, by ``quantize_fp8``: dynamic scales, taken
     from the operands' amax on their device (no host sync; w's copy from an open ``weight_cache`` where it keeps
-    it: ``quantize_weight``). What the ops' ``quantize=`` mode runs (FP8 training: the forward of the usual recipe; with ``fp8_grads``, the operands of every backward
-    GEMM too, each quantised along that GEMM's reduction dimension)."""
+    it: ``quantize_weight``). What the ops' ``quantize=`` mode runs (FP8 training: the forward of the usual
+    recipe; with ``fp8_grads``, the operands of every backward GEMM too, each quantised along that GEMM's
+    reduction dimension)."""
     if check_mode(mode) is None:
         raise ValueError(f"quantize_operands needs a mode of {MODES}, got None")
     a8, scale_a = quantize_fp8(a, "group" if mode == "block" else mode)
