@@ -307,13 +307,12 @@ class weight_cache:
         if (not weight_cache._active or not isinstance(w, torch.nn.Parameter) or hardware.compiling()
                 or (w.is_cuda and torch.cuda.is_current_stream_capturing())):
             return quantise()
-        cache = weight_cache._active[-1]
+        kept, key = weight_cache._active[-1].kept, (id(w), what)
         stamp = (w._version, w.data_ptr(), tuple(w.shape), w.stride(), w.dtype, w.device)
-        entry = cache.kept.get((id(w), what))
+        entry = kept.get(key)
         if entry is not None and entry[0]() is w and entry[1] == stamp:
             return entry[2]
         copy = quantise()
-        key, kept = (id(w), what), cache.kept
 
         def forget(ref):  # w is gone: its copy with it (unless the key was reused by a later tensor)
             if kept.get(key, (None,))[0] is ref:
@@ -326,9 +325,7 @@ def quantize_weight(w, mode):
     """A weight's FP8 copy in ``mode`` for the ops' ``quantize=``: (q, scales) of ``quantize_fp8`` for a weight
     [N, K], of ``quantize_stack`` for a stack of experts' weights [E, N, K]; from an open ``weight_cache`` where it
     keeps this parameter unchanged."""
-    if w.dim() == 3:
-        return weight_cache.quantized(w, ("stack", mode), lambda: quantize_stack(w, mode))
-    return weight_cache.quantized(w, mode, lambda: quantize_fp8(w, mode))
+    return weight_cache.quantized(w, mode, lambda: quantize_stack(w, mode) if w.dim() == 3 else quantize_fp8(w, mode))
 
 
 def quantize(x, scaling, dtype=torch.float8_e4m3fn):
