@@ -39,9 +39,14 @@ SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8
 def _label(cfg):
     parts = [f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}", f"s{cfg['num_stages']}", f"w{cfg['num_warps']}"]
     parts += [name.lower() for name in ("EPILOGUE_SUBTILE", "FLATTEN", "WARP_SPECIALIZE") if cfg.get(name)]
+    if (cfg.get("SPLIT_K") or 1) > 1:
+        parts.append(f"split-k {cfg['SPLIT_K']}")
     return " ".join(parts)
 
 
+# ``--only small``: small M (decode, TP shards), long K, odd sizes; bf16 and FP8 rowwise, device and eager time
+SMALL_SHAPES = [(1, 4096, 4096), (16, 4096, 14336), (64, 8192, 8192), (96, 2560, 7168), (128, 4096, 8192),
+                (128, 8192, 8192), (256, 1024, 8192), (333, 4000, 1000), (512, 8192, 8192), (1024, 1024, 16384)]
 FP8_SHAPES = [(8192, 4096, 8192), (8192, 14336, 8192), (8192, 4096, 28672), (2048, 4096, 8192), (512, 4096, 8192),
               (128, 4096, 8192)]
 
@@ -111,12 +116,61 @@ def fp8_rows():
            f"value + 4 per 128 values; {IN_TURN}")
 
 
+def small_rows():
+    """Small M, long K and odd shapes (SMALL_SHAPES): our tuned GEMM (the configuration it chose: split-K or not)
+    against cuBLAS in bf16 and FP8 rowwise (``_scaled_mm``, where N and K are multiples of 16), device time from
+    CUDA graphs and eager time, with every bf16 candidate's device time."""
+    from triton_dist.kernels.gemm import _CONFIGS
+
+    rows = []
+    for m, n, k in SMALL_SHAPES:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16
+        out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+        ref = (a.double() @ w.double().T)
+        gemm(a, w, out=out)  # tunes once
+        tuned = _CONFIGS.find((m, n, k, a.dtype, a.device))
+        row = {"M": m, "N": n, "K": k, "ours config": _label(tuned) if tuned else "?",
+               "max rel err": ((out.double() - ref).abs().max() / ref.abs().max()).item()}
+        calls = {"ours": lambda: gemm(a, w, out=out), "cuBLAS": lambda: torch.matmul(a, w.T, out=out)}
+        if not (n % 16 or k % 16):
+            a8, sa = fp8.quantize(a.float(), "row")
+            w8, sw = fp8.quantize(w.float(), "row")
+            scaled_gemm(a8, w8, sa, sw)  # tunes once
+            tuned8 = _CONFIGS.find((m, n, k, a8.dtype, a.device) + ("row", False, torch.bfloat16))
+            row["ours fp8 row config"] = _label(tuned8) if tuned8 else "?"
+            calls["ours fp8 row"] = lambda: scaled_gemm(a8, w8, sa, sw)
+            calls["cuBLAS fp8 row"] = cublas_fp8(a8, w8, sa, sw, "row", False)
+        for name, fn in calls.items():
+            row[f"{name} us"] = graph_us_or_nan(fn, name, warmup=2)
+        eager = in_turn(calls)
+        for name in calls:
+            row[f"{name} eager us"] = eager[name]
+        row["ours/cuBLAS"] = row["cuBLAS us"] / row["ours us"]
+        row["ours/cuBLAS eager"] = eager["cuBLAS"] / eager["ours"]
+        if "ours fp8 row" in calls:
+            row["fp8 row ours/cuBLAS"] = row["cuBLAS fp8 row us"] / row["ours fp8 row us"]
+            row["fp8 row ours/cuBLAS eager"] = eager["cuBLAS fp8 row"] / eager["ours fp8 row"]
+        knobs = {_label(c): graph_us_or_nan(lambda: gemm(a, w, out=out, config=c), _label(c), iters=10, warmup=2)
+                 for c in gemm_candidates(m, n, k, a.dtype, a.device, split_k=True)}
+        row["all knobs"] = "; ".join(f"{k_}: {v:.1f}" for k_, v in knobs.items())
+        rows.append(row)
+    record("gemm_small", rows, notes="a[M,K] @ w[N,K].T -> bf16 on one GPU per rank; 'us': device time (CUDA-graph "
+           f"replay, median of 20), 'eager us': Python calls {IN_TURN} (host cost included); ours: the tuned "
+           "configuration named in 'config' (split-K: each tile's K in shares summed by the last); fp8 row: e4m3 "
+           "rowwise scales vs torch._scaled_mm (no fast accumulation); max over ranks")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("bf16", "fp8"), help="run one of the two parts (default: both)")
+    parser.add_argument("--only", choices=("bf16", "fp8", "small"), help="run one part (default: bf16 and fp8)")
     args = parser.parse_args()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     td.init(backend="cuda")
+    if args.only == "small":
+        small_rows()
+        td.finalize()
+        return
     if args.only != "bf16":
         fp8_rows()
     if args.only == "fp8":
@@ -139,8 +193,8 @@ def main():
         t_tuned_dev = graph_us_or_nan(lambda: gemm(a, w, out=out), "ours", warmup=2)
         t_cublas_dev = graph_us_or_nan(lambda: torch.matmul(a, w.T, out=out), "cuBLAS", warmup=2)
         knobs = {_label(c): graph_us_or_nan(lambda: gemm(a, w, out=out, config=c), _label(c), iters=10, warmup=2)
-                 for c in gemm_candidates(m, n, k, a.dtype, a.device)}
-        base = gemm_config(m, n, k, a.dtype, a.device)
+                 for c in gemm_candidates(m, n, k, a.dtype, a.device, split_k=True)}
+        base = gemm_config(m, n, k, a.dtype, a.device, SPLIT_K=1)
         extras = []
         if m * n * k >= 8192 * 4096 * 8192:  # the large shapes: L2 order and tile shape, beyond the tuner's set
             extras = [dict(GROUP_M=16), dict(GROUP_M=4), dict(BLOCK_M=256, BLOCK_N=128), dict(FLATTEN=True, GROUP_M=16)]

@@ -43,6 +43,20 @@ def test_scaled_gemm_matches_fp64_reference(mode, m, n, k, out_dtype, use_tma):
 
 
 @cpu_only
+@pytest.mark.parametrize("mode", ["row", "block"])
+def test_split_k_shares_keep_their_scales(mode):
+    """SPLIT_K on FP8 operands: each share of K scaled by its own K blocks (block scales: shares that start and
+    end inside a 128-group), rowwise scales applied to every partial sum; the same bits as a repeat."""
+    m, n, k = 17, 40, 330
+    gen = torch.Generator().manual_seed(5)
+    a, sa, w, sw, da, dw = operands(m, n, k, mode, gen)
+    cfg = {**CPU, "SPLIT_K": 3}
+    out = scaled_gemm(a, w, sa, sw, out_dtype=torch.float32, config=cfg)
+    assert rel_err(out, da @ dw.T) < 1e-5
+    assert torch.equal(out, scaled_gemm(a, w, sa, sw, out_dtype=torch.float32, config=cfg))
+
+
+@cpu_only
 @pytest.mark.parametrize("mode,split", [("tensor", True), ("row", True), ("block", True), ("block", False)])
 def test_split_columns_scale_each_half(mode, split):
     """SPLIT_N (two accumulators of half the tile's columns): each half scaled by its own columns' scales (block
@@ -267,16 +281,20 @@ def test_scaled_gemm_gpu_every_candidate(ranks, mode):
 
 
 @pytest.mark.parametrize("mode", [None, "row", "block"])
-def test_every_candidate_is_a_config_the_op_takes(mode):
-    """What the tuner may pick passes as ``config=`` too (the GPU test above runs every candidate so)."""
+def test_every_candidate_is_a_config_the_op_takes(mode, monkeypatch):
+    """What the tuner may pick passes as ``config=`` too (the GPU test above runs every candidate so), split-K
+    tiles included."""
+    import importlib
+
     from triton_dist import autotune
     from triton_dist.kernels.gemm import gemm_config
 
+    monkeypatch.setattr(importlib.import_module("triton_dist.kernels.gemm"), "num_sms", lambda index=None: 132)
     cuda, dtype = torch.device("cuda"), torch.bfloat16 if mode is None else torch.float8_e4m3fn
     scales = None if mode is None else types.SimpleNamespace(mode=mode, fast_accum=False)
-    for m in (256, 4096):
-        base = gemm_config(m, 4096, 4096, dtype, cuda, scales)
-        for cand in gemm_candidates(m, 4096, 4096, dtype, cuda, scales):
+    for m in (128, 256, 4096):
+        base = gemm_config(m, 4096, 4096, dtype, cuda, scales, SPLIT_K=1)  # the gemm op's defaults
+        for cand in gemm_candidates(m, 4096, 4096, dtype, cuda, scales, split_k=True):
             assert autotune.with_overrides(base, cand) == {**base, **cand}
 
 

@@ -8,11 +8,15 @@ tuning candidate. sm_90: the TMA + wgmma code the core must produce, with and wi
 import pytest
 import torch
 
+import importlib
+
 from triton_dist import autotune
 from triton_dist.kernels.gemm import gemm, gemm_candidates, gemm_config, launch_gemm
 
 from ..conftest import cpu_only, gpu_only
 from ..sm90 import compile_sm90
+
+gemm_module = importlib.import_module("triton_dist.kernels.gemm")  # (the package exports the op under this name)
 
 
 @cpu_only  # CPU tensors: interpreter only (GPU ranks run test_gemm_gpu_every_candidate)
@@ -62,6 +66,61 @@ def test_split_columns_match_whole_tiles(silu_gate):
     if silu_gate:
         ref = torch.nn.functional.silu(ref[:, :n]) * ref[:, n:]
     assert ((out[0].double() - ref).abs().max() / ref.abs().max()) < 1e-5
+
+
+@cpu_only
+@pytest.mark.parametrize("m,n,k,dtype,use_tma,split_k", [
+    (33, 24, 150, torch.float16, None, 3),  # TMA, ragged M and a short last K step
+    (33, 23, 37, torch.float32, False, 4),  # masks; 3 K steps in 4 shares: the last share is empty
+    (20, 40, 64, torch.float32, True, 2),
+])
+def test_split_k_sums_every_share_once(m, n, k, dtype, use_tma, split_k):
+    """SPLIT_K (each tile's K in shares, the last share to arrive sums them): right against fp64 on fresh inputs
+    into a poisoned output; bitwise the same whichever program arrives last (other grids); the tile counters back
+    at 0 after every call (the next launch, or a graph replay, starts from 0)."""
+    gen = torch.Generator().manual_seed(m + n + k)
+    for _ in range(2):
+        a = torch.randn(m, k, generator=gen).to(dtype)
+        w = torch.randn(n, k, generator=gen).to(dtype)
+        out = torch.full((m, n), float("nan"), dtype=dtype)
+        gemm(a, w, out=out, config={"use_tma": use_tma, "num_programs": 3, "SPLIT_K": split_k})
+        ref = a.double() @ w.double().T
+        assert ((out.double() - ref).abs().max() / ref.abs().max()) < (2e-3 if dtype == torch.float16 else 1e-6)
+        for programs in (2, 5):
+            again = gemm(a, w, config={"use_tma": use_tma, "num_programs": programs, "SPLIT_K": split_k})
+            assert torch.equal(again, out)
+        assert all(not space["tile_counts"].any() for space in gemm_module._SPLIT_K_SPACE.values())
+
+
+def test_split_k_rejects_what_it_cannot_do():
+    """SPLIT_K must be a positive int, and cannot take the SiLU gate (a product of sums); the fused ops' kernels
+    have no split-K, so their config= does not know the key."""
+    from triton_dist.kernels import allgather_gemm
+
+    cpu = torch.device("cpu")
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="SPLIT_K"):
+            gemm_module.split_k_of({"SPLIT_K": bad})
+    with pytest.raises(ValueError, match="SiLU"):
+        gemm_module.split_k_of({"SPLIT_K": 2}, silu_gate=True)
+    assert "SPLIT_K" not in allgather_gemm.default_config(8, 16, 16, torch.float32, cpu, 2)
+    with pytest.raises(ValueError, match="SPLIT_K"):
+        gemm(torch.randn(4, 8), torch.randn(3, 8), config={"SPLIT_K": 0})
+
+
+def test_split_k_candidates_fill_the_gpu_where_tiles_are_few(monkeypatch):
+    """The tuner's split-K tiles (``split_k_configs``): offered where a shape's tiles leave SMs idle (small M, long
+    K), with every split at least four K steps and the items within one wave; never for the fused ops' sweep."""
+    monkeypatch.setattr(gemm_module, "num_sms", lambda index=None: 132)
+    cuda = torch.device("cuda")
+    split = [c for c in gemm_candidates(128, 4096, 8192, torch.bfloat16, cuda, split_k=True) if c.get("SPLIT_K")]
+    assert split and all(c["SPLIT_K"] >= 2 for c in split)
+    for c in split:
+        tiles = -(-128 // c["BLOCK_M"]) * -(-4096 // c["BLOCK_N"])
+        assert tiles * c["SPLIT_K"] <= 132 and -(-8192 // c["BLOCK_K"]) // c["SPLIT_K"] >= 4
+    assert not any(c.get("SPLIT_K") for c in gemm_candidates(128, 4096, 8192, torch.bfloat16, cuda))
+    assert not any(c.get("SPLIT_K") for c in gemm_candidates(4096, 4096, 4096, torch.bfloat16, cuda, split_k=True))
+    assert not any(c.get("SPLIT_K") for c in gemm_candidates(128, 4096, 128, torch.bfloat16, cuda, split_k=True))
 
 
 @cpu_only
@@ -128,7 +187,8 @@ def _gpu_check(m, n, k, dtype, cfg):
 
 
 @gpu_only
-@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (1000, 1536, 1032), (517, 520, 4104), (333, 250, 77)])
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (1000, 1536, 1032), (517, 520, 4104), (333, 250, 77),
+                                   (96, 1024, 8200)])  # split-K: few tiles, a long K with a short last step
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemm_gpu_every_candidate(ranks, m, n, k, dtype):
     assert ranks.on_one_gpu(_gpu_check_every_candidate, m, n, k, dtype) == []
@@ -137,7 +197,7 @@ def test_gemm_gpu_every_candidate(ranks, m, n, k, dtype):
 def _gpu_check_every_candidate(m, n, k, dtype):
     """(config, error) of every candidate (and the tuned choice, None) off by 1e-2 or more."""
     bad = []
-    for cfg in gemm_candidates(m, n, k, dtype, torch.device("cuda")) + [None]:
+    for cfg in gemm_candidates(m, n, k, dtype, torch.device("cuda"), split_k=True) + [None]:
         err = _gpu_check(m, n, k, dtype, cfg)
         if not err < 1e-2:
             bad.append((cfg, err))
@@ -211,6 +271,58 @@ def test_eager_plans_match_torch_on_gpu(ranks):
     the misaligned views (3) and the unaligned shape (2), every other repeat went through a plan."""
     failures, plans, checked = ranks.on_one_gpu(_gpu_eager_plans)
     assert failures == [] and plans == 12 and checked == 5, (failures, plans, checked)
+
+
+def _gpu_split_k_calls():
+    """Split-K through the eager plans (its tuned config set to split-K tiles): fresh inputs into poisoned outputs
+    against fp64, bitwise repeats, a call on a side stream (its own workspace), a CUDA graph captured and replayed
+    on new inputs; the tile counters at 0 after all of it. Returns the failures."""
+    from triton_dist.timing import graph_of
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    failures = []
+    for m, n, k, tile in [(128, 4096, 8192, dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=4)),
+                          (40, 1000, 7176, dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=5))]:
+        cfg = {**gemm_config(m, n, k, torch.bfloat16, torch.device("cuda"), SPLIT_K=1), **tile, "BLOCK_K": 64,
+               "SPLIT_K": 7}
+        gemm_module._CONFIGS._plans[(m, n, k, torch.bfloat16, torch.device("cuda", torch.cuda.current_device()))] = cfg
+        gemm_module._EAGER.clear()  # plans of earlier calls hold the configurations they were made with
+
+        def check(got, a, w, what):
+            ref = a.double() @ w.double().t()
+            err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
+            if not err < 1e-2:
+                failures.append((what, m, n, k, err))
+
+        a = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        for rep in range(3):
+            a.copy_(torch.randn(m, k, device="cuda", generator=gen))
+            out.fill_(float("nan"))
+            check(gemm(a, w, out=out), a, w, "eager")
+            if not torch.equal(gemm(a, w), out):
+                failures.append(("not bitwise", m, n, k, rep))
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            got = gemm(a, w)
+        torch.cuda.current_stream().wait_stream(side)
+        check(got, a, w, "side stream")
+        graph = graph_of(lambda: gemm(a, w, out=out))
+        for rep in range(2):
+            a.copy_(torch.randn(m, k, device="cuda", generator=gen))
+            out.fill_(float("nan"))
+            graph.replay()
+            check(out, a, w, "graph replay")
+    torch.cuda.synchronize()
+    if any(space["tile_counts"].any() for space in gemm_module._SPLIT_K_SPACE.values()):
+        failures.append("tile counters not back at 0")
+    return failures
+
+
+@gpu_only
+def test_split_k_eager_side_stream_and_graph_on_gpu(ranks):
+    assert ranks.on_one_gpu(_gpu_split_k_calls) == []
 
 
 # ----------------------------------------------------------------------------------------------- sm_90

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from .. import autotune
 from .. import hardware
+from .. import language as dl
 from ..hardware import interpreting, num_sms
 from ..shmem.workspaces import Plans
 from . import fp8
@@ -107,7 +108,7 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr = None, SILU_GATE: tl.constexpr = False,
                     scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = None,
-                    MAX_IMPRECISE_ACC: tl.constexpr = None, b_row0=None):
+                    MAX_IMPRECISE_ACC: tl.constexpr = None, b_row0=None, k_tile_lo=None, k_tile_hi=None):
     """fp32 ``A[a_row : a_row + BLOCK_M, :] @ B[off_n : off_n + BLOCK_N, :].T`` (rows past ``a_rows`` and
     columns past ``N`` / ``K`` count as zeros; ``off_n`` a multiple of BLOCK_N). ``a``/``b``: tensor descriptors
     (USE_TMA) or pointers.
@@ -122,11 +123,17 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
     1x128 group of A times ``scale_w[(b_row // 128) * stride_sw + kb]`` per 128x128 block of B, applied to each
     K step (kb = its 128-wide K block: BLOCK_K divides 128). MAX_IMPRECISE_ACC, DOT_PRECISION (None: the default):
     see ``tl.dot``. ``b_row0`` (TMA): the row of B's descriptor where B starts (a weight in a stack of them, e.g.
-    an expert's; None: 0), so that ``off_n`` and the scales stay B's own. (Defaults are None, never strings: triton
-    3.6 passes a left-out default of a nested call as a plain Python value, and a str then fails to compile.)"""
+    an expert's; None: 0), so that ``off_n`` and the scales stay B's own. ``k_tile_lo`` / ``k_tile_hi``: only
+    the K steps lo .. hi - 1 (of BLOCK_K each; split-K's share; None: all). (Defaults are None, never strings:
+    triton 3.6 passes a left-out default of a nested call as a plain Python value, and a str then fails to
+    compile.)"""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # unused (and compiled away) without SILU_GATE
-    k_tiles = tl.cdiv(K, BLOCK_K)
+    ki_lo = 0
+    ki_hi = tl.cdiv(K, BLOCK_K)
+    if k_tile_lo is not None:
+        ki_lo = k_tile_lo
+        ki_hi = tl.minimum(k_tile_hi, ki_hi)
     rows = a_row + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
     if USE_TMA:
@@ -140,7 +147,7 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
         acc_r = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)  # the right half (split columns only)
         up_l = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)
         up_r = tl.zeros((BLOCK_M, COLS), dtype=tl.float32)
-        for ki in range(k_tiles):
+        for ki in range(ki_lo, ki_hi):
             a_tile = a.load([a_row, ki * BLOCK_K])
             s_gate, s_up = _block_scales(scale_a, scale_w, rows, off_n, ki * BLOCK_K // 128, a_rows, N, stride_sa,
                                          stride_sw, COLS, SCALES, SILU_GATE)
@@ -167,7 +174,11 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
         a_ptrs = a + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
         b_ptrs = b + cols.to(tl.int64)[:, None] * stride_bn + ks[None, :]
         up_ptrs = b + (N + cols).to(tl.int64)[:, None] * stride_bn + ks[None, :]  # SILU_GATE only
-        for ki in range(k_tiles):
+        if k_tile_lo is not None:
+            a_ptrs += ki_lo * BLOCK_K
+            b_ptrs += ki_lo * BLOCK_K
+            up_ptrs += ki_lo * BLOCK_K
+        for ki in range(ki_lo, ki_hi):
             k_left = K - ki * BLOCK_K
             b_mask = (cols[:, None] < N) & (ks[None, :] < k_left)
             a_tile = tl.load(a_ptrs, mask=(rows[:, None] < a_rows) & (ks[None, :] < k_left), other=0.0)
@@ -243,22 +254,62 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
                 USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
                 WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr,
                 scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = "",
-                MAX_IMPRECISE_ACC: tl.constexpr = None):
+                MAX_IMPRECISE_ACC: tl.constexpr = None, SPLIT_K: tl.constexpr = 1, partials=None, tile_counts=None):
     """Persistent ``C[seg] = A[seg] @ B.T`` over all segments: the reference use of the three pieces above
-    (SILU_GATE: ``silu(A @ B_gate.T) * (A @ B_up.T)``; FP8 scales: SCALES, see ``tile_accumulate``)."""
+    (SILU_GATE: ``silu(A @ B_gate.T) * (A @ B_up.T)``; FP8 scales: SCALES, see ``tile_accumulate``).
+
+    SPLIT_K > 1 (few tiles, long K: M small): each tile's K steps in SPLIT_K shares, a work item each, so that
+    every SM streams its part of B; an item stores its fp32 partial tile in ``partials`` and the last of a tile's
+    items to arrive (``tile_counts``: an int32 counter per tile, 0 between launches) sums the partials in split
+    order (deterministic) and stores the tile."""
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     tiles_m = tl.cdiv(seg_rows, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_segments * tiles_m * tiles_n
     a_rows = num_segments * seg_rows
-    for tile in tl.range(pid, num_tiles, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        seg, pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, num_segments, first_segment, segment_step, GROUP_M)
-        acc = tile_accumulate(a, b, seg * seg_rows + pid_m * BLOCK_M, pid_n * BLOCK_N, a_rows, N, K,
-                              stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, SILU_GATE,
-                              scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC)
-        tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, seg_rows, N, stride_cs, stride_cm,
-                   BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
+    if SPLIT_K == 1:
+        for tile in tl.range(pid, num_tiles, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+            seg, pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, num_segments, first_segment, segment_step,
+                                            GROUP_M)
+            acc = tile_accumulate(a, b, seg * seg_rows + pid_m * BLOCK_M, pid_n * BLOCK_N, a_rows, N, K,
+                                  stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, SILU_GATE,
+                                  scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC)
+            tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, seg_rows, N, stride_cs, stride_cm,
+                       BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
+    else:
+        tl.static_assert(not SILU_GATE, "split-K sums partial products: no SiLU gate")
+        k_share = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)  # K steps per split
+        for item in tl.range(pid, num_tiles * SPLIT_K, num_programs, flatten=FLATTEN):
+            tile = item // SPLIT_K  # a tile's splits are neighbours: they run at once and meet in L2
+            split = item % SPLIT_K
+            seg, pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, num_segments, first_segment, segment_step,
+                                            GROUP_M)
+            acc = tile_accumulate(a, b, seg * seg_rows + pid_m * BLOCK_M, pid_n * BLOCK_N, a_rows, N, K,
+                                  stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, False,
+                                  scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC, None,
+                                  split * k_share, (split + 1) * k_share)
+            acc, last = _sum_splits(acc, partials, tile_counts, tile, split, SPLIT_K, BLOCK_M, BLOCK_N)
+            if last:
+                tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, seg_rows, N, stride_cs, stride_cm,
+                           BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
+
+
+@triton.jit
+def _sum_splits(acc, partials, tile_counts, tile, split, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """Split-K: store this split's fp32 partial tile; in the last of the tile's splits to arrive, return the sum
+    of all of them in split order (the same bits whichever arrives last) and True; elsewhere ``acc`` and False."""
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tile_partials = partials + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+    tl.store(tile_partials + split * (BLOCK_M * BLOCK_N) + offs, acc)
+    last = dl.arrive_last(tile_counts + tile, SPLIT_K)
+    if last:  # (".cg": from L2, where the other SMs' partials are; never a stale L1 line)
+        tl.atomic_xchg(tile_counts + tile, 0, sem="relaxed", scope="gpu")
+        acc = tl.load(tile_partials + offs, cache_modifier=".cg")
+        for s in tl.static_range(1, SPLIT_K):
+            acc += tl.load(tile_partials + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+    return acc, last
 
 
 # ----------------------------------------------------------------------------------------------- host side
@@ -301,8 +352,9 @@ def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
 
     Keys: BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, SPLIT_N (the
     tile's columns as two accumulators, TMA only: ``tile_accumulate``), use_tma (None: whenever the operands
-    allow), num_programs (None: one per SM, or ``programs_per_sm`` per SM). FP8 operands (``scales``: their
-    ``fp8.Scales``): ``fp8_tiles``."""
+    allow), num_programs (None: one per SM, or ``programs_per_sm`` per SM); the ``gemm`` op's also SPLIT_K (each
+    tile's K in that many shares, summed by the last: ``gemm_kernel``; the fused ops' kernels have none). FP8
+    operands (``scales``: their ``fp8.Scales``): ``fp8_tiles``."""
     if device.type != "cuda":  # interpreter: small tiles keep it quick
         cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_stages=1, num_warps=4)
     elif m <= 1024 or n <= 1024:  # few tiles of 128x256 would leave SMs idle
@@ -381,17 +433,60 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg)
     args = (a_arg, b_arg, c_arg, segments, seg_rows, n, a.shape[1], a.stride(0), b.stride(0), c3.stride(0),
             c3.stride(1), first_segment, segment_step)
+    named = {} if scales is None else scales.tensor_args(scale_rows)
+    split_k = split_k_of(cfg, silu_gate)
+    if split_k > 1:
+        named.update(split_k_workspace(a.device, gemm_tiles(cfg, segments, seg_rows, n), split_k, cfg))
     # bound once per grid and constants (``Launcher``): a call costs the driver launch
-    _LAUNCH_GEMM(gemm_grid(cfg, segments, seg_rows, n, a.device), *args,
-                 named=None if scales is None else scales.tensor_args(scale_rows),
+    _LAUNCH_GEMM(gemm_grid(cfg, segments, seg_rows, n, a.device), *args, named=named,
                  **gemm_meta(cfg, use_tma, a.dtype, silu_gate, scales))
     return c3
 
 
+def split_k_of(cfg, silu_gate=False):
+    """``cfg``'s SPLIT_K, checked: a positive int, 1 with the SiLU gate (ValueError otherwise)."""
+    split_k = cfg.get("SPLIT_K")
+    if split_k is None:
+        return 1
+    if not isinstance(split_k, int) or isinstance(split_k, bool) or split_k < 1:
+        raise ValueError(f"SPLIT_K must be a positive int, got {split_k!r}")
+    if split_k > 1 and silu_gate:
+        raise ValueError("SPLIT_K > 1 sums partial products: it cannot take the SiLU-gate epilogue")
+    return split_k
+
+
+_SPLIT_K_SPACE = {}  # (device, stream) -> split-K's partial tiles and tile counters there
+
+
+def split_k_workspace(device, tiles, split_k, cfg):
+    """``gemm_kernel``'s split-K arguments for ``tiles`` tiles of ``cfg`` launched on the current stream: fp32
+    room for every split's partial tile and an int32 counter per tile, zero between launches (the kernel resets
+    it). One pair per stream (launches on one stream never overlap), grown as needed; under CUDA-graph capture a
+    new pair the graph keeps to itself (its zeroing is captured too)."""
+    tile_elems = cfg["BLOCK_M"] * cfg["BLOCK_N"]
+    need = (tiles * split_k * tile_elems, tiles)
+    key = (device, torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else None)
+    space = _SPLIT_K_SPACE.get(key)
+    if space is None or space["partials"].numel() < need[0] or space["tile_counts"].numel() < need[1]:
+        if space is not None:  # grown to hold both the old and the new needs
+            need = (max(need[0], space["partials"].numel()), max(need[1], space["tile_counts"].numel()))
+        space = dict(partials=torch.empty(need[0], dtype=torch.float32, device=device),
+                     tile_counts=torch.zeros(need[1], dtype=torch.int32, device=device))
+        if not hardware.capturing():
+            _SPLIT_K_SPACE[key] = space
+    return space
+
+
+def gemm_tiles(cfg, segments, seg_rows, n):
+    """The output tiles of ``cfg`` over C [segments, seg_rows, n]."""
+    return segments * -(-seg_rows // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"])  # (triton.cdiv costs µs on host)
+
+
 def gemm_grid(cfg, segments, seg_rows, n, device):
-    """``gemm_kernel``'s persistent grid: one program per SM (``num_programs``), at most one per tile."""
-    tiles = segments * -(-seg_rows // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"])  # (triton.cdiv costs µs on host)
-    return (max(1, min(cfg.get("num_programs") or default_num_programs(device, cfg), tiles)),)
+    """``gemm_kernel``'s persistent grid: one program per SM (``num_programs``), at most one per work item (a
+    tile, or a tile's K share: ``SPLIT_K``)."""
+    items = gemm_tiles(cfg, segments, seg_rows, n) * (cfg.get("SPLIT_K") or 1)
+    return (max(1, min(cfg.get("num_programs") or default_num_programs(device, cfg), items)),)
 
 
 def gemm_meta(cfg, use_tma, dtype, silu_gate=False, scales=None):
@@ -401,6 +496,8 @@ def gemm_meta(cfg, use_tma, dtype, silu_gate=False, scales=None):
                 USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"] and use_tma), FLATTEN=cfg["FLATTEN"],
                 WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(dtype), SILU_GATE=silu_gate,
                 num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
+    if (cfg.get("SPLIT_K") or 1) > 1:
+        meta["SPLIT_K"] = cfg["SPLIT_K"]
     if scales is not None:
         meta.update(scales.constexprs(cfg))
     return meta
@@ -535,10 +632,10 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
         return out.zero_()
     if config is None:
         key = (m, n, k, a.dtype, a.device) + fp8.plan_key(scales, out_dtype)
-        cfg = _CONFIGS.get(key, lambda: {**gemm_config(m, n, k, a.dtype, a.device, scales),
+        cfg = _CONFIGS.get(key, lambda: {**gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1),
                                          **_tuned_gemm_config(m, n, k, a.dtype, a.device, scales, out_dtype)})
     else:
-        cfg = autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device, scales), config)
+        cfg = autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1), config)
     fp8.check_block_k(scales, cfg)
     if plan_key is not None and a.is_cuda and cfg.get("use_tma") is not False and tma_compatible(a, w, out):
         plan = _EAGER.get(plan_key, lambda: EagerGemm(a, w, cfg, scales, out_dtype))
@@ -565,6 +662,8 @@ class EagerGemm:
         self.ints = (1, m, n, k, k, k, m * n, n, 0, 1)
         named = None if scales is None else scales.tensor_args()
         self.scale_strides = None if named is None else (named["stride_sa"], named["stride_sw"])
+        self.split_k = split_k_of(cfg)  # > 1: (tiles, split_k, cfg) of ``split_k_workspace``
+        self.split_args = (gemm_tiles(cfg, 1, m, n), self.split_k, cfg) if self.split_k > 1 else None
         self.launcher = Launcher(gemm_kernel, gemm_grid(cfg, 1, m, n, a.device),
                                  **gemm_meta(cfg, True, a.dtype, scales=scales))
 
@@ -577,13 +676,15 @@ class EagerGemm:
             return None
         args = (tma_descriptor(a, *self.a_desc), tma_descriptor(w, *self.w_desc),
                 tma_descriptor(out, *self.c_desc)) + self.ints
-        if self.scale_strides is None:
-            self.launcher.run(*args)
-        elif (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
-            return None
-        else:
-            self.launcher.run(*args, scale_a=scale_a, scale_w=scale_w, stride_sa=self.scale_strides[0],
-                              stride_sw=self.scale_strides[1])
+        named = {}
+        if self.scale_strides is not None:
+            if (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
+                return None
+            named = dict(scale_a=scale_a, scale_w=scale_w, stride_sa=self.scale_strides[0],
+                         stride_sw=self.scale_strides[1])
+        if self.split_args is not None:
+            named.update(split_k_workspace(self.device, *self.split_args))
+        self.launcher.run(*args, **named)
         return out
 
 
@@ -621,8 +722,25 @@ def skinny_configs(dtype):
             dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_stages=6, num_warps=4)]
 
 
-def gemm_candidates(m, n, k, dtype, device, scales=None):
-    """The small sweep the autotuner runs on GPU (a few of the known-good Hopper shapes; FP8: ``fp8_tiles``)."""
+def split_k_configs(m, n, k, dtype, device, base, scales=None):
+    """Split-K tiles where a shape has too few output tiles to put every SM on it (small M, long K): each with the
+    largest SPLIT_K that keeps the work items within one wave and every split at least four K steps."""
+    if device.type != "cuda" or dtype == torch.float32:
+        return []
+    sms, out = num_sms(device.index), []
+    for tile in (dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=4),
+                 dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8),
+                 dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=5, num_warps=4)):
+        cfg = fp8_tiles({**base, **tile}, dtype, device, scales)
+        split_k = min(sms // gemm_tiles(cfg, 1, m, n), -(-k // cfg["BLOCK_K"]) // 4, 16)
+        if split_k >= 2:
+            out.append({**cfg, "SPLIT_K": split_k})
+    return out
+
+
+def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False):
+    """The small sweep the autotuner runs on GPU (a few of the known-good Hopper shapes; FP8: ``fp8_tiles``);
+    ``split_k``: with ``split_k_configs`` (``gemm``'s own sweep: the fused ops' kernels have no split-K)."""
     base = gemm_config(m, n, k, dtype, device, scales)
     cands = [base,
              {**base, "BLOCK_N": 256, "num_stages": 3, "num_warps": 8, "BLOCK_M": 128},
@@ -641,7 +759,10 @@ def gemm_candidates(m, n, k, dtype, device, scales=None):
         cands += [{**base, **c} for c in skinny_configs(dtype)]
     cands = [fp8_tiles(c, dtype, device, scales) for c in cands]
     # split columns also as one accumulator: which is faster depends on the shape (docs/design/fp8.md)
-    return autotune.dedupe(cands + [{**c, "SPLIT_N": False} for c in cands if c.get("SPLIT_N")])
+    cands += [{**c, "SPLIT_N": False} for c in cands if c.get("SPLIT_N")]
+    if split_k:
+        cands += split_k_configs(m, n, k, dtype, device, base, scales)
+    return autotune.dedupe(cands)
 
 
 def _tuned_gemm_config(m, n, k, dtype, device, scales=None, out_dtype=None):
@@ -662,6 +783,6 @@ def _tuned_gemm_config(m, n, k, dtype, device, scales=None, out_dtype=None):
         return run
 
     key = dict(m=m, n=n, k=k, dtype=str(dtype).replace("torch.", ""), **fp8.describe(scales, out_dtype))
-    cands = [c for c in gemm_candidates(m, n, k, dtype, device, scales) if fp8.takes(scales, c)]
+    cands = [c for c in gemm_candidates(m, n, k, dtype, device, scales, split_k=True) if fp8.takes(scales, c)]
     return autotune.choose("gemm", key, cands, make_runner, default=gemm_config(m, n, k, dtype, device, scales),
                            collective=False)

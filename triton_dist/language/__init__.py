@@ -26,6 +26,7 @@ from .primitives import (  # noqa: F401
     GT,
     NE,
     SET,
+    arrive_last,
     barrier_all,
     bulk_stores_done,
     call_epoch,

@@ -290,11 +290,19 @@ def call_epoch(state):
 @triton.jit
 def finish_call(state, epoch, num_programs):
     """Every program calls this last; the last one to arrive advances ``state`` to ``epoch``."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(state + 1, 1, sem="acq_rel", scope="gpu")
-    if arrived == num_programs - 1:
+    if arrive_last(state + 1, num_programs):
         tl.atomic_xchg(state + 1, 0, sem="relaxed", scope="gpu")
         tl.atomic_xchg(state, epoch, sem="release", scope="gpu")
+
+
+@triton.jit
+def arrive_last(counter, arrivals):
+    """Count this program's arrival at the int32 ``counter`` (GPU scope), after every earlier store of the
+    program. True in the program that arrives ``arrivals``-th: it sees what the programs that arrived before it
+    stored, and it sets the counter back to 0 for the next launch (``tl.atomic_xchg(counter, 0)``: no host
+    memsets, CUDA-graph replay safe). No program waits, so nothing can hang whichever programs run at once."""
+    tl.debug_barrier()  # the stores of all threads of the program happen before the release below
+    return tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == arrivals - 1
 
 
 @triton.jit
