@@ -8,7 +8,13 @@ specialize the same way (every tensor of the same dtype and 16-byte alignment, e
 calls the compiled kernel's ``run``, the launcher ``kernel[grid]`` itself ends in, with the stored constexprs.
 Anything else (another alignment or value, a launch hook, the interpreter, a Triton whose internals differ) takes
 the plain path, so a Launcher never launches differently from ``kernel[grid]``.
+
+Where ``run`` is the Triton 3.6 CUDA launcher (checked by its shape: ``direct_launch``), a bound call goes one step
+further down, to the C launch function ``run`` ends in, with the tensor descriptors expanded at their known
+positions: the same call without ``run``'s generic per-argument Python loop (a third of an eager GEMM's host time).
 """
+
+import inspect
 
 import torch
 
@@ -51,6 +57,7 @@ class Launcher:
         self.names, self.named_at = (), ()  # the named runtime arguments and their positions in ``bound``
         self.key = None
         self.device = None  # the CUDA device it was compiled for (the compiled function is loaded there)
+        self.direct = None  # ``direct_launch`` of the compiled kernel, where this Triton allows it
 
     def __call__(self, *args, **named):
         if self.compiled is not None and _key(args + tuple(named.values())) == self.key and tuple(named) == self.names:
@@ -70,8 +77,12 @@ class Launcher:
                 bound[:len(args)] = args
                 for at, value in zip(self.named_at, named.values()):
                     bound[at] = value
-                compiled.run(self.grid[0], self.grid[1], self.grid[2], torch._C._cuda_getCurrentRawStream(device),
-                             compiled.function, compiled.packed_metadata, None, None, None, *bound)
+                stream = torch._C._cuda_getCurrentRawStream(device)
+                if self.direct is not None:
+                    self.direct(self.grid, stream, bound)
+                else:
+                    compiled.run(self.grid[0], self.grid[1], self.grid[2], stream, compiled.function,
+                                 compiled.packed_metadata, None, None, None, *bound)
                 return
         self._plain(args, named)
 
@@ -96,6 +107,50 @@ class Launcher:
             return
         self.compiled, self.bound, self.key = compiled, bound, _key(args + tuple(named.values()))
         self.names, self.named_at, self.device = tuple(named), named_at, device
+        self.direct = direct_launch(compiled)
+
+
+_RUN_PARAMS = ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]  # triton 3.6's CudaLauncher.__call__
+
+
+def direct_launch(compiled):
+    """``launch(grid, stream, args)``: what ``compiled.run(*grid, stream, compiled.function,
+    compiled.packed_metadata, None, None, None, *args)`` does on Triton 3.6's CUDA launcher, without its Python
+    layers: no scratch memory to allocate, the C launch called with the cooperative / PDL flags, and each tensor
+    descriptor among ``args`` expanded (``make_tensordesc_arg``) at the positions the launcher would find it.
+    None where ``run`` is not that launcher (another Triton, a kernel that needs scratch memory): the caller
+    keeps ``run``."""
+    run = compiled.run
+    try:
+        if (list(inspect.signature(type(run).__call__).parameters) != _RUN_PARAMS or run.global_scratch_size
+                or run.profile_scratch_size):
+            return None
+        launch, coop, pdl = run.launch, run.launch_cooperative_grid, run.launch_pdl
+        descriptors = ()
+        if getattr(launch, "__name__", None) == "inner":  # wrap_handle_tensordesc's: expands the descriptors
+            cells = inspect.getclosurevars(launch).nonlocals
+            expand = launch.__globals__["make_tensordesc_arg"]
+            if launch.__globals__["_BASE_ARGS_FORMAT_LEN"] != 13:
+                return None
+            launch = cells["launcher"]
+            descriptors = tuple(zip(sorted(cells["tensordesc_indices"]), cells["tensordesc_meta"]))
+        elif not callable(launch) or inspect.isfunction(launch):  # not the C launch function itself
+            return None
+        metadata = compiled.packed_metadata
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+    def direct(grid, stream, args):
+        head = [grid[0], grid[1], grid[2], stream, compiled.function, coop, pdl, None, None, metadata, None, None,
+                None]
+        start = 0
+        for at, meta in descriptors:
+            head += args[start:at]
+            head += expand(args[at], meta)
+            start = at + 1
+        head += args[start:]
+        launch(*head)
+    return direct
 
 
 class Launchers:
