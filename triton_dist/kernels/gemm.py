@@ -728,9 +728,13 @@ def split_k_configs(m, n, k, dtype, device, base, scales=None):
     if device.type != "cuda" or dtype == torch.float32:
         return []
     sms, out = num_sms(device.index), []
-    for tile in (dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=4),
-                 dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8),
-                 dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=5, num_warps=4)):
+    tiles = [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=4),
+             dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8),
+             dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=5, num_warps=4)]
+    if m <= 64:  # one warpgroup's rows: more of the weight in flight per SM (the GEMM streams it from HBM)
+        tiles += [dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_stages=4, num_warps=4),
+                  dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=4)]
+    for tile in tiles:
         cfg = fp8_tiles({**base, **tile}, dtype, device, scales)
         split_k = min(sms // gemm_tiles(cfg, 1, m, n), -(-k // cfg["BLOCK_K"]) // 4, 16)
         if split_k >= 2:
