@@ -734,6 +734,8 @@ def split_k_configs(m, n, k, dtype, device, base, scales=None):
     if m <= 64:  # one warpgroup's rows: more of the weight in flight per SM (the GEMM streams it from HBM)
         tiles += [dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_stages=4, num_warps=4),
                   dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=4)]
+    elif m > 256:  # compute-bound shares: two warpgroups a tile
+        tiles.append(dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8))
     for tile in tiles:
         cfg = fp8_tiles({**base, **tile}, dtype, device, scales)
         split_k = min(sms // gemm_tiles(cfg, 1, m, n), -(-k // cfg["BLOCK_K"]) // 4, 16)
