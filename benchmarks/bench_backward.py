@@ -6,7 +6,9 @@ autograd of the same computation, bf16 (torchrun --nproc-per-node=N benchmarks/b
             (HF, and HF with transformers' grouped_mm experts where it has them)
   mlp, moe also "ours fp8-<mode>" (replicated, ``fp8=mode``: FP8 forward, bf16 gradients; ``--fp8`` modes), its
             error held to FP8_TOLERANCE instead, and "ours fp8-<mode> kept": the same layer in ``fp8_weight_cache``,
-            its weights quantised once (a micro-batch after the first of an optimizer step)
+            its weights quantised once (a micro-batch after the first of an optimizer step); with ``--fp8-grads``
+            also "ours fp8-<mode> grads" (``fp8_grads=True``: the backward GEMMs in FP8 too) and "... grads kept"
+            (the step inside the cache: the transposed weights' copies for the backward kept too)
   ag_gemm   all_gather(a) @ w.T, M x N x K full sizes                 torch: all_gather_tensor_autograd, matmul
   gemm_rs   rows_r(sum_s a_s @ w_s.T)                                 torch: matmul, reduce_scatter_tensor_autograd
 
@@ -25,6 +27,7 @@ All timed in turn (``harness.in_turn``), max over ranks. ``--check``: the same c
 each other (runs on CPU ranks too).
 """
 
+import contextlib
 import copy
 
 import torch
@@ -45,9 +48,11 @@ class Step:
     (out, x's gradient, {name: parameter}) to {what: tensor} in this rank's layout, the same for every contender
     of a case, so that their results compare."""
 
-    def __init__(self, forward, x, params, held, grad_of):
+    def __init__(self, forward, x, params, held, grad_of, context=None):
         self.forward, self.x, self.params, self.held = forward, x.detach().clone().requires_grad_(), params, held
-        self.grad = grad_of(self.forward(self.x).detach())  # the output gradient, shaped like this contender's out
+        self.context = context or contextlib.nullcontext()  # around the forward and the backward
+        with self.context:
+            self.grad = grad_of(self.forward(self.x).detach())  # the output gradient, shaped like this one's out
         self.out = None
 
     def clear(self):
@@ -57,11 +62,14 @@ class Step:
 
     def fwd(self):
         self.clear()
-        return self.forward(self.x)
+        with self.context:
+            return self.forward(self.x)
 
     def fwd_bwd(self):
-        self.out = self.fwd()
-        self.out.backward(self.grad)
+        self.clear()
+        with self.context:
+            self.out = self.forward(self.x)
+            self.out.backward(self.grad)
 
     def results(self):
         """{what: tensor} after a step."""
@@ -86,22 +94,13 @@ def tolerance(label):
     return FP8_TOLERANCE if "fp8" in label else BF16_TOLERANCE
 
 
-def _kept_weights(layer):
-    """``layer``'s forward inside one ``fp8_weight_cache`` of its own: from the second call on, the FP8 weights
-    quantised by the first (a micro-batch after the first of an optimizer step)."""
+def layer_steps(kind, sizes, tokens, dtype, device, fp8_modes=(), fp8_grads=False):
+    """{label: Step} of a layer case: ours (replicated, seq-par; replicated in each of ``fp8_modes``, with
+    ``fp8_grads`` also with FP8 backward GEMMs) and the HF module(s). A "kept" contender runs its steps inside one
+    ``fp8_weight_cache`` of its own: from the second on, the FP8 weights quantised by the first (a micro-batch
+    after the first of an optimizer step)."""
     from triton_dist.nn import fp8_weight_cache
 
-    cache = fp8_weight_cache()
-
-    def forward(x):
-        with cache:
-            return layer(x)
-    return forward
-
-
-def layer_steps(kind, sizes, tokens, dtype, device, fp8_modes=()):
-    """{label: Step} of a layer case: ours (replicated, seq-par; replicated in each of ``fp8_modes``) and the HF
-    module(s)."""
     from triton_dist.nn import ExpertParallelMoE, TensorParallelMLP
 
     world, rank = td.world_size(), td.rank()
@@ -143,9 +142,12 @@ def layer_steps(kind, sizes, tokens, dtype, device, fp8_modes=()):
                                   held_ours, grad_of),
              "HF": Step(hf, x, dict(hf.named_parameters()), held_hf, grad_of)}
     for mode in fp8_modes:
-        fp8_layer = layer_cls.from_dense(copy.deepcopy(hf), fp8=mode)
-        steps[f"ours fp8-{mode}"] = Step(fp8_layer, x, ours_params(fp8_layer), held_ours, grad_of)
-        steps[f"ours fp8-{mode} kept"] = Step(_kept_weights(fp8_layer), x, ours_params(fp8_layer), held_ours, grad_of)
+        for grads in (False, True) if fp8_grads else (False,):
+            label = f"ours fp8-{mode}{' grads' if grads else ''}"
+            fp8_layer = layer_cls.from_dense(copy.deepcopy(hf), fp8=mode, **({"fp8_grads": True} if grads else {}))
+            steps[label] = Step(fp8_layer, x, ours_params(fp8_layer), held_ours, grad_of)
+            steps[f"{label} kept"] = Step(fp8_layer, x, ours_params(fp8_layer), held_ours, grad_of,
+                                          context=fp8_weight_cache())
     if kind == "moe" and hasattr(hf.experts, "config"):
         try:  # a copy of the block (its own config) with transformers' grouped_mm experts
             grouped = copy.deepcopy(hf)
@@ -202,10 +204,12 @@ def paths_of(step, label):
 
     if not label.startswith("ours"):
         return "torch"
-    with recorded_paths() as fwd:
-        out = step.fwd()
-    with recorded_paths() as bwd:
-        out.backward(step.grad)
+    step.clear()
+    with step.context:
+        with recorded_paths() as fwd:
+            out = step.forward(step.x)
+        with recorded_paths() as bwd:
+            out.backward(step.grad)
     return f"fwd: {' > '.join(fwd) or '-'}; bwd: {' > '.join(bwd) or '-'}"
 
 
@@ -224,12 +228,12 @@ def errors(steps, baseline):
             for label, step in steps.items() if label != baseline}
 
 
-def cases(tiny, dtype, device, only=CASES, tokens=4096, fp8_modes=("row",)):
+def cases(tiny, dtype, device, only=CASES, tokens=4096, fp8_modes=("row",), fp8_grads=False):
     """(case name, {label: Step}, baseline label) of every case."""
     for kind in ("mlp", "moe"):
         if kind in only:
             steps, base = layer_steps(kind, (TINY if tiny else FULL)[kind], 13 if tiny else tokens, dtype, device,
-                                      fp8_modes)
+                                      fp8_modes, fp8_grads and kind == "mlp")
             yield f"{kind} {tokens if not tiny else 13} tokens", steps, base
     for op in ("ag_gemm", "gemm_rs"):
         if op in only:
@@ -243,7 +247,7 @@ def check():
     """Tiny fp32 sizes: every contender's output and gradients against its baseline's (within 1e-4; FP8 ones
     within FP8_TOLERANCE). Returns (the labels checked, the problems)."""
     checked, problems = [], []
-    for case, steps, base in cases(True, torch.float32, td.shmem.device()):
+    for case, steps, base in cases(True, torch.float32, td.shmem.device(), fp8_grads=True):
         for label, err in errors(steps, base).items():
             checked.append(f"{case}: {label}")
             if not err < (FP8_TOLERANCE if "fp8" in label else 1e-4):
@@ -258,6 +262,8 @@ def main():
         parser.add_argument("--only", default=",".join(CASES), help=f"comma-separated cases of {', '.join(CASES)}")
         parser.add_argument("--tokens", type=int, default=4096)
         parser.add_argument("--fp8", default="row", help="comma-separated FP8 modes of the layers' FP8 contenders")
+        parser.add_argument("--fp8-grads", action="store_true",
+                            help="also the MLP's FP8 contenders with fp8_grads=True (FP8 backward GEMMs)")
 
     args = start(__doc__, check, "backward benchmark", 8 << 30, add_arguments)
     if args is None:
@@ -271,7 +277,8 @@ def main():
             print("bench_backward: transformers is not installed: the layer cases are left out", flush=True)
     rows = []
     fp8_modes = [m for m in args.fp8.split(",") if m]
-    for case, steps, base in cases(False, torch.bfloat16, td.shmem.device(), only, args.tokens, fp8_modes):
+    for case, steps, base in cases(False, torch.bfloat16, td.shmem.device(), only, args.tokens, fp8_modes,
+                                   args.fp8_grads):
         errs = errors(steps, base)  # (the first step of each: the tuner picks every shape's path here)
         paths = {label: paths_of(step, label) for label, step in steps.items()}
         timed = {}
