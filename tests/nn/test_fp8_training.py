@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import triton_dist as td
-from triton_dist.kernels import fp8
+from triton_dist.kernels import autograd as td_autograd, fp8
 from triton_dist.kernels.gemm_reducescatter import rows_of_rank
 from triton_dist.nn import ColumnParallelLinear, ExpertParallelMoE, RowParallelLinear, TensorParallelMLP, parallelize
 from triton_dist.nn.sharding import bucket_rows
@@ -629,7 +629,81 @@ def test_fp8_weight_cache_quantises_each_weight_once(ranks, world, mode):
         assert all(result.values()), result
 
 
+def _transposed_weight_cache_case(mode, device="cpu"):
+    """A TensorParallelMLP(fp8=mode, fp8_grads=True): three micro-batches' forward and backward (the input's
+    gradient too: both weights' transposes multiplied), ``down`` halved in place before the third: the backward's
+    op ``quantize=`` on ``w.T.contiguous()`` (what it ran before the cache kept w.T's copies), and inside one
+    ``fp8_weight_cache``; and the transposed copies of a ragged Parameter that transpose its own
+    ("tensor", "block") against ``quantize_fp8`` of its transpose. Returns {what: whether it holds}."""
+    dense, x, target = _batch()
+    layer = TensorParallelMLP.from_dense(dense.to(device), fp8=mode, fp8_grads=True)
+    x, target = x.to(device), target.to(device)
+    weights = dict(layer.named_parameters())
+    start = {name: p.detach().clone() for name, p in weights.items()}
+    made = []  # one entry per quantisation of a weight ("down") or of a weight's transpose ("down.T")
+
+    def counting(t, scaling="group"):
+        for name, p in weights.items():
+            if t is p:
+                made.append(name)
+            elif t.shape == p.T.shape and torch.equal(t, p.T):
+                made.append(f"{name}.T")
+        return real_fp8(t, scaling)
+
+    def train(cache):
+        with torch.no_grad():
+            for name, p in weights.items():
+                p.copy_(start[name])
+        layer.zero_grad()
+        made.clear()
+        xs = x.clone().requires_grad_()
+        with cache if cache is not None else contextlib.nullcontext():
+            for rows in (slice(0, 8), slice(8, 16), slice(16, 24)):
+                if rows.start == 16:  # an optimizer-like update between micro-batches
+                    with torch.no_grad():
+                        layer.down.mul_(0.5)
+                F.mse_loss(layer(xs[rows]), target[rows]).backward()
+        return [xs.grad] + [p.grad.clone() for p in weights.values()], sorted(made)
+
+    def on_a_transposed_copy(op, g, w, mode, group):  # the backward before the cache kept w.T's copies
+        return op(g.contiguous(), w.T.contiguous(), group=group, quantize=mode)
+
+    # per micro-batch: each weight's forward copy, and its transpose's ("tensor" / "block": w's copy transposed)
+    each = ["down", "gate_up"] + (["down.T", "gate_up.T"] if mode == "row" else [])
+    real_fp8, real_times_weight = fp8.quantize_fp8, td_autograd._times_weight
+    fp8.quantize_fp8 = counting
+    try:
+        td_autograd._times_weight = on_a_transposed_copy
+        grads, uncached = train(None)
+        td_autograd._times_weight = real_times_weight
+        kept = fp8.weight_cache()
+        cached_grads, cached = train(kept)
+    finally:
+        fp8.quantize_fp8, td_autograd._times_weight = real_fp8, real_times_weight
+    gen = torch.Generator().manual_seed(5)
+    ragged = nn.Parameter(torch.randn(200, 136, generator=gen).to(device))  # short last blocks both ways
+    copies = [(fp8.quantize_weight(ragged, m, transposed=True), fp8.quantize_fp8(ragged.T.contiguous(), m))
+              for m in ("tensor", "block")]  # ("row" quantises w.T itself)
+    return {"gradients bitwise": all(torch.equal(a, b) for a, b in zip(grads, cached_grads)),
+            "without a cache: quantised in every pass": uncached == sorted(["down", "down.T", "gate_up",
+                                                                            "gate_up.T"] * 3),
+            "each copy made once, down's again after its update":
+                cached == sorted(each + [n for n in each if n.startswith("down")]) and len(kept) == 4,
+            "transposed copies are w.T's": all(torch.equal(q.view(torch.uint8), q0.view(torch.uint8))
+                                               and torch.equal(s, s0) for (q, s), (q0, s0) in copies)}
+
+
+@pytest.mark.parametrize("world,mode", [(1, "row"), (2, "row"), (1, "block")])
+def test_fp8_weight_cache_keeps_the_transposed_weights(ranks, world, mode):
+    """``fp8_weight_cache`` with ``fp8_grads``: the backward's transposed weights quantised once per step as well
+    (again after an in-place update), the gradients bitwise those of quantising in every backward; "tensor" and
+    "block" transpose the forward's copy, bitwise w.T's own."""
+    for result in ranks(world, _transposed_weight_cache_case, mode):
+        assert all(result.values()), result
+
+
 @gpu_only
 def test_fp8_weight_cache_on_one_gpu(ranks):
     result = ranks.on_one_gpu(_weight_cache_case, "row", True, "cuda")
+    result.update(ranks.on_one_gpu(_transposed_weight_cache_case, "row", "cuda"))
     assert all(result.values()), result

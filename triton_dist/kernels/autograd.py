@@ -40,8 +40,10 @@ quantised by ``fp8.quantize_operands`` in the forward's mode along that GEMM's r
     gemm_rs    grad_a = ag_gemm(grad_out, w.T, quantize)    (each rank's rows of G, and w.T, along N)
                grad_w = Q(G.T) @ Q(a.T).T                   (along the M rows; G gathered on its own, unquantised)
 
-(Q: e4m3 with its scales). The input gradients run the overlapped ops' own ``quantize=`` mode, the weights' the
-FP8 GEMM core (``quantized_gemm``, a torch op under torch.compile); gradients in a's dtype, the same fixed orders.
+(Q: e4m3 with its scales). The input gradients run the overlapped ops on FP8 operands (``_times_weight``: grad_out
+quantised as their ``quantize=`` does, w.T's copy from ``fp8.quantize_weight``, kept per optimizer step by an open
+``fp8.weight_cache``; under torch.compile their ``quantize=`` on w.T), the weights' the FP8 GEMM core
+(``quantized_gemm``, a torch op under torch.compile); gradients in a's dtype, the same fixed orders.
 """
 
 import torch
@@ -83,6 +85,17 @@ library.define("quantized_gemm(Tensor a, Tensor w, str mode) -> Tensor", quantiz
                lambda a, w, mode: a.new_empty((a.shape[0], w.shape[0])))
 
 
+def _times_weight(op, g, w, mode, group):
+    """``op(g, w.T)`` (``gemm_rs`` or ``ag_gemm``: the input's gradient ``g @ w``) in FP8 ``mode`` (``fp8_grads``):
+    the op on g quantised as its ``quantize=`` would and on w.T's FP8 copy from ``fp8.quantize_weight``, which an
+    open ``fp8.weight_cache`` keeps across an optimizer step's micro-batches: bitwise the op's ``quantize=`` on
+    ``w.T.contiguous()``, a fresh tensor that no cache keeps. Traced or differentiated: that call itself."""
+    if hardware.compiling() or library.needs_grad(g, w):
+        return op(g.contiguous(), w.T.contiguous(), group=group, quantize=mode)
+    g8, w8, scales = fp8.quantize_operands(g, w, mode, transposed=True)
+    return op(g8, w8, group=group, scale_a=scales.a, scale_w=scales.w, scaling=scales.mode, out_dtype=g.dtype)
+
+
 def _weight_grad(g, x, mode):
     """``g.T @ x`` (the weights' gradient of a product whose output gradient is ``g`` [rows, N] and input ``x``
     [rows, K]): torch's in g's dtype, or (``mode``: ``fp8_grads``) ``quantized_gemm`` of g.T and x.T."""
@@ -119,8 +132,10 @@ def _ag_gemm_backward(ctx, grad_out, grad_gathered):
     if ctx.needs_input_grad[0]:
         if alone:  # torch's GEMM on the weight as it is: no transposed copy of it
             grad_a = grad_out @ w
+        elif ctx.grads_mode is not None:
+            grad_a = _times_weight(gemm_rs, grad_out, w, ctx.grads_mode, group)
         else:
-            grad_a = gemm_rs(grad_out.contiguous(), w.T.contiguous(), group=group, quantize=ctx.grads_mode)
+            grad_a = gemm_rs(grad_out.contiguous(), w.T.contiguous(), group=group)
         if grad_gathered is not None:
             grad_a = grad_a + _reduce_scatter(grad_gathered, group)
     if ctx.needs_input_grad[1]:
@@ -153,7 +168,7 @@ def _gemm_rs_backward(ctx, grad_out):
     if mode is None:
         out, g = ag_gemm(padded, w.T.contiguous(), return_gathered=True, group=group)
     else:  # FP8 rows cross in ag_gemm: the weights' gradient gathers G on its own
-        out = ag_gemm(padded, w.T.contiguous(), group=group, quantize=mode) if ctx.needs_input_grad[0] else None
+        out = _times_weight(ag_gemm, padded, w, mode, group) if ctx.needs_input_grad[0] else None
         g = gathered(padded, group) if ctx.needs_input_grad[1] else None
     if shard * world != m:  # drop every rank's padding rows
         keep = torch.cat([torch.arange(r * shard, r * shard + rows_of_rank(m, world, r)[1], device=a.device)

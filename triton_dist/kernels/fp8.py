@@ -271,14 +271,17 @@ class weight_cache:
     quantised again when it has changed, once per optimizer step.
 
     What is kept: the weights of the FP8 ops (``ag_gemm`` / ``gemm_rs`` / ``grouped_gemm`` with ``quantize=``,
-    hence the ``nn`` layers' ``fp8=``) that are ``nn.Parameter``s, never activations or gradients. A kept copy is
-    used while the parameter is the same tensor with the same storage and version counter, so an in-place update
-    (``optimizer.step()``, ``load_state_dict``, ``p.add_`` under no_grad) is quantised again; a write through
-    ``p.data`` is not seen (``.data`` has a version counter of its own): do not edit weights that way while a cache
-    holds them, or ``clear()`` it after. The copies (half a bf16 weight's bytes each) live as long as the cache
-    object and their weights. The backward stays the straight-through one, on the high-precision weights. The
-    innermost open cache keeps; the ops called by a torch.compile'd graph use it as eager calls do (nothing is kept
-    while the graph is traced), and nothing is kept or reused during CUDA-graph capture."""
+    hence the ``nn`` layers' ``fp8=``) that are ``nn.Parameter``s, and with ``fp8_grads`` the copies of their
+    transposes that ``ag_gemm``'s and ``gemm_rs``'s FP8 backward multiplies by (``quantize_weight(transposed=
+    True)``), never activations or gradients. A kept copy is used while the parameter is the same tensor with the
+    same storage and version counter, so an in-place update (``optimizer.step()``, ``load_state_dict``, ``p.add_``
+    under no_grad) is quantised again; a write through ``p.data`` is not seen (``.data`` has a version counter of
+    its own): do not edit weights that way while a cache holds them, or ``clear()`` it after. The copies (half a
+    bf16 weight's bytes each) live as long as the cache object and their weights. Without ``fp8_grads`` the
+    backward stays the straight-through one, on the high-precision weights. The innermost open cache keeps; the
+    ops called by a torch.compile'd graph use it as eager calls do (nothing is kept while the graph is traced; a
+    compiled backward quantises its transposed weights every time), and nothing is kept or reused during
+    CUDA-graph capture."""
 
     _active = []  # the open caches, innermost last
 
@@ -321,11 +324,27 @@ class weight_cache:
         return copy
 
 
-def quantize_weight(w, mode):
+def quantize_weight(w, mode, transposed=False):
     """A weight's FP8 copy in ``mode`` for the ops' ``quantize=``: (q, scales) of ``quantize_fp8`` for a weight
-    [N, K], of ``quantize_stack`` for a stack of experts' weights [E, N, K]; from an open ``weight_cache`` where it
-    keeps this parameter unchanged."""
-    return weight_cache.quantized(w, mode, lambda: quantize_stack(w, mode) if w.dim() == 3 else quantize_fp8(w, mode))
+    [N, K], of ``quantize_stack`` for a stack of experts' weights [E, N, K]; ``transposed``: that of ``w.T`` [K, N]
+    (a weight [N, K]: the operand of the FP8 backward's ``grad @ w``, ``fp8_grads``). From an open
+    ``weight_cache`` where it keeps this parameter unchanged (the transpose's copy under a key of its own)."""
+    if not transposed:
+        return weight_cache.quantized(w, mode,
+                                      lambda: quantize_stack(w, mode) if w.dim() == 3 else quantize_fp8(w, mode))
+    if w.dim() != 2:
+        raise ValueError(f"transposed: a weight [N, K], got shape {list(w.shape)}")
+    return weight_cache.quantized(w, (mode, "T"), lambda: _transposed_copy(w, mode))
+
+
+def _transposed_copy(w, mode):
+    """``quantize_fp8(w.T.contiguous(), mode)``, bitwise: "row" quantises w.T (a scale per column of w); "tensor"
+    and "block" transpose w's own copy (``quantize_weight``, kept or not: the same scale, or the 128x128 block grid
+    transposed, and each value divided by the same scale), an FP8 copy instead of a high-precision one."""
+    if mode == "row":
+        return quantize_fp8(w.T.contiguous(), mode)
+    q, scales = quantize_weight(w, mode)
+    return q.T.contiguous(), scales if mode == "tensor" else scales.T.contiguous()
 
 
 def quantize(x, scaling, dtype=torch.float8_e4m3fn):
@@ -371,17 +390,18 @@ def check_fp8_grads(fp8_grads, mode, name="fp8_grads", mode_name="quantize"):
     return fp8_grads
 
 
-def quantize_operands(a, w, mode):
+def quantize_operands(a, w, mode, transposed=False):
     """High-precision operands ``a`` [M, K] and ``w`` [N, K] -> (a8, w8, ``Scales``) in ``mode`` (one of
     ``MODES``; "block": a in 1x128 groups, w in 128x128 blocks), e4m3, by ``quantize_fp8``: dynamic scales, taken
     from the operands' amax on their device (no host sync; w's copy from an open ``weight_cache`` where it keeps
     it: ``quantize_weight``). What the ops' ``quantize=`` mode runs (FP8 training: the forward of the usual
     recipe; with ``fp8_grads``, the operands of every backward GEMM too, each quantised along that GEMM's
-    reduction dimension)."""
+    reduction dimension). ``transposed``: ``w`` [K, N] is a weight whose transpose is the operand (w8 = w.T's
+    copy, kept as the weight's are; the backward's ``grad @ w``)."""
     if check_mode(mode) is None:
         raise ValueError(f"quantize_operands needs a mode of {MODES}, got None")
     a8, scale_a = quantize_fp8(a, "group" if mode == "block" else mode)
-    w8, scale_w = quantize_weight(w, mode)
+    w8, scale_w = quantize_weight(w, mode, transposed)
     return a8, w8, check_scales(a8, w8, scale_a, scale_w, mode)
 
 
