@@ -466,13 +466,14 @@ def split_k_workspace(device, tiles, split_k, cfg):
     tile_elems = cfg["BLOCK_M"] * cfg["BLOCK_N"]
     need = (tiles * split_k * tile_elems, tiles)
     key = (device, torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else None)
-    space = _SPLIT_K_SPACE.get(key)
+    capturing = hardware.capturing()  # (a kept pair may be replaced when it grows: a graph must not hold it)
+    space = None if capturing else _SPLIT_K_SPACE.get(key)
     if space is None or space["partials"].numel() < need[0] or space["tile_counts"].numel() < need[1]:
         if space is not None:  # grown to hold both the old and the new needs
             need = (max(need[0], space["partials"].numel()), max(need[1], space["tile_counts"].numel()))
         space = dict(partials=torch.empty(need[0], dtype=torch.float32, device=device),
                      tile_counts=torch.zeros(need[1], dtype=torch.int32, device=device))
-        if not hardware.capturing():
+        if not capturing:
             _SPLIT_K_SPACE[key] = space
     return space
 
@@ -662,8 +663,8 @@ class EagerGemm:
         self.ints = (1, m, n, k, k, k, m * n, n, 0, 1)
         named = None if scales is None else scales.tensor_args()
         self.scale_strides = None if named is None else (named["stride_sa"], named["stride_sw"])
-        self.split_k = split_k_of(cfg)  # > 1: (tiles, split_k, cfg) of ``split_k_workspace``
-        self.split_args = (gemm_tiles(cfg, 1, m, n), self.split_k, cfg) if self.split_k > 1 else None
+        split_k = split_k_of(cfg)
+        self.split_args = (gemm_tiles(cfg, 1, m, n), split_k, cfg) if split_k > 1 else None  # split_k_workspace's
         self.launcher = Launcher(gemm_kernel, gemm_grid(cfg, 1, m, n, a.device),
                                  **gemm_meta(cfg, True, a.dtype, scales=scales))
 

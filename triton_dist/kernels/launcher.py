@@ -11,7 +11,7 @@ the plain path, so a Launcher never launches differently from ``kernel[grid]``.
 
 Where ``run`` is the Triton 3.6 CUDA launcher (checked by its shape: ``direct_launch``), a bound call goes one step
 further down, to the C launch function ``run`` ends in, with the tensor descriptors expanded at their known
-positions: the same call without ``run``'s generic per-argument Python loop (a third of an eager GEMM's host time).
+positions: the same call without ``run``'s generic per-argument Python loop (its cost: docs/design/host.md).
 """
 
 import inspect

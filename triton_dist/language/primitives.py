@@ -299,8 +299,9 @@ def finish_call(state, epoch, num_programs):
 def arrive_last(counter, arrivals):
     """Count this program's arrival at the int32 ``counter`` (GPU scope), after every earlier store of the
     program. True in the program that arrives ``arrivals``-th: it sees what the programs that arrived before it
-    stored, and it sets the counter back to 0 for the next launch (``tl.atomic_xchg(counter, 0)``: no host
-    memsets, CUDA-graph replay safe). No program waits, so nothing can hang whichever programs run at once."""
+    stored, and it is the one to set the counter back to 0 for the next launch (``tl.atomic_xchg(counter, 0)``:
+    no host memsets, CUDA-graph replay safe). No program waits, so nothing can hang whichever programs run at
+    once."""
     tl.debug_barrier()  # the stores of all threads of the program happen before the release below
     return tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == arrivals - 1
 
