@@ -9,8 +9,9 @@ power-capped, which bounds every kernel alike.
   in turn        (M >= 4096) ours and cuBLAS again, timed in turn over 5 rounds, each also as two GEMMs over the
                  halves of M (async-TP's per-shard GEMMs at W = 2 beat one cuBLAS GEMM over the whole M in run58:
                  is it the split?)
-Device times replay one call from a CUDA graph (small shapes are otherwise host-bound); the eager columns time
-Python calls.
+Device times replay a CUDA graph of back-to-back calls, enough for ~100 µs of work (``autotune.graph_calls``, as the
+tuner times candidates), per call: one small call replayed alone times the host's cost of the replay, not the
+kernel. The eager columns time Python calls.
 
 FP8 (``--only fp8``; ``--only bf16`` skips it), one GPU's GEMMs M x N x K at FP8_SHAPES, e4m3 in, bf16 out:
   tensor / row   our scaled GEMM core (``gemm.scaled_gemm``, autotuned) against ``torch._scaled_mm`` (cuBLAS)
@@ -27,6 +28,7 @@ import os
 import torch
 
 import triton_dist as td
+from triton_dist import autotune, hardware
 from harness import IN_TURN, clocks_during, head_to_head, in_turn, record
 from triton_dist.timing import graph_us_or_nan, time_us
 from triton_dist.kernels import fp8
@@ -42,6 +44,11 @@ def _label(cfg):
     if (cfg.get("SPLIT_K") or 1) > 1:
         parts.append(f"split-k {cfg['SPLIT_K']}")
     return " ".join(parts)
+
+
+def graph_calls(m, n, k, dtype):
+    """Calls per timing graph of an M x N x K GEMM (as the autotuner's)."""
+    return autotune.graph_calls(hardware.work_us(2 * m * n * k, (m * k + n * k + m * n) * dtype.itemsize, dtype))
 
 
 # ``--only small``: small M (decode, TP shards), long K, odd sizes; bf16 and FP8 rowwise, device and eager time
@@ -95,8 +102,9 @@ def fp8_rows():
             row[f"vs cuBLAS {base} (no block scales)"] = turn[f"cuBLAS {base}"] / turn[f"ours {tag}"]
         row["ours row TFLOP/s"] = tflops(turn["ours row"])
         if m <= 2048:  # host-bound sizes: the device time too
-            row["ours row graph us"] = graph_us_or_nan(calls["ours row"], "ours row", warmup=2)
-            row["cuBLAS row graph us"] = graph_us_or_nan(calls["cuBLAS row"], "cuBLAS row", warmup=2)
+            reps = graph_calls(m, n, k, torch.float8_e4m3fn)
+            row["ours row graph us"] = graph_us_or_nan(calls["ours row"], "ours row", warmup=2, calls=reps)
+            row["cuBLAS row graph us"] = graph_us_or_nan(calls["cuBLAS row"], "cuBLAS row", warmup=2, calls=reps)
         row["max rel err vs cuBLAS"] = max(errs.values())
         rows.append(row)
     record("gemm_core_fp8", rows, notes=f"e4m3 a[M,K] @ w[N,K].T -> bf16 on one GPU per rank; eager calls {IN_TURN}; "
@@ -133,6 +141,7 @@ def small_rows():
         row = {"M": m, "N": n, "K": k, "ours config": _label(tuned) if tuned else "?",
                "max rel err": ((out.double() - ref).abs().max() / ref.abs().max()).item()}
         calls = {"ours": lambda: gemm(a, w, out=out), "cuBLAS": lambda: torch.matmul(a, w.T, out=out)}
+        reps = {name: graph_calls(m, n, k, torch.bfloat16) for name in ("ours", "cuBLAS")}
         if not (n % 16 or k % 16):
             a8, sa = fp8.quantize(a.float(), "row")
             w8, sw = fp8.quantize(w.float(), "row")
@@ -141,8 +150,10 @@ def small_rows():
             row["ours fp8 row config"] = _label(tuned8) if tuned8 else "?"
             calls["ours fp8 row"] = lambda: scaled_gemm(a8, w8, sa, sw)
             calls["cuBLAS fp8 row"] = cublas_fp8(a8, w8, sa, sw, "row", False)
+            reps.update({name: graph_calls(m, n, k, a8.dtype) for name in ("ours fp8 row", "cuBLAS fp8 row")})
+        row["graph calls"] = reps["ours"]
         for name, fn in calls.items():
-            row[f"{name} us"] = graph_us_or_nan(fn, name, warmup=2)
+            row[f"{name} us"] = graph_us_or_nan(fn, name, warmup=2, calls=reps[name])
         eager = in_turn(calls)
         for name in calls:
             row[f"{name} eager us"] = eager[name]
@@ -151,13 +162,15 @@ def small_rows():
         if "ours fp8 row" in calls:
             row["fp8 row ours/cuBLAS"] = row["cuBLAS fp8 row us"] / row["ours fp8 row us"]
             row["fp8 row ours/cuBLAS eager"] = eager["cuBLAS fp8 row"] / eager["ours fp8 row"]
-        knobs = {_label(c): graph_us_or_nan(lambda: gemm(a, w, out=out, config=c), _label(c), iters=10, warmup=2)
+        knobs = {_label(c): graph_us_or_nan(lambda: gemm(a, w, out=out, config=c), _label(c), iters=10, warmup=2,
+                                            calls=reps["ours"])
                  for c in gemm_candidates(m, n, k, a.dtype, a.device, split_k=True)}
         row["all knobs"] = "; ".join(f"{k_}: {v:.1f}" for k_, v in knobs.items())
         rows.append(row)
-    record("gemm_small", rows, notes="a[M,K] @ w[N,K].T -> bf16 on one GPU per rank; 'us': device time (CUDA-graph "
-           f"replay, median of 20), 'eager us': Python calls {IN_TURN} (host cost included); ours: the tuned "
-           "configuration named in 'config' (split-K: each tile's K in shares summed by the last); fp8 row: e4m3 "
+    record("gemm_small", rows, notes="a[M,K] @ w[N,K].T -> bf16 on one GPU per rank; 'us': device time per call "
+           "(replays of a CUDA graph of 'graph calls' calls, median of 20), "
+           f"'eager us': Python calls {IN_TURN} (host cost included); ours: the tuned configuration named in "
+           "'config' (split-K: each tile's K in shares summed by the last); fp8 row: e4m3 "
            "rowwise scales vs torch._scaled_mm (no fast accumulation); max over ranks")
 
 
@@ -190,9 +203,11 @@ def main():
         err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
         t_tuned = time_us(lambda: gemm(a, w, out=out))
         t_cublas = time_us(lambda: torch.matmul(a, w.T, out=out))
-        t_tuned_dev = graph_us_or_nan(lambda: gemm(a, w, out=out), "ours", warmup=2)
-        t_cublas_dev = graph_us_or_nan(lambda: torch.matmul(a, w.T, out=out), "cuBLAS", warmup=2)
-        knobs = {_label(c): graph_us_or_nan(lambda: gemm(a, w, out=out, config=c), _label(c), iters=10, warmup=2)
+        reps = graph_calls(m, n, k, a.dtype)
+        t_tuned_dev = graph_us_or_nan(lambda: gemm(a, w, out=out), "ours", warmup=2, calls=reps)
+        t_cublas_dev = graph_us_or_nan(lambda: torch.matmul(a, w.T, out=out), "cuBLAS", warmup=2, calls=reps)
+        knobs = {_label(c): graph_us_or_nan(lambda: gemm(a, w, out=out, config=c), _label(c), iters=10, warmup=2,
+                                            calls=reps)
                  for c in gemm_candidates(m, n, k, a.dtype, a.device, split_k=True)}
         base = gemm_config(m, n, k, a.dtype, a.device, SPLIT_K=1)
         extras = []
@@ -206,7 +221,7 @@ def main():
         for extra in extras:
             c = {**base, **extra}
             knobs[_label(c) + f" g{c['GROUP_M']}"] = graph_us_or_nan(lambda: gemm(a, w, out=out, config=c),
-                                                                     _label(c), iters=10, warmup=2)
+                                                                     _label(c), iters=10, warmup=2, calls=reps)
         clk_ours = clocks_during(lambda: gemm(a, w, out=out))
         clk_cublas = clocks_during(lambda: torch.matmul(a, w.T, out=out))
         turn = {}
@@ -236,7 +251,8 @@ def main():
                      "cuBLAS MHz / W": f"{clk_cublas['MHz']} / {clk_cublas['W']:.0f}",
                      "throttle (ours; cuBLAS)": f"{clk_ours['throttle']}; {clk_cublas['throttle']}"})
     record("gemm_core", rows, notes="bf16 per-rank GEMM a[M,K] @ w[N,K].T; median of 20, max over ranks; "
-           "ours / cuBLAS / knobs: device time (CUDA-graph replay); eager columns: Python calls (host cost included); "
+           "ours / cuBLAS / knobs: device time per call (CUDA-graph replays of graph_calls calls); eager columns: "
+           "Python calls (host cost included); "
            f"in turn: eager calls {IN_TURN}; MHz / W: median SM clock and mean board power over 40 back-to-back "
            "calls (rank 0's GPU)")
     td.finalize()

@@ -128,6 +128,36 @@ def test_short_candidates_get_more_calls_after_their_first_round(tmp_path, monke
     autotune._CHOSEN.clear()
 
 
+def test_graph_runs_report_per_call_and_hold_enough_calls(tmp_path, monkeypatch):
+    """A runner of ``calls`` launches per run (``graph_runner``): the chosen candidate, the printed and the kept
+    figures are per call, and later rounds' counts follow the run's own time. ``graph_calls``: enough calls for
+    GRAPH_SPAN_US of work, one for long kernels, MAX_GRAPH_CALLS for tiny or unknown ones."""
+    monkeypatch.setenv("TRITON_DIST_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "tuning_allowed", lambda: True)
+    candidates = [{"us": 30.0}, {"us": 20.0}]
+    counts = []
+
+    def fake_time(run, cfg, iters=10, **kw):
+        counts.append(iters)
+        return cfg["us"] * run.calls  # a run replays run.calls launches
+
+    def make_runner():
+        run = autotune.graph_runner(lambda cfg: None, calls=5)
+        assert run.calls == 5
+        return run
+    monkeypatch.setattr(autotune, "time_candidate", fake_time)
+    key = {"test": "graph-calls"}
+    assert autotune.choose("demo_calls", key, candidates, make_runner, default=candidates[0], collective=False,
+                           rounds=2) == {"us": 20.0}
+    fkey = autotune.full_key("demo_calls", key, False, candidates)
+    assert json.loads((tmp_path / "demo_calls.json").read_text())["_timings_us"][fkey] == [30.0, 20.0]
+    assert sorted(counts) == [10, 10, 33, 50]  # 5000 us spanned by 150- and 100-us runs
+    autotune._CHOSEN.clear()
+    span = autotune.GRAPH_SPAN_US
+    assert autotune.graph_calls(10 * span) == 1 and autotune.graph_calls(span / 4) == 4
+    assert autotune.graph_calls(span / 1000) == autotune.graph_calls(0.0) == autotune.MAX_GRAPH_CALLS
+
+
 @pytest.mark.parametrize("n,rounds", [(1, 3), (5, 1), (11, 3), (3, 5)])
 def test_in_turn_order_depends_only_on_the_counts(n, rounds):
     """Ranks time collectively in the same order: the order is a function of (n, rounds) alone."""

@@ -18,6 +18,9 @@
   its rounds: a GPU at its power limit drifts by several percent within a second.
 * **Enough samples for short calls.** Later rounds time enough calls to span ``SPAN_US`` (at most ``MAX_ITERS``),
   counted from the first round's figure, which every rank shares.
+* **Device time for short kernels.** ``graph_runner`` replays a CUDA graph of each candidate holding enough calls
+  for about ``GRAPH_SPAN_US`` of work (``graph_calls``): one call of a few µs replayed alone times the host's cost
+  of a replay and its events, the same for every candidate. Figures are per call.
 A candidate that fails (e.g. too much shared memory) fails on every rank alike and scores infinity.
 docs/design/autotune.md has the measurements behind these rules.
 """
@@ -40,6 +43,8 @@ _CHOSEN = {}  # full key -> config (identical on every rank)
 SPAN_US = 5000.0  # later rounds time a candidate over about this long ...
 MAX_ITERS = 100  # ... in at most this many calls
 WARMUP_US = 50000.0  # each timing starts after ~50 ms of the candidate itself (timing.warm_up)
+GRAPH_SPAN_US = 100.0  # a tuning graph holds calls for about this much device work ...
+MAX_GRAPH_CALLS = 16  # ... in at most this many calls
 
 
 def cache_dir():
@@ -194,6 +199,7 @@ def choose(op, key, candidates, make_runner, default, collective=True, iters=10,
         _CHOSEN[mkey] = cached
         return cached
     run = make_runner()
+    calls = getattr(run, "calls", 1)  # launches per run (graph_runner): the figures printed and kept are per call
     t0 = time.time()
     if rank == 0:
         print(f"triton_dist autotune {op} {key}: {len(candidates)} candidates", file=sys.stderr, flush=True)
@@ -207,11 +213,12 @@ def choose(op, key, candidates, make_runner, default, collective=True, iters=10,
             first[i] = t
         done[i] += 1
         if rank == 0:
-            print(f"  [{i + 1}/{len(candidates)}] round {done[i]}/{rounds} {t:10.1f} us  {_short(candidates[i])}",
+            print(f"  [{i + 1}/{len(candidates)}] round {done[i]}/{rounds} {t / calls:10.1f} us  "
+                  f"{_short(candidates[i])}",
                   file=sys.stderr, flush=True)
         return t
 
-    timings = in_turn(len(candidates), rounds, time_one)
+    timings = [t / calls for t in in_turn(len(candidates), rounds, time_one)]
     best = min(range(len(candidates)), key=lambda i: timings[i])
     best = _broadcast(best, group, world, rank)  # belt and braces: rank 0's pick wins
     cfg = candidates[best]
@@ -222,6 +229,31 @@ def choose(op, key, candidates, make_runner, default, collective=True, iters=10,
               file=sys.stderr, flush=True)
         _write_disk(op, fkey, cfg, timings)
     return cfg
+
+
+def graph_calls(estimate_us):
+    """Launches a tuning graph holds (``graph_runner``) for a kernel of about ``estimate_us`` µs of device work:
+    enough for ``GRAPH_SPAN_US``, at most ``MAX_GRAPH_CALLS``. An estimate within a few times of the truth does."""
+    if not estimate_us > 0:
+        return MAX_GRAPH_CALLS
+    return max(1, min(MAX_GRAPH_CALLS, math.ceil(GRAPH_SPAN_US / estimate_us)))
+
+
+def graph_runner(launch, calls=1):
+    """``run(cfg)`` for ``choose``'s ``make_runner``: a replay of a CUDA graph of ``calls`` back-to-back
+    ``launch(cfg)``, captured at the candidate's first run after one eager call (``timing.graph_of``): device time
+    without the op's host path. ``run.calls`` tells ``choose`` to report per call."""
+    from .timing import graph_of
+
+    graphs = {}  # id of a candidate (choose passes the same dicts every round) -> its graph
+
+    def run(cfg):
+        graph = graphs.get(id(cfg))
+        if graph is None:
+            graph = graphs[id(cfg)] = graph_of(lambda: launch(cfg), calls)
+        graph.replay()
+    run.calls = calls
+    return run
 
 
 def dedupe(configs):

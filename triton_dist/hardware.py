@@ -80,6 +80,14 @@ def pdl_capable(device):
     return device.type == "cuda" and compute_major(device.index) >= 9
 
 
+def work_us(flops, bytes_moved, dtype):
+    """A floor of the device time of ``flops`` and ``bytes_moved`` in ``dtype`` on a Hopper-class GPU (dense tensor
+    cores ~1000 TFLOP/s in 16-bit, twice that in 8-bit; HBM ~5 TB/s): what sizes a tuning graph
+    (``autotune.graph_calls``), not a prediction."""
+    tflops = 2000.0 if dtype.itemsize == 1 else 1000.0
+    return max(flops / (tflops * 1e6), bytes_moved / 5e6)
+
+
 def capturing():
     """True while the current CUDA stream records a graph (no allocation, tuning or host sync may happen)."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

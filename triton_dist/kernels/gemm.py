@@ -774,20 +774,14 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False):
 
 def _tuned_gemm_config(m, n, k, dtype, device, scales=None, out_dtype=None):
     def make_runner():  # only called when tuning actually happens
-        from ..timing import graph_of
-
         a = torch.randn((m, k), device=device).to(dtype)
         w = torch.randn((n, k), device=device).to(dtype)
         probe = None if scales is None else scales.probe()
         out = torch.empty((m, n), dtype=out_dtype or dtype, device=device)
-        graphs = {}
-
-        def run(cfg):  # device time: each candidate replayed from a CUDA graph, so that small shapes are not
-            key = repr(sorted(cfg.items()))  # timed by their (identical) host launch cost
-            if key not in graphs:
-                graphs[key] = graph_of(lambda: launch_gemm(a, w, out.view(1, m, n), cfg, scales=probe))
-            graphs[key].replay()
-        return run
+        # device time (CUDA-graph replays), so that small shapes are not timed by their identical host cost
+        work = hardware.work_us(2 * m * n * k, (m * k + n * k) * dtype.itemsize + m * n * out.element_size(), dtype)
+        return autotune.graph_runner(lambda cfg: launch_gemm(a, w, out.view(1, m, n), cfg, scales=probe),
+                                     autotune.graph_calls(work))
 
     key = dict(m=m, n=n, k=k, dtype=str(dtype).replace("torch.", ""), **fp8.describe(scales, out_dtype))
     cands = [c for c in gemm_candidates(m, n, k, dtype, device, scales, split_k=True) if fp8.takes(scales, c)]

@@ -288,23 +288,16 @@ def _tuned_config(rows, experts, n_out, k, dtype, device, silu_gate, w_kn, scale
         if fp8.takes(scales, c):
             cands.append(c)
 
-    def make_runner():
-        from ..timing import graph_of
-
+    def make_runner():  # device time, from CUDA graphs (as gemm's)
         x = torch.randn((rows, k), device=device).to(dtype)
         w = (torch.randn((experts, k, n_out) if w_kn else (experts, w_rows, k), device=device) / k ** 0.5).to(dtype)
         offsets = torch.linspace(0, rows, experts + 1, device=device).to(torch.int32)
         out = torch.empty((rows, n_out), dtype=out_dtype or dtype, device=device)
         probe = None if scales is None else scales.probe()
-        graphs = {}
-
-        def run(cfg):  # device time, from a CUDA graph per candidate
-            key = repr(sorted(cfg.items()))
-            if key not in graphs:
-                graphs[key] = graph_of(lambda: launch_grouped_gemm(x, w, offsets, None, out, cfg, silu_gate, w_kn,
-                                                                   probe))
-            graphs[key].replay()
-        return run
+        work = hardware.work_us(2 * rows * w_rows * k, (x.numel() + w.numel()) * dtype.itemsize
+                                + out.numel() * out.element_size(), dtype)
+        return autotune.graph_runner(lambda cfg: launch_grouped_gemm(x, w, offsets, None, out, cfg, silu_gate, w_kn,
+                                                                     probe), autotune.graph_calls(work))
 
     key = dict(rows=rows, experts=experts, n=w_rows, k=k, dtype=str(dtype).replace("torch.", ""),
                silu_gate=silu_gate, **({"w_layout": "kn"} if w_kn else {}), **fp8.describe(scales, out_dtype))
@@ -524,20 +517,13 @@ def _tuned_weight_grad_config(rows, experts, n, k, dtype, device):
     cands = weight_grad_candidates(dtype, device)
 
     def make_runner():
-        from ..timing import graph_of
-
         dy = torch.randn((rows, n), device=device).to(dtype)
         x = torch.randn((rows, k), device=device).to(dtype)
         offsets = torch.linspace(0, rows, experts + 1, device=device).to(torch.int32)
         dw = torch.empty((experts, n, k), dtype=dtype, device=device)
-        graphs = {}
-
-        def run(cfg):
-            key = repr(sorted(cfg.items()))
-            if key not in graphs:
-                graphs[key] = graph_of(lambda: launch_weight_grad(dy, x, offsets, None, dw, cfg))
-            graphs[key].replay()
-        return run
+        work = hardware.work_us(2 * rows * n * k, (dy.numel() + x.numel() + dw.numel()) * dtype.itemsize, dtype)
+        return autotune.graph_runner(lambda cfg: launch_weight_grad(dy, x, offsets, None, dw, cfg),
+                                     autotune.graph_calls(work))
 
     key = dict(rows=rows, experts=experts, n=n, k=k, dtype=str(dtype).replace("torch.", ""))
     return autotune.choose("grouped_weight_grad", key, cands, make_runner, default=cands[0], collective=False)

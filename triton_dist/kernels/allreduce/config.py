@@ -15,7 +15,6 @@ a CUDA graph of one call (device time); a call made while a CUDA graph is being 
 import torch
 
 from ... import autotune, hardware
-from ...timing import graph_of
 from ...hardware import next_power_of_2
 
 ALGOS = ("auto", "one_shot", "two_shot", "nccl")
@@ -70,17 +69,8 @@ def tuned(op, key, cands, default, make_call, group):
     replays of a CUDA graph of one call. ``make_call()`` -> ``call(cfg)``, one op call on tuning inputs."""
     eager = autotune.choose(op, {**key, "timed": "eager"}, cands, make_call, default=default, group=group)
 
-    def make_replay():
-        call, graphs = make_call(), {}
-
-        def replay(cfg):
-            k = repr(sorted(cfg.items()))
-            if k not in graphs:  # one eager call (compiles, builds the workspace), then the capture
-                graphs[k] = graph_of(lambda: call(cfg))
-            graphs[k].replay()
-        return replay
-
-    graph = autotune.choose(op, {**key, "timed": "graph"}, cands, make_replay, default=default, group=group)
+    graph = autotune.choose(op, {**key, "timed": "graph"}, cands, lambda: autotune.graph_runner(make_call()),
+                            default=default, group=group)
     return eager, graph
 
 
