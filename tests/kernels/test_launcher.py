@@ -111,8 +111,15 @@ _TRITON36_DRIVER = """
 _BASE_ARGS_FORMAT_LEN = 13
 
 
+ENCODED = []
+
+
 def make_tensordesc_arg(arg, metadata):
-    return [("map", arg, metadata), "shape", "strides"]
+    if metadata is None:
+        return [arg.base, *arg.shape, *arg.strides]
+    ENCODED.append(arg)
+    return [("map", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), arg.padding, metadata), *arg.shape,
+            *arg.strides]
 
 
 def wrap_handle_tensordesc(launcher, tensordesc_indices, tensordesc_meta):
@@ -142,24 +149,46 @@ class CudaLauncher:
 """
 
 
-@pytest.mark.parametrize("descriptors", [(), (0, 2), (3,)])
+class _Desc:
+    """A host tensor descriptor as the launcher reads it."""
+
+    def __init__(self, ptr, shape, strides, padding="zero"):
+        self.base = type("Base", (), dict(data_ptr=lambda _: ptr))()
+        self.shape, self.strides, self.padding = shape, strides, padding
+
+
+@pytest.mark.parametrize("descriptors", [(), (0, 2), (3,), (1,)])
 def test_direct_launch_calls_what_triton36_run_calls(descriptors):
     """``direct_launch`` on a launcher shaped as Triton 3.6's: the C launch gets exactly the arguments ``run``
-    gives it (descriptors expanded in place, with their own metadata), with and without descriptors; a launcher of
-    another shape, or one that needs scratch memory, gets None (the caller keeps ``run``)."""
+    gives it (descriptors expanded in place, with their own metadata), with and without descriptors; an encoding
+    is reused while its descriptor's address and layout repeat, and made again for another address, shape or
+    padding (never kept without TMA metadata: position 1); a launcher of another shape, or one that needs scratch
+    memory, gets None (the caller keeps ``run``)."""
     driver = {}
     exec(_TRITON36_DRIVER, driver)
     calls = []
     raw = _Builtin(calls)
-    launch = driver["wrap_handle_tensordesc"](raw, set(descriptors), [f"meta{i}" for i in descriptors]) \
-        if descriptors else raw
+    metas = [None if i == 1 else f"meta{i}" for i in descriptors]
+    launch = driver["wrap_handle_tensordesc"](raw, set(descriptors), metas) if descriptors else raw
     compiled = type("Compiled", (), dict(function="fn", packed_metadata="meta", run=driver["CudaLauncher"](launch)))
-    args = ["a", "b", "c", 4, 5]
-    compiled.run(8, 1, 1, 7, "fn", "meta", None, None, None, *args)
+
+    def args_with(ptr, shape=(64, 32), padding="zero"):
+        args = ["a", "b", "c", 4, 5]
+        for i in descriptors:
+            args[i] = _Desc(ptr + 16 * i, list(shape), [shape[1], 1], padding)
+        return args
+
     direct = launcher.direct_launch(compiled)
     assert direct is not None
-    direct((8, 1, 1), 7, args)
-    assert len(calls) == 2 and calls[0] == calls[1]
+    encoded = driver["ENCODED"]
+    launches = [(args_with(1024), True), (args_with(1024), False), (args_with(4096), True), (args_with(1024), False),
+                (args_with(1024, (32, 32)), True), (args_with(1024, padding="nan"), True)]
+    for args, fresh in launches:
+        compiled.run(8, 1, 1, 7, "fn", "meta", None, None, None, *args)
+        before = len(encoded)
+        direct((8, 1, 1), 7, args)
+        assert calls[-2] == calls[-1]
+        assert len(encoded) - before == (sum(m is not None for m in metas) if fresh else 0)
     compiled.run.global_scratch_size = 64
     assert launcher.direct_launch(compiled) is None
     assert launcher.direct_launch(type("C", (), dict(run=lambda *a: None, packed_metadata=None))) is None

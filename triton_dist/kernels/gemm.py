@@ -605,11 +605,18 @@ def _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype,
     """A call of ``gemm`` / ``scaled_gemm``: through the eager plan of its layout (``EagerGemm``) where one was
     made, else checked, configured and launched (which makes the plan)."""
     key = None
-    if config is None and _tensors_or_none(a, w, out, scale_a, scale_w) and _contiguous_scales(scale_a, scale_w) \
-            and not hardware.compiling():
-        key = (_layout(a), _layout(w), _layout(out), _layout(scale_a), _layout(scale_w), scaling, out_dtype,
-               fast_accum, required)
-        plan = _EAGER.find(key)
+    if config is None and isinstance(a, torch.Tensor) and isinstance(w, torch.Tensor) and not hardware.compiling():
+        if out is None and scale_a is None and scale_w is None:  # the common call: a flat key, two layouts
+            key = (a.shape, a.stride(), a.dtype, a.device, w.shape, w.stride(), w.dtype, w.device, scaling,
+                   out_dtype, fast_accum, required)
+        elif _tensors_or_none(out, scale_a, scale_w) and _contiguous_scales(scale_a, scale_w):
+            key = (_layout(a), _layout(w), _layout(out), _layout(scale_a), _layout(scale_w), scaling, out_dtype,
+                   fast_accum, required)
+    if key is not None:
+        try:
+            plan = _EAGER.find(key)
+        except TypeError:  # an unhashable keyword: the checks below name it
+            plan = key = None
         if plan is not None:
             result = plan(a, w, out, scale_a, scale_w)
             if result is not None:

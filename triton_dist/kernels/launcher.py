@@ -11,7 +11,8 @@ the plain path, so a Launcher never launches differently from ``kernel[grid]``.
 
 Where ``run`` is the Triton 3.6 CUDA launcher (checked by its shape: ``direct_launch``), a bound call goes one step
 further down, to the C launch function ``run`` ends in, with the tensor descriptors expanded at their known
-positions: the same call without ``run``'s generic per-argument Python loop (its cost: docs/design/host.md).
+positions: the same call without ``run``'s generic per-argument Python loop (its cost: docs/design/host.md), and
+without encoding a descriptor again while its address and layout repeat (a weight's always do).
 """
 
 import inspect
@@ -117,7 +118,9 @@ def direct_launch(compiled):
     """``launch(grid, stream, args)``: what ``compiled.run(*grid, stream, compiled.function,
     compiled.packed_metadata, None, None, None, *args)`` does on Triton 3.6's CUDA launcher, without its Python
     layers: no scratch memory to allocate, the C launch called with the cooperative / PDL flags, and each tensor
-    descriptor among ``args`` expanded (``make_tensordesc_arg``) at the positions the launcher would find it.
+    descriptor among ``args`` expanded (``make_tensordesc_arg``) at the positions the launcher would find it; an
+    expansion is kept for the next launches whose descriptor there has the same address, shape, strides and
+    padding (the CUtensorMap encodes nothing else: the block, dtype and swizzle are the compiled kernel's).
     None where ``run`` is not that launcher (another Triton, a kernel that needs scratch memory): the caller
     keeps ``run``."""
     run = compiled.run
@@ -140,17 +143,32 @@ def direct_launch(compiled):
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
 
+    encoded = [{} for _ in descriptors]  # per descriptor: its recent expansions by (address, shape, strides, padding)
+
     def direct(grid, stream, args):
         head = [grid[0], grid[1], grid[2], stream, compiled.function, coop, pdl, None, None, metadata, None, None,
                 None]
         start = 0
-        for at, meta in descriptors:
+        for (at, meta), recent in zip(descriptors, encoded):
             head += args[start:at]
-            head += expand(args[at], meta)
+            desc = args[at]
+            if meta is None:  # no TMA here: the expansion holds the tensor itself, never kept
+                head += expand(desc, meta)
+            else:
+                key = (desc.base.data_ptr(), tuple(desc.shape), tuple(desc.strides), desc.padding)
+                expanded = recent.get(key)
+                if expanded is None:  # the encoding (a CUtensorMap) is a function of the key: reused while it repeats
+                    if len(recent) >= ENCODINGS_KEPT:
+                        recent.clear()
+                    expanded = recent[key] = expand(desc, meta)
+                head += expanded
             start = at + 1
         head += args[start:]
         launch(*head)
     return direct
+
+
+ENCODINGS_KEPT = 8  # per descriptor of a bound launch: a weight's, and the few addresses activations cycle through
 
 
 class Launchers:
