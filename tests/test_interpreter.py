@@ -32,3 +32,33 @@ def test_a_broken_interpreter_is_repaired(monkeypatch):
     assert interpreter.repair_index() is True
     assert not interpreter._index_broken(interp)
     assert interpreter.repair_index() is False  # once is enough
+
+
+def test_bf16_dot_multiplies_values():
+    """The interpreter's ``tl.dot`` of bf16 operands (held as uint16 bit patterns) multiplies the numbers, in fp32:
+    ``import triton_dist`` installed the repair where the fault is."""
+    import os
+
+    import torch
+    import triton
+    import triton.language as tl
+
+    from triton.runtime import interpreter as interp
+
+    assert not interpreter._bf16_dot_broken(interp)
+    assert interpreter.repair_bf16_dot() is False  # installed once, at import
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("kernels are compiled here")
+
+    @triton.jit
+    def dot_kernel(a, b, c, N: tl.constexpr):
+        r = tl.arange(0, N)
+        x = tl.load(a + r[:, None] * N + r[None, :])
+        y = tl.load(b + r[:, None] * N + r[None, :])
+        tl.store(c + r[:, None] * N + r[None, :], tl.dot(x, y))
+
+    a = torch.randn(16, 16).to(torch.bfloat16)
+    b = torch.randn(16, 16).to(torch.bfloat16)
+    c = torch.empty(16, 16)
+    dot_kernel[(1,)](a, b, c, N=16)
+    assert torch.allclose(c.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)

@@ -1,10 +1,15 @@
-"""Kernels under the Triton interpreter (``TRITON_INTERPRET=1``, CPU ranks): one repair for older Triton.
+"""Kernels under the Triton interpreter (``TRITON_INTERPRET=1``, CPU ranks): two repairs.
 
 Triton <= 3.6's interpreter gives ``tl.tensor`` an ``__index__`` of ``int(self.handle.data)``, where every scalar
 is a numpy array of shape (1,); numpy 2.4 refuses that conversion ("only 0-dimensional arrays can be converted to
 Python scalars"), so every ``range()`` / ``tl.range()`` over a runtime value fails. Triton 3.7 converts the array
 with ``squeeze()`` first; ``repair_index()`` installs that conversion wherever a feature test finds the fault, and
 warns what to install if it cannot.
+
+The interpreter keeps bfloat16 values as their uint16 bit patterns, and its ``tl.dot`` (triton 3.6 to 3.9 at least)
+multiplies those integers: every bf16 GEMM, grouped GEMM or attention score on CPU ranks came out as garbage
+(relative errors of 1e9). ``repair_bf16_dot()`` widens bf16 operands to the fp32 values they hold (exactly: the
+bits shifted up by 16) before the product, as the tensor cores do; a feature test finds the fault first.
 """
 
 import operator
@@ -54,5 +59,54 @@ def repair_index():
         warnings.warn(f"triton {triton.__version__}'s interpreter cannot run range() over runtime values with numpy "
                       f"{numpy.__version__}: CPU-rank kernels will fail ('only 0-dimensional arrays can be converted "
                       f"to Python scalars'). Install triton>=3.7 or numpy<2.4.", RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
+def _bf16_dot_broken(interp):
+    import numpy as np
+    import triton.language as tl
+
+    one = np.full((1, 1), 0x3F80, dtype=np.uint16)  # 1.0 in bf16
+    a = interp.TensorHandle(one, tl.bfloat16)
+    acc = interp.TensorHandle(np.zeros((1, 1), dtype=np.float32), tl.float32)
+    try:
+        out = interp.InterpreterBuilder.create_dot(interp.interpreter_builder, a, a, acc, "ieee", 0)
+        return float(out.data.reshape(-1)[0]) != 1.0
+    except Exception:
+        return True
+
+
+def _as_fp32(handle, interp):
+    import numpy as np
+    import triton.language as tl
+
+    if handle.dtype != tl.bfloat16:
+        return handle
+    return interp.TensorHandle((handle.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+
+def repair_bf16_dot():
+    """Make the interpreter's ``tl.dot`` multiply bf16 operands as the numbers they are (fp32 products and sums)
+    where a feature test finds it multiplying their bit patterns; True if the repair was installed."""
+    try:
+        from triton.runtime import interpreter as interp
+
+        original = interp.InterpreterBuilder.create_dot
+        if getattr(original, "triton_dist_repair", False) or not _bf16_dot_broken(interp):
+            return False
+    except Exception:  # no interpreter, or internals of another shape: nothing known to repair
+        return False
+
+    def create_dot(self, a, b, d, *args, **kwargs):
+        return original(self, _as_fp32(a, interp), _as_fp32(b, interp), d, *args, **kwargs)
+
+    create_dot.triton_dist_repair = True
+    interp.InterpreterBuilder.create_dot = create_dot
+    if _bf16_dot_broken(interp):
+        interp.InterpreterBuilder.create_dot = original
+        warnings.warn("this Triton's interpreter multiplies bfloat16 operands of tl.dot wrongly and the repair did "
+                      "not take: bf16 GEMMs on CPU ranks are wrong (use float16 or float32)", RuntimeWarning,
+                      stacklevel=2)
         return False
     return True

@@ -39,6 +39,21 @@ def test_gemm_matches_torch_in_interpreter(m, n, k, dtype, use_tma):
 
 
 @cpu_only
+@pytest.mark.parametrize("m,n,k,use_tma", [(17, 1, 15, False), (33, 24, 40, None)])
+def test_bf16_gemm_in_interpreter(m, n, k, use_tma):
+    """bf16 operands under the interpreter (which holds bf16 as uint16 bit patterns: its own ``tl.dot`` multiplied
+    those, relative errors of 1e9; ``interpreter.repair_bf16_dot``), split-K too."""
+    gen = torch.Generator().manual_seed(m + n + k)
+    a = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    ref = a.double() @ w.double().T
+    for split_k in (1, 2):
+        out = gemm(a, w, config={"use_tma": use_tma, "SPLIT_K": split_k, "num_programs": 3})
+        assert out.dtype == torch.bfloat16
+        assert ((out.double() - ref).abs().max() / ref.abs().max()) < 2e-2
+
+
+@cpu_only
 def test_wide_masked_tiles_store_both_halves():
     """Masked stores of tiles wider than 128 go in two column halves (``tile_store``): every column of a ragged
     256-wide tile lands once, in place."""
