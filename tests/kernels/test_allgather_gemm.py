@@ -249,6 +249,8 @@ def _check_bad_input():
         lambda: torch.ops.triton_dist.ag_gemm(a, w.half()),            # the op checks too
         lambda: ag_gemm(a, w[:5], activation="silu_gate"),             # odd rows: no gate/up halves
         lambda: ag_gemm(a, w, activation="gelu"),                      # unknown activation
+        lambda: ag_gemm(a, w, config={"BLOCK_M": 0}),                  # no such tile (was ZeroDivisionError)
+        lambda: ag_gemm(a, w, config={"path": "nope"}),                # unknown path (was run as "overlap")
     ]
     return error_names(cases)
 
@@ -280,7 +282,7 @@ def test_ag_gemm_rejects_cpu_tensors_without_interpreter(ranks):
 def test_ag_gemm_rejects_bad_input(ranks):
     for names in ranks(2, _check_bad_input):
         assert names == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError",
-                         "ValueError", "TypeError", "ValueError", "ValueError"], names
+                         "ValueError", "TypeError", "ValueError", "ValueError", "ValueError", "ValueError"], names
 
 
 # ----------------------------------------------------------------------------------------------- GPU

@@ -12,6 +12,7 @@ import importlib
 
 from triton_dist import autotune
 from triton_dist.kernels.gemm import gemm, gemm_candidates, gemm_config, launch_gemm
+from triton_dist.kernels.grouped_gemm import grouped_gemm
 
 from ..conftest import cpu_only, gpu_only
 from ..sm90 import compile_sm90
@@ -174,6 +175,19 @@ def test_config_overrides_reject_unknown_knobs():
     a = torch.randn(8, 16, device="cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError, match="BLOCKM"):
         gemm(a, a, config={"BLOCKM": 16})
+
+
+@pytest.mark.parametrize("knob,value", [("BLOCK_M", 0), ("BLOCK_N", 24), ("BLOCK_K", 3), ("BLOCK_K", 8),
+                                        ("GROUP_M", 0), ("num_warps", 3), ("num_stages", 0), ("BLOCK_M", True)])
+def test_config_overrides_reject_impossible_tiles(knob, value):
+    """A tile value no kernel can take is a ValueError naming the knob before any launch (it was a
+    ZeroDivisionError, or a failure inside the kernel's compilation), for gemm and grouped_gemm alike."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    a = torch.randn(8, 16, device=dev)
+    with pytest.raises(ValueError, match=knob):
+        gemm(a, a, config={knob: value})
+    with pytest.raises(ValueError, match=knob):
+        grouped_gemm(a, a[None], torch.tensor([0, 8], dtype=torch.int32, device=dev), config={knob: value})
 
 
 def test_gemm_rejects_cpu_tensors_without_interpreter(monkeypatch):

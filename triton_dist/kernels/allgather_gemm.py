@@ -37,8 +37,8 @@ from .. import autotune, hardware, shmem
 from .. import language as dl
 from ..hardware import cdiv
 from . import fp8, library
-from .gemm import (check_launchable, check_matmul_operands, default_num_programs, describe_operands, dot_precision,
-                   fp8_tiles, gemm_candidates, gemm_config, launch_gemm, matmul_torch, skinny_configs,
+from .gemm import (check_launchable, check_matmul_operands, check_tiles, default_num_programs, describe_operands,
+                   dot_precision, fp8_tiles, gemm_candidates, gemm_config, launch_gemm, matmul_torch, skinny_configs,
                    tile_accumulate, tile_coords, tile_store)
 from .launcher import Launcher
 from .replay import GraphCache
@@ -473,6 +473,7 @@ def _config(m_shard, n, k, dtype, device, world, config, silu_gate, group, scale
     if config is None:
         return _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group, scales, out_dtype)
     cfg = autotune.with_overrides(default_config(m_shard, n, k, dtype, device, world, silu_gate, scales), config)
+    check_tiles(cfg, paths=("overlap", "graph", "fallback"))
     if silu_gate:
         cfg["silu_gate"] = True
     return cfg

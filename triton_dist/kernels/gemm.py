@@ -370,6 +370,29 @@ def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
     return cfg
 
 
+def check_tiles(config, paths=None):
+    """ValueError for a caller's ``config`` override that no GEMM-core kernel can take (checked before any launch,
+    so a bad value is refused by every rank alike instead of failing inside the kernel, ZeroDivisionError or a
+    compile error): tile sides BLOCK_M / N / K powers of two >= 16 (``tl.dot``'s smallest), GROUP_M,
+    num_stages positive ints, num_warps a power of two; ``paths``: the op's ``path`` values."""
+    for name, value in config.items():
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            ok = is_int and value >= 16 and value & (value - 1) == 0
+            want = "a power of two >= 16"
+        elif name in ("GROUP_M", "num_stages"):
+            ok, want = is_int and value >= 1, "a positive int"
+        elif name == "num_warps":
+            ok, want = is_int and value >= 1 and value & (value - 1) == 0, "a power of two"
+        elif name == "path" and paths is not None:
+            ok, want = value in paths, f"one of {paths}"
+        else:
+            continue
+        if not ok:
+            raise ValueError(f"config {name} must be {want}, got {value!r}")
+    return config
+
+
 def tma_compatible(*tensors):
     """TMA needs 16-byte aligned base addresses and row strides (and a unit last stride)."""
     if TensorDescriptor is None:
@@ -643,7 +666,8 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
         cfg = _CONFIGS.get(key, lambda: {**gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1),
                                          **_tuned_gemm_config(m, n, k, a.dtype, a.device, scales, out_dtype)})
     else:
-        cfg = autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1), config)
+        cfg = check_tiles(autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1),
+                                                  config))
     fp8.check_block_k(scales, cfg)
     if plan_key is not None and a.is_cuda and cfg.get("use_tma") is not False and tma_compatible(a, w, out):
         plan = _EAGER.get(plan_key, lambda: EagerGemm(a, w, cfg, scales, out_dtype))

@@ -31,9 +31,9 @@ import triton.language as tl
 from .. import autotune, hardware, shmem
 from ..hardware import cdiv, next_power_of_2
 from . import fp8, library
-from .gemm import (SUPPORTED_DTYPES, b_block, c_block, check_launchable, default_num_programs, dot_precision,
-                   gemm_candidates, gemm_config, tile_accumulate, tile_coords, tile_store, tma_compatible,
-                   tma_descriptor)
+from .gemm import (SUPPORTED_DTYPES, b_block, c_block, check_launchable, check_tiles, default_num_programs,
+                   dot_precision, gemm_candidates, gemm_config, tile_accumulate, tile_coords, tile_store,
+                   tma_compatible, tma_descriptor)
 from .silu_gate import silu_gate
 
 ACTIVATIONS = ("none", "silu_gate")
@@ -469,8 +469,8 @@ def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, 
         cfg = _CONFIGS.get(key, lambda: _tuned_config(rows, experts, shape[1], k, x.dtype, x.device, silu_gate,
                                                       w_kn, scales, dtype if scales is not None else None))
     else:
-        cfg = autotune.with_overrides(default_config(rows, shape[1], k, x.dtype, x.device, silu_gate, scales),
-                                      config)
+        cfg = check_tiles(autotune.with_overrides(default_config(rows, shape[1], k, x.dtype, x.device, silu_gate,
+                                                                 scales), config))
         fp8.check_block_k(scales, cfg)
     return launch_grouped_gemm(x, w, expert_offsets, expert_counts, out, cfg, silu_gate, w_kn, scales)
 
