@@ -134,8 +134,9 @@ def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, M, N, K, s
 
 # ----------------------------------------------------------------------------------------------- host side
 def rows_of_rank(m, world, rank):
-    """(first row, number of rows) of rank ``rank``'s share of ``m`` rows (tensor_split rule)."""
-    base, extra = divmod(m, world)
+    """(first row, number of rows) of rank ``rank``'s share of ``m`` rows (tensor_split rule). ``m`` may be a
+    SymInt (a fake impl under torch.compile with dynamic shapes)."""
+    base, extra = m // world, m % world
     return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
 
 

@@ -162,14 +162,16 @@ def read_experts(experts, what="experts"):
 
 
 def read_moe_block(block, what=None):
-    """A supported sparse-MoE block's parts: ``router`` (a ``Router``), ``gate_up``, ``down``, and optionally
-    ``shared`` ((gate_up, down) of the shared experts) and ``shared_gate`` (Qwen2-MoE's [1, H] sigmoid gate)."""
+    """A supported sparse-MoE block's parts: ``router`` (a ``Router``), ``gate_up``, ``down``, ``jitter_noise``
+    (Mixtral's training-time input jitter, 0 for the others), and optionally ``shared`` ((gate_up, down) of the
+    shared experts) and ``shared_gate`` (Qwen2-MoE's [1, H] sigmoid gate)."""
     what = what or type(block).__name__
     if not isinstance(block, supported_classes()[1]):
         raise ValueError(f"{what}: {type(block).__name__} is not a supported MoE block "
                          f"({[c for _, c in SUPPORTED_MOES]})")
     gate_up, down = read_experts(block.experts, f"{what}.experts")
-    parts = {"router": _router_of(block.gate, f"{what}.gate"), "gate_up": gate_up, "down": down}
+    parts = {"router": _router_of(block.gate, f"{what}.gate"), "gate_up": gate_up, "down": down,
+             "jitter_noise": float(getattr(block, "jitter_noise", 0.0) or 0.0)}  # Mixtral's router jitter
     if gate_up.shape[0] != parts["router"].num_experts:
         raise ValueError(f"{what}: the router scores {parts['router'].num_experts} experts, the block has "
                          f"{gate_up.shape[0]}")

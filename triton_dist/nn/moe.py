@@ -33,17 +33,21 @@ from ..hardware import next_power_of_2
 from .hf_blocks import read_moe_block
 from .linear import gated_mlp_torch, gated_mlp_weights, state_of
 from .router import Router
-from .sharding import GroupOps, finish_rows, pad_rows, plan_rows, replicated_param, take_slice
+from .sharding import GroupOps, finish_rows, own_rows, pad_rows, plan_rows, replicated_param, take_rows
 
 class ExpertParallelMoE(nn.Module):
     """A sparse MoE block with its experts split over ranks (module docstring). ``gate_up`` [E/W, 2I, H]
     (each expert's gate rows over its up rows), ``down`` [E/W, H, I]; optional shared experts (``shared_gate_up``
     [2Is, H], ``shared_down`` [H, Is]) and, Qwen2-MoE style, a sigmoid gate on their output
-    (``shared_expert_gate`` [1, H]). ``fp8``: None, or the experts' FP8 training mode (module docstring)."""
+    (``shared_expert_gate`` [1, H]). ``fp8``: None, or the experts' FP8 training mode (module docstring).
+    ``jitter_noise`` (Mixtral's ``router_jitter_noise``): in training, the block's input is scaled by
+    ``U(1 - jitter_noise, 1 + jitter_noise)`` before routing and the experts, drawn as the dense block draws it
+    (replicated mode: every row on every rank, so ranks must share the RNG state, as a replicated model's dropout
+    needs; sequence-parallel: each rank its own rows)."""
 
     def __init__(self, hidden_size, intermediate_size, router, *, shared_intermediate_size=0,
                  shared_expert_gate=False, sequence_parallel=False, max_tokens=None, align=1, group=None,
-                 dtype=None, device=None, fp8=None):
+                 dtype=None, device=None, fp8=None, jitter_noise=0.0):
         super().__init__()
         self.fp8 = check_mode(fp8, "ExpertParallelMoE: fp8")
         self.ops = GroupOps(group)
@@ -54,6 +58,9 @@ class ExpertParallelMoE(nn.Module):
             raise ValueError(f"ExpertParallelMoE: {experts} experts are not divisible by the {self.ops.world} ranks")
         self.hidden_size, self.intermediate_size, self.num_experts = hidden_size, intermediate_size, experts
         self.sequence_parallel, self.max_tokens, self.align = bool(sequence_parallel), max_tokens, align
+        if not jitter_noise >= 0:
+            raise ValueError(f"ExpertParallelMoE: jitter_noise must be >= 0, got {jitter_noise}")
+        self.jitter_noise = float(jitter_noise)
         self.router = router
         self.gate = None  # a transformers router module (use_gate), else the routing is self.router's
         local = experts // self.ops.world
@@ -94,7 +101,7 @@ class ExpertParallelMoE(nn.Module):
                     shared_intermediate_size=shared[1].shape[1] if shared else 0,
                     shared_expert_gate=parts.get("shared_gate") is not None, sequence_parallel=sequence_parallel,
                     max_tokens=max_tokens, align=align, group=group, dtype=gate_up.dtype, device=gate_up.device,
-                    fp8=fp8)
+                    fp8=fp8, jitter_noise=parts.get("jitter_noise", 0.0))
         mine = slice(layer.first_expert, layer.first_expert + layer.gate_up.shape[0])
         with torch.no_grad():
             layer.gate_up.copy_(gate_up[mine])
@@ -145,16 +152,19 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x, total_rows=None):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.hidden_size)
+        if self.training and self.jitter_noise > 0:  # (as MixtralSparseMoeBlock: the same draw, in place there)
+            x2 = x2 * torch.empty_like(x2).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
         rows = plan_rows(x2, self.ops, self.sequence_parallel, total_rows)
         if rows.total == 0:
             return x.new_zeros(x.shape)
         idx, weights = self._route(x2)  # replicated: every row's, as the dense block (its logits recorded)
         if self.sequence_parallel:
             mine = x2
-        else:  # this rank's rows; their routing's gradient gathered back to every row
-            mine = take_slice(x2, self.ops, 0, rows.start, rows.count, rows)
-            idx = idx[rows.start:rows.start + rows.count]
-            weights = take_slice(weights, self.ops, 0, rows.start, rows.count, rows)
+        else:  # this rank's rows, padded to the shard (the same shapes on every rank; padding rows route to no
+            # expert); their routing's gradient gathered back to every row
+            mine = take_rows(x2, self.ops, rows)
+            idx = own_rows(idx, rows, self.ops.world, fill=-1)
+            weights = take_rows(weights, self.ops, rows)
         out = self.experts(mine, idx, weights, self._capacity(rows))
         if self.shared_gate_up is not None:  # replicated weights on this rank's rows: their gradients summed
             shared = gated_mlp_torch(mine, replicated_param(self.shared_gate_up, self.ops),

@@ -10,7 +10,12 @@ Two modes, per layer (``sequence_parallel``):
            this rank's slice, rows [r * m, min(M, (r + 1) * m)) with m = cdiv(M, W) rounded up to a few sizes
            per octave (``bucket_rows``: fewer distinct workspaces), padded with zero rows to m
            so that every rank's ops see the same shapes, and all-gathers the output slices: the first M rows of
-           the gathered [W * m, ...] are the full output, equal to the dense module's.
+           the gathered [W * m, ...] are the full output, equal to the dense module's. A slice is taken straight
+           into its padded [m, ...] tensor (``take_rows``), never as a [count, ...] tensor of its own: every rank
+           then traces the same graph, tensor for tensor (only the slice's bounds differ), and torch.compile
+           schedules its collectives in the same order on every rank. (Inductor's memory-driven reordering does not
+           keep the ops' ORDERED effect: graphs whose buffers differ in size from rank to rank, as a 15-token batch's
+           slices of 8 and 7 rows did, had one rank all_reduce a weight gradient while its peer dispatched.)
 
 ``GroupOps`` binds the ops (ag_gemm, gemm_rs, all_gather, ep_dispatch / ep_combine, sp_flash_decode) to a
 layer's process group (None: the group ``triton_dist.init`` was given).
@@ -131,15 +136,22 @@ def plan_rows(x, ops, sequence_parallel, total_rows=None):
 
 def local_rows(x, rows, ops):
     """This rank's rows of ``x``, padded with zero rows to ``rows.shard`` (equal shapes on every rank)."""
-    mine = x if rows.sequence_parallel else take_slice(x, ops, 0, rows.start, rows.count, rows)
+    mine = x if rows.sequence_parallel else take_rows(x, ops, rows)
     return pad_rows(mine, rows.shard).contiguous()
 
 
-def pad_rows(t, count):
-    """``t`` [n, ...] with zero rows appended up to ``count`` rows (``t`` itself when it has them)."""
+def own_rows(x, rows, world, fill=0):
+    """This rank's rows of a replicated ``x`` [M, ...]: rows ``[rows.start, rows.start + rows.shard)`` of ``x``
+    padded with ``fill`` rows to ``world * rows.shard`` (a view; no gradient: ``take_rows``). Every rank runs the
+    same ops on the same shapes (the module docstring), only the view's offset differs."""
+    return pad_rows(x, world * rows.shard, fill).narrow(0, rows.start, rows.shard)
+
+
+def pad_rows(t, count, fill=0):
+    """``t`` [n, ...] with ``fill`` rows (zeros) appended up to ``count`` rows (``t`` itself when it has them)."""
     if t.shape[0] == count:
         return t
-    padded = t.new_zeros((count, *t.shape[1:]))
+    padded = t.new_full((count, *t.shape[1:]), fill)
     padded[:t.shape[0]] = t
     return padded
 
@@ -174,6 +186,17 @@ def _gather(t, ops, dim, rows):
     return slices.permute(1, 0, 2).reshape(t.shape[0], ops.world * t.shape[1])
 
 
+class _TakeRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ops, rows):
+        ctx.ops, ctx.rows = ops, rows
+        return own_rows(x, rows, ops.world).clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # every rank's padded slice gradient, gathered; the padding dropped
+        return _gather(grad, ctx.ops, 0, ctx.rows), None, None
+
+
 class _TakeSlice(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ops, dim, start, count, rows):
@@ -196,10 +219,7 @@ class _GatherSlices(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         if ctx.dim == 0:  # this rank's rows of the (replicated) gradient, padded back to the shard
-            rows = ctx.rows
-            own = grad.new_zeros((rows.shard, *grad.shape[1:]))
-            own[:rows.count] = grad[rows.start:rows.start + rows.count]
-            return own, None, None, None
+            return own_rows(grad, ctx.rows, ctx.ops.world).clone(), None, None, None
         return grad.narrow(1, ctx.ops.rank * ctx.width, ctx.width), None, None, None
 
 
@@ -222,6 +242,16 @@ def take_slice(x, ops, dim, start, count, rows=None):
         return x.narrow(dim, start, count)
     return _TakeSlice.apply(x, ops, dim, start, count, rows) if torch.is_grad_enabled() and x.requires_grad \
         else x.narrow(dim, start, count)
+
+
+def take_rows(x, ops, rows):
+    """This rank's rows of a replicated ``x`` [M, ...] (``rows``: a replicated plan, ``plan_rows``), padded with
+    zero rows to ``rows.shard``: the same shape on every rank (the module docstring). Backward: every rank's slice
+    gradient gathered, so that each rank holds the whole gradient."""
+    if ops.world == 1:  # the whole of x (a group of one: no padding)
+        return x
+    return _TakeRows.apply(x, ops, rows) if torch.is_grad_enabled() and x.requires_grad \
+        else own_rows(x, rows, ops.world)
 
 
 def gather_slices(y, ops, dim, rows=None):
