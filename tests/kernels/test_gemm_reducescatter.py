@@ -136,11 +136,14 @@ def _check_bad_input():
                         lambda: gemm_rs(a[0], w),
                         lambda: gemm_rs(a, w[:, :8]),
                         lambda: gemm_rs(a, w, out=torch.empty(3, 3)),
-                        lambda: torch.ops.triton_dist.gemm_rs(a, w[:, :8])])
+                        lambda: torch.ops.triton_dist.gemm_rs(a, w[:, :8]),
+                        lambda: gemm_rs(a, w, config={"path": "overlapp"}),
+                        lambda: gemm_rs(a, w, config={"partial": "fp16"}),
+                        lambda: gemm_rs(a, w, config={"BLOCK_N": 48})])
 
 
 def test_gemm_rs_rejects_bad_input(ranks):
-    expected = ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError", "ValueError", "ValueError"]
+    expected = ["TypeError", "TypeError", "TypeError"] + ["ValueError"] * 7
     assert ranks(2, _check_bad_input) == [expected] * 2
 
 

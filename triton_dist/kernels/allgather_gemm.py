@@ -473,7 +473,7 @@ def _config(m_shard, n, k, dtype, device, world, config, silu_gate, group, scale
     if config is None:
         return _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group, scales, out_dtype)
     cfg = autotune.with_overrides(default_config(m_shard, n, k, dtype, device, world, silu_gate, scales), config)
-    check_tiles(cfg, paths=("overlap", "graph", "fallback"))
+    check_tiles(cfg, path=("overlap", "graph", "fallback"))
     if silu_gate:
         cfg["silu_gate"] = True
     return cfg

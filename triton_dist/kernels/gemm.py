@@ -370,11 +370,12 @@ def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
     return cfg
 
 
-def check_tiles(config, paths=None):
+def check_tiles(config, **choices):
     """ValueError for a caller's ``config`` override that no GEMM-core kernel can take (checked before any launch,
     so a bad value is refused by every rank alike instead of failing inside the kernel, ZeroDivisionError or a
     compile error): tile sides BLOCK_M / N / K powers of two >= 16 (``tl.dot``'s smallest), GROUP_M,
-    num_stages positive ints, num_warps a power of two; ``paths``: the op's ``path`` values."""
+    num_stages positive ints, num_warps a power of two; ``choices``: an op's knobs of a few values (e.g.
+    ``path=("overlap", "graph", "fallback")``) and those values."""
     for name, value in config.items():
         is_int = isinstance(value, int) and not isinstance(value, bool)
         if name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -384,8 +385,8 @@ def check_tiles(config, paths=None):
             ok, want = is_int and value >= 1, "a positive int"
         elif name == "num_warps":
             ok, want = is_int and value >= 1 and value & (value - 1) == 0, "a power of two"
-        elif name == "path" and paths is not None:
-            ok, want = value in paths, f"one of {paths}"
+        elif name in choices:
+            ok, want = value in choices[name], f"one of {choices[name]}"
         else:
             continue
         if not ok:

@@ -35,7 +35,7 @@ from .. import autotune, hardware, shmem
 from .. import language as dl
 from ..hardware import cdiv, next_power_of_2
 from . import fp8, library
-from .gemm import (b_block, c_block, check_launchable, default_num_programs, dot_precision, fp8_tiles,
+from .gemm import (b_block, c_block, check_launchable, check_tiles, default_num_programs, dot_precision, fp8_tiles,
                    gemm_config, matmul_torch, output_like, skinny_configs, tile_accumulate, tile_coords, tile_store,
                    tma_compatible, tma_descriptor)
 from .replay import GraphCache
@@ -357,7 +357,8 @@ def _gemm_rs_impl(a, w, config=None, out=None, group=None, scales=None, out_dtyp
                                          **_config_for(a, w, team, scales, out_dtype)})
     else:
         key = (team.name, m, n, k, a.dtype, repr(sorted(config.items()))) + fp8.plan_key(scales, out_dtype)
-        cfg = autotune.with_overrides(default_config(m, n, k, a.dtype, a.device, world, scales), config)
+        cfg = check_tiles(autotune.with_overrides(default_config(m, n, k, a.dtype, a.device, world, scales), config),
+                          path=("overlap", "graph", "fallback"), partial=("out", "fp32"))
     fp8.check_block_k(scales, cfg)
     res = None
     if cfg["path"] == "fallback":
