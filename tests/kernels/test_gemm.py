@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import importlib
+import types
 
 from triton_dist import autotune
 from triton_dist.kernels.gemm import gemm, gemm_candidates, gemm_config, launch_gemm
@@ -139,6 +140,23 @@ def test_split_k_candidates_fill_the_gpu_where_tiles_are_few(monkeypatch):
     assert not any(c.get("SPLIT_K") for c in gemm_candidates(128, 4096, 128, torch.bfloat16, cuda, split_k=True))
 
 
+def test_decode_tiles_only_at_decode_rows(monkeypatch):
+    """16-row tiles (``decode_tiles``) among the tuner's candidates at M <= 16 in bf16 / fp16, split-K ones
+    within one wave; never above 16 rows, for FP8 operands or fp32."""
+    monkeypatch.setattr(gemm_module, "num_sms", lambda index=None: 132)
+    cuda = torch.device("cuda")
+    for m in (1, 16):
+        for dtype in (torch.bfloat16, torch.float16):
+            rows16 = [c for c in gemm_candidates(m, 4096, 4096, dtype, cuda, split_k=True) if c["BLOCK_M"] == 16]
+            assert any(c.get("SPLIT_K") for c in rows16) and any(not c.get("SPLIT_K") for c in rows16)
+            assert all(-(-4096 // c["BLOCK_N"]) * (c.get("SPLIT_K") or 1) <= 132 for c in rows16 if c.get("SPLIT_K"))
+    assert not any(c["BLOCK_M"] == 16 for c in gemm_candidates(17, 4096, 4096, torch.bfloat16, cuda, split_k=True))
+    assert not any(c["BLOCK_M"] == 16 for c in gemm_candidates(8, 4096, 4096, torch.float32, cuda, split_k=True))
+    row = types.SimpleNamespace(mode="row", fast_accum=False)
+    assert not any(c["BLOCK_M"] == 16 for c in gemm_candidates(8, 4096, 4096, torch.float8_e4m3fn, cuda, row,
+                                                                split_k=True))
+
+
 @cpu_only
 def test_segments_are_clipped_and_visited_in_any_order():
     """C[s] = A[s] @ B.T with ragged segments (seg_rows not a multiple of BLOCK_M), started from segment 2 and
@@ -217,7 +235,8 @@ def _gpu_check(m, n, k, dtype, cfg):
 
 @gpu_only
 @pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (1000, 1536, 1032), (517, 520, 4104), (333, 250, 77),
-                                   (96, 1024, 8200)])  # split-K: few tiles, a long K with a short last step
+                                   (96, 1024, 8200),  # split-K: few tiles, a long K with a short last step
+                                   (5, 1032, 8200)])  # decode: 16-row tiles, split-K, a ragged last N tile
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemm_gpu_every_candidate(ranks, m, n, k, dtype):
     assert ranks.on_one_gpu(_gpu_check_every_candidate, m, n, k, dtype) == []

@@ -755,6 +755,16 @@ def skinny_configs(dtype):
             dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_stages=6, num_warps=4)]
 
 
+def decode_tiles(m, dtype, scales=None):
+    """Tiles of 16 rows for M <= 16 (decode): the shared memory a 64-row tile would spend on rows of zeros holds
+    more of the weight in flight instead (mma.sync, not wgmma, at these rows); not for FP8 operands."""
+    if m > 16 or scales is not None or dtype not in (torch.float16, torch.bfloat16):
+        return []
+    return [dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_stages=5, num_warps=4),
+            dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_stages=4, num_warps=4),
+            dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_stages=5, num_warps=4)]
+
+
 def split_k_configs(m, n, k, dtype, device, base, scales=None):
     """Split-K tiles where a shape has too few output tiles to put every SM on it (small M, long K): each with the
     largest SPLIT_K that keeps the work items within one wave and every split at least four K steps."""
@@ -769,6 +779,7 @@ def split_k_configs(m, n, k, dtype, device, base, scales=None):
                   dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=4)]
     elif m > 256:  # compute-bound shares: two warpgroups a tile
         tiles.append(dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8))
+    tiles += decode_tiles(m, dtype, scales)
     for tile in tiles:
         cfg = fp8_tiles({**base, **tile}, dtype, device, scales)
         split_k = min(sms // gemm_tiles(cfg, 1, m, n), -(-k // cfg["BLOCK_K"]) // 4, 16)
@@ -795,7 +806,7 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False):
         cands += [{**base, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": stages,
                    "programs_per_sm": 2} for stages in (3, 4)]
     if m <= 512:
-        cands += [{**base, **c} for c in skinny_configs(dtype)]
+        cands += [{**base, **c} for c in skinny_configs(dtype) + decode_tiles(m, dtype, scales)]
     cands = [fp8_tiles(c, dtype, device, scales) for c in cands]
     # split columns also as one accumulator: which is faster depends on the shape (docs/design/fp8.md)
     cands += [{**c, "SPLIT_N": False} for c in cands if c.get("SPLIT_N")]
