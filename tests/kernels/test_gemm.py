@@ -149,7 +149,9 @@ def test_decode_tiles_only_at_decode_rows(monkeypatch):
         for dtype in (torch.bfloat16, torch.float16):
             rows16 = [c for c in gemm_candidates(m, 4096, 4096, dtype, cuda, split_k=True) if c["BLOCK_M"] == 16]
             assert any(c.get("SPLIT_K") for c in rows16) and any(not c.get("SPLIT_K") for c in rows16)
-            assert all(-(-4096 // c["BLOCK_N"]) * (c.get("SPLIT_K") or 1) <= 132 for c in rows16 if c.get("SPLIT_K"))
+            assert all(-(-4096 // c["BLOCK_N"]) * c["SPLIT_K"] <= 132 * (c.get("programs_per_sm") or 1)
+                       for c in rows16 if c.get("SPLIT_K"))
+            assert any(c.get("programs_per_sm") == 2 and c.get("SPLIT_K") for c in rows16)
     assert not any(c["BLOCK_M"] == 16 for c in gemm_candidates(17, 4096, 4096, torch.bfloat16, cuda, split_k=True))
     assert not any(c["BLOCK_M"] == 16 for c in gemm_candidates(8, 4096, 4096, torch.float32, cuda, split_k=True))
     row = types.SimpleNamespace(mode="row", fast_accum=False)

@@ -757,17 +757,20 @@ def skinny_configs(dtype):
 
 def decode_tiles(m, dtype, scales=None):
     """Tiles of 16 rows for M <= 16 (decode): the shared memory a 64-row tile would spend on rows of zeros holds
-    more of the weight in flight instead (mma.sync, not wgmma, at these rows); not for FP8 operands."""
+    more of the weight in flight instead (mma.sync, not wgmma, at these rows), or two programs share an SM, one's
+    first loads beside the other's last; not for FP8 operands."""
     if m > 16 or scales is not None or dtype not in (torch.float16, torch.bfloat16):
         return []
     return [dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_stages=5, num_warps=4),
             dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_stages=4, num_warps=4),
-            dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_stages=5, num_warps=4)]
+            dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_stages=5, num_warps=4),
+            dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_stages=5, num_warps=4, programs_per_sm=2)]
 
 
 def split_k_configs(m, n, k, dtype, device, base, scales=None):
     """Split-K tiles where a shape has too few output tiles to put every SM on it (small M, long K): each with the
-    largest SPLIT_K that keeps the work items within one wave and every split at least four K steps."""
+    largest SPLIT_K that keeps the work items within one wave (``programs_per_sm`` programs an SM) and every split
+    at least four K steps."""
     if device.type != "cuda" or dtype == torch.float32:
         return []
     sms, out = num_sms(device.index), []
@@ -777,12 +780,15 @@ def split_k_configs(m, n, k, dtype, device, base, scales=None):
     if m <= 64:  # one warpgroup's rows: more of the weight in flight per SM (the GEMM streams it from HBM)
         tiles += [dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_stages=4, num_warps=4),
                   dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=4)]
+    elif m <= 128:  # one tile of rows: narrower columns, so that the weight is read once by twice the items
+        tiles.append(dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, num_stages=4, num_warps=4))
     elif m > 256:  # compute-bound shares: two warpgroups a tile
         tiles.append(dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8))
     tiles += decode_tiles(m, dtype, scales)
     for tile in tiles:
         cfg = fp8_tiles({**base, **tile}, dtype, device, scales)
-        split_k = min(sms // gemm_tiles(cfg, 1, m, n), -(-k // cfg["BLOCK_K"]) // 4, 16)
+        wave = sms * (cfg.get("programs_per_sm") or 1)
+        split_k = min(wave // gemm_tiles(cfg, 1, m, n), -(-k // cfg["BLOCK_K"]) // 4, 16)
         if split_k >= 2:
             out.append({**cfg, "SPLIT_K": split_k})
     return out
