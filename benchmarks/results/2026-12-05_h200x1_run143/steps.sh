@@ -7,9 +7,9 @@ step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s)
 echo "commit $GIT_COMMIT" > "$OUT/node.log"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/node.log"
 mkdir -p /tmp/bench
-BENCH_DIR=/tmp/bench step bench_gemm_small 140 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only small
+BENCH_DIR=/tmp/bench step bench_gemm_small 120 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only small
 grep -E "^\|" "$OUT/bench_gemm_small.log" | cut -d'|' -f2-4,5,8,9,10,11,12,13 | head -13
-step gpu_tier 410 python -m pytest -m gpu -n 12 -p no:cacheprovider -rs -q --durations=30
+step gpu_tier 390 python -m pytest -m gpu -n 12 -p no:cacheprovider -rs -q --durations=30
 grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tier.log" | tail -12
 cp /tmp/bench/*.json "$OUT/" 2>/dev/null
 true
