@@ -39,7 +39,7 @@ if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
   # The GPU tier (README): every GPU test and every example on the local GPUs, in xdist workers that share them
   # (their compiles run in parallel); its own autotune cache, so the benchmarks tune on an idle GPU.
   if [ "${SUITE_GPU_TIER:-1}" = 1 ]; then  # SUITE_GPU_TIER=0: only the shared-GPU worlds below
-    TRITON_DIST_CACHE_DIR=$(mktemp -d) run "tests[gpu tier]" python3 -m pytest -m gpu -n "${SUITE_WORKERS:-8}" \
+    TRITON_DIST_CACHE_DIR=$(mktemp -d) run "tests[gpu tier]" python3 -m pytest -m gpu -n "${SUITE_WORKERS:-12}" \
       --dist load -p no:cacheprovider -v -rs --durations=25 "${@:-tests}"
   fi
   # Several ranks on each GPU (the shared-gpu backend, under MPS): the multi-rank GPU tests at the worlds of
