@@ -226,28 +226,32 @@ def _rmsnorm_backward(ctx, grad_normed, grad_residual, _):
 
 # ----------------------------------------------------------------------------------------------- grouped_gemm
 def _grouped_setup(ctx, inputs, output):  # (quantize: the same backward, straight-through; FP8 x / w need none)
-    x, w, offsets, counts, activation, w_layout = inputs[:6]
+    x, w, offsets, counts, activation, w_layout, quantize = inputs[:7]
+    fp8_grads = inputs[12]
     ctx.activation, ctx.w_layout = activation, w_layout
+    ctx.grads_mode = quantize if fp8_grads else None  # the backward's GEMMs in FP8 (this mode) or not (None)
     ctx.save_for_backward(x, w, offsets, counts)
 
 
 def _grouped_backward(ctx, grad):
     x, w, offsets, counts = ctx.saved_tensors
-    grad = grad.contiguous()
+    grad, mode = grad.contiguous(), ctx.grads_mode
     if ctx.activation == "silu_gate":  # the pre-activation again (its rows outside the groups are never read)
         grad = silu_gate_backward(grouped_gemm(x, w, offsets, counts), grad)
     grad_x = grad_w = None
     if ctx.needs_input_grad[0]:  # the other layout on the same weight, no transposed copy; zeros outside the groups
+        # (fp8_grads: that layout's quantize=, grad along N and the FP8 copy of w's other layout, kept by
+        # fp8.weight_cache)
         other = "kn" if ctx.w_layout == "nk" else "nk"
         if hardware.compiling() or library.needs_grad(grad, w):
             inside = group_rows(x.shape[0], offsets, counts, x.device)[:, None]
-            grad_x = torch.where(inside, grouped_gemm(grad, w, offsets, counts, w_layout=other), 0)
+            grad_x = torch.where(inside, grouped_gemm(grad, w, offsets, counts, w_layout=other, quantize=mode), 0)
         else:
-            grad_x = grouped_gemm(grad, w, offsets, counts, out=torch.zeros_like(x), w_layout=other)
-    if ctx.needs_input_grad[1]:  # dw[e] = grad[g].T @ x[g] ("nk"), x[g].T @ grad[g] ("kn")
+            grad_x = grouped_gemm(grad, w, offsets, counts, out=torch.zeros_like(x), w_layout=other, quantize=mode)
+    if ctx.needs_input_grad[1]:  # dw[e] = grad[g].T @ x[g] ("nk"), x[g].T @ grad[g] ("kn"); FP8 along the tokens
         dy, inputs = (grad, x) if ctx.w_layout == "nk" else (x, grad)
-        grad_w = grouped_weight_grad(dy, inputs, offsets, counts, w.shape[0])
-    return grad_x, grad_w, None, None, None, None, None, None, None, None, None, None
+        grad_w = grouped_weight_grad(dy, inputs, offsets, counts, w.shape[0], mode)
+    return grad_x, grad_w, None, None, None, None, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------- silu_gate

@@ -345,15 +345,17 @@ def _tuned_config(rows, experts, n_out, k, dtype, device, silu_gate, w_kn, scale
 
 # ----------------------------------------------------------------------------------------------- the op
 def _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout="nk", scale_x=None, scale_w=None,
-                  scaling=None, out_dtype=None, fast_accum=False, quantize=None):
+                  scaling=None, out_dtype=None, fast_accum=False, quantize=None, fp8_grads=False):
     """A call's FP8 mode: ``(expert_scales, the result's dtype)`` for FP8 operands, ``(None, x's dtype)``
-    otherwise (``quantize``: the op quantises them); TypeError / ValueError for what the op cannot take."""
+    otherwise (``quantize``: the op quantises them; ``fp8_grads``: its backward too); TypeError / ValueError for
+    what the op cannot take."""
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     given = fp8.keywords_given(x, w, scale_x, scale_w, scaling, out_dtype, fast_accum, quantize=quantize,
                                names=("x", "w", "scale_x", "scale_w"))
-    if (given or quantize is not None) and w_layout != "nk":
+    fp8.check_fp8_grads(fp8_grads, quantize)
+    if given and w_layout != "nk":  # (quantize= takes "kn" too: it quantises w's transposed copy)
         raise ValueError("FP8 grouped_gemm takes w_layout='nk' (w [E, N, K], scaled along K)")
     if not given and (x.dtype not in SUPPORTED_DTYPES or w.dtype != x.dtype):
         raise TypeError(f"x and w must share one dtype of float16/bfloat16 (float32 for tests; FP8 with scale_x= and "
@@ -423,7 +425,7 @@ def _output_shape(x, w, activation, w_layout="nk"):
 
 def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", out=None, config=None, *,
                  w_layout="nk", scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False,
-                 quantize=None):
+                 quantize=None, fp8_grads=False):
     """``out[rows of e] = x[rows of e] @ w[e].T`` for every expert e, group boundaries read on the device.
 
     ``x`` [rows, K] and ``w`` [E, N, K] (float16/bfloat16; float32 for tests), contiguous, on one device (CUDA, or
@@ -444,28 +446,35 @@ def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", ou
     mode (None: the shapes do), the result in ``out_dtype`` (bfloat16 unless given), ``fast_accum`` as in ``gemm``;
     w_layout "nk". ``quantize`` ("tensor", "row", "block"; FP8 training's forward): high-precision x and w
     quantised in the call (x by ``fp8.quantize_fp8``: 1x128 groups for "block", the rows inside the groups only
-    for "tensor"; w by ``fp8.quantize_stack``), then the FP8 op, the result in x's dtype.
+    for "tensor"; w by ``fp8.quantize_stack``, each expert along K: "kn", the copy of its transpose, as
+    ``fp8.quantize_weight(w, mode, transposed=True)`` keeps it), then the FP8 op, the result in x's dtype.
 
     Also ``torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
-    quantize, scale_x, scale_w, scaling, out_dtype, fast_accum)``. Autograd: an ``x`` or ``w`` that requires grad
+    quantize, scale_x, scale_w, scaling, out_dtype, fast_accum, fp8_grads)``. Autograd: an ``x`` or ``w`` that
+    requires grad
     goes through the torch op; the backward is the grouped GEMM of the other layout on the same weight
     (``grad_x``) and ``grouped_weight_grad`` (``grad_w``), ``kernels/autograd.py``; rows outside every group get
     zero gradients; with ``quantize`` the same backward on the unquantised x and w (straight-through, gradients
-    in x's dtype). With grad, ``silu_gate`` keeps the pre-activation [rows, 2I] (as Megatron keeps SwiGLU's
+    in x's dtype). ``fp8_grads=True`` (with ``quantize`` only: ValueError otherwise; a bool: TypeError otherwise):
+    both backward GEMMs in FP8 too, each operand quantised in ``quantize``'s mode along that GEMM's reduction
+    (DeepSeek-V3's recipe, ``kernels/autograd.py``): grad_x the op itself with ``quantize`` on the other layout
+    (the gradient along N, each expert's weight transposed), grad_w ``grouped_weight_grad(..., quantize)`` (along
+    each expert's tokens). With grad, ``silu_gate`` keeps the pre-activation [rows, 2I] (as Megatron keeps SwiGLU's
     input) and gates it with the ``silu_gate`` op, so the backward computes no GEMM again (the torch op called
     with "silu_gate" keeps only x and recomputes it).
     """
     fp8_kw = dict(scale_x=scale_x, scale_w=scale_w, scaling=scaling, out_dtype=out_dtype, fast_accum=fast_accum,
                   quantize=quantize)
-    scales, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, **fp8_kw)
+    scales, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, **fp8_kw,
+                                         fp8_grads=fp8_grads)
     if library.needs_grad(x, w):
         if out is not None or config is not None:
             raise ValueError("grouped_gemm: out= and config= are for calls without grad (under torch.no_grad())")
         if activation == "silu_gate":  # training keeps the pre-activation: the backward runs no GEMM again
             return silu_gate(torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, "none",
-                                                                quantize=quantize))
+                                                                quantize=quantize, fp8_grads=fp8_grads))
         return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
-                                                  quantize=quantize)
+                                                  quantize=quantize, fp8_grads=fp8_grads)
     if config is None and out is None and hardware.compiling():
         return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
                                                   **fp8_kw)
@@ -473,13 +482,14 @@ def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", ou
                          quantize)
 
 
-def _quantized(x, w, expert_offsets, expert_counts, mode):
+def _quantized(x, w, expert_offsets, expert_counts, mode, w_layout="nk"):
     """(x8, w8, scales) of high-precision x and w in ``mode`` (``grouped_gemm``'s ``quantize``): dynamic scales,
-    on the device. "tensor": x's amax over the rows inside the groups only (the others may hold anything)."""
+    on the device. "tensor": x's amax over the rows inside the groups only (the others may hold anything). w8 an
+    "nk" stack either way ("kn": the FP8 copy of each expert's transpose, so that its scales run along K)."""
     if mode == "tensor":
         x = torch.where(group_rows(x.shape[0], expert_offsets, expert_counts, x.device)[:, None], x, 0)
     x8, scale_x = fp8.quantize_fp8(x, "group" if mode == "block" else mode)
-    w8, scale_w = fp8.quantize_weight(w, mode)
+    w8, scale_w = fp8.quantize_weight(w, mode, transposed=w_layout == "kn")
     return x8, w8, expert_scales(x8, w8, scale_x, scale_w, mode)
 
 
@@ -487,10 +497,11 @@ def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, 
                   result_dtype=None, quantize=None):
     """The op on checked inputs (FP8: their ``scales``, the result in ``result_dtype``; ``quantize``: x and w
     quantised here first)."""
-    if quantize is not None:
-        x, w, scales = _quantized(x, w, expert_offsets, expert_counts, quantize)
-    check_launchable(x, "x and w")
     shape = _output_shape(x, w, activation, w_layout)
+    if quantize is not None:
+        x, w, scales = _quantized(x, w, expert_offsets, expert_counts, quantize, w_layout)
+        w_layout = "nk"
+    check_launchable(x, "x and w")
     dtype = result_dtype or x.dtype
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=x.device)
@@ -647,24 +658,25 @@ def grouped_gemm_torch(x, w, expert_offsets, expert_counts=None, activation="non
 
 
 def _grouped_gemm_op(x, w, expert_offsets, expert_counts=None, activation="none", w_layout="nk", quantize=None,
-                     scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):
+                     scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False, fp8_grads=False):
     fp8_kw = dict(scale_x=scale_x, scale_w=scale_w, scaling=scaling, out_dtype=out_dtype, fast_accum=fast_accum,
-                  quantize=quantize)
+                  quantize=quantize, fp8_grads=fp8_grads)  # (fp8_grads: the backward's business, autograd.py)
     scales, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, **fp8_kw)
     return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, None, None, w_layout, scales, result_dtype,
                          quantize)
 
 
 def _grouped_gemm_fake(x, w, expert_offsets, expert_counts=None, activation="none", w_layout="nk", quantize=None,
-                       scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):
+                       scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False, fp8_grads=False):
     _, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, scale_x, scale_w,
-                                    scaling, out_dtype, fast_accum, quantize)
+                                    scaling, out_dtype, fast_accum, quantize, fp8_grads)
     return x.new_empty(_output_shape(x, w, activation, w_layout), dtype=result_dtype)
 
 
 library.define('grouped_gemm(Tensor x, Tensor w, Tensor expert_offsets, Tensor? expert_counts=None, '
                'str activation="none", str w_layout="nk", str? quantize=None, Tensor? scale_x=None, '
-               'Tensor? scale_w=None, str? scaling=None, ScalarType? out_dtype=None, bool fast_accum=False) -> Tensor',
+               'Tensor? scale_w=None, str? scaling=None, ScalarType? out_dtype=None, bool fast_accum=False, '
+               'bool fp8_grads=False) -> Tensor',
                _grouped_gemm_op, _grouped_gemm_fake)
 library.define("grouped_weight_grad(Tensor dy, Tensor x, Tensor expert_offsets, Tensor? expert_counts, int experts, "
                "str? quantize=None) -> Tensor", grouped_weight_grad,
