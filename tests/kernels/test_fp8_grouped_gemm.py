@@ -8,13 +8,21 @@ by the package), NaN-poisoned outputs (rows outside every group stay untouched),
 ``quantize_stack`` against per-expert torch quantisation (R not a multiple of 128); bad input; the fake
 implementation. sm_90: FP8 wgmma in both scale modes. GPU: bf16 results at MoE shapes (skewed loads), and the
 ``quantize=`` training step's gradients.
+
+``fp8_grads`` (the backward's GEMMs in FP8 too): the forward and both gradients against fp64 of the recipe
+(``_fp8_grads_recipe``: each GEMM's operands quantised by ``fp8.quantize`` along its reduction, dequantised),
+every mode, both weight layouts, plain and SiLU-gated, fp32 and fp16, an empty expert, ragged groups (one of more
+than 128 rows: two block steps), NaN in the rows outside the groups (zero gradients there); bitwise reruns,
+activation checkpointing and torch.compile(fullgraph); the weight gradient's FP8 modes on their own.
 """
 
 import pytest
 import torch
 
+from triton_dist.kernels import fp8
 from triton_dist.kernels.fp8 import quantize_stack
-from triton_dist.kernels.grouped_gemm import grouped_gemm, grouped_gemm_torch
+from triton_dist.kernels.grouped_gemm import grouped_gemm, grouped_gemm_torch, grouped_weight_grad
+from triton_dist.kernels.silu_gate import silu_gate_backward
 
 from ..conftest import cpu_only, error_names, gpu_only
 from ..sm90 import compile_sm90
@@ -114,6 +122,168 @@ def test_fp8_grouped_gemm_quantize_forward_and_straight_through_backward(mode, a
     y_err, grad_x_err, grad_w_err, vs_exact = _quantize_step(x, w, offsets, counts, mode, activation, gen)
     assert y_err < 1e-4 and grad_x_err < 1e-5 and grad_w_err < 1e-5, (y_err, grad_x_err, grad_w_err)
     assert vs_exact > 100 * y_err  # FP8 ran
+
+
+# ----------------------------------------------------------------------------------------------- fp8_grads
+def _deq(t, kind):
+    """fp64 ``t`` [R, C] as the recipe multiplies it: quantised by ``fp8.quantize`` (the kernels' rule in torch)
+    from its fp32 values in ``kind`` (a scale per tensor, row, 1x128 group or 128x128 block), dequantised."""
+    q, scale = fp8.quantize(t.float(), kind)
+    return q.double() * fp8.expand(scale.double(), kind, *t.shape)
+
+
+def _deq_tokens(t, kind):
+    """``_deq`` along the rows (the tokens): a scale per column ("row") or one ("tensor")."""
+    return _deq(t.T, kind).T
+
+
+def _weight_grad_recipe(dy, x, groups, mode):
+    """fp64 [E, N, K] ``dy[g].T @ x[g]`` of the FP8 operands: "tensor" / "row" scales per column (or one) over the
+    rows inside the groups, "block" per column of each 128-row step of an expert's rows."""
+    inside = torch.zeros(dy.shape[0], dtype=torch.bool)
+    for start, n in groups:
+        inside[start:start + n] = True
+    dw = torch.zeros((len(groups), dy.shape[1], x.shape[1]), dtype=torch.float64)
+    if mode != "block":
+        dy, x = (_deq_tokens(torch.where(inside[:, None], t, 0), mode) for t in (dy, x))
+    for e, (start, n) in enumerate(groups):
+        step = 128 if mode == "block" else max(n, 1)
+        for first in range(start, start + n, step):
+            rows = slice(first, min(start + n, first + step))
+            if mode == "block":
+                dw[e] += _deq_tokens(dy[rows], "row").T @ _deq_tokens(x[rows], "row")
+            else:
+                dw[e] += dy[rows].T @ x[rows]
+    return dw
+
+
+def _fp8_grads_recipe(x, w, offsets, counts, mode, activation, w_layout, probe):
+    """fp64 (y, grad_x, grad_w, plain) of ``grouped_gemm(x, w, ..., quantize=mode, fp8_grads=True)`` for the loss
+    ``sum(y * probe)`` over the rows inside the groups. Forward: x quantised along K (the rows inside the groups),
+    each expert's weight along K ("kn": its transpose). Backward: the pre-activation's gradient dh along N times
+    each expert's weight transposed, quantised along N; grad_w from dh and x along the tokens
+    (``_weight_grad_recipe``). SiLU-gated: dh is the op's own (``silu_gate_backward`` at the op's FP8
+    pre-activation, in x's dtype), since a last-bit difference of one value can move its FP8 rounding a step.
+    ``plain``: the unquantised GEMMs' (grad_x, grad_w) of the same dh (the straight-through backward)."""
+    rows = x.shape[0]
+    inside = _in_groups(offsets, counts, rows)
+    groups = list(zip(offsets.tolist(), counts))
+    w_nk = w if w_layout == "nk" else w.transpose(1, 2)
+    xq = torch.zeros(x.shape, dtype=torch.float64)
+    xq[inside] = _deq(x[inside], A_KIND[mode])
+    h = torch.zeros((rows, w_nk.shape[1]), dtype=torch.float64)
+    for e, (start, n) in enumerate(groups):
+        h[start:start + n] = xq[start:start + n] @ _deq(w_nk[e], mode).T
+    h.requires_grad_()
+    y = h if activation == "none" else torch.nn.functional.silu(h[:, :h.shape[1] // 2]) * h[:, h.shape[1] // 2:]
+    grad_y = torch.where(inside[:, None], probe, 0).to(x.dtype)
+    (y * grad_y.double()).sum().backward()
+    dh = grad_y
+    if activation == "silu_gate":
+        with torch.no_grad():
+            pre = grouped_gemm(x, w, offsets, torch.tensor(counts, dtype=torch.int32), quantize=mode)
+        dh = silu_gate_backward(pre, grad_y)
+    dhq = torch.zeros(dh.shape, dtype=torch.float64)
+    dhq[inside] = _deq(dh[inside], A_KIND[mode])
+    grad_x, plain_x = torch.zeros(x.shape, dtype=torch.float64), torch.zeros(x.shape, dtype=torch.float64)
+    plain_w = torch.zeros(w_nk.shape, dtype=torch.float64)
+    for e, (start, n) in enumerate(groups):
+        grad_x[start:start + n] = dhq[start:start + n] @ _deq(w_nk[e].T, mode).T
+        plain_x[start:start + n] = dh[start:start + n].double() @ w_nk[e].double()
+        plain_w[e] = dh[start:start + n].double().T @ x[start:start + n].double()
+    grad_w = _weight_grad_recipe(dh, x, groups, mode)
+    if w_layout == "kn":
+        grad_w, plain_w = grad_w.transpose(1, 2), plain_w.transpose(1, 2)
+    return y.detach(), grad_x, grad_w, (plain_x, plain_w)
+
+
+def _fp8_grads_case(mode, w_layout, activation, dtype, seed):
+    """Inputs of ``fp8_grads`` tests: (x, w, offsets, counts, rows inside the groups); an empty expert, a group of
+    140 rows (two 128-row steps), NaN outside the groups; K = 144, N = 40 (gated: 2I = 80)."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = [19, 0, 140, 7]
+    offsets, x, w = _inputs(counts, 144, 80 if activation == "silu_gate" else 40, len(counts), gen)
+    inside = _in_groups(offsets, counts, x.shape[0])
+    x[~inside] = float("nan")
+    if w_layout == "kn":
+        w = w.transpose(1, 2).contiguous()
+    return x.to(dtype), w.to(dtype), offsets, counts, inside
+
+
+def _fp8_grads_step(fn, x, w, probe, inside):
+    """(y, grad_x, grad_w) of ``fn(x, w)`` for the loss sum(y * probe) over the rows inside the groups."""
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = fn(xg, wg)
+    (y * torch.where(inside[:, None], probe, 0).to(y.dtype)).sum().backward()
+    return y.detach(), xg.grad, wg.grad
+
+
+FP8_GRADS_CASES = [("nk", "none", torch.float32), ("nk", "silu_gate", torch.float32), ("kn", "none", torch.float32),
+                   ("nk", "silu_gate", torch.float16), ("kn", "none", torch.float16)]
+
+
+@cpu_only
+@pytest.mark.parametrize("w_layout,activation,dtype", FP8_GRADS_CASES)
+@pytest.mark.parametrize("mode", MODES)
+def test_fp8_grads_grouped_gemm_matches_the_recipe(mode, w_layout, activation, dtype):
+    """The forward, grad_x and grad_w against ``_fp8_grads_recipe`` (fp32: sums of exact FP8 products; fp16: the
+    results rounded to fp16), zero gradients outside the groups, apart from the straight-through gradients."""
+    x, w, offsets, counts, inside = _fp8_grads_case(mode, w_layout, activation, dtype, MODES.index(mode))
+    cnt = torch.tensor(counts, dtype=torch.int32)
+    probe = torch.randn(x.shape[0], w.shape[1] // 2 if activation == "silu_gate" else
+                        w.shape[2 if w_layout == "kn" else 1], generator=torch.Generator().manual_seed(5))
+    y, grad_x, grad_w = _fp8_grads_step(
+        lambda a, b: grouped_gemm(a, b, offsets, cnt, activation, w_layout=w_layout, quantize=mode, fp8_grads=True),
+        x, w, probe, inside)
+    y_ref, want_x, want_w, (plain_x, plain_w) = _fp8_grads_recipe(x, w, offsets, counts, mode, activation, w_layout,
+                                                                  probe)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    errs = (rel_err(y[inside], y_ref[inside]), rel_err(grad_x, want_x), rel_err(grad_w, want_w))
+    assert max(errs) < tol, errs
+    assert (grad_x[~inside] == 0).all()
+    assert rel_err(grad_x, plain_x) > 10 * tol and rel_err(grad_w, plain_w) > 10 * tol  # FP8 ran
+
+
+def _fp8_grads_reruns(mode):
+    """The gradients of ``fp8_grads`` (SiLU-gated) eagerly, again, under activation checkpointing and under
+    torch.compile(fullgraph=True): the largest difference of each from the first ones."""
+    from torch.utils.checkpoint import checkpoint
+
+    x, w, offsets, counts, inside = _fp8_grads_case(mode, "nk", "silu_gate", torch.float32, 3)
+    cnt = torch.tensor(counts, dtype=torch.int32)
+    probe = torch.randn(x.shape[0], w.shape[1] // 2, generator=torch.Generator().manual_seed(4))
+
+    def layer(a, b):
+        return grouped_gemm(a, b, offsets, cnt, "silu_gate", quantize=mode, fp8_grads=True)
+
+    def grads(fn):
+        return _fp8_grads_step(fn, x, w, probe, inside)[1:]
+
+    eager = grads(layer)
+    others = (grads(layer), grads(lambda a, b: checkpoint(layer, a, b, use_reentrant=False)),
+              grads(torch.compile(layer, fullgraph=True)))
+    return [max((a - b).abs().max().item() for a, b in zip(eager, o)) for o in others]
+
+
+@cpu_only
+@pytest.mark.parametrize("mode", ["row", "block"])
+def test_fp8_grads_grouped_gemm_reruns_bitwise_under_checkpointing_and_compile(ranks, mode):
+    for rerun, checkpointed, compiled in ranks(1, _fp8_grads_reruns, mode):
+        assert rerun == 0.0 and checkpointed == 0.0 and compiled < 1e-6, (rerun, checkpointed, compiled)
+
+
+@cpu_only
+@pytest.mark.parametrize("mode", MODES)
+def test_fp8_grouped_weight_grad_matches_the_recipe(mode):
+    """``grouped_weight_grad(..., quantize=mode)`` on its own: a group of 300 rows (three block steps, the last
+    partial), an empty one, rows between the groups holding NaN, without counts (groups run to the next offset)."""
+    gen = torch.Generator().manual_seed(20 + MODES.index(mode))
+    offsets = torch.tensor([0, 300, 300, 333], dtype=torch.int32)
+    dy, x = torch.randn(340, 24, generator=gen), torch.randn(340, 40, generator=gen) * 3
+    dy[333:], x[333:] = float("nan"), float("nan")
+    got = grouped_weight_grad(dy, x, offsets, None, 3, mode)
+    want = _weight_grad_recipe(dy, x, [(0, 300), (300, 0), (300, 33)], mode)
+    assert rel_err(got, want) < 1e-5 and (got[1] == 0).all()
 
 
 @cpu_only
