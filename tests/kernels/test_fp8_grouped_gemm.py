@@ -365,23 +365,24 @@ def test_fp8_grouped_gemm_compiles_for_sm90(scales, imprecise):
 
 @pytest.mark.parametrize("mode", ["rows", "blocks"])
 def test_fp8_grouped_weight_grad_compiles_for_sm90(mode):
-    """The weight gradient's FP8 modes: FP8 MMAs (e4m3 x e4m3 -> f32) from TMA loads of token-major FP8 copies
-    ("rows") or of bf16 tiles quantised in the kernel ("blocks")."""
-    operand = "fp8e4nv" if mode == "rows" else "bf16"
-    sig = dict(dy=f"tensordesc<{operand}[128,128]>", x=f"tensordesc<{operand}[128,128]>",
-               dw="tensordesc<bf16[1,128,128]>", dw_ptr="*bf16", offsets="*i32", counts="*i32",
+    """The weight gradient's FP8 modes: FP8 wgmma (e4m3 x e4m3 -> f32) on token-major FP8 copies loaded by pointers
+    ("rows") or on bf16 tiles loaded by TMA and quantised in the kernel ("blocks")."""
+    rows = mode == "rows"
+    sig = dict(dy="*fp8e4nv" if rows else "tensordesc<bf16[128,128]>",
+               x="*fp8e4nv" if rows else "tensordesc<bf16[128,64]>", dw="tensordesc<bf16[1,128,64]>", dw_ptr="*bf16", offsets="*i32", counts="*i32",
                **{n: "i32" for n in ("E", "rows", "N", "K", "stride_dym", "stride_xm", "stride_we", "stride_wn",
                                      "stride_sdy", "stride_sx")},
                scale_dy="*fp32", scale_x="*fp32",
                **{n: "constexpr" for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "HAS_COUNTS", "USE_TMA", "DOT_PRECISION",
                                            "FP8", "MAX_IMPRECISE_ACC")})
     res = compile_sm90("triton_dist.kernels.grouped_gemm", "grouped_weight_grad_kernel", sig,
-                       dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, HAS_COUNTS=True, USE_TMA=True,
-                            DOT_PRECISION="tf32", FP8=mode, MAX_IMPRECISE_ACC=128 if mode == "rows" else None),
+                       dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, HAS_COUNTS=True, USE_TMA=True,
+                            DOT_PRECISION="tf32", FP8=mode, MAX_IMPRECISE_ACC=128 if rows else None),
                        aligned=("N", "K", "stride_dym", "stride_xm", "stride_we", "stride_wn"))
     ops = res["ops"]
-    assert any(k.endswith(".f32.e4m3.e4m3") for k in ops), ops
-    assert any(k.startswith("cp.async.bulk.tensor.2d.shared") for k in ops), ops  # TMA loads
+    assert any(k.startswith("wgmma.mma_async.sync.aligned.") and k.endswith(".f32.e4m3.e4m3") for k in ops), ops
+    if mode == "blocks":
+        assert any(k.startswith("cp.async.bulk.tensor.2d.shared") for k in ops), ops  # TMA loads
 
 
 # ----------------------------------------------------------------------------------------------- GPU

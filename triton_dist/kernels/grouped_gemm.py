@@ -169,44 +169,44 @@ def _weight_grad_step(dy, x, acc, row, off_n, off_k, rows, N, K, stride_dym, str
     their scales applied after the loop. FP8 "blocks": dy and x high precision, each column of this step's rows
     quantised here (one scale per column per 128-token step, the step inside one expert), the step's FP8 product
     scaled and added to ``acc``."""
-    if FP8 == "rows":
-        if USE_TMA:
-            a = dy.load([off_n, row])
-            b = x.load([off_k, row])
-        else:
-            m = row + tl.arange(0, BLOCK_M)
-            ns = off_n + tl.arange(0, BLOCK_N)
-            ks = off_k + tl.arange(0, BLOCK_K)
-            a = tl.load(dy + ns.to(tl.int64)[:, None] * stride_dym + m[None, :],
-                        mask=(ns < N)[:, None] & (m < rows)[None, :], other=0.0)
-            b = tl.load(x + ks.to(tl.int64)[:, None] * stride_xm + m[None, :],
-                        mask=(ks < K)[:, None] & (m < rows)[None, :], other=0.0)
+    if FP8 == "rows":  # (pointers only: a group starts at any row, a TMA box's inner coordinate at 16 bytes)
+        m = tl.arange(0, BLOCK_M)
+        ns = tl.arange(0, BLOCK_N)
+        ks = tl.arange(0, BLOCK_K)
+        # the tile's corner in int64, 32-bit offsets within it (int64 offsets of two tiles spill on sm_90)
+        a = tl.load(dy + off_n.to(tl.int64) * stride_dym + row + (ns[:, None] * stride_dym + m[None, :]),
+                    mask=(off_n + ns < N)[:, None] & (row + m < rows)[None, :], other=0.0)
+        b = tl.load(x + off_k.to(tl.int64) * stride_xm + row + (ks[:, None] * stride_xm + m[None, :]),
+                    mask=(off_k + ks < K)[:, None] & (row + m < rows)[None, :], other=0.0)
         if MASKED:
             a = tl.where(inside[None, :], a, tl.zeros_like(a))
             b = tl.where(inside[None, :], b, tl.zeros_like(b))
-        return tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=MAX_IMPRECISE_ACC)
-    if USE_TMA:
-        a = dy.load([row, off_n])
-        b = x.load([row, off_k])
-    else:
-        m = (row + tl.arange(0, BLOCK_M)).to(tl.int64)
-        ns = off_n + tl.arange(0, BLOCK_N)
-        ks = off_k + tl.arange(0, BLOCK_K)
-        a = tl.load(dy + m[:, None] * stride_dym + ns[None, :], mask=(m < rows)[:, None] & (ns < N)[None, :],
-                    other=0.0)
-        b = tl.load(x + m[:, None] * stride_xm + ks[None, :], mask=(m < rows)[:, None] & (ks < K)[None, :],
-                    other=0.0)
-    if MASKED:
-        a = tl.where(inside[:, None], a, 0.0)
-        b = tl.where(inside[:, None], b, 0.0)
-    if FP8 == "blocks":  # the rule of kernels/fp8.py (masked rows count as 0): amax / 448 per column
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-        scale_a = fp8._scale_of(tl.max(tl.abs(a), axis=0))
-        scale_b = fp8._scale_of(tl.max(tl.abs(b), axis=0))
-        part = tl.dot(tl.trans(fp8._quantized(a, scale_a[None, :])), fp8._quantized(b, scale_b[None, :]))
-        return acc + part * scale_a[:, None] * scale_b[None, :]
-    return tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=MAX_IMPRECISE_ACC)
+    else:  # (no early returns: the frontend compiles what follows a constexpr branch's return too)
+        if USE_TMA:
+            a = dy.load([row, off_n])
+            b = x.load([row, off_k])
+        else:
+            m = (row + tl.arange(0, BLOCK_M)).to(tl.int64)
+            ns = off_n + tl.arange(0, BLOCK_N)
+            ks = off_k + tl.arange(0, BLOCK_K)
+            a = tl.load(dy + m[:, None] * stride_dym + ns[None, :], mask=(m < rows)[:, None] & (ns < N)[None, :],
+                        other=0.0)
+            b = tl.load(x + m[:, None] * stride_xm + ks[None, :], mask=(m < rows)[:, None] & (ks < K)[None, :],
+                        other=0.0)
+        if MASKED:
+            a = tl.where(inside[:, None], a, 0.0)
+            b = tl.where(inside[:, None], b, 0.0)
+        if FP8 == "blocks":  # the rule of kernels/fp8.py (masked rows count as 0): amax / 448 per column
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+            scale_a = fp8._scale_of(tl.max(tl.abs(a), axis=0))
+            scale_b = fp8._scale_of(tl.max(tl.abs(b), axis=0))
+            part = tl.dot(tl.trans(fp8._quantized(a, scale_a[None, :])), fp8._quantized(b, scale_b[None, :]))
+            acc += part * scale_a[:, None] * scale_b[None, :]
+        else:
+            acc = tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
+    return acc
 
 
 @triton.jit
@@ -220,8 +220,8 @@ def grouped_weight_grad_kernel(dy, x, dw, dw_ptr, offsets, counts, E, rows, N, K
     rows BLOCK_M at a time, in order (deterministic); the group's last partial step masked. An expert's tiles are
     neighbours in the order, so its rows of dy and x are read from L2 by all but the first. An empty group gives
     zeros. ``dy``/``x``/``dw``: descriptors (USE_TMA; dw's 3-D, its bounds clip each expert) or pointers.
-    FP8 (``fp8_grads``): "rows", token-major FP8 dy.T [N, rows] and x.T [K, rows] (``stride_dym`` / ``stride_xm``
-    their row strides) with a scale per column of dy and of x (``scale_dy[n * stride_sdy]``, stride 0: one per
+    FP8 (``fp8_grads``): "rows", token-major FP8 dy.T [N, rows] and x.T [K, rows] (pointers; ``stride_dym`` /
+    ``stride_xm`` their row strides; dw a descriptor or a pointer) with a scale per column of dy and of x (``scale_dy[n * stride_sdy]``, stride 0: one per
     tensor), applied after the loop; "blocks", high-precision dy and x quantised in the loop per 128-row step
     (BLOCK_M = 128), ``_weight_grad_step``."""
     pid = tl.program_id(0)
@@ -529,15 +529,13 @@ def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, 
 def weight_grad_candidates(dtype, device, quantize=None):
     """The weight-gradient kernel's tiles (BLOCK_N x BLOCK_K output tiles, BLOCK_M rows a step); the first: the
     default. Under the interpreter: small tiles. FP8 (``quantize``): "block" steps 128 rows (its quantisation
-    groups); one candidate each (not tuned yet)."""
-    if quantize == "block":
-        if device.type != "cuda":
-            return [dict(BLOCK_M=128, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1)]
-        return [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)]
+    groups); one candidate each, not timed yet (128x64 output tiles: ptxas spills none at 8 warps, sm_90, triton
+    3.6; 128x128 spilled 544 B ("tensor" / "row") and 64 B ("block") a thread)."""
     if quantize is not None:
         if device.type != "cuda":
-            return [dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1)]
-        return [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=4)]
+            return [dict(BLOCK_M=128 if quantize == "block" else 16, BLOCK_N=16, BLOCK_K=16, num_warps=4,
+                         num_stages=1)]
+        return [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)]
     if device.type != "cuda":
         return [dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1)]
     if dtype == torch.float32:
@@ -558,8 +556,8 @@ def launch_weight_grad(dy, x, offsets, counts, dw, cfg, fp8_rows=None):
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     use_tma = cfg.get("use_tma") is not False and tma_compatible(dy, x, dw)  # None / True: when allowed
     if use_tma:
-        blocks = ([bn, bm], [bk, bm]) if fp8_rows else ([bm, bn], [bm, bk])
-        args = tma_descriptor(dy, blocks[0]), tma_descriptor(x, blocks[1]), tma_descriptor(dw, [1, bn, bk])
+        args = (dy if fp8_rows else tma_descriptor(dy, [bm, bn]), x if fp8_rows else tma_descriptor(x, [bm, bk]),
+                tma_descriptor(dw, [1, bn, bk]))  # (FP8 "rows": dy and x by pointers, the kernel's docstring)
     else:
         args = dy, x, dw
     fp8_args = {}
