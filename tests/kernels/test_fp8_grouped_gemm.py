@@ -318,9 +318,14 @@ def test_fp8_grouped_gemm_rejects_bad_input():
         lambda: grouped_gemm(x, w, offs, scaling="row"),                                   # scaling without FP8
         lambda: quantize_stack(w[0], "row"),                                               # not a stack
         lambda: quantize_stack(w, "group"),                                                # a weight's modes
+        lambda: grouped_gemm(x, w, offs, fp8_grads=True),                                  # fp8_grads: quantize
+        lambda: torch.ops.triton_dist.grouped_gemm(x, w, offs, None, "none", "nk", None, fp8_grads=True),
+        lambda: grouped_gemm(x, w, offs, quantize="row", fp8_grads="yes"),                 # not a bool
+        lambda: grouped_weight_grad(x, x, offs, None, 2, "half"),                          # mode
     ]
     assert error_names(calls) == ["TypeError", "ValueError", "ValueError", "ValueError", "ValueError", "ValueError",
-                                  "ValueError", "ValueError", "TypeError", "ValueError"]
+                                  "ValueError", "ValueError", "TypeError", "ValueError", "ValueError", "ValueError",
+                                  "TypeError", "ValueError"]
 
 
 @cpu_only
@@ -339,6 +344,11 @@ def test_fp8_fake_impl():
         x, w = fake_mode.from_tensor(torch.randn(12, 128)), fake_mode.from_tensor(torch.randn(2, 32, 128))
         out = torch.ops.triton_dist.grouped_gemm(x, w, args[2], quantize="tensor")
         assert tuple(out.shape) == (12, 32) and out.dtype == torch.float32
+        out = torch.ops.triton_dist.grouped_gemm(x, w.transpose(1, 2).contiguous(), args[2], None, "none", "kn",
+                                                 "block", fp8_grads=True)
+        assert tuple(out.shape) == (12, 32) and out.dtype == torch.float32
+        dw = torch.ops.triton_dist.grouped_weight_grad(out, x, args[2], None, 2, "row")
+        assert tuple(dw.shape) == (2, 32, 128) and dw.dtype == torch.float32
 
 
 @pytest.mark.parametrize("scales,imprecise", [("rows", 128), ("blocks", None)])
