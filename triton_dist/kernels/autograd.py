@@ -39,6 +39,10 @@ quantised by ``fp8.quantize_operands`` in the forward's mode along that GEMM's r
                grad_w = Q(grad_out.T) @ Q(x.T).T            (along the W*m gathered rows; x gathered again)
     gemm_rs    grad_a = ag_gemm(grad_out, w.T, quantize)    (each rank's rows of G, and w.T, along N)
                grad_w = Q(G.T) @ Q(a.T).T                   (along the M rows; G gathered on its own, unquantised)
+    grouped_gemm  grad_x = grouped_gemm(grad, w, other layout, quantize)   (grad along N over the rows inside the
+                                                        groups, each expert's w.T along N: w's other layout's copy)
+               grad_w = grouped_weight_grad(grad, x, quantize)  (along each expert's tokens: a scale per column,
+                                                        "block" per 128-row step of the expert, in the kernel)
 
 (Q: e4m3 with its scales). The input gradients run the overlapped ops on FP8 operands (``_times_weight``: grad_out
 quantised as their ``quantize=`` does, w.T's copy from ``fp8.quantize_weight``, kept per optimizer step by an open

@@ -272,8 +272,8 @@ class weight_cache:
 
     What is kept: the weights of the FP8 ops (``ag_gemm`` / ``gemm_rs`` / ``grouped_gemm`` with ``quantize=``,
     hence the ``nn`` layers' ``fp8=``) that are ``nn.Parameter``s, and with ``fp8_grads`` the copies of their
-    transposes that ``ag_gemm``'s and ``gemm_rs``'s FP8 backward multiplies by (``quantize_weight(transposed=
-    True)``), never activations or gradients. A kept copy is used while the parameter is the same tensor with the
+    transposes that ``ag_gemm``'s, ``gemm_rs``'s and ``grouped_gemm``'s FP8 backward multiplies by
+    (``quantize_weight(transposed=True)``), never activations or gradients. A kept copy is used while the parameter is the same tensor with the
     same storage and version counter, so an in-place update (``optimizer.step()``, ``load_state_dict``, ``p.add_``
     under no_grad) is quantised again; a write through ``p.data`` is not seen (``.data`` has a version counter of
     its own): do not edit weights that way while a cache holds them, or ``clear()`` it after. The copies (half a
