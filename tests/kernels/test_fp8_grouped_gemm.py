@@ -379,7 +379,8 @@ def test_fp8_grouped_weight_grad_compiles_for_sm90(mode):
     ("rows") or on bf16 tiles loaded by TMA and quantised in the kernel ("blocks")."""
     rows = mode == "rows"
     sig = dict(dy="*fp8e4nv" if rows else "tensordesc<bf16[128,128]>",
-               x="*fp8e4nv" if rows else "tensordesc<bf16[128,64]>", dw="tensordesc<bf16[1,128,64]>", dw_ptr="*bf16", offsets="*i32", counts="*i32",
+               x="*fp8e4nv" if rows else "tensordesc<bf16[128,64]>", dw="tensordesc<bf16[1,128,64]>", dw_ptr="*bf16",
+               offsets="*i32", counts="*i32",
                **{n: "i32" for n in ("E", "rows", "N", "K", "stride_dym", "stride_xm", "stride_we", "stride_wn",
                                      "stride_sdy", "stride_sx")},
                scale_dy="*fp32", scale_x="*fp32",

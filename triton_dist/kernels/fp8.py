@@ -270,18 +270,18 @@ class weight_cache:
     or one cache for the whole run, entered around each forward and backward (``with cache: ...``): a weight is
     quantised again when it has changed, once per optimizer step.
 
-    What is kept: the weights of the FP8 ops (``ag_gemm`` / ``gemm_rs`` / ``grouped_gemm`` with ``quantize=``,
-    hence the ``nn`` layers' ``fp8=``) that are ``nn.Parameter``s, and with ``fp8_grads`` the copies of their
-    transposes that ``ag_gemm``'s, ``gemm_rs``'s and ``grouped_gemm``'s FP8 backward multiplies by
-    (``quantize_weight(transposed=True)``), never activations or gradients. A kept copy is used while the parameter is the same tensor with the
-    same storage and version counter, so an in-place update (``optimizer.step()``, ``load_state_dict``, ``p.add_``
-    under no_grad) is quantised again; a write through ``p.data`` is not seen (``.data`` has a version counter of
-    its own): do not edit weights that way while a cache holds them, or ``clear()`` it after. The copies (half a
-    bf16 weight's bytes each) live as long as the cache object and their weights. Without ``fp8_grads`` the
-    backward stays the straight-through one, on the high-precision weights. The innermost open cache keeps; the
-    ops called by a torch.compile'd graph use it as eager calls do (nothing is kept while the graph is traced; a
-    compiled backward quantises its transposed weights every time), and nothing is kept or reused during
-    CUDA-graph capture."""
+    What is kept: the weights of the FP8 ops (``ag_gemm`` / ``gemm_rs`` / ``grouped_gemm`` with ``quantize=``, hence
+    the ``nn`` layers' ``fp8=``) that are ``nn.Parameter``s, and with ``fp8_grads`` the copies of their transposes
+    that ``ag_gemm``'s, ``gemm_rs``'s and ``grouped_gemm``'s FP8 backward multiplies by
+    (``quantize_weight(transposed=True)``), never activations or gradients. A kept copy is used while the parameter
+    is the same tensor with the same storage and version counter, so an in-place update (``optimizer.step()``,
+    ``load_state_dict``, ``p.add_`` under no_grad) is quantised again; a write through ``p.data`` is not seen
+    (``.data`` has a version counter of its own): do not edit weights that way while a cache holds them, or
+    ``clear()`` it after. The copies (half a bf16 weight's bytes each) live as long as the cache object and their
+    weights. Without ``fp8_grads`` the backward stays the straight-through one, on the high-precision weights. The
+    innermost open cache keeps; the ops called by a torch.compile'd graph use it as eager calls do (nothing is kept
+    while the graph is traced; a compiled backward quantises its transposed weights every time), and nothing is kept
+    or reused during CUDA-graph capture."""
 
     _active = []  # the open caches, innermost last
 

@@ -221,9 +221,9 @@ def grouped_weight_grad_kernel(dy, x, dw, dw_ptr, offsets, counts, E, rows, N, K
     neighbours in the order, so its rows of dy and x are read from L2 by all but the first. An empty group gives
     zeros. ``dy``/``x``/``dw``: descriptors (USE_TMA; dw's 3-D, its bounds clip each expert) or pointers.
     FP8 (``fp8_grads``): "rows", token-major FP8 dy.T [N, rows] and x.T [K, rows] (pointers; ``stride_dym`` /
-    ``stride_xm`` their row strides; dw a descriptor or a pointer) with a scale per column of dy and of x (``scale_dy[n * stride_sdy]``, stride 0: one per
-    tensor), applied after the loop; "blocks", high-precision dy and x quantised in the loop per 128-row step
-    (BLOCK_M = 128), ``_weight_grad_step``."""
+    ``stride_xm`` their row strides; dw a descriptor or a pointer) with a scale per column of dy and of x
+    (``scale_dy[n * stride_sdy]``, stride 0: one per tensor), applied after the loop; "blocks", high-precision dy
+    and x quantised in the loop per 128-row step (BLOCK_M = 128), ``_weight_grad_step``."""
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles_k = tl.cdiv(K, BLOCK_K)
