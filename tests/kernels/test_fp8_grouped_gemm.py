@@ -13,7 +13,8 @@ implementation. sm_90: FP8 wgmma in both scale modes. GPU: bf16 results at MoE s
 (``_fp8_grads_recipe``: each GEMM's operands quantised by ``fp8.quantize`` along its reduction, dequantised),
 every mode, both weight layouts, plain and SiLU-gated, fp32 and fp16, an empty expert, ragged groups (one of more
 than 128 rows: two block steps), NaN in the rows outside the groups (zero gradients there); bitwise reruns,
-activation checkpointing and torch.compile(fullgraph); the weight gradient's FP8 modes on their own.
+activation checkpointing and torch.compile(fullgraph); the weight cache keeping the transposed stack; the weight
+gradient's FP8 modes on their own.
 """
 
 import pytest
@@ -270,6 +271,45 @@ def _fp8_grads_reruns(mode):
 def test_fp8_grads_grouped_gemm_reruns_bitwise_under_checkpointing_and_compile(ranks, mode):
     for rerun, checkpointed, compiled in ranks(1, _fp8_grads_reruns, mode):
         assert rerun == 0.0 and checkpointed == 0.0 and compiled < 1e-6, (rerun, checkpointed, compiled)
+
+
+@cpu_only
+@pytest.mark.parametrize("mode", MODES)
+def test_fp8_grads_weight_cache_keeps_the_transposed_stack(mode):
+    """Inside ``fp8.weight_cache``: a weight stack's forward copy and its transposes' copy (grad_x's) are kept, two
+    micro-batches quantise each once, and the gradients are bitwise those without the cache."""
+    x, w, offsets, counts, inside = _fp8_grads_case(mode, "nk", "none", torch.float32, 9)
+    x, w, offsets, inside = x[:48], w[:2, :, :136], offsets[:3], inside[:48]
+    x = x[:, :136].contiguous()
+    cnt = torch.tensor(counts[:2], dtype=torch.int32)
+    probe = torch.randn(48, w.shape[1], generator=torch.Generator().manual_seed(2))
+    param = torch.nn.Parameter(w.clone())
+
+    def grads():
+        xg = x.clone().requires_grad_()
+        param.grad = None
+        y = grouped_gemm(xg, param, offsets, cnt, quantize=mode, fp8_grads=True)
+        (y * torch.where(inside[:, None], probe, 0)).sum().backward()
+        return xg.grad, param.grad
+
+    plain = grads()
+    calls = []
+    quantise = fp8.quantize_stack
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return quantise(*args, **kwargs)
+
+    fp8.quantize_stack = counted
+    try:
+        with fp8.weight_cache() as cache:
+            kept = [grads()]
+            first = len(calls)
+            kept.append(grads())
+    finally:
+        fp8.quantize_stack = quantise
+    assert len(cache) == 2 and first and len(calls) == first, (len(cache), calls)  # the second quantised nothing
+    assert all(torch.equal(a, b) for got in kept for a, b in zip(got, plain))
 
 
 @cpu_only
