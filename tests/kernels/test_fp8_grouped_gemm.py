@@ -479,3 +479,35 @@ def _check_gpu_quantize(mode):
     offsets, x, w = _inputs(counts, k, n, experts, gen)
     return _quantize_step(x.to("cuda", torch.bfloat16), w.to("cuda", torch.bfloat16), offsets, counts, mode,
                           "silu_gate", gen)
+
+
+@gpu_only
+@pytest.mark.parametrize("w_layout", ["nk", "kn"])
+@pytest.mark.parametrize("mode", MODES)
+def test_fp8_grads_grouped_gemm_gpu_bf16(ranks, mode, w_layout):
+    """bf16 x and w, ``quantize=mode, fp8_grads=True``, at MoE shapes with skewed loads (groups of several 128-row
+    steps): the forward and both gradients against the recipe in fp64 (``_fp8_grads_recipe``; bf16's rounding of
+    the results), and apart from the straight-through gradients."""
+    errs = ranks.on_one_gpu(_check_gpu_fp8_grads, mode, w_layout)
+    assert max(errs[:3]) < 2e-2 and min(errs[3:]) > 2 * max(errs[1:3]), errs
+
+
+def _check_gpu_fp8_grads(mode, w_layout):
+    gen = torch.Generator().manual_seed(13)
+    experts, k, n = 8, 1024, 768
+    counts = _moe_counts(experts, 2048, True, gen)
+    offsets, x, w = _inputs(counts, k, n, experts, gen)
+    if w_layout == "kn":
+        w = w.transpose(1, 2).contiguous()
+    x, w = x.bfloat16(), w.bfloat16()
+    inside = _in_groups(offsets, counts, x.shape[0])
+    cnt = torch.tensor(counts, dtype=torch.int32)
+    probe = torch.randn(x.shape[0], n, generator=gen)
+    y, grad_x, grad_w = _fp8_grads_step(
+        lambda a, b: grouped_gemm(a, b, offsets.cuda(), cnt.cuda(), w_layout=w_layout, quantize=mode, fp8_grads=True),
+        x.cuda(), w.cuda(), probe.cuda(), inside.cuda())
+    y_ref, want_x, want_w, (plain_x, plain_w) = _fp8_grads_recipe(x, w, offsets, counts, mode, "none", w_layout,
+                                                                  probe)
+    grad_x, grad_w = grad_x.cpu(), grad_w.cpu()
+    return (rel_err(y.cpu()[inside], y_ref[inside]), rel_err(grad_x, want_x), rel_err(grad_w, want_w),
+            rel_err(grad_x, plain_x), rel_err(grad_w, plain_w))
