@@ -39,6 +39,11 @@ GEMM_SIG = dict(a="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>", c="t
                 stride_cs="i32", stride_cm="i32", first_segment="i32", segment_step="i32",
                 **_const("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "USE_TMA", "EPILOGUE_SUBTILE", "FLATTEN",
                          "WARP_SPECIALIZE", "DOT_PRECISION", "SILU_GATE"))
+WGRAD_SIG = dict(dw="tensordesc<bf16[1,128,64]>", dw_ptr="*bf16", offsets="*i32", counts="*i32", E="i32",
+                 rows="i32", N="i32", K="i32", stride_dym="i32", stride_xm="i32", stride_we="i32", stride_wn="i32",
+                 scale_dy="*fp32", scale_x="*fp32", stride_sdy="i32", stride_sx="i32",
+                 **_const("BLOCK_M", "BLOCK_N", "BLOCK_K", "HAS_COUNTS", "USE_TMA", "DOT_PRECISION"))
+WGRAD_FP8 = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, HAS_COUNTS=True, USE_TMA=True, DOT_PRECISION="tf32")
 GEMM_BIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, USE_TMA=True, EPILOGUE_SUBTILE=False,
                 FLATTEN=False, WARP_SPECIALIZE=False, DOT_PRECISION="tf32", SILU_GATE=False)
 AG_SIG = dict(a_local="tensordesc<bf16[128,64]>", a_full="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>",
@@ -221,6 +226,15 @@ KERNELS = [
      dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, HAS_COUNTS=False, USE_TMA=False, DOT_PRECISION="ieee"),
      ("dy", "x", "dw_ptr", "N", "K", "stride_dym", "stride_xm", "stride_we", "stride_wn"),
      {"num_warps": 4, "num_stages": 3}),
+    ("grouped_gemm/weight-grad-fp8-rows", K + "grouped_gemm", "grouped_weight_grad_kernel",
+     dict(WGRAD_SIG, dy="*fp8e4nv", x="*fp8e4nv", **_const("FP8", "MAX_IMPRECISE_ACC")),
+     dict(WGRAD_FP8, FP8="rows", MAX_IMPRECISE_ACC=128),
+     ("dy", "x", "N", "K", "stride_dym", "stride_xm", "stride_we", "stride_wn"),
+     {"num_warps": 8, "num_stages": 2}),
+    ("grouped_gemm/weight-grad-fp8-blocks", K + "grouped_gemm", "grouped_weight_grad_kernel",
+     dict(WGRAD_SIG, dy="tensordesc<bf16[128,128]>", x="tensordesc<bf16[128,64]>", **_const("FP8")),
+     dict(WGRAD_FP8, FP8="blocks"), ("N", "K", "stride_dym", "stride_xm", "stride_we", "stride_wn"),
+     {"num_warps": 8, "num_stages": 3}),
     ("ep/layout-T4096", K + "moe_ep", "ep_layout_kernel", LAYOUT_SIG,
      dict(K=8, EL=32, TB=16, K_PAD=8, EL_PAD=32, W_PAD=2, CG=4, QB=64, TIMELINE=False, PDL=True), (),
      {"num_warps": 4}),

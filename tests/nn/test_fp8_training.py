@@ -374,6 +374,10 @@ def test_fp8_modes_are_checked_and_parallelize_sets_them(ranks):
 def _fp8_grads_refusals():
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from .test_training import _tiny_qwen2_moe
+
+    qwen_moe = _tiny_qwen2_moe()
+    moe_block = qwen_moe.model.layers[1].mlp
     dense = GatedMLP(16, 32)
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1))
@@ -383,15 +387,20 @@ def _fp8_grads_refusals():
                          lambda: parallelize(copy.deepcopy(llama), fp8_grads=True),
                          lambda: TensorParallelMLP(16, 32, fp8="row", fp8_grads="yes"),          # not a bool
                          lambda: RowParallelLinear(16, 8, fp8="block", fp8_grads=1),
-                         lambda: parallelize(copy.deepcopy(llama), fp8="tensor", fp8_grads=None)])
+                         lambda: parallelize(copy.deepcopy(llama), fp8="tensor", fp8_grads=None),
+                         lambda: ExpertParallelMoE.from_dense(copy.deepcopy(moe_block), fp8_grads=True),
+                         lambda: ExpertParallelMoE.from_dense(copy.deepcopy(moe_block), fp8="row", fp8_grads=0)])
     parallelize(llama, fp8="row", fp8_grads=True)
-    return names, [(m.fp8, m.fp8_grads) for m in llama.modules() if isinstance(m, TensorParallelMLP)]
+    parallelize(qwen_moe, fp8="block", fp8_grads=True)
+    return names, [(m.fp8, m.fp8_grads) for m in (*llama.modules(), *qwen_moe.modules())
+                   if isinstance(m, (TensorParallelMLP, ExpertParallelMoE))]
 
 
 def test_fp8_grads_are_checked_and_parallelize_sets_them(ranks):
     pytest.importorskip("transformers")
     for names, modes in ranks(2, _fp8_grads_refusals):
-        assert names == ["ValueError"] * 4 + ["TypeError"] * 3 and modes == [("row", True)], (names, modes)
+        assert names == ["ValueError"] * 4 + ["TypeError"] * 3 + ["ValueError", "TypeError"], names
+        assert modes == [("row", True), ("block", True), ("block", True)], modes
 
 
 # ----------------------------------------------------------------------------------------------- GPU, bf16
@@ -474,9 +483,16 @@ class _Fp8RecipeExperts(nn.Module):
         self.gate_up_proj, self.down_proj = experts.gate_up_proj, experts.down_proj
         self.mode, self.world = mode, world
 
-    def _product(self, a, a_fp8, w):
-        value = (a_fp8 @ _dequantised(w, self.mode, "w").to(a_fp8.dtype).T).to(a.dtype)
-        return _StraightThrough.apply(a @ w.T, value)
+    def _values(self, a, w, experts, counts):
+        """The FP8 forward's [R, N]: each expert's rows of ``a`` (a rank's rows, quantised as one input) times
+        its weight ``w[e]`` (quantised on its own), in fp32 (fp64 for fp64 operands) rounded to a's dtype."""
+        return torch.cat([(q @ _dequantised(w[e], self.mode, "w").to(q.dtype).T).to(a.dtype)
+                          for e, q in zip(experts, _dequantised(a, self.mode, "a").split(counts))])
+
+    def _products(self, a, w, experts, counts):
+        """``_values`` with the straight-through gradient of the unquantised products."""
+        exact = torch.cat([a_e @ w[e].T for e, a_e in zip(experts, a.split(counts))])
+        return _StraightThrough.apply(exact, self._values(a, w, experts, counts))
 
     def forward(self, x, top_k_index, top_k_weights):
         out = torch.zeros_like(x)
@@ -486,27 +502,67 @@ class _Fp8RecipeExperts(nn.Module):
             counts = [len(tokens) for _, tokens, _ in routed]
             if not sum(counts):
                 continue
+            experts = [e for e, _, _ in routed]
             rows = torch.cat([x[tokens] for _, tokens, _ in routed])
-            hidden = []
-            rows_fp8 = _dequantised(rows, self.mode, "a").split(counts)
-            for (e, _, _), a, a_fp8 in zip(routed, rows.split(counts), rows_fp8):
-                gate, up = self._product(a, a_fp8, self.gate_up_proj[e]).chunk(2, dim=-1)
-                hidden.append(F.silu(gate) * up)
-            hidden = torch.cat(hidden)
-            for (e, tokens, slots), h, h_fp8 in zip(routed, hidden.split(counts),
-                                                    _dequantised(hidden, self.mode, "a").split(counts)):
-                y = self._product(h, h_fp8, self.down_proj[e]) * top_k_weights[tokens, slots, None]
-                out = out.index_add(0, tokens, y.to(out.dtype))
+            gate, up = self._products(rows, self.gate_up_proj, experts, counts).chunk(2, dim=-1)
+            y = self._products(F.silu(gate) * up, self.down_proj, experts, counts)
+            for (e, tokens, slots), y_e in zip(routed, y.split(counts)):
+                out = out.index_add(0, tokens, (y_e * top_k_weights[tokens, slots, None]).to(out.dtype))
         return out
+
+
+class _GroupedFp8Grads(torch.autograd.Function):
+    """``value`` in the forward; the backward of ``fp8_grads`` for a rank's grouped product (its rows ``a`` [R, K],
+    ``counts`` of them per expert of ``experts`` in order, times ``w[e].T``) of output gradient G [R, N]: grad_a =
+    G @ w[e] from G quantised along N (all R rows as one input: "tensor" one scale over them) and w[e].T as a
+    weight; grad_w[e] = G[rows of e].T @ a[rows of e] along the tokens, a scale per column ("tensor": one) of G and
+    of a over all R rows, "block" per column of each 128-row step of an expert's rows. Each product of the
+    dequantised operands in fp32 (fp64 for fp64 operands)."""
+
+    @staticmethod
+    def forward(ctx, a, w, value, experts, counts, mode):
+        ctx.save_for_backward(a, w)
+        ctx.experts, ctx.counts, ctx.mode = experts, counts, mode
+        return value
+
+    @staticmethod
+    def backward(ctx, g):
+        a, w = ctx.saved_tensors
+        mode, counts = ctx.mode, ctx.counts
+        grad_a = torch.cat([q @ _dequantised(w[e].T.contiguous(), mode, "w").T
+                            for e, q in zip(ctx.experts, _dequantised(g, mode, "a").split(counts))])
+        columns = "row" if mode == "block" else mode
+
+        def along_tokens(t):  # per column of t [rows, C] (a scale per column or one), dequantised
+            return _dequantised(t.T.contiguous(), columns, "w").T
+
+        if mode != "block":
+            g, a = along_tokens(g), along_tokens(a)
+        grad_w = torch.zeros(w.shape, dtype=grad_a.dtype)
+        for e, g_e, a_e in zip(ctx.experts, g.split(counts), a.split(counts)):
+            for step in range(0, g_e.shape[0], 128 if mode == "block" else max(1, g_e.shape[0])):
+                rows = slice(step, step + 128) if mode == "block" else slice(None)
+                grad_w[e] += (along_tokens(g_e[rows]).T @ along_tokens(a_e[rows]) if mode == "block"
+                              else g_e.to(grad_w.dtype).T @ a_e.to(grad_w.dtype))
+        return grad_a.to(a.dtype), grad_w.to(w.dtype), None, None, None, None
+
+
+class _Fp8GradsRecipeExperts(_Fp8RecipeExperts):
+    """``_Fp8RecipeExperts`` with the backward of ``ExpertParallelMoE(fp8=mode, fp8_grads=True)``: each rank's
+    grouped products differentiated by ``_GroupedFp8Grads`` (the gate at the FP8 pre-activation)."""
+
+    def _products(self, a, w, experts, counts):
+        return _GroupedFp8Grads.apply(a, w, self._values(a, w, experts, counts), experts, counts, self.mode)
 
 
 MOE_SIZES = dict(hidden=160, experts=4, top_k=2, inter=24, shared=16)  # K = 160: a 32-wide last 128-group
 
 
-def _fp8_moe_grads(tokens, sp, mode, dtype=torch.float32, sizes=MOE_SIZES):
+def _fp8_moe_grads(tokens, sp, mode, dtype=torch.float32, sizes=MOE_SIZES, fp8_grads=False):
     from .test_training import _gpu_moe_grads
 
-    return _gpu_moe_grads(tokens, sp, dtype, sizes, mode, _Fp8RecipeExperts)
+    return _gpu_moe_grads(tokens, sp, dtype, sizes, mode, _Fp8GradsRecipeExperts if fp8_grads else _Fp8RecipeExperts,
+                          fp8_grads)
 
 
 @pytest.mark.parametrize("world,sp,mode", [(1, False, "block"), (2, True, "tensor"), (2, False, "row")])
@@ -516,6 +572,16 @@ def test_fp8_moe_layer_matches_the_straight_through_reference(ranks, world, sp, 
     the output and the gradients of the input, the router, this rank's experts and the shared expert."""
     pytest.importorskip("transformers")
     for errs in ranks(world, _fp8_moe_grads, 2 * world + 9, sp, mode):
+        assert max(ours for ours, _ in errs.values()) < TOL, errs
+
+
+@pytest.mark.parametrize("world,sp,mode", [(1, False, "block"), (2, True, "tensor"), (2, False, "row")])
+def test_fp8_grads_moe_layer_matches_the_recipe_reference(ranks, world, sp, mode):
+    """ExpertParallelMoE(fp8=mode, fp8_grads=True) against the block in fp64 with its experts computed as the
+    recipe with FP8 gradients (``_Fp8GradsRecipeExperts``; fewer than 128 rows per expert, so the order of an
+    expert's rows changes no scale), its routing pinned to ours."""
+    pytest.importorskip("transformers")
+    for errs in ranks(world, _fp8_moe_grads, 2 * world + 9, sp, mode, torch.float32, MOE_SIZES, True):
         assert max(ours for ours, _ in errs.values()) < TOL, errs
 
 
@@ -529,6 +595,19 @@ def test_fp8_moe_layer_bf16_on_one_gpu(ranks, mode):
     from .test_training import GPU_MOE
 
     errs = ranks.on_one_gpu(_fp8_moe_grads, 333, False, mode, torch.bfloat16, GPU_MOE)
+    assert not _bf16_failures(errs), _bf16_failures(errs)
+
+
+@gpu_only
+@pytest.mark.parametrize("mode", MODES)
+def test_fp8_grads_moe_layer_bf16_on_one_gpu(ranks, mode):
+    """ExpertParallelMoE(fp8=mode, fp8_grads=True) in bf16 at GPU sizes against the recipe with FP8 gradients in
+    fp64 (``_Fp8GradsRecipeExperts``; up to 128 rows per expert), held to that recipe computed by torch in bf16."""
+    pytest.importorskip("transformers")
+    from ..kernels.test_autograd import _bf16_failures
+    from .test_training import GPU_MOE
+
+    errs = ranks.on_one_gpu(_fp8_moe_grads, 333, False, mode, torch.bfloat16, GPU_MOE, True)
     assert not _bf16_failures(errs), _bf16_failures(errs)
 
 

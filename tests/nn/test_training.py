@@ -578,11 +578,12 @@ class _PinnedRouter(nn.Module):
         return logits, top.to(logits.dtype), self.idx
 
 
-def _gpu_moe_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MOE, fp8=None, recipe=None):
+def _gpu_moe_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MOE, fp8=None, recipe=None, fp8_grads=False):
     """ExpertParallelMoE made from a Qwen2-MoE block (a gated shared expert beside the routed ones) against the
     block: {what: (our error, plain torch's error)} of the output and the gradients of the input, the router,
     this rank's experts and the shared expert. ``fp8``: the layer's FP8 mode, the references' experts
-    ``recipe(experts, fp8, world)`` (its recipe in torch). ``dtype`` float32 and small ``sizes``: CPU ranks."""
+    ``recipe(experts, fp8, world)`` (its recipe in torch); ``fp8_grads``: the layer's. ``dtype`` float32 and small
+    ``sizes``: CPU ranks."""
     from transformers import Qwen2MoeConfig
     from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 
@@ -605,7 +606,7 @@ def _gpu_moe_grads(tokens, sp, dtype=torch.bfloat16, sizes=GPU_MOE, fp8=None, re
 
     # ours first: the experts it routed each token to pin the references' routing
 
-    layer = ExpertParallelMoE.from_dense(copy.deepcopy(block), sequence_parallel=sp, fp8=fp8)
+    layer = ExpertParallelMoE.from_dense(copy.deepcopy(block), sequence_parallel=sp, fp8=fp8, fp8_grads=fp8_grads)
     routed = []
     layer.gate.register_forward_hook(lambda mod, inp, out: routed.append(out[2]))
     out, xi = _two_poisoned_steps(layer, rows(x), rows(weighting), tokens, sp)

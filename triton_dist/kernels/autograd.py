@@ -39,6 +39,10 @@ quantised by ``fp8.quantize_operands`` in the forward's mode along that GEMM's r
                grad_w = Q(grad_out.T) @ Q(x.T).T            (along the W*m gathered rows; x gathered again)
     gemm_rs    grad_a = ag_gemm(grad_out, w.T, quantize)    (each rank's rows of G, and w.T, along N)
                grad_w = Q(G.T) @ Q(a.T).T                   (along the M rows; G gathered on its own, unquantised)
+    grouped_gemm  grad_x = grouped_gemm(grad, w, other layout, quantize)   (grad along N over the rows inside the
+                                                        groups, each expert's w.T along N: w's other layout's copy)
+               grad_w = grouped_weight_grad(grad, x, quantize)  (along each expert's tokens: a scale per column,
+                                                        "block" per 128-row step of the expert, in the kernel)
 
 (Q: e4m3 with its scales). The input gradients run the overlapped ops on FP8 operands (``_times_weight``: grad_out
 quantised as their ``quantize=`` does, w.T's copy from ``fp8.quantize_weight``, kept per optimizer step by an open
@@ -226,28 +230,32 @@ def _rmsnorm_backward(ctx, grad_normed, grad_residual, _):
 
 # ----------------------------------------------------------------------------------------------- grouped_gemm
 def _grouped_setup(ctx, inputs, output):  # (quantize: the same backward, straight-through; FP8 x / w need none)
-    x, w, offsets, counts, activation, w_layout = inputs[:6]
+    x, w, offsets, counts, activation, w_layout, quantize = inputs[:7]
+    fp8_grads = inputs[12]
     ctx.activation, ctx.w_layout = activation, w_layout
+    ctx.grads_mode = quantize if fp8_grads else None  # the backward's GEMMs in FP8 (this mode) or not (None)
     ctx.save_for_backward(x, w, offsets, counts)
 
 
 def _grouped_backward(ctx, grad):
     x, w, offsets, counts = ctx.saved_tensors
-    grad = grad.contiguous()
+    grad, mode = grad.contiguous(), ctx.grads_mode
     if ctx.activation == "silu_gate":  # the pre-activation again (its rows outside the groups are never read)
         grad = silu_gate_backward(grouped_gemm(x, w, offsets, counts), grad)
     grad_x = grad_w = None
     if ctx.needs_input_grad[0]:  # the other layout on the same weight, no transposed copy; zeros outside the groups
+        # (fp8_grads: that layout's quantize=, grad along N and the FP8 copy of w's other layout, kept by
+        # fp8.weight_cache)
         other = "kn" if ctx.w_layout == "nk" else "nk"
         if hardware.compiling() or library.needs_grad(grad, w):
             inside = group_rows(x.shape[0], offsets, counts, x.device)[:, None]
-            grad_x = torch.where(inside, grouped_gemm(grad, w, offsets, counts, w_layout=other), 0)
+            grad_x = torch.where(inside, grouped_gemm(grad, w, offsets, counts, w_layout=other, quantize=mode), 0)
         else:
-            grad_x = grouped_gemm(grad, w, offsets, counts, out=torch.zeros_like(x), w_layout=other)
-    if ctx.needs_input_grad[1]:  # dw[e] = grad[g].T @ x[g] ("nk"), x[g].T @ grad[g] ("kn")
+            grad_x = grouped_gemm(grad, w, offsets, counts, out=torch.zeros_like(x), w_layout=other, quantize=mode)
+    if ctx.needs_input_grad[1]:  # dw[e] = grad[g].T @ x[g] ("nk"), x[g].T @ grad[g] ("kn"); FP8 along the tokens
         dy, inputs = (grad, x) if ctx.w_layout == "nk" else (x, grad)
-        grad_w = grouped_weight_grad(dy, inputs, offsets, counts, w.shape[0])
-    return grad_x, grad_w, None, None, None, None, None, None, None, None, None, None
+        grad_w = grouped_weight_grad(dy, inputs, offsets, counts, w.shape[0], mode)
+    return grad_x, grad_w, None, None, None, None, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------- silu_gate

@@ -270,18 +270,18 @@ class weight_cache:
     or one cache for the whole run, entered around each forward and backward (``with cache: ...``): a weight is
     quantised again when it has changed, once per optimizer step.
 
-    What is kept: the weights of the FP8 ops (``ag_gemm`` / ``gemm_rs`` / ``grouped_gemm`` with ``quantize=``,
-    hence the ``nn`` layers' ``fp8=``) that are ``nn.Parameter``s, and with ``fp8_grads`` the copies of their
-    transposes that ``ag_gemm``'s and ``gemm_rs``'s FP8 backward multiplies by (``quantize_weight(transposed=
-    True)``), never activations or gradients. A kept copy is used while the parameter is the same tensor with the
-    same storage and version counter, so an in-place update (``optimizer.step()``, ``load_state_dict``, ``p.add_``
-    under no_grad) is quantised again; a write through ``p.data`` is not seen (``.data`` has a version counter of
-    its own): do not edit weights that way while a cache holds them, or ``clear()`` it after. The copies (half a
-    bf16 weight's bytes each) live as long as the cache object and their weights. Without ``fp8_grads`` the
-    backward stays the straight-through one, on the high-precision weights. The innermost open cache keeps; the
-    ops called by a torch.compile'd graph use it as eager calls do (nothing is kept while the graph is traced; a
-    compiled backward quantises its transposed weights every time), and nothing is kept or reused during
-    CUDA-graph capture."""
+    What is kept: the weights of the FP8 ops (``ag_gemm`` / ``gemm_rs`` / ``grouped_gemm`` with ``quantize=``, hence
+    the ``nn`` layers' ``fp8=``) that are ``nn.Parameter``s, and with ``fp8_grads`` the copies of their transposes
+    that ``ag_gemm``'s, ``gemm_rs``'s and ``grouped_gemm``'s FP8 backward multiplies by
+    (``quantize_weight(transposed=True)``), never activations or gradients. A kept copy is used while the parameter
+    is the same tensor with the same storage and version counter, so an in-place update (``optimizer.step()``,
+    ``load_state_dict``, ``p.add_`` under no_grad) is quantised again; a write through ``p.data`` is not seen
+    (``.data`` has a version counter of its own): do not edit weights that way while a cache holds them, or
+    ``clear()`` it after. The copies (half a bf16 weight's bytes each) live as long as the cache object and their
+    weights. Without ``fp8_grads`` the backward stays the straight-through one, on the high-precision weights. The
+    innermost open cache keeps; the ops called by a torch.compile'd graph use it as eager calls do (nothing is kept
+    while the graph is traced; a compiled backward quantises its transposed weights every time), and nothing is kept
+    or reused during CUDA-graph capture."""
 
     _active = []  # the open caches, innermost last
 
@@ -327,24 +327,28 @@ class weight_cache:
 def quantize_weight(w, mode, transposed=False):
     """A weight's FP8 copy in ``mode`` for the ops' ``quantize=``: (q, scales) of ``quantize_fp8`` for a weight
     [N, K], of ``quantize_stack`` for a stack of experts' weights [E, N, K]; ``transposed``: that of ``w.T`` [K, N]
-    (a weight [N, K]: the operand of the FP8 backward's ``grad @ w``, ``fp8_grads``). From an open
-    ``weight_cache`` where it keeps this parameter unchanged (the transpose's copy under a key of its own)."""
+    (a weight [N, K]: the operand of the FP8 backward's ``grad @ w``, ``fp8_grads``), or of the stack of each
+    expert's transpose [E, K, N] (``grouped_gemm``'s other layout). From an open ``weight_cache`` where it keeps
+    this parameter unchanged (the transpose's copy under a key of its own)."""
     if not transposed:
         return weight_cache.quantized(w, mode,
                                       lambda: quantize_stack(w, mode) if w.dim() == 3 else quantize_fp8(w, mode))
-    if w.dim() != 2:
-        raise ValueError(f"transposed: a weight [N, K], got shape {list(w.shape)}")
+    if w.dim() not in (2, 3):
+        raise ValueError(f"transposed: a weight [N, K] or a stack [E, N, K], got shape {list(w.shape)}")
     return weight_cache.quantized(w, (mode, "T"), lambda: _transposed_copy(w, mode))
 
 
 def _transposed_copy(w, mode):
-    """``quantize_fp8(w.T.contiguous(), mode)``, bitwise: "row" quantises w.T (a scale per column of w); "tensor"
-    and "block" transpose w's own copy (``quantize_weight``, kept or not: the same scale, or the 128x128 block grid
-    transposed, and each value divided by the same scale), an FP8 copy instead of a high-precision one."""
+    """``quantize_fp8(w.T.contiguous(), mode)`` (a stack: ``quantize_stack`` of each expert's transpose), bitwise:
+    "row" quantises the transpose (a scale per column of w); "tensor" and "block" transpose w's own copy
+    (``quantize_weight``, kept or not: the same scale, or the 128x128 block grid transposed, and each value divided
+    by the same scale), an FP8 copy instead of a high-precision one."""
     if mode == "row":
-        return quantize_fp8(w.T.contiguous(), mode)
+        return quantize_stack(w.transpose(1, 2).contiguous(), mode) if w.dim() == 3 else \
+            quantize_fp8(w.T.contiguous(), mode)
     q, scales = quantize_weight(w, mode)
-    return q.T.contiguous(), scales if mode == "tensor" else scales.T.contiguous()
+    q = q.transpose(-1, -2).contiguous()
+    return q, scales if mode == "tensor" else scales.transpose(-1, -2).contiguous()
 
 
 def quantize(x, scaling, dtype=torch.float8_e4m3fn):

@@ -161,35 +161,69 @@ def grouped_gemm_kernel(x, w, out_desc, out, offsets, counts, E, rows, N, K, w_r
 @triton.jit
 def _weight_grad_step(dy, x, acc, row, off_n, off_k, rows, N, K, stride_dym, stride_xm, inside,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-                      MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                      MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr = "",
+                      MAX_IMPRECISE_ACC: tl.constexpr = None):
     """``acc + dy[row : row + BLOCK_M, off_n..].T @ x[row : row + BLOCK_M, off_k..]``; MASKED: only the rows
-    ``inside`` count (both operands zeroed elsewhere: a row past the group may hold anything, NaN included)."""
-    if USE_TMA:
-        a = dy.load([row, off_n])
-        b = x.load([row, off_k])
-    else:
-        m = (row + tl.arange(0, BLOCK_M)).to(tl.int64)
-        ns = off_n + tl.arange(0, BLOCK_N)
-        ks = off_k + tl.arange(0, BLOCK_K)
-        a = tl.load(dy + m[:, None] * stride_dym + ns[None, :], mask=(m < rows)[:, None] & (ns < N)[None, :],
-                    other=0.0)
-        b = tl.load(x + m[:, None] * stride_xm + ks[None, :], mask=(m < rows)[:, None] & (ks < K)[None, :],
-                    other=0.0)
-    if MASKED:
-        a = tl.where(inside[:, None], a, 0.0)
-        b = tl.where(inside[:, None], b, 0.0)
-    return tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
+    ``inside`` count (both operands zeroed elsewhere: a row past the group may hold anything, NaN included).
+    FP8 "rows": dy and x are token-major FP8 copies (dy.T [N, rows], x.T [K, rows]: the layout FP8 wgmma takes),
+    their scales applied after the loop. FP8 "blocks": dy and x high precision, each column of this step's rows
+    quantised here (one scale per column per 128-token step, the step inside one expert), the step's FP8 product
+    scaled and added to ``acc``."""
+    if FP8 == "rows":  # (pointers only: a group starts at any row, a TMA box's inner coordinate at 16 bytes)
+        m = tl.arange(0, BLOCK_M)
+        ns = tl.arange(0, BLOCK_N)
+        ks = tl.arange(0, BLOCK_K)
+        # the tile's corner in int64, 32-bit offsets within it (int64 offsets of two tiles spill on sm_90)
+        a = tl.load(dy + off_n.to(tl.int64) * stride_dym + row + (ns[:, None] * stride_dym + m[None, :]),
+                    mask=(off_n + ns < N)[:, None] & (row + m < rows)[None, :], other=0.0)
+        b = tl.load(x + off_k.to(tl.int64) * stride_xm + row + (ks[:, None] * stride_xm + m[None, :]),
+                    mask=(off_k + ks < K)[:, None] & (row + m < rows)[None, :], other=0.0)
+        if MASKED:
+            a = tl.where(inside[None, :], a, tl.zeros_like(a))
+            b = tl.where(inside[None, :], b, tl.zeros_like(b))
+        acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=MAX_IMPRECISE_ACC)
+    else:  # (no early returns: the frontend compiles what follows a constexpr branch's return too)
+        if USE_TMA:
+            a = dy.load([row, off_n])
+            b = x.load([row, off_k])
+        else:
+            m = (row + tl.arange(0, BLOCK_M)).to(tl.int64)
+            ns = off_n + tl.arange(0, BLOCK_N)
+            ks = off_k + tl.arange(0, BLOCK_K)
+            a = tl.load(dy + m[:, None] * stride_dym + ns[None, :], mask=(m < rows)[:, None] & (ns < N)[None, :],
+                        other=0.0)
+            b = tl.load(x + m[:, None] * stride_xm + ks[None, :], mask=(m < rows)[:, None] & (ks < K)[None, :],
+                        other=0.0)
+        if MASKED:
+            a = tl.where(inside[:, None], a, 0.0)
+            b = tl.where(inside[:, None], b, 0.0)
+        if FP8 == "blocks":  # the rule of kernels/fp8.py (masked rows count as 0): amax / 448 per column
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+            scale_a = fp8._scale_of(tl.max(tl.abs(a), axis=0))
+            scale_b = fp8._scale_of(tl.max(tl.abs(b), axis=0))
+            part = tl.dot(tl.trans(fp8._quantized(a, scale_a[None, :])), fp8._quantized(b, scale_b[None, :]))
+            acc += part * scale_a[:, None] * scale_b[None, :]
+        else:
+            acc = tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
+    return acc
 
 
 @triton.jit
 def grouped_weight_grad_kernel(dy, x, dw, dw_ptr, offsets, counts, E, rows, N, K, stride_dym, stride_xm, stride_we,
                                stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               HAS_COUNTS: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                               HAS_COUNTS: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                               scale_dy=None, scale_x=None, stride_sdy=None, stride_sx=None, FP8: tl.constexpr = "",
+                               MAX_IMPRECISE_ACC: tl.constexpr = None):
     """The weights' gradient of the grouped GEMM, persistent over the tiles (e, n tile, k tile) of dw [E, N, K]:
     ``dw[e, n tile, k tile] = dy[rows of e, n tile].T @ x[rows of e, k tile]``, fp32 accumulation over the group's
     rows BLOCK_M at a time, in order (deterministic); the group's last partial step masked. An expert's tiles are
     neighbours in the order, so its rows of dy and x are read from L2 by all but the first. An empty group gives
-    zeros. ``dy``/``x``/``dw``: descriptors (USE_TMA; dw's 3-D, its bounds clip each expert) or pointers."""
+    zeros. ``dy``/``x``/``dw``: descriptors (USE_TMA; dw's 3-D, its bounds clip each expert) or pointers.
+    FP8 (``fp8_grads``): "rows", token-major FP8 dy.T [N, rows] and x.T [K, rows] (pointers; ``stride_dym`` /
+    ``stride_xm`` their row strides; dw a descriptor or a pointer) with a scale per column of dy and of x
+    (``scale_dy[n * stride_sdy]``, stride 0: one per tensor), applied after the loop; "blocks", high-precision dy
+    and x quantised in the loop per 128-row step (BLOCK_M = 128), ``_weight_grad_step``."""
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles_k = tl.cdiv(K, BLOCK_K)
@@ -210,16 +244,21 @@ def grouped_weight_grad_kernel(dy, x, dw, dw_ptr, offsets, counts, E, rows, N, K
         whole = n_rows // BLOCK_M
         for i in range(whole):
             acc = _weight_grad_step(dy, x, acc, start + i * BLOCK_M, off_n, off_k, rows, N, K, stride_dym,
-                                    stride_xm, None, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, False, DOT_PRECISION)
+                                    stride_xm, None, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, False, DOT_PRECISION, FP8,
+                                    MAX_IMPRECISE_ACC)
         if whole * BLOCK_M < n_rows:
             inside = whole * BLOCK_M + tl.arange(0, BLOCK_M) < n_rows
             acc = _weight_grad_step(dy, x, acc, start + whole * BLOCK_M, off_n, off_k, rows, N, K, stride_dym,
-                                    stride_xm, inside, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, True, DOT_PRECISION)
+                                    stride_xm, inside, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, True, DOT_PRECISION, FP8,
+                                    MAX_IMPRECISE_ACC)
+        ns = off_n + tl.arange(0, BLOCK_N)
+        ks = off_k + tl.arange(0, BLOCK_K)
+        if FP8 == "rows":  # s_dy[n] * s_x[k] of the FP8 operands' columns
+            acc = acc * tl.load(scale_dy + ns * stride_sdy, mask=ns < N, other=1.0)[:, None]
+            acc = acc * tl.load(scale_x + ks * stride_sx, mask=ks < K, other=1.0)[None, :]
         if USE_TMA:
             dw.store([e, off_n, off_k], acc.to(dw.dtype).reshape(1, BLOCK_N, BLOCK_K))
         else:
-            ns = off_n + tl.arange(0, BLOCK_N)
-            ks = off_k + tl.arange(0, BLOCK_K)
             dst = dw_ptr + e.to(tl.int64) * stride_we + ns.to(tl.int64)[:, None] * stride_wn + ks[None, :]
             tl.store(dst, acc.to(dw_ptr.dtype.element_ty), mask=(ns < N)[:, None] & (ks < K)[None, :])
 
@@ -306,15 +345,17 @@ def _tuned_config(rows, experts, n_out, k, dtype, device, silu_gate, w_kn, scale
 
 # ----------------------------------------------------------------------------------------------- the op
 def _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout="nk", scale_x=None, scale_w=None,
-                  scaling=None, out_dtype=None, fast_accum=False, quantize=None):
+                  scaling=None, out_dtype=None, fast_accum=False, quantize=None, fp8_grads=False):
     """A call's FP8 mode: ``(expert_scales, the result's dtype)`` for FP8 operands, ``(None, x's dtype)``
-    otherwise (``quantize``: the op quantises them); TypeError / ValueError for what the op cannot take."""
+    otherwise (``quantize``: the op quantises them; ``fp8_grads``: its backward too); TypeError / ValueError for
+    what the op cannot take."""
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     given = fp8.keywords_given(x, w, scale_x, scale_w, scaling, out_dtype, fast_accum, quantize=quantize,
                                names=("x", "w", "scale_x", "scale_w"))
-    if (given or quantize is not None) and w_layout != "nk":
+    fp8.check_fp8_grads(fp8_grads, quantize)
+    if given and w_layout != "nk":  # (quantize= takes "kn" too: it quantises w's transposed copy)
         raise ValueError("FP8 grouped_gemm takes w_layout='nk' (w [E, N, K], scaled along K)")
     if not given and (x.dtype not in SUPPORTED_DTYPES or w.dtype != x.dtype):
         raise TypeError(f"x and w must share one dtype of float16/bfloat16 (float32 for tests; FP8 with scale_x= and "
@@ -384,7 +425,7 @@ def _output_shape(x, w, activation, w_layout="nk"):
 
 def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", out=None, config=None, *,
                  w_layout="nk", scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False,
-                 quantize=None):
+                 quantize=None, fp8_grads=False):
     """``out[rows of e] = x[rows of e] @ w[e].T`` for every expert e, group boundaries read on the device.
 
     ``x`` [rows, K] and ``w`` [E, N, K] (float16/bfloat16; float32 for tests), contiguous, on one device (CUDA, or
@@ -405,28 +446,35 @@ def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", ou
     mode (None: the shapes do), the result in ``out_dtype`` (bfloat16 unless given), ``fast_accum`` as in ``gemm``;
     w_layout "nk". ``quantize`` ("tensor", "row", "block"; FP8 training's forward): high-precision x and w
     quantised in the call (x by ``fp8.quantize_fp8``: 1x128 groups for "block", the rows inside the groups only
-    for "tensor"; w by ``fp8.quantize_stack``), then the FP8 op, the result in x's dtype.
+    for "tensor"; w by ``fp8.quantize_stack``, each expert along K: "kn", the copy of its transpose, as
+    ``fp8.quantize_weight(w, mode, transposed=True)`` keeps it), then the FP8 op, the result in x's dtype.
 
     Also ``torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
-    quantize, scale_x, scale_w, scaling, out_dtype, fast_accum)``. Autograd: an ``x`` or ``w`` that requires grad
+    quantize, scale_x, scale_w, scaling, out_dtype, fast_accum, fp8_grads)``. Autograd: an ``x`` or ``w`` that
+    requires grad
     goes through the torch op; the backward is the grouped GEMM of the other layout on the same weight
     (``grad_x``) and ``grouped_weight_grad`` (``grad_w``), ``kernels/autograd.py``; rows outside every group get
     zero gradients; with ``quantize`` the same backward on the unquantised x and w (straight-through, gradients
-    in x's dtype). With grad, ``silu_gate`` keeps the pre-activation [rows, 2I] (as Megatron keeps SwiGLU's
+    in x's dtype). ``fp8_grads=True`` (with ``quantize`` only: ValueError otherwise; a bool: TypeError otherwise):
+    both backward GEMMs in FP8 too, each operand quantised in ``quantize``'s mode along that GEMM's reduction
+    (DeepSeek-V3's recipe, ``kernels/autograd.py``): grad_x the op itself with ``quantize`` on the other layout
+    (the gradient along N, each expert's weight transposed), grad_w ``grouped_weight_grad(..., quantize)`` (along
+    each expert's tokens). With grad, ``silu_gate`` keeps the pre-activation [rows, 2I] (as Megatron keeps SwiGLU's
     input) and gates it with the ``silu_gate`` op, so the backward computes no GEMM again (the torch op called
     with "silu_gate" keeps only x and recomputes it).
     """
     fp8_kw = dict(scale_x=scale_x, scale_w=scale_w, scaling=scaling, out_dtype=out_dtype, fast_accum=fast_accum,
                   quantize=quantize)
-    scales, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, **fp8_kw)
+    scales, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, **fp8_kw,
+                                         fp8_grads=fp8_grads)
     if library.needs_grad(x, w):
         if out is not None or config is not None:
             raise ValueError("grouped_gemm: out= and config= are for calls without grad (under torch.no_grad())")
         if activation == "silu_gate":  # training keeps the pre-activation: the backward runs no GEMM again
             return silu_gate(torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, "none",
-                                                                quantize=quantize))
+                                                                quantize=quantize, fp8_grads=fp8_grads))
         return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
-                                                  quantize=quantize)
+                                                  quantize=quantize, fp8_grads=fp8_grads)
     if config is None and out is None and hardware.compiling():
         return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
                                                   **fp8_kw)
@@ -434,13 +482,14 @@ def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", ou
                          quantize)
 
 
-def _quantized(x, w, expert_offsets, expert_counts, mode):
+def _quantized(x, w, expert_offsets, expert_counts, mode, w_layout="nk"):
     """(x8, w8, scales) of high-precision x and w in ``mode`` (``grouped_gemm``'s ``quantize``): dynamic scales,
-    on the device. "tensor": x's amax over the rows inside the groups only (the others may hold anything)."""
+    on the device. "tensor": x's amax over the rows inside the groups only (the others may hold anything). w8 an
+    "nk" stack either way ("kn": the FP8 copy of each expert's transpose, so that its scales run along K)."""
     if mode == "tensor":
         x = torch.where(group_rows(x.shape[0], expert_offsets, expert_counts, x.device)[:, None], x, 0)
     x8, scale_x = fp8.quantize_fp8(x, "group" if mode == "block" else mode)
-    w8, scale_w = fp8.quantize_weight(w, mode)
+    w8, scale_w = fp8.quantize_weight(w, mode, transposed=w_layout == "kn")
     return x8, w8, expert_scales(x8, w8, scale_x, scale_w, mode)
 
 
@@ -448,10 +497,11 @@ def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, 
                   result_dtype=None, quantize=None):
     """The op on checked inputs (FP8: their ``scales``, the result in ``result_dtype``; ``quantize``: x and w
     quantised here first)."""
-    if quantize is not None:
-        x, w, scales = _quantized(x, w, expert_offsets, expert_counts, quantize)
-    check_launchable(x, "x and w")
     shape = _output_shape(x, w, activation, w_layout)
+    if quantize is not None:
+        x, w, scales = _quantized(x, w, expert_offsets, expert_counts, quantize, w_layout)
+        w_layout = "nk"
+    check_launchable(x, "x and w")
     dtype = result_dtype or x.dtype
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=x.device)
@@ -476,9 +526,16 @@ def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, 
 
 
 # ----------------------------------------------------------------------------------------------- weight gradient
-def weight_grad_candidates(dtype, device):
+def weight_grad_candidates(dtype, device, quantize=None):
     """The weight-gradient kernel's tiles (BLOCK_N x BLOCK_K output tiles, BLOCK_M rows a step); the first: the
-    default. Under the interpreter: small tiles."""
+    default. Under the interpreter: small tiles. FP8 (``quantize``): "block" steps 128 rows (its quantisation
+    groups); one candidate each, not timed yet (128x64 output tiles: ptxas spills none at 8 warps, sm_90, triton
+    3.6; 128x128 spilled 544 B ("tensor" / "row") and 64 B ("block") a thread)."""
+    if quantize is not None:
+        if device.type != "cuda":
+            return [dict(BLOCK_M=128 if quantize == "block" else 16, BLOCK_N=16, BLOCK_K=16, num_warps=4,
+                         num_stages=1)]
+        return [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)]
     if device.type != "cuda":
         return [dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1)]
     if dtype == torch.float32:
@@ -490,22 +547,32 @@ def weight_grad_candidates(dtype, device):
             dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=5)]
 
 
-def launch_weight_grad(dy, x, offsets, counts, dw, cfg):
-    """``grouped_weight_grad_kernel`` on contiguous dy [rows, N], x [rows, K], dw [E, N, K]."""
-    rows, n = dy.shape
-    experts, _, k = dw.shape
+def launch_weight_grad(dy, x, offsets, counts, dw, cfg, fp8_rows=None):
+    """``grouped_weight_grad_kernel`` on contiguous dy [rows, N], x [rows, K], dw [E, N, K]. ``fp8_rows``
+    (FP8 "rows"): ``(scale_dy, scale_x)`` of token-major FP8 dy.T [N, rows] and x.T [K, rows] given as ``dy``
+    and ``x``; ``cfg["FP8"] == "blocks"``: high-precision dy and x quantised in the kernel."""
+    experts, n, k = dw.shape
+    rows = dy.shape[1] if fp8_rows else dy.shape[0]
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     use_tma = cfg.get("use_tma") is not False and tma_compatible(dy, x, dw)  # None / True: when allowed
     if use_tma:
-        args = tma_descriptor(dy, [bm, bn]), tma_descriptor(x, [bm, bk]), tma_descriptor(dw, [1, bn, bk])
+        args = (dy if fp8_rows else tma_descriptor(dy, [bm, bn]), x if fp8_rows else tma_descriptor(x, [bm, bk]),
+                tma_descriptor(dw, [1, bn, bk]))  # (FP8 "rows": dy and x by pointers, the kernel's docstring)
     else:
         args = dy, x, dw
+    fp8_args = {}
+    if fp8_rows:
+        scale_dy, scale_x = fp8_rows
+        fp8_args = dict(scale_dy=scale_dy, scale_x=scale_x, stride_sdy=int(scale_dy.numel() > 1),
+                        stride_sx=int(scale_x.numel() > 1), FP8="rows", MAX_IMPRECISE_ACC=bm)
+    elif cfg.get("FP8"):
+        fp8_args = dict(FP8=cfg["FP8"])
     tiles = experts * cdiv(n, bn) * cdiv(k, bk)
     grouped_weight_grad_kernel[(max(1, min(default_num_programs(dy.device), tiles)),)](
         *args, dw, offsets, offsets if counts is None else counts, experts, rows, n, k, dy.stride(0), x.stride(0),
         dw.stride(0), dw.stride(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, HAS_COUNTS=counts is not None,
         USE_TMA=use_tma, DOT_PRECISION=dot_precision(x.dtype), num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        num_stages=cfg["num_stages"], **fp8_args)
     return dw
 
 
@@ -529,18 +596,25 @@ def _tuned_weight_grad_config(rows, experts, n, k, dtype, device):
     return autotune.choose("grouped_weight_grad", key, cands, make_runner, default=cands[0], collective=False)
 
 
-def grouped_weight_grad(dy, x, expert_offsets, expert_counts, experts):
+def grouped_weight_grad(dy, x, expert_offsets, expert_counts, experts, quantize=None):
     """``dw[e] = dy[rows of e].T @ x[rows of e]`` for every expert e: [E, N, K] for dy [rows, N], x [rows, K] (the
     grouped GEMM's weight gradient; groups as ``grouped_gemm`` reads them, on the device; rows outside every group
-    are never read). Also ``torch.ops.triton_dist.grouped_weight_grad``."""
+    are never read). Also ``torch.ops.triton_dist.grouped_weight_grad``.
+
+    ``quantize`` ("tensor", "row", "block"; FP8 training's ``fp8_grads``): an FP8 product, dy and x quantised
+    along the tokens (this GEMM's reduction) with a scale per column: "row", each column of dy and of x over the
+    rows inside the groups; "tensor", one for dy and one for x over those rows; "block", each column over each
+    128-row step of an expert's rows (the steps start at the group's first row, so none straddles two experts),
+    quantised in the kernel. The result in x's dtype."""
     if hardware.compiling():
-        return torch.ops.triton_dist.grouped_weight_grad(dy, x, expert_offsets, expert_counts, experts)
+        return torch.ops.triton_dist.grouped_weight_grad(dy, x, expert_offsets, expert_counts, experts, quantize)
     for name, t in (("dy", dy), ("x", x)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise ValueError(f"grouped_weight_grad: {name} must be a 2-D tensor")
     if dy.shape[0] != x.shape[0] or dy.dtype != x.dtype or x.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"grouped_weight_grad: dy {list(dy.shape)} {dy.dtype} and x {list(x.shape)} {x.dtype} "
                          "must share rows and a dtype of float16/bfloat16 (float32 for tests)")
+    fp8.check_mode(quantize)
     _check_groups(x, experts, expert_offsets, expert_counts, ("dy", dy))
     rows, n = dy.shape
     k = x.shape[1]
@@ -550,9 +624,20 @@ def grouped_weight_grad(dy, x, expert_offsets, expert_counts, experts):
     if rows == 0:
         return dw.zero_()
     check_launchable(x, "dy and x")
+    dy, x = dy.contiguous(), x.contiguous()
+    if quantize is not None:
+        fp8.check_device(x)
+        cfg = weight_grad_candidates(x.dtype, x.device, quantize)[0]
+        if quantize == "block":
+            return launch_weight_grad(dy, x, expert_offsets, expert_counts, dw, dict(cfg, FP8="blocks"))
+        # token-major FP8 copies, a scale per column over the rows inside the groups (the others may hold anything)
+        inside = group_rows(rows, expert_offsets, expert_counts, x.device)[:, None]
+        dy8, scale_dy = fp8.quantize_fp8(torch.where(inside, dy, 0).T.contiguous(), quantize)
+        x8, scale_x = fp8.quantize_fp8(torch.where(inside, x, 0).T.contiguous(), quantize)
+        return launch_weight_grad(dy8, x8, expert_offsets, expert_counts, dw, cfg, (scale_dy, scale_x))
     key = (rows, experts, n, k, x.dtype, x.device)
     cfg = _WEIGHT_GRAD_CONFIGS.get(key, lambda: _tuned_weight_grad_config(rows, experts, n, k, x.dtype, x.device))
-    return launch_weight_grad(dy.contiguous(), x.contiguous(), expert_offsets, expert_counts, dw, cfg)
+    return launch_weight_grad(dy, x, expert_offsets, expert_counts, dw, cfg)
 
 
 def grouped_gemm_torch(x, w, expert_offsets, expert_counts=None, activation="none", out=None, w_layout="nk"):
@@ -571,28 +656,29 @@ def grouped_gemm_torch(x, w, expert_offsets, expert_counts=None, activation="non
 
 
 def _grouped_gemm_op(x, w, expert_offsets, expert_counts=None, activation="none", w_layout="nk", quantize=None,
-                     scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):
+                     scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False, fp8_grads=False):
     fp8_kw = dict(scale_x=scale_x, scale_w=scale_w, scaling=scaling, out_dtype=out_dtype, fast_accum=fast_accum,
-                  quantize=quantize)
+                  quantize=quantize, fp8_grads=fp8_grads)  # (fp8_grads: the backward's business, autograd.py)
     scales, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, **fp8_kw)
     return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, None, None, w_layout, scales, result_dtype,
                          quantize)
 
 
 def _grouped_gemm_fake(x, w, expert_offsets, expert_counts=None, activation="none", w_layout="nk", quantize=None,
-                       scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):
+                       scale_x=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False, fp8_grads=False):
     _, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, scale_x, scale_w,
-                                    scaling, out_dtype, fast_accum, quantize)
+                                    scaling, out_dtype, fast_accum, quantize, fp8_grads)
     return x.new_empty(_output_shape(x, w, activation, w_layout), dtype=result_dtype)
 
 
 library.define('grouped_gemm(Tensor x, Tensor w, Tensor expert_offsets, Tensor? expert_counts=None, '
                'str activation="none", str w_layout="nk", str? quantize=None, Tensor? scale_x=None, '
-               'Tensor? scale_w=None, str? scaling=None, ScalarType? out_dtype=None, bool fast_accum=False) -> Tensor',
+               'Tensor? scale_w=None, str? scaling=None, ScalarType? out_dtype=None, bool fast_accum=False, '
+               'bool fp8_grads=False) -> Tensor',
                _grouped_gemm_op, _grouped_gemm_fake)
-library.define("grouped_weight_grad(Tensor dy, Tensor x, Tensor expert_offsets, Tensor? expert_counts, int experts) "
-               "-> Tensor", grouped_weight_grad,
-               lambda dy, x, offsets, counts, experts: x.new_empty((experts, dy.shape[1], x.shape[1])))
+library.define("grouped_weight_grad(Tensor dy, Tensor x, Tensor expert_offsets, Tensor? expert_counts, int experts, "
+               "str? quantize=None) -> Tensor", grouped_weight_grad,
+               lambda dy, x, offsets, counts, experts, quantize=None: x.new_empty((experts, dy.shape[1], x.shape[1])))
 
 
 def group_rows(rows, expert_offsets, expert_counts, device):

@@ -37,7 +37,8 @@ def _replacement(name, module, tp_group, ep_group, max_tokens, align, fp8, fp8_g
         mlps += (type(module),)
     try:
         if isinstance(module, moes):
-            return ExpertParallelMoE.from_dense(module, ep_group, max_tokens=max_tokens, align=align, fp8=fp8)
+            return ExpertParallelMoE.from_dense(module, ep_group, max_tokens=max_tokens, align=align, fp8=fp8,
+                                                fp8_grads=fp8_grads)
         if isinstance(module, mlps):
             return TensorParallelMLP.from_dense(module, tp_group, fp8=fp8, fp8_grads=fp8_grads)
     except ValueError as exc:
@@ -52,8 +53,8 @@ def parallelize(model, tp_group=None, ep_group=None, *, max_tokens=None, align=1
     None (the group ``triton_dist.init`` was given). ``max_tokens``/``align``: the MoE
     blocks' dispatch capacity per rank and group alignment (see ``ExpertParallelMoE``). ``fp8`` ("tensor",
     "row", "block"): the MLPs and the MoE blocks' experts train in FP8 (``TensorParallelMLP``'s and
-    ``ExpertParallelMoE``'s mode); ``fp8_grads`` (with ``fp8``): the MLPs' backward GEMMs in FP8 too (the MoE
-    blocks' backward stays in the model's dtype). Returns ``model``."""
+    ``ExpertParallelMoE``'s mode); ``fp8_grads`` (with ``fp8``): the MLPs' and the MoE blocks' experts' backward
+    GEMMs in FP8 too. Returns ``model``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     check_fp8_grads(fp8_grads, check_mode(fp8, "parallelize: fp8"), "parallelize: fp8_grads", "fp8")

@@ -17,7 +17,11 @@ FP8 (``fp8="tensor" | "row" | "block"``, the usual recipe as the tensor-parallel
 high-precision gradients): both grouped GEMMs take their operands quantised in the call (``grouped_gemm``'s
 ``quantize=``: the received rows and the SiLU-gated activations with dynamic scales, each expert's weight on its
 own) and give results in x's dtype; the backward is the high-precision one of the unquantised operands
-(straight-through). Dispatch, combine, the router and the shared experts stay in x's dtype.
+(straight-through). ``fp8_grads=True`` (with ``fp8`` only; DeepSeek-V3's recipe): the grouped GEMMs' backward in
+FP8 too (``grouped_gemm``'s ``fp8_grads``): each input gradient from the output gradient quantised along N and
+each expert's weight transposed, each expert's weight gradient from the output gradient and the input quantised
+along that expert's tokens, in the same mode. Dispatch, combine, the router and the shared experts stay in x's
+dtype.
 
 ``Router`` (``router.py``) reproduces the routers of the blocks ``parallelize`` replaces; a layer made from a
 transformers block routes with that block's own router module (``use_gate``).
@@ -27,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.fp8 import check_mode
+from ..kernels.fp8 import check_fp8_grads, check_mode
 from ..kernels.grouped_gemm import grouped_gemm
 from ..hardware import next_power_of_2
 from .hf_blocks import read_moe_block
@@ -39,7 +43,8 @@ class ExpertParallelMoE(nn.Module):
     """A sparse MoE block with its experts split over ranks (module docstring). ``gate_up`` [E/W, 2I, H]
     (each expert's gate rows over its up rows), ``down`` [E/W, H, I]; optional shared experts (``shared_gate_up``
     [2Is, H], ``shared_down`` [H, Is]) and, Qwen2-MoE style, a sigmoid gate on their output
-    (``shared_expert_gate`` [1, H]). ``fp8``: None, or the experts' FP8 training mode (module docstring).
+    (``shared_expert_gate`` [1, H]). ``fp8``: None, or the experts' FP8 training mode, ``fp8_grads``: their
+    backward in FP8 too (module docstring).
     ``jitter_noise`` (Mixtral's ``router_jitter_noise``): in training, the block's input is scaled by
     ``U(1 - jitter_noise, 1 + jitter_noise)`` before routing and the experts, drawn as the dense block draws it
     (replicated mode: every row on every rank, so ranks must share the RNG state, as a replicated model's dropout
@@ -47,9 +52,10 @@ class ExpertParallelMoE(nn.Module):
 
     def __init__(self, hidden_size, intermediate_size, router, *, shared_intermediate_size=0,
                  shared_expert_gate=False, sequence_parallel=False, max_tokens=None, align=1, group=None,
-                 dtype=None, device=None, fp8=None, jitter_noise=0.0):
+                 dtype=None, device=None, fp8=None, jitter_noise=0.0, fp8_grads=False):
         super().__init__()
         self.fp8 = check_mode(fp8, "ExpertParallelMoE: fp8")
+        self.fp8_grads = check_fp8_grads(fp8_grads, self.fp8, "ExpertParallelMoE: fp8_grads", "fp8")
         self.ops = GroupOps(group)
         if not isinstance(router, Router):
             raise TypeError(f"router must be a triton_dist.nn.Router, got {type(router).__name__}")
@@ -79,13 +85,13 @@ class ExpertParallelMoE(nn.Module):
 
     @classmethod
     def from_dense(cls, module, group=None, *, router=None, sequence_parallel=False, max_tokens=None, align=1,
-                   fp8=None):
+                   fp8=None, fp8_grads=False):
         """From a sparse-MoE block of the installed transformers (Mixtral, Qwen2/3-MoE, DeepSeek-V3, OLMoE, GLM-4-MoE:
         see ``hf.read_moe_block``), or from a state dict in their naming (``gate.weight``,
         ``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I], optional
         ``gate.e_score_correction_bias``, ``shared_expert(s).{gate,up,down}_proj.weight``,
-        ``shared_expert_gate.weight``) together with ``router`` (a ``Router`` giving the routing math). ``fp8``: as
-        the constructor's."""
+        ``shared_expert_gate.weight``) together with ``router`` (a ``Router`` giving the routing math). ``fp8``,
+        ``fp8_grads``: as the constructor's."""
         if isinstance(module, nn.Module):
             if router is not None:
                 raise ValueError("router= goes with a state dict; a module brings its own router")
@@ -101,7 +107,7 @@ class ExpertParallelMoE(nn.Module):
                     shared_intermediate_size=shared[1].shape[1] if shared else 0,
                     shared_expert_gate=parts.get("shared_gate") is not None, sequence_parallel=sequence_parallel,
                     max_tokens=max_tokens, align=align, group=group, dtype=gate_up.dtype, device=gate_up.device,
-                    fp8=fp8, jitter_noise=parts.get("jitter_noise", 0.0))
+                    fp8=fp8, jitter_noise=parts.get("jitter_noise", 0.0), fp8_grads=fp8_grads)
         mine = slice(layer.first_expert, layer.first_expert + layer.gate_up.shape[0])
         with torch.no_grad():
             layer.gate_up.copy_(gate_up[mine])
@@ -145,8 +151,9 @@ class ExpertParallelMoE(nn.Module):
         rank calls it with the same ``max_tokens``)."""
         recv = self.ops.ep_dispatch(x.contiguous(), idx, weights, self.num_experts, max_tokens, self.align)
         h = grouped_gemm(recv.x, self.gate_up, recv.expert_offsets, recv.expert_counts, activation="silu_gate",
-                         quantize=self.fp8)
-        y = grouped_gemm(h, self.down, recv.expert_offsets, recv.expert_counts, quantize=self.fp8)
+                         quantize=self.fp8, fp8_grads=self.fp8_grads)
+        y = grouped_gemm(h, self.down, recv.expert_offsets, recv.expert_counts, quantize=self.fp8,
+                         fp8_grads=self.fp8_grads)
         return self.ops.ep_combine(y, recv.handle)
 
     def forward(self, x, total_rows=None):
