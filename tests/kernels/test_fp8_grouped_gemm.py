@@ -267,7 +267,7 @@ def _fp8_grads_reruns(mode):
 
 
 @cpu_only
-@pytest.mark.parametrize("mode", ["block"])  # (row: 36 s more of CI's 20 minutes; the weight cache test reruns it)
+@pytest.mark.parametrize("mode", ["block"])  # (row's reruns: bitwise in the weight-cache test)
 def test_fp8_grads_grouped_gemm_reruns_bitwise_under_checkpointing_and_compile(ranks, mode):
     for rerun, checkpointed, compiled in ranks(1, _fp8_grads_reruns, mode):
         assert rerun == 0.0 and checkpointed == 0.0 and compiled < 1e-6, (rerun, checkpointed, compiled)

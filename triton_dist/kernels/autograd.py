@@ -229,9 +229,8 @@ def _rmsnorm_backward(ctx, grad_normed, grad_residual, _):
 
 
 # ----------------------------------------------------------------------------------------------- grouped_gemm
-def _grouped_setup(ctx, inputs, output):  # (quantize: the same backward, straight-through; FP8 x / w need none)
-    x, w, offsets, counts, activation, w_layout, quantize = inputs[:7]
-    fp8_grads = inputs[12]
+def _grouped_setup(ctx, inputs, output):  # (quantize alone: the same backward, straight-through; FP8 x / w need none)
+    x, w, offsets, counts, activation, w_layout, quantize, *_, fp8_grads = inputs
     ctx.activation, ctx.w_layout = activation, w_layout
     ctx.grads_mode = quantize if fp8_grads else None  # the backward's GEMMs in FP8 (this mode) or not (None)
     ctx.save_for_backward(x, w, offsets, counts)

@@ -451,8 +451,7 @@ def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", ou
 
     Also ``torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
     quantize, scale_x, scale_w, scaling, out_dtype, fast_accum, fp8_grads)``. Autograd: an ``x`` or ``w`` that
-    requires grad
-    goes through the torch op; the backward is the grouped GEMM of the other layout on the same weight
+    requires grad goes through the torch op; the backward is the grouped GEMM of the other layout on the same weight
     (``grad_x``) and ``grouped_weight_grad`` (``grad_w``), ``kernels/autograd.py``; rows outside every group get
     zero gradients; with ``quantize`` the same backward on the unquantised x and w (straight-through, gradients
     in x's dtype). ``fp8_grads=True`` (with ``quantize`` only: ValueError otherwise; a bool: TypeError otherwise):
@@ -528,9 +527,8 @@ def _grouped_gemm(x, w, expert_offsets, expert_counts, activation, out, config, 
 # ----------------------------------------------------------------------------------------------- weight gradient
 def weight_grad_candidates(dtype, device, quantize=None):
     """The weight-gradient kernel's tiles (BLOCK_N x BLOCK_K output tiles, BLOCK_M rows a step); the first: the
-    default. Under the interpreter: small tiles. FP8 (``quantize``): "block" steps 128 rows (its quantisation
-    groups); one candidate each, not timed yet (128x64 output tiles: ptxas spills none at 8 warps, sm_90, triton
-    3.6; 128x128 spilled 544 B ("tensor" / "row") and 64 B ("block") a thread)."""
+    default. Under the interpreter: small tiles. FP8 (``quantize``): one candidate, not timed yet, 128 rows a step
+    ("block": its quantisation groups), output tiles that do not spill (docs/design/fp8.md)."""
     if quantize is not None:
         if device.type != "cuda":
             return [dict(BLOCK_M=128 if quantize == "block" else 16, BLOCK_N=16, BLOCK_K=16, num_warps=4,
