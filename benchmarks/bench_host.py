@@ -34,6 +34,7 @@ COMPARE = [  # (ours, baseline (None: a fixed target), target us)
     ("gemm_rs M=2048 (ours)", "gemm_rs M=2048 cuBLAS+NCCL", None),
     ("gemm 128x4096x8192 (ours)", "gemm 128x4096x8192 torch.matmul", None),
     ("ep_dispatch T=128 (ours)", None, 40.0),
+    ("ep_dispatch T=128 fused layout (one launch)", None, 40.0),
     ("ep_combine T=128 (ours)", None, 40.0),
     ("sp_flash_decode B=1 S=128K (ours)", None, 30.0),
     ("all_reduce 1 MiB (ours)", "all_reduce 1 MiB NCCL", None),
@@ -141,6 +142,8 @@ def main():
     def disp():
         return ep_dispatch(xt, idx, wts, num_experts=E, max_tokens=T)
     cases["ep_dispatch T=128 (ours)"] = (disp, "ep_dispatch")
+    cases["ep_dispatch T=128 fused layout (one launch)"] = (
+        lambda: ep_dispatch(xt, idx, wts, num_experts=E, max_tokens=T, config={"fused_layout": True}), None)
     cases["ep_dispatch T=128 replayed from a CUDA graph"] = (
         lambda: ep_dispatch(xt, idx, wts, num_experts=E, max_tokens=T, config={"eager_graph": True}), None)
     # combine needs the latest dispatch's handle: it is refreshed right before combine is timed

@@ -71,7 +71,7 @@ DISPATCH_SIG = dict(
     recv_slots="*i32", recv_w="*fp32", recv_span="*i32", all_counts="*i32", counts_ready="*i32", arrived="*i32",
     recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32", expert_offsets="*i32", token_pos="*i32",
     chunk_prefix="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64",
-    **_const("K", "EL", "BT", "BH", "K_PAD", "EL_PAD", "W_PAD", "RB", "MAXC", "FUSED_LAYOUT", "BT_COUNT",
+    **_const("K", "EL", "BT", "BH", "K_PAD", "EL_PAD", "W_PAD", "RB", "MAXC", "FUSED_LAYOUT", "TB", "CG",
              "SENDERS_HELP", "TIMELINE", "PDL", "DEFER_SIGNAL", "EVICT"))
 COMBINE_SIG = dict(
     expert_out="*bf16", y="*bf16", T="i32", H="i32", max_tokens="i32", n_chunks="i32", h_parts="i32", tail="i32",
@@ -115,7 +115,7 @@ GROUPED_DEFAULT = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, E_PAD=32
                        SILU_GATE=False)
 GROUPED_ALIGNED = ("K", "N", "stride_xm", "stride_wn", "stride_om")
 DISPATCH_T4096 = dict(K=8, EL=32, BT=16, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128, MAXC=1024, FUSED_LAYOUT=False,
-                      BT_COUNT=16, SENDERS_HELP=True, TIMELINE=False, PDL=True, DEFER_SIGNAL=True, EVICT="evict_first")
+                      TB=2, CG=4, SENDERS_HELP=True, TIMELINE=False, PDL=True, DEFER_SIGNAL=True, EVICT="evict_first")
 DISPATCH_T128 = dict(DISPATCH_T4096, BT=2, BH=1024, EVICT="")
 COMBINE_T4096 = dict(K=8, BT=16, BH=512, K_PAD=8, W_PAD=2, MAXC=1024, SENDERS_HELP=True, TIMELINE=False,
                      DEFER_SIGNAL=True, EVICT="evict_first")
@@ -246,7 +246,7 @@ KERNELS = [
     ("ep/dispatch-T128", K + "moe_ep", "ep_dispatch_kernel", DISPATCH_SIG, DISPATCH_T128, ("x", "recv_x", "H"),
      {"num_warps": 8}),
     ("ep/dispatch-fused-timeline", K + "moe_ep", "ep_dispatch_kernel", DISPATCH_SIG,
-     dict(DISPATCH_T128, FUSED_LAYOUT=True, SENDERS_HELP=False, TIMELINE=True, PDL=False, DEFER_SIGNAL=False),
+     dict(DISPATCH_T128, FUSED_LAYOUT=True, CG=16, SENDERS_HELP=False, TIMELINE=True, PDL=False, DEFER_SIGNAL=False),
      ("x", "recv_x", "H"), {"num_warps": 8}),
     ("ep/combine-T4096", K + "moe_ep", "ep_combine_kernel", COMBINE_SIG, COMBINE_T4096,
      ("expert_out", "y", "partials", "H"), {"num_warps": 16}),

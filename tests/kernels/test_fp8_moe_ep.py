@@ -187,7 +187,7 @@ def test_fp8_dispatch_compiles_for_sm90(fp8, bt, bh):
     sig = dict(_DISPATCH_SIG, x="*fp8e4nv" if fp8 == "given" else "*bf16", recv_x="*fp8e4nv",
                x_scales="*fp32", recv_scales="*fp32", FP8="constexpr")
     consts = dict(K=8, EL=32, BT=bt, BH=bh, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128, MAXC=1024, FUSED_LAYOUT=False,
-                  BT_COUNT=16, SENDERS_HELP=True, TIMELINE=False, PDL=True, DEFER_SIGNAL=True, EVICT="", FP8=fp8)
+                  TB=2, CG=4, SENDERS_HELP=True, TIMELINE=False, PDL=True, DEFER_SIGNAL=True, EVICT="", FP8=fp8)
     ops = compile_sm90("triton_dist.kernels.moe_ep", "ep_dispatch_kernel", sig, consts,
                        aligned=("x", "recv_x", "H"))["ops"]
     assert any(k.startswith("st.global") for k in ops) and any(k.startswith("atom.global.sys.release") for k in ops)

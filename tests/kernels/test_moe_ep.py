@@ -139,7 +139,7 @@ CFG_RECOVERY = {"fused_layout": False}
 
 
 def cfg_back_to_back(i):
-    return {"fused_layout": bool(i % 2), "block_h": 4, "h_parts": 1 + i % 3, "combine_block_h": 4,
+    return {"fused_layout": bool(i % 2), "num_chunks": 5 if i % 2 else 2, "block_h": 4, "h_parts": 1 + i % 3, "combine_block_h": 4,
             "combine_h_parts": 1 + (i + 1) % 3, "combine_programs": 2 + i % 2, "combine_push": 1,
             "defer_signal": i % 2 == 0, "combine_defer_signal": i % 2 == 1}
 
@@ -449,7 +449,9 @@ def _gpu_bf16(T, H, E, K, align, config=None):
 
 @gpu_only
 @pytest.mark.parametrize("T,align,config", [(128, 1, None), (1000, 64, None), (4096, 16, None),
-                                            (1000, 64, {"stream_hints": False, "combine_stream_hints": False})])
+                                            (1000, 64, {"stream_hints": False, "combine_stream_hints": False}),
+                                            (128, 1, {"fused_layout": True}),
+                                            (1000, 64, {"fused_layout": True, "layout_chunks": 2})])
 def test_gpu_bf16(ranks, T, align, config):
     """On every GPU of the run (W=1 included: the rank's own rows only, no peers)."""
     assert all(ranks(ranks.gpu_world, _gpu_bf16, T, 1024, 64, 8, align, config))
@@ -534,8 +536,8 @@ def _gpu_bound_launches(T, config):
 
 
 @gpu_only
-@pytest.mark.parametrize("T,config", [(128, None), (128, {"eager_graph": True}), (1000, None)],
-                         ids=["decode", "decode-graph", "prefill"])
+@pytest.mark.parametrize("T,config", [(128, None), (128, {"eager_graph": True}), (128, {"fused_layout": True}),
+                                      (1000, None)], ids=["decode", "decode-graph", "decode-fused", "prefill"])
 def test_gpu_bound_launches_only_where_they_apply(ranks, T, config):
     assert all(ranks(ranks.gpu_world, _gpu_bound_launches, T, config))
 
@@ -587,14 +589,14 @@ _DISPATCH_SIG = dict(
     recv_expert_ids="*i32", recv_weights="*fp32", expert_counts="*i32", expert_offsets="*i32", token_pos="*i32",
     chunk_prefix="*i32", claims="*i32", state="*i32", ctx="*i64", timeline="*i64", K="constexpr",
     EL="constexpr", BT="constexpr", BH="constexpr", K_PAD="constexpr", EL_PAD="constexpr", W_PAD="constexpr",
-    RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", BT_COUNT="constexpr", SENDERS_HELP="constexpr",
-    TIMELINE="constexpr", PDL="constexpr", DEFER_SIGNAL="constexpr", EVICT="constexpr")
+    RB="constexpr", MAXC="constexpr", FUSED_LAYOUT="constexpr", TB="constexpr", CG="constexpr",
+    SENDERS_HELP="constexpr", TIMELINE="constexpr", PDL="constexpr", DEFER_SIGNAL="constexpr", EVICT="constexpr")
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_dispatch_compiles_for_sm90(fused):
     consts = dict(K=8, EL=32, BT=16 if not fused else 4, BH=512, K_PAD=8, EL_PAD=32, W_PAD=2, RB=128,
-                  MAXC=1024, FUSED_LAYOUT=fused, BT_COUNT=16, SENDERS_HELP=not fused,
+                  MAXC=1024, FUSED_LAYOUT=fused, TB=2, CG=16 if fused else 4, SENDERS_HELP=not fused,
                   TIMELINE=not fused, PDL=not fused,
                   DEFER_SIGNAL=fused,  # with and without helping senders, stamps, early launch, deferred flags
                   EVICT="evict_first" if fused else "")  # and with the L2 hints of stream_hints

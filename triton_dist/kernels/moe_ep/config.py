@@ -37,8 +37,8 @@ class CombineConfig:
 @dataclass(frozen=True)
 class DispatchConfig(CombineConfig):
     num_chunks: int = 2       # token chunks per rank: the unit of flags and pipelining (combine reuses them)
-    fused_layout: bool = False  # no layout launch: program 0 counts (low latency at small max_tokens)
-    layout_chunks: int = 4    # chunks counted at once by one program of the layout launch
+    fused_layout: bool = False  # no layout launch: program 0 counts, then publishes (one launch per call)
+    layout_chunks: int = 4    # chunks counted at once by one program of the layout launch (fused: per step)
     pdl: bool = True          # sm_90+: the dispatch launch starts while the layout launch runs
     eager_graph: bool = False  # an eager call replays its launches from a cached CUDA graph (inputs copied in)
 

@@ -31,7 +31,7 @@ from ..replay import GraphCache
 from . import protocol
 from .buffers import EpDispatchResult, EpHandle, buffers, check_fp8, check_inputs
 from .config import DispatchConfig, check_timeline, dispatch_config, register_cap, senders_help, tail
-from .layout import BIG, check_ids, column, count, ep_layout_kernel, publish_counts, route
+from .layout import BIG, column, ep_layout_kernel, layout_in_order, route
 from .protocol import MAX_CHUNKS, TL_CHUNK, TL_PROGRAM
 
 
@@ -150,8 +150,8 @@ def _send_tokens(t0, c1, carry_e, carry_r, base, pending, ev, dv, kk, x, topk_id
 def _send_chunk(c, pending, chunk, base, ev, dv, kk, x, topk_idx, topk_weights, T, H, E, max_tokens, recv_x, recv_slots,
                 recv_w, recv_span, recv_weights, token_pos, chunk_prefix, arrived, epoch, me, world, ctx, timeline,
                 K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, K_PAD: tl.constexpr,
-                EL_PAD: tl.constexpr, W_PAD: tl.constexpr, MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr,
-                BT_COUNT: tl.constexpr, TIMELINE: tl.constexpr, DEFER_SIGNAL: tl.constexpr, EVICT: tl.constexpr,
+                EL_PAD: tl.constexpr, W_PAD: tl.constexpr, MAXC: tl.constexpr, TIMELINE: tl.constexpr,
+                DEFER_SIGNAL: tl.constexpr, EVICT: tl.constexpr,
                 x_scales=None, recv_scales=None, FP8: tl.constexpr = ""):
     """A sender's chunk ``c``: its tokens block by block, then its span of positions on every rank and its
     flags (or, DEFER_SIGNAL, they are left pending). Returns the pending chunk."""
@@ -159,11 +159,8 @@ def _send_chunk(c, pending, chunk, base, ev, dv, kk, x, topk_idx, topk_weights, 
     ROW: tl.constexpr = EP + W_PAD
     c0 = tl.minimum(c * chunk, T)
     c1 = tl.minimum(c0 + chunk, T)
-    if FUSED_LAYOUT:  # counting takes wide blocks of tokens (BT_COUNT): a serial loop over every earlier token
-        carry_e, carry_r = count(topk_idx, 0, c0, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
-    else:
-        carry_e = tl.load(chunk_prefix + c * ROW + ev)
-        carry_r = tl.load(chunk_prefix + c * ROW + EP + dv)
+    carry_e = tl.load(chunk_prefix + c * ROW + ev)
+    carry_r = tl.load(chunk_prefix + c * ROW + EP + dv)
     r_first = carry_r
     for t0 in range(c0, c1, BT):
         carry_e, carry_r, pending = _send_tokens(
@@ -238,13 +235,13 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
                        chunk_prefix, claims, state, ctx, timeline,
                        K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
                        K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, RB: tl.constexpr,
-                       MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, BT_COUNT: tl.constexpr,
+                       MAXC: tl.constexpr, FUSED_LAYOUT: tl.constexpr, TB: tl.constexpr, CG: tl.constexpr,
                        SENDERS_HELP: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
                        DEFER_SIGNAL: tl.constexpr, EVICT: tl.constexpr, x_scales=None, recv_scales=None,
                        FP8: tl.constexpr = ""):
     """Programs [0, n_push) send chunks (``claims[1]``), the others receive (``claims[0]``); see the module
-    docstring. FUSED_LAYOUT: no layout launch, program 0 counts and publishes the totals itself. FP8: see
-    ``_send_tokens``."""
+    docstring. FUSED_LAYOUT: no layout launch, program 0 counts (``layout_in_order``, TB tokens of CG chunks at a
+    time) and publishes the totals itself. FP8: see ``_send_tokens``."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     protocol.stamp(timeline, TL_PROGRAM + 4 * pid, TIMELINE)
@@ -259,11 +256,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
     chunk = tl.cdiv(T, n_chunks)
     if FUSED_LAYOUT:
         if pid == 0:
-            for t0 in range(0, T, BT_COUNT):
-                t = t0 + tl.arange(0, BT_COUNT)
-                check_ids(topk_idx, t, t < T, E, ctx, K, K_PAD)
-            total, _ = count(topk_idx, 0, T, E, K, EL, BT_COUNT, K_PAD, EL_PAD, W_PAD)
-            publish_counts(total, all_counts, counts_ready, parity, epoch, ctx, W_PAD, EL_PAD)
+            layout_in_order(topk_idx, chunk_prefix, all_counts, counts_ready, T, E, n_chunks, epoch, ctx, K, EL, TB,
+                            K_PAD, EL_PAD, W_PAD, CG)
     base, my_start, my_count = _group_offsets(all_counts, counts_ready, expert_counts, expert_offsets, align,
                                               parity, epoch, pid, me, world, ev, dv, ctx, timeline, EL, EL_PAD,
                                               W_PAD, TIMELINE)
@@ -276,7 +270,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, T, H, E, align, max_tokens, ma
             pending = _send_chunk(c, pending, chunk, base, ev, dv, kk, x, topk_idx, topk_weights, T, H, E,
                                   max_tokens, recv_x, recv_slots, recv_w, recv_span, recv_weights, token_pos,
                                   chunk_prefix, arrived, epoch, me, world, ctx, timeline, K, EL, BT, BH, K_PAD,
-                                  EL_PAD, W_PAD, MAXC, FUSED_LAYOUT, BT_COUNT, TIMELINE, DEFER_SIGNAL, EVICT,
+                                  EL_PAD, W_PAD, MAXC, TIMELINE, DEFER_SIGNAL, EVICT,
                                   x_scales, recv_scales, FP8)
             c = protocol.next_claim(claims + 1)
         protocol.flag_pending(arrived, pending, epoch, ctx, timeline, MAXC, TIMELINE)
@@ -320,16 +314,18 @@ class _DispatchPlan:
         ep = ws.w_pad * ws.el_pad
         bt = min(int(cfg.block_tokens), 8192 // (k_pad * ep), cdiv(max_tokens, n_chunks))
         bt = next_power_of_2(max(1, bt))
-        bt_count = next_power_of_2(max(1, min(8192 // (k_pad * ep), max_tokens)))  # tokens per counting step
-        # layout programs: cg chunks each, counted tb tokens of every chunk at a time (at most 4096 tokens per step)
+        # layout programs (or the fused layout's steps): cg chunks each, counted tb tokens of every chunk at a time
+        # (at most 4096 tokens per step)
         tb_layout = min(next_power_of_2(cdiv(max_tokens, n_chunks)), 256)
         cg = min(next_power_of_2(min(int(cfg.layout_chunks), n_chunks)), 4096 // tb_layout)
+        fused = bool(cfg.fused_layout)
+        if fused:  # program 0 of the dispatch launch counts: its [cg, EP] histograms within that kernel's registers
+            cg = min(cg, max(1, 1024 // ep))
         n_groups = cdiv(n_chunks, cg)
         bh = min(next_power_of_2(int(cfg.block_h)), next_power_of_2(H))
         if fp8_mode:  # whole 1x128 groups per tile
             bh = max(bh, 128)
         common = dict(K=K, EL=ws.local, K_PAD=k_pad, EL_PAD=ws.el_pad, W_PAD=ws.w_pad)
-        fused = bool(cfg.fused_layout)
         pdl = not fused and hardware.pdl_capable(dev) and bool(cfg.pdl)
         ctx = team.ctx
         # T = 0: the kernels get real pointers, of which nothing is read
@@ -345,7 +341,7 @@ class _DispatchPlan:
                             T, num_experts, n_chunks, ctx)
         self.dispatch = Launcher(
             ep_dispatch_kernel, (n_prog,), BT=bt, BH=bh, RB=128 if dev.type == "cuda" else 16, MAXC=MAX_CHUNKS,
-            FUSED_LAYOUT=fused, BT_COUNT=bt_count, SENDERS_HELP=senders_help(n_prog, x), TIMELINE=timed, PDL=pdl,
+            FUSED_LAYOUT=fused, TB=tb_layout, CG=cg, SENDERS_HELP=senders_help(n_prog, x), TIMELINE=timed, PDL=pdl,
             DEFER_SIGNAL=bool(cfg.defer_signal), EVICT="evict_first" if cfg.stream_hints else "",
             num_warps=int(cfg.num_warps), **({"launch_pdl": True} if pdl else {}), **register_cap(cfg, x), **common,
             **({"FP8": fp8_mode} if fp8_mode else {}))

@@ -9,6 +9,9 @@ expert is a *padded* index d * EL_PAD + local (powers of two, so that per-expert
                                           it (a parallel look-back, earlier programs only) = where each of its
                                           chunks starts (chunk_prefix); the last program pushes the call's totals,
                                           counts[me, :], to every rank and raises counts_ready[me] there.
+    layout_in_order (FUSED_LAYOUT)        the same count by the dispatch launch's program 0, group after group,
+                                          before it publishes the totals: one launch instead of two (what an
+                                          eager call at decode sizes waits for is the host's launches)
 """
 
 import triton
@@ -61,23 +64,6 @@ def check_ids(topk_idx, t, valid, E, ctx, K: tl.constexpr, K_PAD: tl.constexpr):
 
 
 @triton.jit
-def count(topk_idx, t_start, t_end, E, K: tl.constexpr, EL: tl.constexpr, BT: tl.constexpr, K_PAD: tl.constexpr,
-          EL_PAD: tl.constexpr, W_PAD: tl.constexpr):
-    """(slots per padded expert [W_PAD * EL_PAD], tokens per destination rank [W_PAD]) over tokens [start, end)."""
-    ev = tl.arange(0, W_PAD * EL_PAD)
-    dv = tl.arange(0, W_PAD)
-    per_expert = tl.zeros([W_PAD * EL_PAD], dtype=tl.int32)
-    per_rank = tl.zeros([W_PAD], dtype=tl.int32)
-    for t0 in range(t_start, t_end, BT):
-        ep, owner = route(topk_idx, t0, t_end, E, K, EL, BT, K_PAD, EL_PAD)
-        hit = (ep[:, :, None] == ev[None, None, :]).to(tl.int32)
-        per_expert += tl.sum(tl.sum(hit, axis=1), axis=0)
-        goes = tl.max((owner[:, :, None] == dv[None, None, :]).to(tl.int32), axis=1)
-        per_rank += tl.sum(goes, axis=0)
-    return per_expert, per_rank
-
-
-@triton.jit
 def publish_counts(per_expert, all_counts, counts_ready, parity, epoch, ctx, W_PAD: tl.constexpr,
                    EL_PAD: tl.constexpr):
     """Push this rank's slots-per-expert row to counts[parity, me, :] on every rank, then raise counts_ready[me]
@@ -93,23 +79,12 @@ def publish_counts(per_expert, all_counts, counts_ready, parity, epoch, ctx, W_P
 
 
 @triton.jit
-def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, state, T, E, n_chunks,
-                     ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr, K_PAD: tl.constexpr,
-                     EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr, QB: tl.constexpr,
-                     TIMELINE: tl.constexpr, PDL: tl.constexpr):
-    """Program g counts the CG token chunks [g * CG, g * CG + CG) in one pass (histograms keyed by chunk and
-    padded expert / destination rank: every token of the group loaded at once), writes each chunk's offset
-    inside the group, stores the group's totals into chunk_counts[g] and raises counted[g]; then it waits for
-    the groups before it and adds the sum of their totals: chunk_prefix[c] = where chunk c's rows start. Every
-    program does its own look-back in parallel (earlier programs only: they run first); the last one, whose
-    prefix plus its own totals are the call's totals, pushes them to every rank."""
-    g = tl.program_id(0)
-    n_groups = tl.num_programs(0)
-    protocol.stamp(timeline, TL_LAYOUT + 4 * g, TIMELINE)
+def count_group(g, topk_idx, T, E, n_chunks, ctx, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr,
+                K_PAD: tl.constexpr, EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr):
+    """Count the CG token chunks [g * CG, g * CG + CG) in one pass (histograms keyed by chunk and padded expert /
+    destination rank: every token of the group loaded at once, TB tokens of each chunk at a time), checking their
+    expert ids. Returns (slots per padded expert [CG, EP], tokens per destination rank [CG, W_PAD])."""
     EP: tl.constexpr = W_PAD * EL_PAD
-    ROW: tl.constexpr = EP + W_PAD
-    epoch = dl.call_epoch(state)
-    dl.launch_dependents(PDL)  # the dispatch launch may start now (its programs wait for the counts anyway)
     chunk = tl.cdiv(T, n_chunks)
     dv = tl.arange(0, W_PAD)
     i = tl.arange(0, CG * TB) // TB  # (chunk i of the group, token j of its block): [CG * TB] at once
@@ -129,8 +104,64 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
         key_r = i[:, None] * W_PAD + dv[None, :]  # (chunk, destination rank)
         per_rank += tl.reshape(tl.histogram(tl.reshape(key_r, (CG * TB * W_PAD,)), CG * W_PAD,
                                             mask=tl.reshape(goes, (CG * TB * W_PAD,))), (CG, W_PAD))
+    return per_expert, per_rank
+
+
+@triton.jit
+def store_prefix(g, per_expert, per_rank, before_e, before_r, chunk_prefix, n_chunks, EP: tl.constexpr,
+                 W_PAD: tl.constexpr, CG: tl.constexpr):
+    """chunk_prefix of group g's chunks: where each starts, per padded expert and destination rank, given the
+    totals ``before_e`` / ``before_r`` of every chunk before the group."""
+    ROW: tl.constexpr = EP + W_PAD
+    ev = tl.arange(0, EP)
+    dv = tl.arange(0, W_PAD)
+    c = g * CG + tl.arange(0, CG)
+    mc = (c < n_chunks)[:, None]
+    tl.store(chunk_prefix + c[:, None] * ROW + ev[None, :],
+             before_e[None, :] + tl.cumsum(per_expert, axis=0) - per_expert, mask=mc)
+    tl.store(chunk_prefix + c[:, None] * ROW + EP + dv[None, :],
+             before_r[None, :] + tl.cumsum(per_rank, axis=0) - per_rank, mask=mc)
+
+
+@triton.jit
+def layout_in_order(topk_idx, chunk_prefix, all_counts, counts_ready, T, E, n_chunks, epoch, ctx,
+                    K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr, K_PAD: tl.constexpr, EL_PAD: tl.constexpr,
+                    W_PAD: tl.constexpr, CG: tl.constexpr):
+    """The whole layout in one program (the dispatch launch's program 0 with ``FUSED_LAYOUT``): the groups of CG
+    chunks one after another, each counted at once, their prefixes carried; then the call's totals pushed to
+    every rank (after every chunk_prefix store, so a wait for this rank's counts sees them too)."""
+    EP: tl.constexpr = W_PAD * EL_PAD
+    before_e = tl.zeros([EP], dtype=tl.int32)
+    before_r = tl.zeros([W_PAD], dtype=tl.int32)
+    for g in range(0, tl.cdiv(n_chunks, CG)):
+        per_expert, per_rank = count_group(g, topk_idx, T, E, n_chunks, ctx, K, EL, TB, K_PAD, EL_PAD, W_PAD, CG)
+        store_prefix(g, per_expert, per_rank, before_e, before_r, chunk_prefix, n_chunks, EP, W_PAD, CG)
+        before_e += tl.sum(per_expert, axis=0)
+        before_r += tl.sum(per_rank, axis=0)
+    publish_counts(before_e, all_counts, counts_ready, epoch % 2, epoch, ctx, W_PAD, EL_PAD)
+
+
+@triton.jit
+def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, counts_ready, state, T, E, n_chunks,
+                     ctx, timeline, K: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr, K_PAD: tl.constexpr,
+                     EL_PAD: tl.constexpr, W_PAD: tl.constexpr, CG: tl.constexpr, QB: tl.constexpr,
+                     TIMELINE: tl.constexpr, PDL: tl.constexpr):
+    """Program g counts the CG token chunks [g * CG, g * CG + CG) (``count_group``), stores the group's totals
+    into chunk_counts[g] and raises counted[g]; then it waits for the groups before it and adds the sum of their
+    totals: chunk_prefix[c] = where chunk c's rows start. Every program does its own look-back in parallel
+    (earlier programs only: they run first); the last one, whose prefix plus its own totals are the call's
+    totals, pushes them to every rank."""
+    g = tl.program_id(0)
+    n_groups = tl.num_programs(0)
+    protocol.stamp(timeline, TL_LAYOUT + 4 * g, TIMELINE)
+    EP: tl.constexpr = W_PAD * EL_PAD
+    ROW: tl.constexpr = EP + W_PAD
+    epoch = dl.call_epoch(state)
+    dl.launch_dependents(PDL)  # the dispatch launch may start now (its programs wait for the counts anyway)
+    per_expert, per_rank = count_group(g, topk_idx, T, E, n_chunks, ctx, K, EL, TB, K_PAD, EL_PAD, W_PAD, CG)
     protocol.stamp(timeline, TL_LAYOUT + 4 * g + 1, TIMELINE)
     ev = tl.arange(0, EP)
+    dv = tl.arange(0, W_PAD)
     tl.store(chunk_counts + g * ROW + ev, tl.sum(per_expert, axis=0))
     tl.store(chunk_counts + g * ROW + EP + dv, tl.sum(per_rank, axis=0))
     tl.debug_barrier()
@@ -144,13 +175,8 @@ def ep_layout_kernel(topk_idx, chunk_counts, chunk_prefix, counted, all_counts, 
         before_e += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + ev[None, :], mask=mq, other=0), axis=0)
         before_r += tl.sum(tl.load(chunk_counts + q[:, None] * ROW + EP + dv[None, :], mask=mq, other=0), axis=0)
     protocol.stamp(timeline, TL_LAYOUT + 4 * g + 2, TIMELINE)
-    c = g * CG + tl.arange(0, CG)
-    mc = (c < n_chunks)[:, None]
-    tl.store(chunk_prefix + c[:, None] * ROW + ev[None, :],
-             before_e[None, :] + tl.cumsum(per_expert, axis=0) - per_expert, mask=mc)
-    tl.store(chunk_prefix + c[:, None] * ROW + EP + dv[None, :],
-             before_r[None, :] + tl.cumsum(per_rank, axis=0) - per_rank, mask=mc)
+    store_prefix(g, per_expert, per_rank, before_e, before_r, chunk_prefix, n_chunks, EP, W_PAD, CG)
     if g == n_groups - 1:
         publish_counts(before_e + tl.sum(per_expert, axis=0), all_counts, counts_ready, epoch % 2, epoch, ctx,
-                        W_PAD, EL_PAD)
+                       W_PAD, EL_PAD)
     protocol.stamp(timeline, TL_LAYOUT + 4 * g + 3, TIMELINE)
