@@ -46,7 +46,7 @@ quantised by ``fp8.quantize_operands`` in the forward's mode along that GEMM's r
 
 (Q: e4m3 with its scales). The input gradients run the overlapped ops on FP8 operands (``_times_weight``: grad_out
 quantised as their ``quantize=`` does, w.T's copy from ``fp8.quantize_weight``, kept per optimizer step by an open
-``fp8.weight_cache``; under torch.compile their ``quantize=`` on w.T), the weights' the FP8 GEMM core
+``fp8.weight_cache``, in a compiled backward too), the weights' the FP8 GEMM core
 (``quantized_gemm``, a torch op under torch.compile); gradients in a's dtype, the same fixed orders.
 """
 
@@ -89,15 +89,37 @@ library.define("quantized_gemm(Tensor a, Tensor w, str mode) -> Tensor", quantiz
                lambda a, w, mode: a.new_empty((a.shape[0], w.shape[0])))
 
 
-def _times_weight(op, g, w, mode, group):
-    """``op(g, w.T)`` (``gemm_rs`` or ``ag_gemm``: the input's gradient ``g @ w``) in FP8 ``mode`` (``fp8_grads``):
+def _times_weight(op, g, w, mode, group_name):
+    """``op(g, w.T)`` (``op``: "gemm_rs" or "ag_gemm"; the input's gradient ``g @ w``) in FP8 ``mode`` (``fp8_grads``):
     the op on g quantised as its ``quantize=`` would and on w.T's FP8 copy from ``fp8.quantize_weight``, which an
     open ``fp8.weight_cache`` keeps across an optimizer step's micro-batches: bitwise the op's ``quantize=`` on
-    ``w.T.contiguous()``, a fresh tensor that no cache keeps. Traced or differentiated: that call itself."""
-    if hardware.compiling() or library.needs_grad(g, w):
-        return op(g.contiguous(), w.T.contiguous(), group=group, quantize=mode)
-    g8, w8, scales = fp8.quantize_operands(g, w, mode, transposed=True)
-    return op(g8, w8, group=group, scale_a=scales.a, scale_w=scales.w, scaling=scales.mode, out_dtype=g.dtype)
+    ``w.T.contiguous()``, a fresh tensor that no cache keeps. Traced: ``torch.ops.triton_dist.fp8_times_weight``,
+    which gets w itself (the parameter) at run time, so a compiled backward takes the kept copies too;
+    differentiated (a backward with create_graph): the op's own ``quantize=`` on w.T."""
+    if library.needs_grad(g, w):
+        return _TIMES_WEIGHT[op](g.contiguous(), w.T.contiguous(), group=shmem.group_named(group_name),
+                                 quantize=mode)
+    if hardware.compiling():
+        return torch.ops.triton_dist.fp8_times_weight(g.contiguous(), w, op, mode, group_name)
+    return _fp8_times_weight(g, w, op, mode, group_name)
+
+
+def _fp8_times_weight(g, w, op, mode, group_name=None):
+    g8, w8, scales = fp8.quantize_operands(g.contiguous(), w, mode, transposed=True)
+    return _TIMES_WEIGHT[op](g8, w8, group=shmem.group_named(group_name), scale_a=scales.a, scale_w=scales.w,
+                             scaling=scales.mode, out_dtype=g.dtype)
+
+
+def _fp8_times_weight_fake(g, w, op, mode, group_name=None):
+    group = shmem.group_named(group_name)
+    world = shmem.world_size(group)
+    rows = world * g.shape[0] if op == "ag_gemm" else rows_of_rank(g.shape[0], world, shmem.rank(group))[1]
+    return g.new_empty((rows, w.shape[1]))
+
+
+_TIMES_WEIGHT = {"ag_gemm": ag_gemm, "gemm_rs": gemm_rs}
+library.define("fp8_times_weight(Tensor g, Tensor w, str op, str mode, str? group_name=None) -> Tensor",
+               _fp8_times_weight, _fp8_times_weight_fake)
 
 
 def _weight_grad(g, x, mode):
@@ -137,7 +159,7 @@ def _ag_gemm_backward(ctx, grad_out, grad_gathered):
         if alone:  # torch's GEMM on the weight as it is: no transposed copy of it
             grad_a = grad_out @ w
         elif ctx.grads_mode is not None:
-            grad_a = _times_weight(gemm_rs, grad_out, w, ctx.grads_mode, group)
+            grad_a = _times_weight("gemm_rs", grad_out, w, ctx.grads_mode, ctx.group_name)
         else:
             grad_a = gemm_rs(grad_out.contiguous(), w.T.contiguous(), group=group)
         if grad_gathered is not None:
@@ -172,7 +194,7 @@ def _gemm_rs_backward(ctx, grad_out):
     if mode is None:
         out, g = ag_gemm(padded, w.T.contiguous(), return_gathered=True, group=group)
     else:  # FP8 rows cross in ag_gemm: the weights' gradient gathers G on its own
-        out = _times_weight(ag_gemm, padded, w, mode, group) if ctx.needs_input_grad[0] else None
+        out = _times_weight("ag_gemm", padded, w, mode, ctx.group_name) if ctx.needs_input_grad[0] else None
         g = gathered(padded, group) if ctx.needs_input_grad[1] else None
     if shard * world != m:  # drop every rank's padding rows
         keep = torch.cat([torch.arange(r * shard, r * shard + rows_of_rank(m, world, r)[1], device=a.device)

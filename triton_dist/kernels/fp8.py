@@ -279,9 +279,9 @@ class weight_cache:
     (``.data`` has a version counter of its own): do not edit weights that way while a cache holds them, or
     ``clear()`` it after. The copies (half a bf16 weight's bytes each) live as long as the cache object and their
     weights. Without ``fp8_grads`` the backward stays the straight-through one, on the high-precision weights. The
-    innermost open cache keeps; the ops called by a torch.compile'd graph use it as eager calls do (nothing is kept
-    while the graph is traced; a compiled backward quantises its transposed weights every time), and nothing is kept
-    or reused during CUDA-graph capture."""
+    innermost open cache keeps; the ops called by a torch.compile'd graph, forward and backward, get the parameters
+    themselves and use it as eager calls do (nothing is kept while the graph is traced), and nothing is kept or
+    reused during CUDA-graph capture."""
 
     _active = []  # the open caches, innermost last
 
