@@ -3,6 +3,8 @@ by numpy >= 2.4) gets the ``squeeze()`` conversion; one that works is left alone
 
 import numpy as np
 import pytest
+import triton
+import triton.language as tl
 
 from triton_dist import interpreter
 
@@ -62,3 +64,39 @@ def test_bf16_dot_multiplies_values():
     c = torch.empty(16, 16)
     dot_kernel[(1,)](a, b, c, N=16)
     assert torch.allclose(c.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)
+
+
+def test_language_patched_once_per_launch(monkeypatch):
+    """A launch patches ``triton.language`` once, not again at each device-function call inside it (15 here), and
+    restores it after; the result is the kernel's."""
+    import os
+
+    import torch
+
+    from triton.runtime import interpreter as interp
+
+    assert interpreter.patch_language_once() is False  # installed once, at import
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("kernels are compiled here")
+    patches = []
+    original = interp._patch_lang_core
+    monkeypatch.setattr(interp, "_patch_lang_core", lambda *a: (patches.append(1), original(*a))[1])
+    out = torch.full((3, 8), -1, dtype=torch.int32)
+    nested_kernel[(3,)](out, N=8)
+    assert torch.equal(out, torch.arange(24, dtype=torch.int32).view(3, 8) + 5)
+    assert len(patches) == 1, len(patches)  # without the speed-up: 1 + 3 programs x 5 calls
+    assert tl.core.is_builtin(tl.arange)  # restored after the launch
+
+
+@triton.jit
+def _plus_one(v):
+    return v + 1
+
+
+@triton.jit
+def nested_kernel(out, N: tl.constexpr):
+    r = tl.arange(0, N)
+    v = r + tl.program_id(0) * N
+    for _ in tl.static_range(5):
+        v = _plus_one(v)
+    tl.store(out + tl.program_id(0) * N + r, v)
