@@ -454,6 +454,54 @@ def test_layers_under_inductor_on_uneven_and_changing_rows(ranks):
         assert worst < 1e-5, worst
 
 
+def _sp_layers_compiled_on_uneven_shards(total):
+    """ExpertParallelMoE then TensorParallelMLP, sequence-parallel on shards of ``total`` rows (unequal: every
+    rank's graph has sizes of its own), under torch.compile (inductor, fullgraph) with inductor's memory-driven
+    reordering on to start with: (largest relative difference of the loss and the input's gradient from eager
+    over 2 steps, whether tracing turned that reordering off)."""
+    import torch._inductor.config as inductor_config
+    from transformers import Qwen2MoeConfig
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    from triton_dist.nn import ExpertParallelMoE
+
+    inductor_config.reorder_for_peak_memory = True  # (a process of the pool may have compiled before)
+    world, rank = td.world_size(), td.rank()
+    gen = torch.Generator().manual_seed(6)
+    cfg = Qwen2MoeConfig(hidden_size=16, num_experts=2 * world, num_experts_per_tok=2, moe_intermediate_size=8,
+                         shared_expert_intermediate_size=12, num_attention_heads=2, num_key_value_heads=1)
+    moe = ExpertParallelMoE.from_dense(_randomised(Qwen2MoeSparseMoeBlock(cfg), gen, torch.float32),
+                                       sequence_parallel=True)
+    mlp = TensorParallelMLP.from_dense(_randomised(GatedMLP(16, 16 * world), gen, torch.float32),
+                                       sequence_parallel=True)
+
+    def loss(x):
+        h = torch.nn.functional.layer_norm(moe(x, total_rows=total) * 2 + x, (16,))
+        return (mlp(h, total_rows=total) ** 2).sum()
+
+    compiled = torch.compile(loss, fullgraph=True)
+    worst = 0.0
+    for _ in range(2):
+        x = torch.tensor_split(torch.randn(total, 16, generator=gen), world)[rank]
+        results = []
+        for fn in (loss, compiled):
+            xi = x.clone().requires_grad_()
+            value = fn(xi)
+            value.backward()
+            results.append((value.detach(), xi.grad))
+        worst = max([worst] + [_rel(a, b) for a, b in zip(*results)])
+    return worst, inductor_config.reorder_for_peak_memory is False
+
+
+def test_sequence_parallel_layers_under_inductor_on_uneven_shards(ranks):
+    """Shards of 7 and 6 rows: with inductor's memory-driven reordering, rank 0's compiled backward called an
+    ag_gemm while rank 1 called an all_gather (each rank's order from its own buffer sizes); tracing the ops in a
+    multi-rank job turns that pass off (``library.keep_collective_order``)."""
+    pytest.importorskip("transformers")
+    for worst, turned_off in ranks(2, _sp_layers_compiled_on_uneven_shards, 13):
+        assert worst < 1e-5 and turned_off, (worst, turned_off)
+
+
 # ----------------------------------------------------------------------------------------------- GPU, bf16
 # The layers' gradients in bf16 on GPUs, held to plain torch's bf16 error on the same module (tests/kernels/
 # test_autograd.py: BF16_FACTOR, BF16_FLOOR and why), both against the module in fp64; fresh random inputs and

@@ -15,12 +15,40 @@ _LIB = torch.library.Library("triton_dist", "DEF")
 
 def define(schema, impl, fake):
     """Register ``torch.ops.triton_dist.<name>`` from ``schema`` (e.g. ``"f(Tensor a, int n) -> Tensor"``), its
-    implementation and its fake (shape-only) implementation; returns the op."""
+    implementation and its fake (shape-only) implementation; returns the op. Tracing the op (its fake runs) in a
+    job of several ranks keeps inductor from reordering collectives by buffer size (``keep_collective_order``)."""
     name = schema.split("(", 1)[0].strip()
     _LIB.define(schema)
     _LIB.impl(name, impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"triton_dist::{name}", fake, lib=_LIB)
+
+    def traced(*args, **kwargs):
+        keep_collective_order()
+        return fake(*args, **kwargs)
+
+    torch.library.register_fake(f"triton_dist::{name}", traced, lib=_LIB)
     return getattr(torch.ops.triton_dist, name)
+
+
+def keep_collective_order():
+    """In a job of several ranks, turn off inductor's memory-driven reordering
+    (``torch._inductor.config.reorder_for_peak_memory``) for the graphs compiled from now on, once, with a
+    warning. That pass orders a graph's nodes by its buffers' sizes, which differ from rank to rank wherever the
+    ranks' shapes do (uneven sequence-parallel shards, a rank's own batch): with shards of 7 and 6 rows one rank's
+    compiled backward ran an ag_gemm while its peer ran an all_gather, although the ops' ORDERED effect chains
+    them. Without it every rank keeps the traced order. Called from the ops' fakes, which run while a graph is
+    traced, before inductor compiles it."""
+    from .. import shmem
+
+    import torch._inductor.config as inductor_config
+
+    if getattr(inductor_config, "reorder_for_peak_memory", False) and shmem.is_initialized() \
+            and shmem.world_size() > 1:
+        inductor_config.reorder_for_peak_memory = False
+        import warnings
+
+        warnings.warn("triton_dist: torch._inductor.config.reorder_for_peak_memory turned off for this multi-rank "
+                      "job: it orders each rank's graph by the rank's own buffer sizes, so ranks of unequal shapes "
+                      "would call collectives in different orders", RuntimeWarning, stacklevel=2)
 
 
 def define_composite(schema, impl):
