@@ -121,12 +121,17 @@ def repair_bf16_dot():
 _LAUNCH_PATCHED = None  # while a launch is interpreted: ids of the language modules its patch covers
 
 
-def _language_modules(fn):
-    import inspect
+_LANGUAGE_MODULES = {}  # id(a device function's globals) -> ids of the language modules they hold
 
+
+def _language_modules(fn):
     import triton.language as tl
 
-    return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and (v is tl or v is tl.core)}
+    scope = fn.__globals__
+    found = _LANGUAGE_MODULES.get(id(scope))
+    if found is None:  # (a module's globals live as long as the module: its id is not reused)
+        found = _LANGUAGE_MODULES[id(scope)] = {id(v) for v in scope.values() if v is tl or v is tl.core}
+    return found
 
 
 def patch_language_once():
