@@ -10,7 +10,10 @@ to the product's max / norm), beside torch._scaled_mm with and without fast accu
   mia256   acc = tl.dot(a, b.T, acc, max_num_imprecise_acc=256)          BLOCK_K 256 (fewer stages fit)
 Inputs: "randn" (a ~ N(0,1), b ~ N(0,1)/4) and "positive" (their absolute values: every product adds, the case
 where a coarse accumulator swamps).
-    python interval_probe.py OUT_DIR"""
+"core": the same question asked of the GEMM core itself (``scaled_gemm``, per-tensor scales, configurations given
+as overrides, so no tuning): its 128-wide K steps against 256-wide ones (a stage's bytes doubled: 2 stages, the
+result stored in two halves so that shared memory holds the pipeline and the staging buffer).
+    python interval_probe.py OUT_DIR [plain|core|both]"""
 import json
 import statistics
 import sys
@@ -136,5 +139,61 @@ def main(out_dir):
             json.dump(rows, open(f"{out_dir}/interval_probe.json", "w"), indent=1)
 
 
+CORE_CONFIGS = {  # label: overrides of gemm_config
+    "core 128x256x128 s3 split": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_stages=3, SPLIT_N=True),
+    "core 256x128x128 s3": dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=128, num_stages=3, SPLIT_N=False),
+    "core 256x128x256 s2 sub": dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=256, num_stages=2, SPLIT_N=False,
+                                    EPILOGUE_SUBTILE=True),
+    "core 128x256x256 s2 split sub": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=256, num_stages=2, SPLIT_N=True,
+                                          EPILOGUE_SUBTILE=True),
+    "core 128x128x256 s3 sub": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=256, num_stages=3, SPLIT_N=False,
+                                    EPILOGUE_SUBTILE=True),
+}
+
+
+def core(out_dir):
+    from triton_dist.kernels.gemm import scaled_gemm
+    rows = []
+    for m, n, k in SHAPES:
+        torch.manual_seed(0)
+        base_a, base_b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda") / 4
+        one = torch.ones((), device="cuda")
+        one1 = torch.ones((1,), device="cuda")
+        for inputs in ("randn", "positive"):
+            a = (base_a if inputs == "randn" else base_a.abs()).to(torch.float8_e4m3fn)
+            b = (base_b if inputs == "randn" else base_b.abs()).to(torch.float8_e4m3fn)
+            exact = a.double() @ b.double().T
+            timed = inputs == "randn"
+            row = {"M": m, "N": n, "K": k, "inputs": inputs}
+            for fast in (False, True):
+                name = f"cuBLAS{' fast' if fast else ''}"
+                mm = lambda dt: torch._scaled_mm(a, b.t(), one, one, out_dtype=dt, use_fast_accum=fast)  # noqa
+                if timed:
+                    row[name] = device_us(lambda: mm(torch.bfloat16))
+                row[f"err {name}"] = errors(mm(torch.float32), exact)
+            for label, cfg in CORE_CONFIGS.items():
+                try:
+                    if timed:
+                        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                        row[label] = device_us(lambda: scaled_gemm(a, b, one1, one1, out=out, config=cfg))
+                    c = scaled_gemm(a, b, one1, one1, out_dtype=torch.float32, config=cfg)
+                    row[f"err {label}"] = errors(c, exact)
+                except Exception as exc:
+                    print(f"{m}x{n}x{k} {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            for key in [key for key in row if key.startswith("err ")]:
+                name = key[4:]
+                us = row.get(name)
+                speed = (f"{us:8.1f} us {2 * m * n * k / us / 1e6:6.0f} TFLOP/s {row['cuBLAS'] / us:5.2f}x cuBLAS"
+                         if us else " " * 46) if timed else ""
+                print(f"{m}x{n}x{k} {inputs:8s} {name:30s} {speed} err max {row[key][0]:.2e} rms {row[key][1]:.2e}",
+                      flush=True)
+            rows.append(row)
+            json.dump(rows, open(f"{out_dir}/interval_core.json", "w"), indent=1)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    part = sys.argv[2] if len(sys.argv) > 2 else "both"
+    if part in ("core", "both"):
+        core(sys.argv[1])
+    if part in ("plain", "both"):
+        main(sys.argv[1])
