@@ -315,6 +315,82 @@ def _gpu_eager_plans():
     return failures, len(gemm_module._EAGER._plans) - plans_before, len(checked)
 
 
+def _gemm_gradients(a0, w0, r, fn, frozen_a=False):
+    """(loss, grad_a, grad_w) of ``(fn(a, w) * r).sum()`` on fresh leaves (grad_a None where ``frozen_a``)."""
+    a, w = a0.clone().requires_grad_(not frozen_a), w0.clone().requires_grad_()
+    loss = fn(a, w, r)
+    loss.backward()
+    return loss.detach(), a.grad, w.grad
+
+
+def _gemm_loss(a, w, r):
+    return (gemm(a, w) * r).sum()
+
+
+def _rel(x, ref):
+    return ((x.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+@cpu_only
+@pytest.mark.parametrize("m,n,k", [(13, 10, 24), (7, 9, 5)])
+def test_gemm_gradients_match_fp64_eager_compiled_and_checkpointed(m, n, k):
+    """``gemm`` is differentiable (``torch.ops.triton_dist.gemm``): the loss and the gradients of a and w against
+    fp64 torch, eagerly, under torch.compile (fullgraph; before the op it could not be traced) and activation
+    checkpointing, the compiled and checkpointed ones bitwise the eager ones; a frozen input gets none."""
+    gen = torch.Generator().manual_seed(m * n + k)
+    a0, w0, r = (torch.randn(*shape, generator=gen) for shape in ((m, k), (n, k), (m, n)))
+    ref_a, ref_w = a0.double().requires_grad_(), w0.double().requires_grad_()
+    ref_loss = ((ref_a @ ref_w.T) * r.double()).sum()
+    ref_loss.backward()
+    eager = _gemm_gradients(a0, w0, r, _gemm_loss)
+    assert _rel(eager[0], ref_loss.detach()) < 1e-5  # (a sum with cancellation)
+    assert _rel(eager[1], ref_a.grad) < 1e-6 and _rel(eager[2], ref_w.grad) < 1e-6
+    compiled = torch.compile(_gemm_loss, fullgraph=True, backend="aot_eager")
+    checkpointed = lambda a, w, r: torch.utils.checkpoint.checkpoint(_gemm_loss, a, w, r, use_reentrant=False)  # noqa
+    for fn in (compiled, checkpointed):
+        assert all(torch.equal(x, y) for x, y in zip(_gemm_gradients(a0, w0, r, fn), eager))
+    loss, grad_a, grad_w = _gemm_gradients(a0, w0, r, _gemm_loss, frozen_a=True)
+    assert grad_a is None and torch.equal(grad_w, eager[2])
+    with torch.no_grad():  # without grad: the direct call, into out= as before
+        out = torch.full((m, n), float("nan"))
+        assert gemm(a0.requires_grad_(), w0, out=out) is out and _rel(out, ref_a.detach() @ ref_w.detach().T) < 1e-6
+
+
+@cpu_only
+def test_gemm_with_grad_rejects_what_has_no_gradient():
+    a = torch.randn(8, 16, requires_grad=True)
+    w = torch.randn(12, 16)
+    with pytest.raises(ValueError, match="without grad"):
+        gemm(a, w, out=torch.empty(8, 12))
+    with pytest.raises(ValueError, match="without grad"):
+        gemm(a, w, config={"num_programs": 2})
+    a8 = torch.randn(8, 32).to(torch.float8_e4m3fn).requires_grad_()
+    w8 = torch.randn(12, 32).to(torch.float8_e4m3fn)
+    one = torch.ones(1)
+    with pytest.raises(ValueError, match="FP8"):
+        gemm(a8, w8, scale_a=one, scale_w=one)
+
+
+def _gpu_gemm_gradients():
+    """bf16 ``gemm`` gradients on the GPU against fp64 (fresh inputs each repeat): the worst relative error."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    worst = 0.0
+    for m, n, k in [(333, 4000, 1000), (1024, 2048, 4096)]:
+        for _ in range(2):
+            a0, w0, r = (torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16)
+                         for shape in ((m, k), (n, k), (m, n)))
+            ref_a, ref_w = a0.double().requires_grad_(), w0.double().requires_grad_()
+            ((ref_a @ ref_w.T) * r.double()).sum().backward()
+            _, grad_a, grad_w = _gemm_gradients(a0, w0, r, _gemm_loss)
+            worst = max(worst, _rel(grad_a, ref_a.grad), _rel(grad_w, ref_w.grad))
+    return worst
+
+
+@gpu_only
+def test_gemm_gradients_bf16_on_gpu(ranks):
+    assert ranks.on_one_gpu(_gpu_gemm_gradients) < 2e-2
+
+
 @gpu_only
 def test_eager_plans_match_torch_on_gpu(ranks):
     """Three shapes x (bf16, bf16 into out, FP8 rowwise, FP8 per tensor): 12 plans; the checked path ran only for

@@ -9,6 +9,8 @@ rank (one loss, copied) undo that where they split and gather rows (``nn/shardin
     ag_gemm    out = all_gather(a) @ w.T                grad_a = gemm_rs(grad_out, w.T)      (reduce-scatter)
                                                         grad_w = grad_out.T @ all_gather(a)
                silu_gate: h = all_gather(a) @ w.T again (one overlapped ag_gemm), d h from silu(gate) * up
+    gemm       out = a @ w.T                            grad_a = grad_out @ w, grad_w = grad_out.T @ a (torch's
+                                                        GEMMs on the saved tensors as they are: no transposed copy)
     gemm_rs    out = rows_r(sum_s a_s @ w_s.T)          G = every rank's grad_out rows, gathered:
                                                         grad_a = ag_gemm(grad_out, w.T) = G @ w, grad_w = G.T @ a
     all_gather out = cat_s x_s                          grad_x = rows_r(sum_s grad_s)
@@ -204,6 +206,17 @@ def _gemm_rs_backward(ctx, grad_out):
         (_weight_grad(g, a, mode) if ctx.needs_input_grad[1] else None), None, None, None
 
 
+# ----------------------------------------------------------------------------------------------- gemm
+def _gemm_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+
+
+def _gemm_backward(ctx, grad_out):
+    a, w = ctx.saved_tensors
+    return (grad_out @ w if ctx.needs_input_grad[0] else None), \
+        (grad_out.T @ a if ctx.needs_input_grad[1] else None), None, None, None, None, None
+
+
 # ----------------------------------------------------------------------------------------------- collectives
 def _all_gather_setup(ctx, inputs, output):
     ctx.group_name = inputs[1]
@@ -288,7 +301,8 @@ def _silu_gate_grad(ctx, grad):
     return silu_gate_backward(ctx.saved_tensors[0], grad)
 
 
-for _name, _backward, _setup in (("ag_gemm", _ag_gemm_backward, _ag_gemm_setup),
+for _name, _backward, _setup in (("gemm", _gemm_backward, _gemm_setup),
+                                 ("ag_gemm", _ag_gemm_backward, _ag_gemm_setup),
                                  ("silu_gate", _silu_gate_grad, _silu_gate_setup),
                                  ("gemm_rs", _gemm_rs_backward, _gemm_rs_setup),
                                  ("all_gather", _all_gather_backward, _all_gather_setup),

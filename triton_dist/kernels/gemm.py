@@ -32,7 +32,7 @@ from .. import hardware
 from .. import language as dl
 from ..hardware import interpreting, num_sms
 from ..shmem.workspaces import Plans
-from . import fp8
+from . import fp8, library
 from .launcher import Launcher, Launchers
 
 try:  # triton >= 3.4 (host-side TMA descriptors)
@@ -615,14 +615,44 @@ def gemm(a, w, out=None, config=None, *, scale_a=None, scale_w=None, scaling=Non
     sums are promoted to fp32 every K step. FP8 tiles take 128-wide K steps on a GPU (``fp8_tiles``). FP8
     operands without scales, scales with other operands, scale shapes of no mode, a GPU below compute
     capability 8.9: TypeError / ValueError (``kernels/fp8.py``). ``scaled_gemm``: the same with the scales
-    required."""
+    required.
+
+    Differentiable: a call with grad (``a`` or ``w`` requiring it, grad mode on), and every call that
+    torch.compile traces, goes through ``torch.ops.triton_dist.gemm`` (its backward: ``kernels/autograd.py``);
+    ``out=`` and ``config=`` are for calls without grad, and FP8 operands carry none (ValueError)."""
+    if _through_op(a, w, out, config, scale_a, scale_w):
+        return _gemm_op_call(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
     return _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype, fast_accum, False)
 
 
 def scaled_gemm(a, w, scale_a, scale_w, *, scaling=None, out=None, out_dtype=None, fast_accum=False, config=None):
     """``gemm`` on FP8 operands, the scales required (as in ``torch._scaled_mm``): ``(a * scale_a) @ (w *
     scale_w).T`` in ``out_dtype`` (bfloat16 by default) or into ``out``."""
+    if _through_op(a, w, out, config, scale_a, scale_w):
+        fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum, required=True)
+        return _gemm_op_call(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
     return _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype, fast_accum, True)
+
+
+def _through_op(a, w, out, config, scale_a, scale_w):
+    """Whether a call goes through the torch op: with grad (ValueError where it cannot have any), or traced by
+    torch.compile (a call with ``out=`` or ``config=`` then runs as it is)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(w, torch.Tensor)):
+        return False  # the checks of the direct path name the argument
+    if not (torch.is_grad_enabled() and (a.requires_grad or w.requires_grad)):
+        return out is None and config is None and hardware.compiling()
+    if scale_a is not None or scale_w is not None or a.dtype in fp8.FP8_DTYPES or w.dtype in fp8.FP8_DTYPES:
+        raise ValueError("gemm: FP8 operands carry no gradient (call it under torch.no_grad(); layers train in FP8 "
+                         "with their fp8= mode)")
+    if out is not None or config is not None:
+        raise ValueError("gemm: out= and config= are for calls without grad (under torch.no_grad())")
+    return True
+
+
+def _gemm_op_call(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum):
+    if scale_a is None and scale_w is None and scaling is None and out_dtype is None and not fast_accum:
+        return torch.ops.triton_dist.gemm(a, w)
+    return torch.ops.triton_dist.gemm(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
 
 
 def _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype, fast_accum, required):
@@ -676,6 +706,20 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
             return out
     launch_gemm(a, w, out.view(1, m, n), cfg, scales=scales)
     return out
+
+
+# ----------------------------------------------------------------------------------------------- torch op
+def _gemm_torch_op(a, w, scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):
+    return _checked_or_planned(a, w, None, None, scale_a, scale_w, scaling, out_dtype, fast_accum, False)
+
+
+def _gemm_fake(a, w, scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):
+    _, dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
+    return a.new_empty((a.shape[0], w.shape[0]), dtype=dtype)
+
+
+library.define("gemm(Tensor a, Tensor w, Tensor? scale_a=None, Tensor? scale_w=None, str? scaling=None, "
+               "ScalarType? out_dtype=None, bool fast_accum=False) -> Tensor", _gemm_torch_op, _gemm_fake)
 
 
 # ----------------------------------------------------------------------------------------------- eager calls
