@@ -147,6 +147,33 @@ def test_sp_flash_decode_sequence_empty_everywhere_gives_zeros(ranks):
     assert ranks(2, _check_empty_sequence) == [(True, True)] * 2
 
 
+def _backward_errors():
+    """The message of each backward through a result of inputs that require grad (None: no error), and whether a
+    call under no_grad returns a plain tensor."""
+    dev = td.shmem.device()
+    q = torch.randn(1, 4, 16, device=dev, requires_grad=True)
+    k, v = torch.randn(1, 8, 2, 16, device=dev), torch.randn(1, 8, 2, 16, device=dev)
+    lens = torch.full((1,), 8, dtype=torch.int32, device=dev)
+    found = []
+    for call in (lambda: sp_flash_decode(q, k, v, lens), lambda: local_flash_decode(q, k, v, lens)[1],
+                 lambda: torch.ops.triton_dist.sp_flash_decode(q, k, v, lens)):
+        try:
+            call().sum().backward()
+            found.append(None)
+        except RuntimeError as exc:
+            found.append(str(exc))
+    with torch.no_grad():
+        plain = sp_flash_decode(q, k, v, lens).grad_fn is None
+    return found, plain
+
+
+def test_backward_through_the_inference_only_ops_raises(ranks):
+    """sp_flash_decode / local_flash_decode have no backward: with q requiring grad, a backward through their
+    results raises (as torch's ops without a derivative do) instead of leaving q's gradient silently out."""
+    for found, plain in ranks(2, _backward_errors):
+        assert plain and all(msg is not None and "inference-only" in msg for msg in found), found
+
+
 def test_local_flash_decode_matches_reference():
     """The local kernel alone (no init, no communication): o and natural-log lse of one shard."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"

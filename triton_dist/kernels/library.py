@@ -92,3 +92,35 @@ def needs_grad(*tensors):
     """Whether a call must go through its torch op so that autograd records it: grad mode on and an input that
     requires grad."""
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+class _InferenceOnly(torch.autograd.Function):
+    """The result of an op without a backward, computed from inputs that require grad: its backward raises, as
+    torch's own ops without a derivative do, instead of leaving the inputs' gradients silently out."""
+
+    @staticmethod
+    def forward(ctx, name, out, *inputs):
+        ctx.name = name
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{ctx.name} is inference-only: it has no backward (call it under torch.no_grad())")
+
+
+def inference_only(name, outputs, *inputs):
+    """``outputs`` (a tensor or a tuple of them) of op ``name``, tied to ``inputs`` where one requires grad (grad
+    mode on), so that a backward through them raises; else as they are."""
+    if not needs_grad(*inputs):
+        return outputs
+    if isinstance(outputs, torch.Tensor):
+        return _InferenceOnly.apply(name, outputs, *inputs)
+    return tuple(_InferenceOnly.apply(name, out, *inputs) for out in outputs)
+
+
+def inference_only_op(name):
+    """Register on ``torch.ops.triton_dist.<name>`` (an op without a backward) the backward that raises."""
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{name} is inference-only: it has no backward (call it under torch.no_grad())")
+
+    torch.library.register_autograd(f"triton_dist::{name}", backward, setup_context=lambda ctx, inputs, output: None)

@@ -184,7 +184,7 @@ def local_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_s
     """Attention of ``q`` [B, Hq, D] over this rank's cache only: returns (o [B, Hq, D] in q's dtype,
     lse [B, Hq] float32, natural log; -inf where the rank holds no token of a sequence, with o = 0 there).
     ``out``/``lse`` may be given (contiguous; graph capture wants them fixed). Needs no ``triton_dist.init``;
-    no communication."""
+    no communication. Inference-only (a backward through the results raises)."""
     plan = _Plan.get(q, k_cache, v_cache, kv_lens, block_table, softmax_scale, config, None)
     batch, q_heads, _, head_dim, _, _ = plan.dims
     if out is None:
@@ -203,7 +203,7 @@ def local_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_s
         split, _, bound = plan.launchers(q, k_cache, v_cache, kv_lens, block_table, out)
         plan.launch_split(q, k_cache, v_cache, kv_lens, block_table, out, lse, out, kv_lens, kv_lens, ctx, split,
                           bound and lse.data_ptr() % 16 == 0 and ctx.data_ptr() % 16 == 0)
-    return out, lse
+    return library.inference_only("local_flash_decode", (out, lse), q, k_cache, v_cache)
 
 
 def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scale=None, out=None, config=None,
@@ -221,7 +221,8 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
 
     Collective: every rank calls it with the same B, Hq, Hkv, D and config, in the same order. The first call for a
     shape allocates symmetric buffers (collective, not graph capturable); later calls are graph capturable.
-    ``config``: launch knobs (see ``default_config``), identical on every rank.
+    ``config``: launch knobs (see ``default_config``), identical on every rank. Inference-only: where an input
+    requires grad, a backward through the result raises RuntimeError.
     """
     team = shmem.op_team("sp_flash_decode", group, lambda: dict(
         q=tuple(getattr(q, "shape", ())), dtype=str(getattr(q, "dtype", None)),
@@ -238,7 +239,7 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
         raise ValueError(f"out must be a {q.dtype} tensor of shape {[batch, q_heads, head_dim]} with a contiguous "
                          f"last dimension, got {out.dtype} {list(out.shape)}")
     if plan.empty:
-        return out
+        return library.inference_only("sp_flash_decode", out, q, k_cache, v_cache)
     ex = plan.exchange
     shmem.raise_pending_errors()
     split, merge, bound = plan.launchers(q, k_cache, v_cache, kv_lens, block_table, out)
@@ -251,7 +252,7 @@ def sp_flash_decode(q, k_cache, v_cache, kv_lens, block_table=None, softmax_scal
             merge.run(*args)
         else:
             merge(*args)
-    return out
+    return library.inference_only("sp_flash_decode", out, q, k_cache, v_cache)
 
 
 # ----------------------------------------------------------------------------------------------- torch op
@@ -267,3 +268,4 @@ def _sp_flash_decode_fake(q, k_cache, v_cache, kv_lens, block_table=None, softma
 library.define("sp_flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, Tensor? block_table=None, "
                "float? softmax_scale=None, str? group_name=None) -> Tensor", _sp_flash_decode_op,
                _sp_flash_decode_fake)
+library.inference_only_op("sp_flash_decode")
