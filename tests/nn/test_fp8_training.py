@@ -538,7 +538,7 @@ class _GroupedFp8Grads(torch.autograd.Function):
 
         if mode != "block":
             g, a = along_tokens(g), along_tokens(a)
-        grad_w = torch.zeros(w.shape, dtype=grad_a.dtype)
+        grad_w = torch.zeros(w.shape, dtype=grad_a.dtype, device=w.device)
         for e, g_e, a_e in zip(ctx.experts, g.split(counts), a.split(counts)):
             for step in range(0, g_e.shape[0], 128 if mode == "block" else max(1, g_e.shape[0])):
                 rows = slice(step, step + 128) if mode == "block" else slice(None)
