@@ -13,7 +13,8 @@ where a coarse accumulator swamps).
 "core": the same question asked of the GEMM core itself (``scaled_gemm``, per-tensor scales, configurations given
 as overrides, so no tuning): its 128-wide K steps against 256-wide ones (a stage's bytes doubled: 2 stages, the
 result stored in two halves so that shared memory holds the pipeline and the staging buffer).
-    python interval_probe.py OUT_DIR [plain|core|both]"""
+    python interval_probe.py OUT_DIR [plain|core|both]
+Ran: the core part in run144 (benchmarks/results/2026-12-05_h100x1_run144); the plain part has not run."""
 import json
 import statistics
 import sys
