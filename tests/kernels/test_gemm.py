@@ -17,6 +17,7 @@ from triton_dist.kernels.grouped_gemm import grouped_gemm
 
 from ..conftest import cpu_only, gpu_only
 from ..sm90 import compile_sm90
+from .fp8_inputs import rel_err
 
 gemm_module = importlib.import_module("triton_dist.kernels.gemm")  # (the package exports the op under this name)
 
@@ -327,10 +328,6 @@ def _gemm_loss(a, w, r):
     return (gemm(a, w) * r).sum()
 
 
-def _rel(x, ref):
-    return ((x.double() - ref).abs().max() / ref.abs().max()).item()
-
-
 @cpu_only
 @pytest.mark.parametrize("m,n,k", [(13, 10, 24), (7, 9, 5)])
 def test_gemm_gradients_match_fp64_eager_compiled_and_checkpointed(m, n, k):
@@ -343,8 +340,8 @@ def test_gemm_gradients_match_fp64_eager_compiled_and_checkpointed(m, n, k):
     ref_loss = ((ref_a @ ref_w.T) * r.double()).sum()
     ref_loss.backward()
     eager = _gemm_gradients(a0, w0, r, _gemm_loss)
-    assert _rel(eager[0], ref_loss.detach()) < 1e-5  # (a sum with cancellation)
-    assert _rel(eager[1], ref_a.grad) < 1e-6 and _rel(eager[2], ref_w.grad) < 1e-6
+    assert rel_err(eager[0], ref_loss.detach()) < 1e-5  # (a sum with cancellation)
+    assert rel_err(eager[1], ref_a.grad) < 1e-6 and rel_err(eager[2], ref_w.grad) < 1e-6
     compiled = torch.compile(_gemm_loss, fullgraph=True, backend="aot_eager")
     checkpointed = lambda a, w, r: torch.utils.checkpoint.checkpoint(_gemm_loss, a, w, r, use_reentrant=False)  # noqa
     for fn in (compiled, checkpointed):
@@ -353,7 +350,8 @@ def test_gemm_gradients_match_fp64_eager_compiled_and_checkpointed(m, n, k):
     assert grad_a is None and torch.equal(grad_w, eager[2])
     with torch.no_grad():  # without grad: the direct call, into out= as before
         out = torch.full((m, n), float("nan"))
-        assert gemm(a0.requires_grad_(), w0, out=out) is out and _rel(out, ref_a.detach() @ ref_w.detach().T) < 1e-6
+        assert gemm(a0.requires_grad_(), w0, out=out) is out
+        assert rel_err(out, ref_a.detach() @ ref_w.detach().T) < 1e-6
 
 
 @cpu_only
@@ -382,7 +380,7 @@ def _gpu_gemm_gradients():
             ref_a, ref_w = a0.double().requires_grad_(), w0.double().requires_grad_()
             ((ref_a @ ref_w.T) * r.double()).sum().backward()
             _, grad_a, grad_w = _gemm_gradients(a0, w0, r, _gemm_loss)
-            worst = max(worst, _rel(grad_a, ref_a.grad), _rel(grad_w, ref_w.grad))
+            worst = max(worst, rel_err(grad_a, ref_a.grad), rel_err(grad_w, ref_w.grad))
     return worst
 
 

@@ -187,8 +187,7 @@ def _gemm_rs_backward(ctx, grad_out):
     if grad_out is None:
         return None, None, None, None, None
     if world == 1 and ctx.grads_mode is None:  # a group of one: torch's GEMMs on the tensors as they are
-        return (grad_out @ w if ctx.needs_input_grad[0] else None), \
-            (grad_out.T @ a if ctx.needs_input_grad[1] else None), None, None, None
+        return _local_grads(ctx, grad_out, a, w) + (None,) * 3
     shard = -(-m // world)  # every rank's rows padded to the largest share: ag_gemm takes equal shapes
     padded = grad_out.new_zeros((shard, grad_out.shape[1]))
     padded[:grad_out.shape[0]] = grad_out
@@ -212,9 +211,13 @@ def _gemm_setup(ctx, inputs, output):
 
 
 def _gemm_backward(ctx, grad_out):
-    a, w = ctx.saved_tensors
-    return (grad_out @ w if ctx.needs_input_grad[0] else None), \
-        (grad_out.T @ a if ctx.needs_input_grad[1] else None), None, None, None, None, None
+    return _local_grads(ctx, grad_out, *ctx.saved_tensors) + (None,) * 5
+
+
+def _local_grads(ctx, g, a, w):
+    """(grad_a, grad_w) of ``a @ w.T`` for the output gradient ``g``: torch's GEMMs on the tensors as they are
+    (None where autograd wants none)."""
+    return (g @ w if ctx.needs_input_grad[0] else None), (g.T @ a if ctx.needs_input_grad[1] else None)
 
 
 # ----------------------------------------------------------------------------------------------- collectives
@@ -242,7 +245,7 @@ def _gemm_ar_setup(ctx, inputs, output):
 def _gemm_ar_backward(ctx, grad_out):
     a, w = ctx.saved_tensors
     g = all_reduce(grad_out.contiguous(), group=shmem.group_named(ctx.group_name))
-    return (g @ w if ctx.needs_input_grad[0] else None), (g.T @ a if ctx.needs_input_grad[1] else None), None
+    return _local_grads(ctx, g, a, w) + (None,)
 
 
 def _rmsnorm_setup(ctx, inputs, output):

@@ -620,27 +620,25 @@ def gemm(a, w, out=None, config=None, *, scale_a=None, scale_w=None, scaling=Non
     Differentiable: a call with grad (``a`` or ``w`` requiring it, grad mode on), and every call that
     torch.compile traces, goes through ``torch.ops.triton_dist.gemm`` (its backward: ``kernels/autograd.py``);
     ``out=`` and ``config=`` are for calls without grad, and FP8 operands carry none (ValueError)."""
-    if _through_op(a, w, out, config, scale_a, scale_w):
-        return _gemm_op_call(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
+    if _with_grad(a, w, out, config, scale_a, scale_w):
+        return torch.ops.triton_dist.gemm(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
     return _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype, fast_accum, False)
 
 
 def scaled_gemm(a, w, scale_a, scale_w, *, scaling=None, out=None, out_dtype=None, fast_accum=False, config=None):
     """``gemm`` on FP8 operands, the scales required (as in ``torch._scaled_mm``): ``(a * scale_a) @ (w *
     scale_w).T`` in ``out_dtype`` (bfloat16 by default) or into ``out``."""
-    if _through_op(a, w, out, config, scale_a, scale_w):
+    if _with_grad(a, w, out, config, scale_a, scale_w):
         fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum, required=True)
-        return _gemm_op_call(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
+        return torch.ops.triton_dist.gemm(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
     return _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype, fast_accum, True)
 
 
-def _through_op(a, w, out, config, scale_a, scale_w):
-    """Whether a call goes through the torch op: with grad (ValueError where it cannot have any), or traced by
-    torch.compile (a call with ``out=`` or ``config=`` then runs as it is)."""
-    if not (isinstance(a, torch.Tensor) and isinstance(w, torch.Tensor)):
-        return False  # the checks of the direct path name the argument
-    if not (torch.is_grad_enabled() and (a.requires_grad or w.requires_grad)):
-        return out is None and config is None and hardware.compiling()
+def _with_grad(a, w, out, config, scale_a, scale_w):
+    """Whether a call must go through the torch op for autograd (``library.needs_grad``); ValueError where it
+    cannot have a gradient."""
+    if not (isinstance(a, torch.Tensor) and isinstance(w, torch.Tensor) and library.needs_grad(a, w)):
+        return False  # (not tensors: the checks of the direct path name the argument)
     if scale_a is not None or scale_w is not None or a.dtype in fp8.FP8_DTYPES or w.dtype in fp8.FP8_DTYPES:
         raise ValueError("gemm: FP8 operands carry no gradient (call it under torch.no_grad(); layers train in FP8 "
                          "with their fp8= mode)")
@@ -649,18 +647,17 @@ def _through_op(a, w, out, config, scale_a, scale_w):
     return True
 
 
-def _gemm_op_call(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum):
-    if scale_a is None and scale_w is None and scaling is None and out_dtype is None and not fast_accum:
-        return torch.ops.triton_dist.gemm(a, w)
-    return torch.ops.triton_dist.gemm(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
-
-
-def _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype, fast_accum, required):
+def _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype, fast_accum, required, op=False):
     """A call of ``gemm`` / ``scaled_gemm``: through the eager plan of its layout (``EagerGemm``) where one was
-    made, else checked, configured and launched (which makes the plan)."""
+    made, else checked, configured and launched (which makes the plan). Traced by torch.compile (without ``out=``
+    / ``config=``): the torch op, checked as the call would be (``op``: the call is that op's own)."""
     key = None
-    if config is None and isinstance(a, torch.Tensor) and isinstance(w, torch.Tensor) and not hardware.compiling():
-        if out is None and scale_a is None and scale_w is None:  # the common call: a flat key, two layouts
+    if config is None and isinstance(a, torch.Tensor) and isinstance(w, torch.Tensor):
+        if not op and hardware.compiling():
+            if out is None:
+                fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum, required)
+                return torch.ops.triton_dist.gemm(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
+        elif out is None and scale_a is None and scale_w is None:  # the common call: a flat key, two layouts
             key = (a.shape, a.stride(), a.dtype, a.device, w.shape, w.stride(), w.dtype, w.device, scaling,
                    out_dtype, fast_accum, required)
         elif _tensors_or_none(out, scale_a, scale_w) and _contiguous_scales(scale_a, scale_w):
@@ -710,7 +707,7 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
 
 # ----------------------------------------------------------------------------------------------- torch op
 def _gemm_torch_op(a, w, scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):
-    return _checked_or_planned(a, w, None, None, scale_a, scale_w, scaling, out_dtype, fast_accum, False)
+    return _checked_or_planned(a, w, None, None, scale_a, scale_w, scaling, out_dtype, fast_accum, False, op=True)
 
 
 def _gemm_fake(a, w, scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):

@@ -105,7 +105,11 @@ class _InferenceOnly(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        raise RuntimeError(f"{ctx.name} is inference-only: it has no backward (call it under torch.no_grad())")
+        _no_backward(ctx.name)
+
+
+def _no_backward(name):
+    raise RuntimeError(f"{name} is inference-only: it has no backward (call it under torch.no_grad())")
 
 
 def inference_only(name, outputs, *inputs):
@@ -120,7 +124,5 @@ def inference_only(name, outputs, *inputs):
 
 def inference_only_op(name):
     """Register on ``torch.ops.triton_dist.<name>`` (an op without a backward) the backward that raises."""
-    def backward(ctx, *grads):
-        raise RuntimeError(f"{name} is inference-only: it has no backward (call it under torch.no_grad())")
-
-    torch.library.register_autograd(f"triton_dist::{name}", backward, setup_context=lambda ctx, inputs, output: None)
+    torch.library.register_autograd(f"triton_dist::{name}", lambda ctx, *grads: _no_backward(name),
+                                    setup_context=lambda ctx, inputs, output: None)

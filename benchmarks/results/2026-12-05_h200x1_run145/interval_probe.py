@@ -14,9 +14,10 @@ where a coarse accumulator swamps).
 as overrides, so no tuning): its 128-wide K steps against 256-wide ones (a stage's bytes doubled: 2 stages, the
 result stored in two halves so that shared memory holds the pipeline and the staging buffer).
     python interval_probe.py OUT_DIR [plain|core|both]
-Ran: the core part in run144 (benchmarks/results/2026-12-05_h100x1_run144); the plain part has not run."""
+Ran: the core part in run144 (benchmarks/results/2026-12-05_h100x1_run144); the plain part has not run (its code
+was folded into ``sweep`` afterwards: the same measurements)."""
 import json
-import statistics
+import os
 import sys
 
 import torch
@@ -24,24 +25,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-
-def device_us(fn, iters=20):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1000)
-    return statistics.median(times)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-12-03_h200x1_run102"))
+from fp8_probe import device_us  # noqa: E402  (CUDA-graph replays, median of 20)
 
 
 @triton.jit
@@ -92,7 +77,9 @@ def errors(c, exact):
     return (d.abs().max() / exact.abs().max()).item(), (d.norm() / exact.norm()).item()
 
 
-def main(out_dir):
+def sweep(out_path, measure):
+    """Every shape and kind of input: cuBLAS with and without fast accumulation, then ``measure(row, a, b, exact,
+    timed)`` (ours: each label's device time where ``timed``, and "err <label>"); each row printed and dumped."""
     rows = []
     for m, n, k in SHAPES:
         torch.manual_seed(0)
@@ -110,34 +97,43 @@ def main(out_dir):
                 if timed:
                     row[name] = device_us(lambda: mm(torch.bfloat16))
                 row[f"err {name}"] = errors(mm(torch.float32), exact)
-            for mode, bm, bn, bk, stages in KERNELS:
-                label = f"{mode} {bm}x{bn}x{bk} s{stages}"
-                grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-                da = TensorDescriptor(a, [m, k], [k, 1], [bm, bk])
-                db = TensorDescriptor(b, [n, k], [k, 1], [bn, bk])
-                try:
-                    for out_dtype in ((torch.bfloat16, torch.float32) if timed else (torch.float32,)):
-                        c = torch.empty(m, n, device="cuda", dtype=out_dtype)
-                        dc = TensorDescriptor(c, [m, n], [n, 1], [bm, bn])
-                        call = lambda: fp8_matmul[grid](da, db, dc, m, n, k, bm, bn, bk, mode,  # noqa: E731
-                                                        out_dtype == torch.bfloat16, num_warps=8, num_stages=stages)
-                        if out_dtype == torch.bfloat16:
-                            row[label] = device_us(call)
-                        else:
-                            call()
-                            row[f"err {label}"] = errors(c, exact)
-                except Exception as exc:
-                    print(f"{m}x{n}x{k} {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-                    continue
+            measure(row, a, b, exact, timed)
             for key in [key for key in row if key.startswith("err ")]:
                 name = key[4:]
                 us = row.get(name)
                 speed = (f"{us:8.1f} us {2 * m * n * k / us / 1e6:6.0f} TFLOP/s {row['cuBLAS'] / us:5.2f}x cuBLAS"
                          if us else " " * 46) if timed else ""
-                print(f"{m}x{n}x{k} {inputs:8s} {name:26s} {speed} err max {row[key][0]:.2e} rms {row[key][1]:.2e}",
+                print(f"{m}x{n}x{k} {inputs:8s} {name:30s} {speed} err max {row[key][0]:.2e} rms {row[key][1]:.2e}",
                       flush=True)
             rows.append(row)
-            json.dump(rows, open(f"{out_dir}/interval_probe.json", "w"), indent=1)
+            json.dump(rows, open(out_path, "w"), indent=1)
+
+
+def failed(row, label, exc):
+    print(f"{row['M']}x{row['N']}x{row['K']} {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+
+
+def plain(row, a, b, exact, timed):
+    """The probe kernel in every mode of KERNELS."""
+    (m, k), n = a.shape, b.shape[0]
+    for mode, bm, bn, bk, stages in KERNELS:
+        label = f"{mode} {bm}x{bn}x{bk} s{stages}"
+        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+        da = TensorDescriptor(a, [m, k], [k, 1], [bm, bk])
+        db = TensorDescriptor(b, [n, k], [k, 1], [bn, bk])
+        try:
+            for out_dtype in ((torch.bfloat16, torch.float32) if timed else (torch.float32,)):
+                c = torch.empty(m, n, device="cuda", dtype=out_dtype)
+                dc = TensorDescriptor(c, [m, n], [n, 1], [bm, bn])
+                call = lambda: fp8_matmul[grid](da, db, dc, m, n, k, bm, bn, bk, mode,  # noqa: E731
+                                                out_dtype == torch.bfloat16, num_warps=8, num_stages=stages)
+                if out_dtype == torch.bfloat16:
+                    row[label] = device_us(call)
+                else:
+                    call()
+                    row[f"err {label}"] = errors(c, exact)
+        except Exception as exc:
+            failed(row, label, exc)
 
 
 CORE_CONFIGS = {  # label: overrides of gemm_config
@@ -152,49 +148,24 @@ CORE_CONFIGS = {  # label: overrides of gemm_config
 }
 
 
-def core(out_dir):
+def core(row, a, b, exact, timed):
+    """The GEMM core (``scaled_gemm``, per-tensor scales) at each of CORE_CONFIGS."""
     from triton_dist.kernels.gemm import scaled_gemm
-    rows = []
-    for m, n, k in SHAPES:
-        torch.manual_seed(0)
-        base_a, base_b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda") / 4
-        one = torch.ones((), device="cuda")
-        one1 = torch.ones((1,), device="cuda")
-        for inputs in ("randn", "positive"):
-            a = (base_a if inputs == "randn" else base_a.abs()).to(torch.float8_e4m3fn)
-            b = (base_b if inputs == "randn" else base_b.abs()).to(torch.float8_e4m3fn)
-            exact = a.double() @ b.double().T
-            timed = inputs == "randn"
-            row = {"M": m, "N": n, "K": k, "inputs": inputs}
-            for fast in (False, True):
-                name = f"cuBLAS{' fast' if fast else ''}"
-                mm = lambda dt: torch._scaled_mm(a, b.t(), one, one, out_dtype=dt, use_fast_accum=fast)  # noqa
-                if timed:
-                    row[name] = device_us(lambda: mm(torch.bfloat16))
-                row[f"err {name}"] = errors(mm(torch.float32), exact)
-            for label, cfg in CORE_CONFIGS.items():
-                try:
-                    if timed:
-                        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-                        row[label] = device_us(lambda: scaled_gemm(a, b, one1, one1, out=out, config=cfg))
-                    c = scaled_gemm(a, b, one1, one1, out_dtype=torch.float32, config=cfg)
-                    row[f"err {label}"] = errors(c, exact)
-                except Exception as exc:
-                    print(f"{m}x{n}x{k} {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-            for key in [key for key in row if key.startswith("err ")]:
-                name = key[4:]
-                us = row.get(name)
-                speed = (f"{us:8.1f} us {2 * m * n * k / us / 1e6:6.0f} TFLOP/s {row['cuBLAS'] / us:5.2f}x cuBLAS"
-                         if us else " " * 46) if timed else ""
-                print(f"{m}x{n}x{k} {inputs:8s} {name:30s} {speed} err max {row[key][0]:.2e} rms {row[key][1]:.2e}",
-                      flush=True)
-            rows.append(row)
-            json.dump(rows, open(f"{out_dir}/interval_core.json", "w"), indent=1)
+    one = torch.ones((1,), device="cuda")
+    for label, cfg in CORE_CONFIGS.items():
+        try:
+            if timed:
+                out = torch.empty(a.shape[0], b.shape[0], device="cuda", dtype=torch.bfloat16)
+                row[label] = device_us(lambda: scaled_gemm(a, b, one, one, out=out, config=cfg))
+            c = scaled_gemm(a, b, one, one, out_dtype=torch.float32, config=cfg)
+            row[f"err {label}"] = errors(c, exact)
+        except Exception as exc:
+            failed(row, label, exc)
 
 
 if __name__ == "__main__":
     part = sys.argv[2] if len(sys.argv) > 2 else "both"
     if part in ("core", "both"):
-        core(sys.argv[1])
+        sweep(f"{sys.argv[1]}/interval_core.json", core)
     if part in ("plain", "both"):
-        main(sys.argv[1])
+        sweep(f"{sys.argv[1]}/interval_probe.json", plain)
