@@ -34,6 +34,24 @@ def _const(*names):
     return {n: "constexpr" for n in names}
 
 
+def gluon_descriptor(dtype, block):
+    """The signature of a Gluon TMA descriptor of torch ``dtype`` with ``block`` (and the shared-memory layout the
+    op gives it: ``gemm_sm90``)."""
+    import torch
+
+    from triton_dist.kernels import gemm_sm90
+    names = {torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16", torch.float32: "fp32"}
+    return f"tensordesc<{names[dtype]}[{', '.join(map(str, block))}],{gemm_sm90._smem_layout(tuple(block), dtype)!r}>"
+
+
+def sm90_gemm_signature():
+    """``gemm_fp8_sm90_kernel``'s signature: e4m3 operands, a bf16 result, 128x128x128 tiles."""
+    import torch
+    fp8 = gluon_descriptor(torch.float8_e4m3fn, (128, 128))
+    return dict(a_desc=fp8, b_desc=fp8, c_desc=gluon_descriptor(torch.bfloat16, (128, 128)), scale_a="*fp32",
+                scale_w="*fp32", M="i32", N="i32", K="i32", stride_sa="i32", stride_sw="i32",
+                **_const("BLOCK_SCALES", "GROUP_M", "STAGES", "num_warps"))
+
 GEMM_SIG = dict(a="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>", c="tensordesc<bf16[1,128,256]>",
                 num_segments="i32", seg_rows="i32", N="i32", K="i32", stride_am="i32", stride_bn="i32",
                 stride_cs="i32", stride_cm="i32", first_segment="i32", segment_step="i32",
@@ -318,6 +336,10 @@ KERNELS = [
     ("flash_decode/split-local", K + "flash_decode", "flash_decode_split_kernel",
      dict(SPLIT_SIG, dst_o="*bf16"), dict(SPLIT_DEFAULT, MODE=0, WORLD=1),
      ("q", "k_cache", "v_cache", "part_o", "dst_o", "out"), {"num_warps": 8, "num_stages": 3}),
+    ("gemm_sm90/fp8-rows", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_signature,
+     dict(BLOCK_SCALES=False, GROUP_M=8, STAGES=6, num_warps=8), (), {"num_warps": 8}),
+    ("gemm_sm90/fp8-blocks", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_signature,
+     dict(BLOCK_SCALES=True, GROUP_M=8, STAGES=5, num_warps=8), (), {"num_warps": 8}),
     ("flash_decode/merge", K + "flash_decode", "flash_decode_merge_kernel", MERGE_SIG,
      dict(GROUP=4, GROUP_P2=4, HEAD_DIM=128, WORLD=2, WORLD_PAD=2, RANK_CHUNK=2, PDL=True),
      ("recv_o", "out", "stride_ob", "stride_oh"), {"num_warps": 4}),
@@ -379,8 +401,12 @@ def compile_one(module, name, signature, constexprs, aligned, options):
     signature, constexprs = with_defaults(kernel, signature, constexprs)
     names = list(signature)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    source = ASTSource
+    if getattr(kernel, "is_gluon", lambda: False)():  # a Gluon kernel (kernels/gemm_sm90.py)
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    src = source(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
 
 
 def registers(ptx):
@@ -441,7 +467,7 @@ def main():
         if args.only and vid not in args.only:
             continue
         try:
-            raw = compile_one(module, name, sig, consts, aligned, options)
+            raw = compile_one(module, name, sig() if callable(sig) else sig, consts, aligned, options)
             ptx = normalized_ptx(raw)
             digests[vid] = hashlib.sha256(ptx.encode()).hexdigest()[:16]
             print(f"{vid:40s} {digests[vid]}  {len(ptx):8d} bytes" + (f"  {registers(raw)}" if args.spills else ""),

@@ -14,6 +14,7 @@ _WORKER = textwrap.dedent("""
     import collections, json, os, re, sys, traceback
     sys.path.insert(0, os.path.join(sys.argv[1], "scripts"))  # the repository root
     import triton
+    import ptx_digest
     from ptx_digest import with_defaults  # parameters a test leaves out: at their defaults, as a launch has them
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -21,15 +22,20 @@ _WORKER = textwrap.dedent("""
         r"\\b(?:ld|st|atom|red|fence\\.proxy|setmaxnreg|cp\\.async|wgmma\\.mma_async|mma\\.sync|griddepcontrol|ex2)"
         r"[\\.\\w:]*")
 
-    def compile_one(module, name, signature, constexprs, aligned):
+    def compile_one(module, name, signature, constexprs, aligned, options):
         kernel = getattr(__import__(module, fromlist=[name]), name)
         while not hasattr(kernel, "arg_names"):  # unwrap autotuners / heuristics down to the JITFunction
             kernel = kernel.fn
+        if isinstance(signature, str):  # a signature ptx_digest builds (Gluon descriptors carry their layouts)
+            signature = getattr(ptx_digest, signature)()
         signature, constexprs = with_defaults(kernel, signature, constexprs)
         names = list(signature)
         attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-        src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+        source = ASTSource
+        if getattr(kernel, "is_gluon", lambda: False)():  # a Gluon kernel
+            from triton.experimental.gluon._runtime import GluonASTSource as source
+        src = source(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         ptx = compiled.asm["ptx"]
         return {"ops": collections.Counter(OPS.findall(ptx)), "ptx_bytes": len(ptx),
                 "shared": compiled.metadata.shared}
@@ -55,13 +61,15 @@ def _start():
     return proc
 
 
-def compile_sm90(module, name, signature, constexprs=None, aligned=()):
-    """Compile ``module.name`` for sm_90 with the given Triton signature; returns {"ops": Counter-like dict}.
-    ``aligned``: pointer/int arguments to treat as 16-divisible, as the JIT does for real aligned tensors."""
+def compile_sm90(module, name, signature, constexprs=None, aligned=(), options=None):
+    """Compile ``module.name`` for sm_90 with the given Triton signature (or the name of a function of
+    scripts/ptx_digest.py that returns it); returns {"ops": Counter-like dict}.
+    ``aligned``: pointer/int arguments to treat as 16-divisible, as the JIT does for real aligned tensors;
+    ``options``: the compile's (e.g. ``num_warps``: a Gluon kernel's layouts name its warps)."""
     global _worker
     if _worker is None or _worker.poll() is not None:
         _worker = _start()
-    _worker.stdin.write(json.dumps([module, name, signature, constexprs or {}, list(aligned)]) + "\n")
+    _worker.stdin.write(json.dumps([module, name, signature, constexprs or {}, list(aligned), options]) + "\n")
     _worker.stdin.flush()
     for line in _worker.stdout:  # anything else the compiler printed is passed over
         if line.startswith("@@sm90 "):

@@ -32,7 +32,7 @@ from .. import hardware
 from .. import language as dl
 from ..hardware import interpreting, num_sms
 from ..shmem.workspaces import Plans
-from . import fp8, library
+from . import fp8, gemm_sm90, library
 from .launcher import Launcher, Launchers
 
 try:  # triton >= 3.4 (host-side TMA descriptors)
@@ -353,8 +353,9 @@ def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
     Keys: BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, SPLIT_N (the
     tile's columns as two accumulators, TMA only: ``tile_accumulate``), use_tma (None: whenever the operands
     allow), num_programs (None: one per SM, or ``programs_per_sm`` per SM); the ``gemm`` op's also SPLIT_K (each
-    tile's K in that many shares, summed by the last: ``gemm_kernel``; the fused ops' kernels have none). FP8
-    operands (``scales``: their ``fp8.Scales``): ``fp8_tiles``."""
+    tile's K in that many shares, summed by the last: ``gemm_kernel``; the fused ops' kernels have none) and
+    MAINLOOP ("triton": the core; "gluon": ``gemm_sm90``'s FP8 kernel). FP8 operands (``scales``: their
+    ``fp8.Scales``): ``fp8_tiles``."""
     if device.type != "cuda":  # interpreter: small tiles keep it quick
         cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_stages=1, num_warps=4)
     elif m <= 1024 or n <= 1024:  # few tiles of 128x256 would leave SMs idle
@@ -364,7 +365,7 @@ def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
     if dtype == torch.float32 and device.type == "cuda":
         cfg.update(BLOCK_N=min(cfg["BLOCK_N"], 128), BLOCK_K=32)
     cfg.update(EPILOGUE_SUBTILE=False, FLATTEN=False, WARP_SPECIALIZE=False, SPLIT_N=False, use_tma=None,
-               num_programs=None, programs_per_sm=None)
+               num_programs=None, programs_per_sm=None, MAINLOOP="triton")
     cfg = fp8_tiles(cfg, dtype, device, scales)
     cfg.update(overrides)
     return cfg
@@ -385,6 +386,8 @@ def check_tiles(config, **choices):
             ok, want = is_int and value >= 1, "a positive int"
         elif name == "num_warps":
             ok, want = is_int and value >= 1 and value & (value - 1) == 0, "a power of two"
+        elif name == "MAINLOOP":
+            ok, want = value in ("triton", "gluon"), "'triton' or 'gluon'"
         elif name in choices:
             ok, want = value in choices[name], f"one of {choices[name]}"
         else:
@@ -454,6 +457,11 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
     (``silu_gate``: b is [2N, K], gate over up, and c3 gets ``silu(a @ b_gate.T) * (a @ b_up.T)``; ``scales``:
     FP8 operands' ``fp8.Scales``, ``scale_rows``: A's scales as rows [rows, S] instead of ``scales.a``)."""
     segments, seg_rows, n = c3.shape
+    if cfg.get("MAINLOOP") == "gluon":  # ``gemm``'s own configurations only: one segment, no gate
+        if segments != 1 or silu_gate or scale_rows is not None:
+            raise ValueError("the Gluon FP8 mainloop runs gemm's calls: one segment, no SiLU gate")
+        return gemm_sm90.launch(a, b, c3[0], cfg, scales.mode, scales.a, scales.w,
+                                gemm_grid(cfg, 1, seg_rows, n, a.device))
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg)
     args = (a_arg, b_arg, c_arg, segments, seg_rows, n, a.shape[1], a.stride(0), b.stride(0), c3.stride(0),
             c3.stride(1), first_segment, segment_step)
@@ -697,6 +705,12 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
         cfg = check_tiles(autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1),
                                                   config))
     fp8.check_block_k(scales, cfg)
+    if cfg.get("MAINLOOP") == "gluon" and not (gemm_sm90.available(a.device, a.dtype, scales, out.dtype)
+                                               and tma_compatible(a, w, out)):
+        if config is not None and config.get("MAINLOOP") == "gluon":
+            raise ValueError("config MAINLOOP='gluon' runs FP8 operands with promoted scales (fast_accum=False) on "
+                             "an sm_90 GPU, TMA-compatible operands (16-byte aligned)")
+        cfg = gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1)  # a tuned one, for operands at an offset
     if plan_key is not None and a.is_cuda and cfg.get("use_tma") is not False and tma_compatible(a, w, out):
         plan = _EAGER.get(plan_key, lambda: EagerGemm(a, w, cfg, scales, out_dtype))
         if plan(a, w, out, *_scale_tensors(scales)) is not None:
@@ -738,8 +752,12 @@ class EagerGemm:
         self.scale_strides = None if named is None else (named["stride_sa"], named["stride_sw"])
         split_k = split_k_of(cfg)
         self.split_args = (gemm_tiles(cfg, 1, m, n), split_k, cfg) if split_k > 1 else None  # split_k_workspace's
-        self.launcher = Launcher(gemm_kernel, gemm_grid(cfg, 1, m, n, a.device),
-                                 **gemm_meta(cfg, True, a.dtype, scales=scales))
+        self.gluon = None  # (cfg, mode, grid) where the Gluon FP8 mainloop runs it (``gemm_sm90``)
+        if cfg.get("MAINLOOP") == "gluon":
+            self.gluon = (cfg, scales.mode, gemm_grid(cfg, 1, m, n, a.device))
+        else:
+            self.launcher = Launcher(gemm_kernel, gemm_grid(cfg, 1, m, n, a.device),
+                                     **gemm_meta(cfg, True, a.dtype, scales=scales))
 
     def __call__(self, a, w, out, scale_a=None, scale_w=None):
         if torch._C._cuda_getDevice() != self.device.index or (a.data_ptr() | w.data_ptr()) % 16:
@@ -748,6 +766,9 @@ class EagerGemm:
             out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
         elif out.data_ptr() % 16:
             return None
+        if self.gluon is not None:
+            cfg, mode, grid = self.gluon
+            return gemm_sm90.launch(a, w, out, cfg, mode, scale_a, scale_w, grid)
         args = (tma_descriptor(a, *self.a_desc), tma_descriptor(w, *self.w_desc),
                 tma_descriptor(out, *self.c_desc)) + self.ints
         named = {}
@@ -835,9 +856,11 @@ def split_k_configs(m, n, k, dtype, device, base, scales=None):
     return out
 
 
-def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False):
+def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtype=None):
     """The small sweep the autotuner runs on GPU (a few of the known-good Hopper shapes; FP8: ``fp8_tiles``);
-    ``split_k``: with ``split_k_configs`` (``gemm``'s own sweep: the fused ops' kernels have no split-K)."""
+    ``split_k``: ``gemm``'s own sweep (the fused ops' kernels call the core tile by tile), with
+    ``split_k_configs`` and, for promoted FP8 on sm_90, the Gluon mainloop's (``gemm_sm90``; ``out_dtype``: the
+    result's, bf16 by default)."""
     base = gemm_config(m, n, k, dtype, device, scales)
     cands = [base,
              {**base, "BLOCK_N": 256, "num_stages": 3, "num_warps": 8, "BLOCK_M": 128},
@@ -859,6 +882,10 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False):
     cands += [{**c, "SPLIT_N": False} for c in cands if c.get("SPLIT_N")]
     if split_k:
         cands += split_k_configs(m, n, k, dtype, device, base, scales)
+        out_dtype = out_dtype or torch.bfloat16
+        tma_rows = k % 16 == 0 and n * out_dtype.itemsize % 16 == 0  # the tuner's contiguous operands
+        if tma_rows and gemm_sm90.available(device, dtype, scales, out_dtype):
+            cands += gemm_sm90.candidates(base, (4, 5) if out_dtype == torch.float32 else (4, 5, 6))
     return autotune.dedupe(cands)
 
 
@@ -874,6 +901,7 @@ def _tuned_gemm_config(m, n, k, dtype, device, scales=None, out_dtype=None):
                                      autotune.graph_calls(work))
 
     key = dict(m=m, n=n, k=k, dtype=str(dtype).replace("torch.", ""), **fp8.describe(scales, out_dtype))
-    cands = [c for c in gemm_candidates(m, n, k, dtype, device, scales, split_k=True) if fp8.takes(scales, c)]
+    cands = [c for c in gemm_candidates(m, n, k, dtype, device, scales, split_k=True, out_dtype=out_dtype)
+             if fp8.takes(scales, c)]
     return autotune.choose("gemm", key, cands, make_runner, default=gemm_config(m, n, k, dtype, device, scales),
                            collective=False)

@@ -28,6 +28,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # 3.7+: async_load
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
 
 @gluon.jit
 def _tile_of(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
@@ -51,8 +55,8 @@ def _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, step, total, pid, nprog, k
     live = step < total
     bar = ready.index(slot)
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=live)
-    tma.async_copy_global_to_shared(a_desc, [pid_m * BM, k], bar, a_bufs.index(slot), pred=live)
-    tma.async_copy_global_to_shared(b_desc, [pid_n * BN, k], bar, b_bufs.index(slot), pred=live)
+    _tma_load(a_desc, [pid_m * BM, k], bar, a_bufs.index(slot), pred=live)
+    _tma_load(b_desc, [pid_n * BN, k], bar, b_bufs.index(slot), pred=live)
 
 
 @gluon.jit
@@ -111,7 +115,7 @@ def fp8_gemm_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa
                                       is_async=True)
             part = warpgroup_mma_wait(num_outstanding=1, deps=(part, ))
             # both warpgroups are past step `step`'s wgmmas before its slot is loaded again
-            gl.thread_barrier()
+            _cta_barrier()
             _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, step + STAGES, total, pid, nprog, k_tiles,
                        tiles_m, tiles_n, GROUP_M, STAGES)
             if BLOCK_SCALES:
@@ -122,7 +126,7 @@ def fp8_gemm_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa
             s_part = s_next
             step += 1
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
-        gl.thread_barrier()
+        _cta_barrier()
         _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, step + STAGES, total, pid, nprog, k_tiles, tiles_m,
                    tiles_n, GROUP_M, STAGES)
         step += 1
@@ -136,7 +140,7 @@ def fp8_gemm_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa
         tma.store_wait(pendings=0)  # the previous tile's store has left c_smem
         c_smem.store(acc.to(c_desc.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [pid_m * BM, pid_n * BN], c_smem)
+        _tma_store(c_desc, [pid_m * BM, pid_n * BN], c_smem)
     tma.store_wait(pendings=0)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))

@@ -1,0 +1,90 @@
+"""The Gluon FP8 mainloop (kernels/gemm_sm90.py): against fp64 on an sm_90 GPU in every scaling mode and
+configuration, the tuner offering it there; its sm_90 compile on any machine; the op refusing it where it cannot
+run."""
+
+import types
+
+import pytest
+import torch
+
+from triton_dist.kernels import gemm_sm90
+from triton_dist.kernels.gemm import gemm_candidates, gemm_config, scaled_gemm
+
+from ..conftest import cpu_only, gpu_only
+from ..sm90 import compile_sm90
+from .fp8_inputs import operands, rel_err
+
+
+def _errors(m, n, k, mode, out_dtype):
+    """{stages: max relative error} of each of the mainloop's configurations (two repeats, fresh inputs and a
+    result poisoned with NaN each), or a string saying why it cannot run here."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        return "not an sm_90 GPU"
+    gen = torch.Generator().manual_seed(m + n + k)
+    base = gemm_config(m, n, k, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1)
+    errs = {}
+    for cfg in gemm_sm90.candidates(base, (4, 5)):
+        for _ in range(2):
+            a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen))
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+            scaled_gemm(a, w, sa, sw, out=out, out_dtype=out_dtype, config=cfg)
+            errs[cfg["num_stages"]] = max(errs.get(cfg["num_stages"], 0.0), rel_err(out, da @ dw.T))
+    return errs
+
+
+@gpu_only
+@pytest.mark.parametrize("mode", ["tensor", "row", "block"])
+@pytest.mark.parametrize("m,n,k,out_dtype", [
+    (1000, 1536, 1040, torch.bfloat16),  # ragged M, N a multiple of 128 plus none, K ragged against 128
+    (272, 136, 48, torch.float32),  # one K step, partial tiles on both sides, an fp32 result
+    (4096, 4096, 4096, torch.bfloat16),  # several tiles per SM (the persistent walk, loads across tiles)
+    (128, 4096, 8192, torch.float16),  # fewer tiles than SMs, a long K
+])
+def test_gluon_mainloop_matches_fp64(ranks, mode, m, n, k, out_dtype):
+    errs = ranks.on_one_gpu(_errors, m, n, k, mode, out_dtype)
+    if isinstance(errs, str):
+        pytest.skip(errs)
+    assert errs and all(err < 1e-2 for err in errs.values()), errs
+
+
+def _offered():
+    if torch.cuda.get_device_capability()[0] != 9:
+        return "not an sm_90 GPU"
+    cuda = torch.device("cuda")
+    promoted = types.SimpleNamespace(mode="row", fast_accum=False)
+    fast = types.SimpleNamespace(mode="row", fast_accum=True)
+    count = lambda scales, **kw: sum(c.get("MAINLOOP") == "gluon" for c in gemm_candidates(  # noqa: E731
+        4096, 4096, 4096, torch.float8_e4m3fn, cuda, scales, **kw))
+    return count(promoted, split_k=True), count(fast, split_k=True), count(promoted)
+
+
+@gpu_only
+def test_the_tuner_offers_the_gluon_mainloop_for_promoted_fp8_on_sm90(ranks):
+    offered = ranks.on_one_gpu(_offered)
+    if isinstance(offered, str):
+        pytest.skip(offered)
+    # gemm's own sweep with promotion: its configurations; fast accumulation, the fused ops' sweep: none
+    assert offered[0] > 0 and offered[1:] == (0, 0)
+
+
+@cpu_only
+def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
+    gen = torch.Generator().manual_seed(0)
+    a, sa, w, sw, _, _ = operands(32, 32, 32, "row", gen)
+    with pytest.raises(ValueError, match="MAINLOOP='gluon'"):
+        scaled_gemm(a, w, sa, sw, config={"MAINLOOP": "gluon"})
+    assert not gemm_sm90.available(torch.device("cpu"), a.dtype, types.SimpleNamespace(fast_accum=False),
+                                   torch.bfloat16)
+
+
+@pytest.mark.parametrize("block_scales", [False, True])
+def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_scales):
+    """Compiled for sm_90 (triton 3.6 in CI, as on the GPU image; the Triton installed too): FP8 wgmmas of the
+    128x128 tile, its pipeline within the shared memory."""
+    if gemm_sm90.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    compiled = compile_sm90("triton_dist.kernels.gemm_sm90", "gemm_fp8_sm90_kernel", "sm90_gemm_signature",
+                            dict(BLOCK_SCALES=block_scales, GROUP_M=8, STAGES=5, num_warps=8),
+                            options={"num_warps": 8})
+    assert compiled["ops"].get("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", 0) >= 4, compiled["ops"]
+    assert compiled["shared"] <= 227 * 1024
