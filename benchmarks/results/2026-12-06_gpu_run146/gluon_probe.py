@@ -31,6 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # 3.7+: async_load
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+_tma_store_wait = tma.store_wait
 
 
 @gluon.jit
@@ -146,11 +147,98 @@ def fp8_gemm_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa
         mbarrier.invalidate(ready.index(s))
 
 
+@gluon.jit
+def _epilogue(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw,
+              BLOCK_SCALES: gl.constexpr, mma: gl.constexpr):
+    BM: gl.constexpr = c_desc.block_type.shape[0]
+    BN: gl.constexpr = c_desc.block_type.shape[1]
+    if not BLOCK_SCALES:
+        rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
+        cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
+        s_rows = gl.load(scale_a + rows * stride_sa, mask=rows < M, other=0.0)
+        s_cols = gl.load(scale_w + cols * stride_sw, mask=cols < N, other=0.0)
+        acc = acc * s_rows[:, None] * s_cols[None, :]
+    _tma_store_wait(0)
+    c_smem.store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    _tma_store(c_desc, [pid_m * BM, pid_n * BN], c_smem)
+
+
+@gluon.jit
+def fp8_gemm_flat_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa, stride_sw,
+                         BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                         num_warps: gl.constexpr):
+    """fp8_gemm_kernel as one flat loop over this program's K steps of all its tiles: a tile's epilogue runs
+    while the next tile's first wgmmas do."""
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BN, 32])
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, a_desc.block_type.shape[1]], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, a_desc.block_type.shape[1]], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    k_tiles = gl.cdiv(K, BK)
+    my_tiles = gl.cdiv(tiles_m * tiles_n - pid, nprog)
+    total = my_tiles * k_tiles
+    for s in gl.static_range(STAGES):
+        _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, s, total, pid, nprog, k_tiles, tiles_m, tiles_n,
+                   GROUP_M, STAGES)
+    zero = gl.zeros([BM, BN], gl.float32, layout=mma)
+    acc = zero
+    pid_m, pid_n = _tile_of(pid, tiles_m, tiles_n, GROUP_M)
+    rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
+    mbarrier.wait(ready.index(0), 0)
+    part = warpgroup_mma(a_bufs.index(0), b_bufs.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+    s_part = _step_scale(scale_a, scale_w, rows, M, pid_n, 0, stride_sa, stride_sw, BLOCK_SCALES)
+    for i in range(1, total):
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        ki = i % k_tiles
+        n_m, n_n = _tile_of(pid + (i // k_tiles) * nprog, tiles_m, tiles_n, GROUP_M)
+        n_rows = n_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
+        s_next = _step_scale(scale_a, scale_w, n_rows, M, n_n, ki, stride_sa, stride_sw, BLOCK_SCALES)
+        part_next = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
+                                  is_async=True)
+        part = warpgroup_mma_wait(num_outstanding=1, deps=(part, ))
+        _cta_barrier()
+        _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, i - 1 + STAGES, total, pid, nprog, k_tiles, tiles_m,
+                   tiles_n, GROUP_M, STAGES)
+        if BLOCK_SCALES:
+            acc += part * s_part[:, None]
+        else:
+            acc += part
+        if ki == 0:  # step i - 1 was its tile's last: store it while step i's wgmmas run
+            _epilogue(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw,
+                      BLOCK_SCALES, mma)
+            acc = zero
+        pid_m = n_m
+        pid_n = n_n
+        part = part_next
+        s_part = s_next
+    part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+    if BLOCK_SCALES:
+        acc += part * s_part[:, None]
+    else:
+        acc += part
+    _epilogue(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw, BLOCK_SCALES, mma)
+    _tma_store_wait(0)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+
+
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
 def gluon_fp8_gemm(a, w, scale_a, scale_w, out_dtype=torch.bfloat16, block_scales=False, stages=5, group_m=8,
-                   block=(128, 128, 128), num_sms=None):
+                   block=(128, 128, 128), num_sms=None, flat=False):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     (m, k), n = a.shape, w.shape[0]
     bm, bn, bk = block
@@ -166,13 +254,13 @@ def gluon_fp8_gemm(a, w, scale_a, scale_w, out_dtype=torch.bfloat16, block_scale
     stride_sw = sw.stride(0) if sw.shape[0] > 1 else 0
     num_sms = num_sms or torch.cuda.get_device_properties(a.device).multi_processor_count
     grid = (min(num_sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
-    fp8_gemm_kernel[grid](da, db, dc, sa, sw, m, n, k, stride_sa, stride_sw, block_scales, group_m, stages,
+    (fp8_gemm_flat_kernel if flat else fp8_gemm_kernel)[grid](da, db, dc, sa, sw, m, n, k, stride_sa, stride_sw, block_scales, group_m, stages,
                           num_warps=8)
     return c
 
 
 # ----------------------------------------------------------------------------------------------- sm_90a compile
-def compile_check(stages=5):
+def compile_check(stages=5, flat=False):
     import re
     import subprocess
     import tempfile
@@ -188,7 +276,7 @@ def compile_check(stages=5):
                "M": "i32", "N": "i32", "K": "i32", "stride_sa": "i32", "stride_sw": "i32",
                "BLOCK_SCALES": "constexpr", "GROUP_M": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
         consts = {"BLOCK_SCALES": block_scales, "GROUP_M": 8, "STAGES": stages, "num_warps": 8}
-        src = GluonASTSource(fn=fp8_gemm_kernel, signature=sig, constexprs=consts)
+        src = GluonASTSource(fn=fp8_gemm_flat_kernel if flat else fp8_gemm_kernel, signature=sig, constexprs=consts)
         out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
         ptx = out.asm["ptx"]
         ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -197,7 +285,7 @@ def compile_check(stages=5):
             f.flush()
             log = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True,
                                  text=True).stderr
-        print(f"block_scales={block_scales} stages={stages}: shared {out.metadata.shared} B,",
+        print(f"flat={flat} block_scales={block_scales} stages={stages}: shared {out.metadata.shared} B,",
               re.findall(r"Used \d+ registers", log), re.findall(r"\d+ bytes spill stores", log),
               "wgmma.wait_group:", re.findall(r"wgmma.wait_group.sync.aligned (\d+)", ptx), flush=True)
 
@@ -248,6 +336,12 @@ def on_gpu(out_dir):
             try:
                 row["err gluon"] = rel_err(gluon_fp8_gemm(a, w, sa, sw, torch.float32, scaling == "block"), exact)
                 row["gluon us"] = device_us(ours)
+                row["err flat"] = rel_err(gluon_fp8_gemm(a, w, sa, sw, torch.float32, scaling == "block", flat=True),
+                                          exact)
+                row["flat us"] = device_us(lambda: gluon_fp8_gemm(a, w, sa, sw, block_scales=scaling == "block",
+                                                                  flat=True))
+                row["gluon s6 us"] = device_us(lambda: gluon_fp8_gemm(a, w, sa, sw, block_scales=scaling == "block",
+                                                                      stages=6))
             except Exception as exc:
                 print(f"{m}x{n}x{k} {scaling} gluon: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
             row["err core"] = rel_err(scaled_gemm(a, w, sa, sw, scaling=scaling, out_dtype=torch.float32), exact)
@@ -263,6 +357,8 @@ def on_gpu(out_dir):
             bar = row["cuBLAS us"]
             print(f"{m}x{n}x{k} {scaling:6s} cuBLAS {bar:8.1f} us | gluon {row.get('gluon us', float('nan')):8.1f}"
                   f" ({bar / row.get('gluon us', float('nan')):.2f}x, err {row.get('err gluon', float('nan')):.1e})"
+                  f" | flat {row.get('flat us', float('nan')):8.1f} (err {row.get('err flat', float('nan')):.1e})"
+                  f" | s6 {row.get('gluon s6 us', float('nan')):8.1f}"
                   f" | core {row['core us']:8.1f} ({bar / row['core us']:.2f}x, err {row['err core']:.1e})",
                   flush=True)
             rows.append(row)
@@ -271,7 +367,8 @@ def on_gpu(out_dir):
 
 if __name__ == "__main__":
     if sys.argv[1] == "compile":
-        for stages in (4, 5, 6):
+        for stages in (5, 6):
             compile_check(stages)
+            compile_check(stages, flat=True)
     else:
         on_gpu(sys.argv[1])
