@@ -20,6 +20,7 @@ with scales and promotion, on an sm_90 GPU, TMA-compatible operands. Everything 
 (``gemm.py``), which the fused ops' kernels call tile by tile.
 """
 
+import dataclasses
 import functools
 
 import torch
@@ -195,12 +196,19 @@ def _smem_layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(dtype))
 
 
+@functools.lru_cache(maxsize=None)
+def _descriptor_defaults():
+    """The descriptor dataclass's fields that have defaults (this Triton's: "padding", 3.9 adds more)."""
+    return {f.name: f.default for f in dataclasses.fields(GluonDescriptor) if f.default is not dataclasses.MISSING}
+
+
 def _descriptor(t, block):
     """A Gluon TMA descriptor of the 2-D ``t`` (checked by the caller: ``gemm.tma_compatible``), built without
     the dataclass's checks of it again (``gemm.tma_descriptor``'s reason)."""
     desc = object.__new__(GluonDescriptor)
+    desc.__dict__.update(_descriptor_defaults())
     desc.base, desc.shape, desc.strides, desc.block_shape = t, list(t.shape), list(t.stride()), block
-    desc.layout, desc.padding = _smem_layout(tuple(block), t.dtype), "zero"
+    desc.layout = _smem_layout(tuple(block), t.dtype)
     return desc
 
 
