@@ -9,11 +9,11 @@ K step's wgmmas go into a fresh partial, and the previous step's partial is adde
 (``warpgroup_mma_wait(num_outstanding=1)``). A thread then holds the sum and two partials, 3 x 64 fp32 registers
 at a 128x128 tile on 8 warps (two warpgroups of 64 rows each), the largest tile whose three fit.
 
-Persistent: one program per SM walks its tiles in grouped-M order; TMA loads run ``STAGES`` K steps ahead, across
-tile boundaries, into a ring of shared-memory slots (one mbarrier each). Scales: per-tensor / rowwise multiply the
-tile once after the K loop; 128-blockwise (1x128 groups of A, 128x128 blocks of W: DeepSeek-V3) multiply each
-step's partial before its add. The tile is converted to C's dtype and stored by TMA while the next tile's loads
-are already in flight.
+Persistent: one program per SM walks its tiles in grouped-M order, as one loop over its K steps of all of them;
+TMA loads run ``STAGES`` K steps ahead, across tile boundaries, into a ring of shared-memory slots (one mbarrier
+each). Scales: per-tensor / rowwise multiply the tile once it is complete; 128-blockwise (1x128 groups of A,
+128x128 blocks of W: DeepSeek-V3) multiply each step's partial before its add. A finished tile is converted to
+C's dtype and stored by TMA while the next tile's first wgmmas run.
 
 ``gemm`` runs it where its autotuner picks a configuration with ``MAINLOOP="gluon"`` (``candidates``): FP8 operands
 with scales and promotion, on an sm_90 GPU, TMA-compatible operands. Everything else is the Triton core
@@ -81,13 +81,34 @@ if gluon is not None:
             return 0.0
 
     @gluon.jit
+    def _store_tile(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw,
+                    BLOCK_SCALES: gl.constexpr, mma: gl.constexpr):
+        """The finished fp32 tile (pid_m, pid_n): scaled (per-tensor / rowwise), converted to C's dtype, staged in
+        ``c_smem`` once the previous tile's TMA store has left it, and stored by TMA (clipped to M x N)."""
+        BM: gl.constexpr = c_desc.block_type.shape[0]
+        BN: gl.constexpr = c_desc.block_type.shape[1]
+        if not BLOCK_SCALES:
+            rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
+            cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
+            s_rows = gl.load(scale_a + rows * stride_sa, mask=rows < M, other=0.0)
+            s_cols = gl.load(scale_w + cols * stride_sw, mask=cols < N, other=0.0)
+            acc = acc * s_rows[:, None] * s_cols[None, :]
+        tma.store_wait(pendings=0)
+        c_smem.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        _tma_store(c_desc, [pid_m * BM, pid_n * BN], c_smem)
+
+    @gluon.jit
     def gemm_fp8_sm90_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa, stride_sw,
                              BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                              num_warps: gl.constexpr):
         """Persistent ``C = A @ B.T`` of FP8 A [M, K], B [N, K] (tensor descriptors, 128x128x128 tiles) with
         promotion every K step; scales: ``scale_a[row * stride_sa]`` x ``scale_w[col * stride_sw]`` after the K
         loop (per-tensor: strides 0), or with BLOCK_SCALES ``scale_a[row * stride_sa + kb]`` x
-        ``scale_w[pid_n * stride_sw + kb]`` on each step's partial."""
+        ``scale_w[pid_n * stride_sw + kb]`` on each step's partial.
+
+        One flat loop over this program's K steps of all its tiles: step i's wgmmas are issued, then step i - 1's
+        partial is added (and, where step i - 1 ended a tile, the tile stored) while they run."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -105,55 +126,49 @@ if gluon is not None:
         tiles_m = gl.cdiv(M, BM)
         tiles_n = gl.cdiv(N, BN)
         k_tiles = gl.cdiv(K, BK)
-        my_tiles = gl.cdiv(tiles_m * tiles_n - pid, nprog)
-        total = my_tiles * k_tiles  # this program's K steps over all its tiles
+        total = gl.cdiv(tiles_m * tiles_n - pid, nprog) * k_tiles  # this program's K steps over all its tiles
         for s in gl.static_range(STAGES):
             _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, s, total, pid, nprog, k_tiles, tiles_m, tiles_n,
                        GROUP_M, STAGES)
         zero = gl.zeros([BM, BN], gl.float32, layout=mma)
-        step = 0
-        for t in range(my_tiles):
-            pid_m, pid_n = _tile_of(pid + t * nprog, tiles_m, tiles_n, GROUP_M)
-            rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
-            acc = zero
-            slot = step % STAGES
-            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-            part = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
-                                 is_async=True)
-            s_part = _block_scale(scale_a, scale_w, rows, M, pid_n, 0, stride_sa, stride_sw, BLOCK_SCALES)
-            for ki in range(1, k_tiles):
-                nxt = (step + 1) % STAGES
-                mbarrier.wait(ready.index(nxt), ((step + 1) // STAGES) & 1)
-                s_next = _block_scale(scale_a, scale_w, rows, M, pid_n, ki, stride_sa, stride_sw, BLOCK_SCALES)
-                part_next = warpgroup_mma(a_bufs.index(nxt), b_bufs.index(nxt).permute((1, 0)), zero,
-                                          use_acc=False, is_async=True)
-                part = warpgroup_mma_wait(num_outstanding=1, deps=(part, ))  # the previous step's, done
-                _cta_barrier()  # both warpgroups are past that step's slot before it is loaded again
-                _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, step + STAGES, total, pid, nprog, k_tiles,
-                           tiles_m, tiles_n, GROUP_M, STAGES)
-                if BLOCK_SCALES:
-                    acc += part * s_part[:, None]
-                else:
-                    acc += part
-                part = part_next
-                s_part = s_next
-                step += 1
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
-            _cta_barrier()
-            _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, step + STAGES, total, pid, nprog, k_tiles, tiles_m,
+        acc = zero
+        pid_m, pid_n = _tile_of(pid, tiles_m, tiles_n, GROUP_M)  # the tile of the step being retired
+        mbarrier.wait(ready.index(0), 0)
+        part = warpgroup_mma(a_bufs.index(0), b_bufs.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+        s_part = _block_scale(scale_a, scale_w, pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma)), M,
+                              pid_n, 0, stride_sa, stride_sw, BLOCK_SCALES)
+        for i in range(1, total):
+            slot = i % STAGES
+            ki = i % k_tiles
+            next_m, next_n = _tile_of(pid + (i // k_tiles) * nprog, tiles_m, tiles_n, GROUP_M)
+            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+            s_next = _block_scale(scale_a, scale_w, next_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma)),
+                                  M, next_n, ki, stride_sa, stride_sw, BLOCK_SCALES)
+            part_next = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
+                                      is_async=True)
+            part = warpgroup_mma_wait(num_outstanding=1, deps=(part, ))  # step i - 1's, done
+            _cta_barrier()  # both warpgroups are past step i - 1's slot before it is loaded again
+            _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, i - 1 + STAGES, total, pid, nprog, k_tiles, tiles_m,
                        tiles_n, GROUP_M, STAGES)
-            step += 1
             if BLOCK_SCALES:
                 acc += part * s_part[:, None]
             else:
-                cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
-                s_rows = gl.load(scale_a + rows * stride_sa, mask=rows < M, other=0.0)
-                s_cols = gl.load(scale_w + cols * stride_sw, mask=cols < N, other=0.0)
-                acc = (acc + part) * s_rows[:, None] * s_cols[None, :]
-            tma.store_wait(pendings=0)  # the previous tile's store has left c_smem
-            c_smem.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            _tma_store(c_desc, [pid_m * BM, pid_n * BN], c_smem)
+                acc += part
+            if ki == 0:  # step i - 1 ended its tile
+                _store_tile(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw,
+                            BLOCK_SCALES, mma)
+                acc = zero
+            pid_m = next_m
+            pid_n = next_n
+            part = part_next
+            s_part = s_next
+        part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+        if BLOCK_SCALES:
+            acc += part * s_part[:, None]
+        else:
+            acc += part
+        _store_tile(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw, BLOCK_SCALES,
+                    mma)
         tma.store_wait(pendings=0)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
