@@ -41,6 +41,8 @@ SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8
 def _label(cfg):
     parts = [f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}", f"s{cfg['num_stages']}", f"w{cfg['num_warps']}"]
     parts += [name.lower() for name in ("EPILOGUE_SUBTILE", "FLATTEN", "WARP_SPECIALIZE") if cfg.get(name)]
+    if cfg.get("MAINLOOP") == "gluon":  # the Gluon FP8 mainloop (kernels/gemm_sm90.py), not the Triton core
+        parts.append("gluon")
     if (cfg.get("SPLIT_K") or 1) > 1:
         parts.append(f"split-k {cfg['SPLIT_K']}")
     return " ".join(parts)
@@ -75,14 +77,17 @@ def cublas_fp8(a, w, sa, sw, mode, fast):
 
 def fp8_rows():
     """The FP8 tables: GEMM core vs cuBLAS per shape (in turn), and the quantiser's throughput."""
+    from triton_dist.kernels.gemm import _CONFIGS
     rows = []
     for m, n, k in FP8_SHAPES:
-        calls, errs = {}, {}
+        calls, errs, chosen = {}, {}, {}
         for mode in ("tensor", "row", "block"):
             a, sa, w, sw = fp8_operands(m, n, k, mode, "cuda")
             for fast in (False, True):
                 tag = f"{mode}{' fast' if fast else ''}"
                 out = scaled_gemm(a, w, sa, sw, scaling=mode, fast_accum=fast)  # tunes once
+                tuned = _CONFIGS.find((m, n, k, a.dtype, a.device, mode, fast, torch.bfloat16))
+                chosen[f"ours {tag} config"] = _label(tuned) if tuned else "?"  # the path: Gluon or Triton core
                 ours = (lambda a=a, w=w, sa=sa, sw=sw, mode=mode, fast=fast:
                         scaled_gemm(a, w, sa, sw, scaling=mode, fast_accum=fast))
                 calls[f"ours {tag}"] = ours
@@ -106,6 +111,7 @@ def fp8_rows():
             row["ours row graph us"] = graph_us_or_nan(calls["ours row"], "ours row", warmup=2, calls=reps)
             row["cuBLAS row graph us"] = graph_us_or_nan(calls["cuBLAS row"], "cuBLAS row", warmup=2, calls=reps)
         row["max rel err vs cuBLAS"] = max(errs.values())
+        row.update(chosen)
         rows.append(row)
     record("gemm_core_fp8", rows, notes=f"e4m3 a[M,K] @ w[N,K].T -> bf16 on one GPU per rank; eager calls {IN_TURN}; "
            "'fast': fast accumulation (torch use_fast_accum=True; ours: no fp32 promotion every K step); "
