@@ -55,7 +55,12 @@ def _offered():
     fast = types.SimpleNamespace(mode="row", fast_accum=True)
     count = lambda scales, **kw: sum(c.get("MAINLOOP") == "gluon" for c in gemm_candidates(  # noqa: E731
         4096, 4096, 4096, torch.float8_e4m3fn, cuda, scales, **kw))
-    return count(promoted, split_k=True), count(fast, split_k=True), count(promoted)
+    offers = gemm_sm90.TUNER_OFFERS
+    try:
+        gemm_sm90.TUNER_OFFERS = True  # (TRITON_DIST_GLUON_MAINLOOP=1)
+        return count(promoted, split_k=True), count(fast, split_k=True), count(promoted)
+    finally:
+        gemm_sm90.TUNER_OFFERS = offers
 
 
 @gpu_only

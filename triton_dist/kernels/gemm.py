@@ -884,7 +884,7 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtyp
         cands += split_k_configs(m, n, k, dtype, device, base, scales)
         out_dtype = out_dtype or torch.bfloat16
         tma_rows = k % 16 == 0 and n * out_dtype.itemsize % 16 == 0  # the tuner's contiguous operands
-        if tma_rows and gemm_sm90.available(device, dtype, scales, out_dtype):
+        if gemm_sm90.TUNER_OFFERS and tma_rows and gemm_sm90.available(device, dtype, scales, out_dtype):
             cands += gemm_sm90.candidates(base, (4, 5) if out_dtype == torch.float32 else (4, 5, 6))
     return autotune.dedupe(cands)
 

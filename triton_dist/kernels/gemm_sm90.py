@@ -15,13 +15,15 @@ each). Scales: per-tensor / rowwise multiply the tile once it is complete; 128-b
 128x128 blocks of W: DeepSeek-V3) multiply each step's partial before its add. A finished tile is converted to
 C's dtype and stored by TMA while the next tile's first wgmmas run.
 
-``gemm`` runs it where its autotuner picks a configuration with ``MAINLOOP="gluon"`` (``candidates``): FP8 operands
-with scales and promotion, on an sm_90 GPU, TMA-compatible operands. Everything else is the Triton core
+``gemm`` runs it where its autotuner picks a configuration with ``MAINLOOP="gluon"`` (``candidates``, offered where
+``TUNER_OFFERS``) or ``config=`` asks for it: FP8 operands with scales and promotion, on an sm_90 GPU,
+TMA-compatible operands. Everything else is the Triton core
 (``gemm.py``), which the fused ops' kernels call tile by tile.
 """
 
 import dataclasses
 import functools
+import os
 
 import torch
 
@@ -177,6 +179,11 @@ if gluon is not None:
 # ----------------------------------------------------------------------------------------------- host side
 TILE = (128, 128, 128)  # BLOCK_M, BLOCK_N, BLOCK_K: see the module docstring
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+# Offered to gemm's tuner only where TRITON_DIST_GLUON_MAINLOOP=1, until a GPU run of the image has proven it
+# (its GPU tests and timings: docs/design/fp8.md); ``config={"MAINLOOP": "gluon"}`` runs it either way.
+TUNER_OFFERS = os.environ.get("TRITON_DIST_GLUON_MAINLOOP") == "1"
 
 
 def available(device, dtype, scales, out_dtype):

@@ -2,7 +2,7 @@
 # run146 (1 GPU, GPU image, 2026-12-06): the Gluon FP8 mainloop's GPU tests and probe (promotion adds overlapping the next wgmmas)
 # against _scaled_mm and the core, the GPU tests that failed in run144 (memory: 12 workers on an H100) again at
 # 6 workers per 80 GB.
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/benchmarks
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/benchmarks TRITON_DIST_GLUON_MAINLOOP=1  # the tuner offers it
 step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s)
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "== $name: exit $? in $(( $(date +%s) - t0 )) s"; }
 echo "commit $GIT_COMMIT" > "$OUT/node.log"
