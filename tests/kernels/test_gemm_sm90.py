@@ -78,6 +78,10 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
     a, sa, w, sw, _, _ = operands(32, 32, 32, "row", gen)
     with pytest.raises(ValueError, match="MAINLOOP='gluon'"):
         scaled_gemm(a, w, sa, sw, config={"MAINLOOP": "gluon"})
+    cfg = gemm_sm90.candidates(gemm_config(32, 32, 32, a.dtype, torch.device("cuda"), SPLIT_K=1))[0]
+    assert gemm_sm90.takes(cfg)
+    for bad in ({"num_stages": 1}, {"num_warps": 4}, {"BLOCK_N": 256}):
+        assert not gemm_sm90.takes({**cfg, **bad})
     assert not gemm_sm90.available(torch.device("cpu"), a.dtype, types.SimpleNamespace(fast_accum=False),
                                    torch.bfloat16)
 

@@ -706,10 +706,11 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
                                                   config))
     fp8.check_block_k(scales, cfg)
     if cfg.get("MAINLOOP") == "gluon" and not (gemm_sm90.available(a.device, a.dtype, scales, out.dtype)
-                                               and tma_compatible(a, w, out)):
+                                               and tma_compatible(a, w, out) and gemm_sm90.takes(cfg)):
         if config is not None and config.get("MAINLOOP") == "gluon":
             raise ValueError("config MAINLOOP='gluon' runs FP8 operands with promoted scales (fast_accum=False) on "
-                             "an sm_90 GPU, TMA-compatible operands (16-byte aligned)")
+                             "an sm_90 GPU, TMA-compatible operands (16-byte aligned), tiles of "
+                             f"{gemm_sm90.TILE}, num_warps 8 and num_stages >= 2; got {config}")
         cfg = gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1)  # a tuned one, for operands at an offset
     if plan_key is not None and a.is_cuda and cfg.get("use_tma") is not False and tma_compatible(a, w, out):
         plan = _EAGER.get(plan_key, lambda: EagerGemm(a, w, cfg, scales, out_dtype))

@@ -194,6 +194,13 @@ def available(device, dtype, scales, out_dtype):
             and not scales.fast_accum and out_dtype in OUT_DTYPES)
 
 
+def takes(cfg):
+    """Whether ``cfg`` is a configuration this kernel runs: its tile on 8 warps (two warpgroups of 64 rows), at
+    least two pipeline stages (a step's slot is loaded again while the next step's wgmmas read theirs)."""
+    return ((cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]) == TILE and cfg["num_warps"] == 8
+            and cfg["num_stages"] >= 2)
+
+
 def candidates(base, stages=(4, 5, 6)):
     """Tuner configurations of this mainloop from ``base`` (``gemm_config``'s keys): 128x128x128 on 8 warps, the
     pipeline ``stages`` deep (6 fills the shared memory with a bf16 result; an fp32 one fits 5)."""
