@@ -31,7 +31,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # 3.7+: async_load
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-_tma_store_wait = tma.store_wait
 
 
 @gluon.jit
@@ -147,120 +146,41 @@ def fp8_gemm_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa
         mbarrier.invalidate(ready.index(s))
 
 
-@gluon.jit
-def _epilogue(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw,
-              BLOCK_SCALES: gl.constexpr, mma: gl.constexpr):
-    BM: gl.constexpr = c_desc.block_type.shape[0]
-    BN: gl.constexpr = c_desc.block_type.shape[1]
-    if not BLOCK_SCALES:
-        rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
-        cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
-        s_rows = gl.load(scale_a + rows * stride_sa, mask=rows < M, other=0.0)
-        s_cols = gl.load(scale_w + cols * stride_sw, mask=cols < N, other=0.0)
-        acc = acc * s_rows[:, None] * s_cols[None, :]
-    _tma_store_wait(0)
-    c_smem.store(acc.to(c_desc.dtype))
-    fence_async_shared()
-    _tma_store(c_desc, [pid_m * BM, pid_n * BN], c_smem)
-
-
-@gluon.jit
-def fp8_gemm_flat_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa, stride_sw,
-                         BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                         num_warps: gl.constexpr):
-    """fp8_gemm_kernel as one flat loop over this program's K steps of all its tiles: a tile's epilogue runs
-    while the next tile's first wgmmas do."""
-    BM: gl.constexpr = a_desc.block_type.shape[0]
-    BN: gl.constexpr = b_desc.block_type.shape[0]
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BN, 32])
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, a_desc.block_type.shape[1]], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, a_desc.block_type.shape[1]], b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    tiles_m = gl.cdiv(M, BM)
-    tiles_n = gl.cdiv(N, BN)
-    BK: gl.constexpr = a_desc.block_type.shape[1]
-    k_tiles = gl.cdiv(K, BK)
-    my_tiles = gl.cdiv(tiles_m * tiles_n - pid, nprog)
-    total = my_tiles * k_tiles
-    for s in gl.static_range(STAGES):
-        _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, s, total, pid, nprog, k_tiles, tiles_m, tiles_n,
-                   GROUP_M, STAGES)
-    zero = gl.zeros([BM, BN], gl.float32, layout=mma)
-    acc = zero
-    pid_m, pid_n = _tile_of(pid, tiles_m, tiles_n, GROUP_M)
-    rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
-    mbarrier.wait(ready.index(0), 0)
-    part = warpgroup_mma(a_bufs.index(0), b_bufs.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-    s_part = _step_scale(scale_a, scale_w, rows, M, pid_n, 0, stride_sa, stride_sw, BLOCK_SCALES)
-    for i in range(1, total):
-        slot = i % STAGES
-        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        ki = i % k_tiles
-        n_m, n_n = _tile_of(pid + (i // k_tiles) * nprog, tiles_m, tiles_n, GROUP_M)
-        n_rows = n_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
-        s_next = _step_scale(scale_a, scale_w, n_rows, M, n_n, ki, stride_sa, stride_sw, BLOCK_SCALES)
-        part_next = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
-                                  is_async=True)
-        part = warpgroup_mma_wait(num_outstanding=1, deps=(part, ))
-        _cta_barrier()
-        _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, i - 1 + STAGES, total, pid, nprog, k_tiles, tiles_m,
-                   tiles_n, GROUP_M, STAGES)
-        if BLOCK_SCALES:
-            acc += part * s_part[:, None]
-        else:
-            acc += part
-        if ki == 0:  # step i - 1 was its tile's last: store it while step i's wgmmas run
-            _epilogue(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw,
-                      BLOCK_SCALES, mma)
-            acc = zero
-        pid_m = n_m
-        pid_n = n_n
-        part = part_next
-        s_part = s_next
-    part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
-    if BLOCK_SCALES:
-        acc += part * s_part[:, None]
-    else:
-        acc += part
-    _epilogue(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw, BLOCK_SCALES, mma)
-    _tma_store_wait(0)
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(s))
-
-
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
 def gluon_fp8_gemm(a, w, scale_a, scale_w, out_dtype=torch.bfloat16, block_scales=False, stages=5, group_m=8,
-                   block=(128, 128, 128), num_sms=None, flat=False):
+                   block=(128, 128, 128), num_warps=8, programs_per_sm=1, flat=False):
+    """The probe's nested kernel, or (``flat``) the library's ``gemm_fp8_sm90_kernel`` at any tile of one or two
+    warpgroups (``programs_per_sm``: resident programs an SM, e.g. two 64-row programs of one warpgroup, one's
+    epilogue beside the other's wgmmas)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton_dist.kernels import gemm_sm90
     (m, k), n = a.shape, w.shape[0]
     bm, bn, bk = block
     c = torch.empty(m, n, device=a.device, dtype=out_dtype)
+    sa = scale_a.reshape(scale_a.shape[0], -1) if scale_a.numel() > 1 else scale_a.reshape(1, 1)
+    sw = scale_w.reshape(scale_w.shape[0], -1) if scale_w.numel() > 1 else scale_w.reshape(1, 1)
+    num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    grid = (min(num_sms * programs_per_sm, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
+    if flat:
+        mode = "block" if block_scales else ("tensor" if sa.numel() == 1 else "row")
+        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, num_stages=stages, num_warps=num_warps)
+        return gemm_sm90.launch(a, w, c, cfg, mode, sa, sw, grid)
     fp8_layout = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.float8e4nv)
     da = TensorDescriptor(a, [m, k], [k, 1], [bm, bk], fp8_layout)
     db = TensorDescriptor(w, [n, k], [k, 1], [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], gl.float8e4nv))
     dc = TensorDescriptor(c, [m, n], [n, 1], [bm, bn],
                           gl.NVMMASharedLayout.get_default_for([bm, bn], GL_DTYPES[out_dtype]))
-    sa = scale_a.reshape(scale_a.shape[0], -1) if scale_a.numel() > 1 else scale_a.reshape(1, 1)
-    sw = scale_w.reshape(scale_w.shape[0], -1) if scale_w.numel() > 1 else scale_w.reshape(1, 1)
     stride_sa = sa.stride(0) if sa.shape[0] > 1 else 0
     stride_sw = sw.stride(0) if sw.shape[0] > 1 else 0
-    num_sms = num_sms or torch.cuda.get_device_properties(a.device).multi_processor_count
-    grid = (min(num_sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
-    (fp8_gemm_flat_kernel if flat else fp8_gemm_kernel)[grid](da, db, dc, sa, sw, m, n, k, stride_sa, stride_sw, block_scales, group_m, stages,
-                          num_warps=8)
+    fp8_gemm_kernel[grid](da, db, dc, sa, sw, m, n, k, stride_sa, stride_sw, block_scales, group_m, stages,
+                          num_warps=num_warps)
     return c
 
 
 # ----------------------------------------------------------------------------------------------- sm_90a compile
-def compile_check(stages=5, flat=False):
+def compile_check(stages=5):
     import re
     import subprocess
     import tempfile
@@ -276,7 +196,7 @@ def compile_check(stages=5, flat=False):
                "M": "i32", "N": "i32", "K": "i32", "stride_sa": "i32", "stride_sw": "i32",
                "BLOCK_SCALES": "constexpr", "GROUP_M": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
         consts = {"BLOCK_SCALES": block_scales, "GROUP_M": 8, "STAGES": stages, "num_warps": 8}
-        src = GluonASTSource(fn=fp8_gemm_flat_kernel if flat else fp8_gemm_kernel, signature=sig, constexprs=consts)
+        src = GluonASTSource(fn=fp8_gemm_kernel, signature=sig, constexprs=consts)
         out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
         ptx = out.asm["ptx"]
         ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -285,14 +205,14 @@ def compile_check(stages=5, flat=False):
             f.flush()
             log = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True,
                                  text=True).stderr
-        print(f"flat={flat} block_scales={block_scales} stages={stages}: shared {out.metadata.shared} B,",
+        print(f"block_scales={block_scales} stages={stages}: shared {out.metadata.shared} B,",
               re.findall(r"Used \d+ registers", log), re.findall(r"\d+ bytes spill stores", log),
               "wgmma.wait_group:", re.findall(r"wgmma.wait_group.sync.aligned (\d+)", ptx), flush=True)
 
 
 # ----------------------------------------------------------------------------------------------- on the GPU
 SHAPES = [(8192, 8192, 8192), (4096, 6144, 4096), (2048, 8192, 8192), (8192, 28672, 8192), (512, 4096, 8192),
-          (128, 4096, 8192), (1000, 3000, 1000)]
+          (1000, 3000, 1000)]
 
 
 def device_us(fn, iters=20):
@@ -319,9 +239,21 @@ def rel_err(c, exact):
     return (d.norm() / exact.norm()).item()
 
 
+VARIANTS = {  # label: gluon_fp8_gemm keywords ("flat": the library kernel)
+    "nested 128 s5": dict(stages=5),
+    "flat 128 s4": dict(flat=True, stages=4),
+    "flat 128 s5": dict(flat=True, stages=5),
+    "flat 128 s6": dict(flat=True, stages=6),
+    "flat 64x128 w4 x2 s4": dict(flat=True, stages=4, block=(64, 128, 128), num_warps=4, programs_per_sm=2),
+}
+CHECKED = ("nested 128 s5", "flat 128 s5", "flat 64x128 w4 x2 s4")  # error vs fp64 (an fp32 result: <= 5 stages)
+
+
 def on_gpu(out_dir):
     from triton_dist.kernels import fp8 as fp8_mod
+    from triton_dist.kernels import gemm_sm90
     from triton_dist.kernels.gemm import scaled_gemm
+    gemm_sm90.TUNER_OFFERS = False  # "core": the Triton core's tuned configuration
     rows = []
     for m, n, k in SHAPES:
         torch.manual_seed(0)
@@ -331,36 +263,28 @@ def on_gpu(out_dir):
             a_mode = "group" if scaling == "block" else scaling
             (a, sa), (w, sw) = fp8_mod.quantize(x, a_mode), fp8_mod.quantize(y, scaling)
             exact = (a.double() * fp8_mod.expand(sa, a_mode, m, k)) @ (w.double() * fp8_mod.expand(sw, scaling, n, k)).T
-            ours = lambda: gluon_fp8_gemm(a, w, sa, sw, block_scales=scaling == "block")  # noqa: E731
-            core = lambda: scaled_gemm(a, w, sa, sw, scaling=scaling)  # noqa: E731
-            try:
-                row["err gluon"] = rel_err(gluon_fp8_gemm(a, w, sa, sw, torch.float32, scaling == "block"), exact)
-                row["gluon us"] = device_us(ours)
-                row["err flat"] = rel_err(gluon_fp8_gemm(a, w, sa, sw, torch.float32, scaling == "block", flat=True),
-                                          exact)
-                row["flat us"] = device_us(lambda: gluon_fp8_gemm(a, w, sa, sw, block_scales=scaling == "block",
-                                                                  flat=True))
-                row["gluon s6 us"] = device_us(lambda: gluon_fp8_gemm(a, w, sa, sw, block_scales=scaling == "block",
-                                                                      stages=6))
-            except Exception as exc:
-                print(f"{m}x{n}x{k} {scaling} gluon: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
-            row["err core"] = rel_err(scaled_gemm(a, w, sa, sw, scaling=scaling, out_dtype=torch.float32), exact)
-            row["core us"] = device_us(core)
-            if scaling != "block":
-                cub = lambda: torch._scaled_mm(a, w.t(), sa, sw.reshape(1, -1) if scaling == "row" else sw,  # noqa
-                                               out_dtype=torch.bfloat16)
-                row["cuBLAS us"] = device_us(cub)
-            else:  # block scales: per-tensor cuBLAS as the bar (issue 34)
+            blocks = scaling == "block"
+            if blocks:  # block scales: per-tensor cuBLAS as the bar (issue 34)
                 one = torch.ones((), device="cuda")
                 a1, w1 = x.to(torch.float8_e4m3fn), y.to(torch.float8_e4m3fn)
                 row["cuBLAS us"] = device_us(lambda: torch._scaled_mm(a1, w1.t(), one, one, out_dtype=torch.bfloat16))
+            else:
+                sw_ = sw.reshape(1, -1) if scaling == "row" else sw
+                row["cuBLAS us"] = device_us(lambda: torch._scaled_mm(a, w.t(), sa, sw_, out_dtype=torch.bfloat16))
+            row["err core"] = rel_err(scaled_gemm(a, w, sa, sw, scaling=scaling, out_dtype=torch.float32), exact)
+            row["core us"] = device_us(lambda: scaled_gemm(a, w, sa, sw, scaling=scaling))
+            for label, kw in VARIANTS.items():
+                try:
+                    if label in CHECKED:
+                        row[f"err {label}"] = rel_err(gluon_fp8_gemm(a, w, sa, sw, torch.float32, blocks, **kw), exact)
+                    row[f"{label} us"] = device_us(lambda: gluon_fp8_gemm(a, w, sa, sw, block_scales=blocks, **kw))
+                except Exception as exc:
+                    print(f"{m}x{n}x{k} {scaling} {label}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             bar = row["cuBLAS us"]
-            print(f"{m}x{n}x{k} {scaling:6s} cuBLAS {bar:8.1f} us | gluon {row.get('gluon us', float('nan')):8.1f}"
-                  f" ({bar / row.get('gluon us', float('nan')):.2f}x, err {row.get('err gluon', float('nan')):.1e})"
-                  f" | flat {row.get('flat us', float('nan')):8.1f} (err {row.get('err flat', float('nan')):.1e})"
-                  f" | s6 {row.get('gluon s6 us', float('nan')):8.1f}"
-                  f" | core {row['core us']:8.1f} ({bar / row['core us']:.2f}x, err {row['err core']:.1e})",
-                  flush=True)
+            cells = [f"{name} {row[f'{name} us']:.1f} ({bar / row[f'{name} us']:.2f}x"
+                     + (f", err {row[f'err {name}']:.1e})" if f"err {name}" in row else ")")
+                     for name in ["core"] + list(VARIANTS) if f"{name} us" in row]
+            print(f"{m}x{n}x{k} {scaling:6s} cuBLAS {bar:.1f} us | " + " | ".join(cells), flush=True)
             rows.append(row)
             json.dump(rows, open(f"{out_dir}/gluon_probe.json", "w"), indent=1)
 
@@ -369,6 +293,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "compile":
         for stages in (5, 6):
             compile_check(stages)
-            compile_check(stages, flat=True)
     else:
         on_gpu(sys.argv[1])
