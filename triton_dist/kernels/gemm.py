@@ -753,9 +753,11 @@ class EagerGemm:
         self.scale_strides = None if named is None else (named["stride_sa"], named["stride_sw"])
         split_k = split_k_of(cfg)
         self.split_args = (gemm_tiles(cfg, 1, m, n), split_k, cfg) if split_k > 1 else None  # split_k_workspace's
-        self.gluon = None  # (cfg, mode, grid) where the Gluon FP8 mainloop runs it (``gemm_sm90``)
+        self.gluon = None  # (cfg, mode) where the Gluon FP8 mainloop runs it (``gemm_sm90``)
         if cfg.get("MAINLOOP") == "gluon":
-            self.gluon = (cfg, scales.mode, gemm_grid(cfg, 1, m, n, a.device))
+            self.gluon = (cfg, scales.mode)
+            self.launcher = Launcher(gemm_sm90.gemm_fp8_sm90_kernel, gemm_grid(cfg, 1, m, n, a.device),
+                                     **gemm_sm90.meta(cfg, scales.mode))
         else:
             self.launcher = Launcher(gemm_kernel, gemm_grid(cfg, 1, m, n, a.device),
                                      **gemm_meta(cfg, True, a.dtype, scales=scales))
@@ -768,8 +770,10 @@ class EagerGemm:
         elif out.data_ptr() % 16:
             return None
         if self.gluon is not None:
-            cfg, mode, grid = self.gluon
-            return gemm_sm90.launch(a, w, out, cfg, mode, scale_a, scale_w, grid)
+            if (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
+                return None
+            self.launcher.run(*gemm_sm90.arguments(a, w, out, *self.gluon, scale_a, scale_w))
+            return out
         args = (tma_descriptor(a, *self.a_desc), tma_descriptor(w, *self.w_desc),
                 tma_descriptor(out, *self.c_desc)) + self.ints
         named = {}

@@ -248,10 +248,20 @@ def launch(a, w, c, cfg, mode, scale_a, scale_w, grid):
     """``c = (a * scale_a) @ (w * scale_w).T`` for FP8 ``a`` [M, K], ``w`` [N, K] into ``c`` [M, N] (2-D,
     TMA-compatible) with scales of ``mode`` (contiguous: ``fp8.Scales``) and ``cfg`` (a ``candidates``
     configuration) on ``grid`` (one program per SM, at most one per tile)."""
+    _LAUNCH(grid, *arguments(a, w, c, cfg, mode, scale_a, scale_w), **meta(cfg, mode))
+    return c
+
+
+def arguments(a, w, c, cfg, mode, scale_a, scale_w):
+    """The kernel's runtime arguments for ``launch``'s call (a bound ``Launcher`` takes them as they are)."""
     (m, k), n = a.shape, w.shape[0]
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     strides = (0, 0) if mode == "tensor" else (scale_a.stride(0), scale_w.stride(0))
-    _LAUNCH(grid, _descriptor(a, [bm, bk]), _descriptor(w, [bn, bk]), _descriptor(c, [bm, bn]), scale_a, scale_w,
-            m, n, k, *strides, BLOCK_SCALES=mode == "block", GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"],
-            num_warps=cfg["num_warps"])
-    return c
+    return (_descriptor(a, [bm, bk]), _descriptor(w, [bn, bk]), _descriptor(c, [bm, bn]), scale_a, scale_w, m, n, k,
+            *strides)
+
+
+def meta(cfg, mode):
+    """The kernel's constexprs and launch options for ``cfg`` and scales of ``mode``."""
+    return dict(BLOCK_SCALES=mode == "block", GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"],
+                num_warps=cfg["num_warps"])
