@@ -1,5 +1,6 @@
 """The GEMM core's FP8 mainloop for Hopper (sm_90), written in Gluon: ``C = (A * scale_a) @ (W * scale_w).T`` with
-the tensor cores' partial sums promoted to fp32 every K step, at fast-accumulation speed.
+the tensor cores' partial sums promoted to fp32 every K step, meant to run at fast-accumulation speed (not yet
+measured on a GPU: docs/design/fp8.md says what the next run does).
 
 Without fast accumulation (``torch._scaled_mm``'s default) the core adds each 128-wide K step's wgmma result into
 an fp32 sum. Written in Triton, the compiler waits for a step's wgmmas before those adds, so the tensor cores
@@ -17,8 +18,8 @@ C's dtype and stored by TMA while the next tile's first wgmmas run.
 
 ``gemm`` runs it where its autotuner picks a configuration with ``MAINLOOP="gluon"`` (``candidates``, offered where
 ``TUNER_OFFERS``) or ``config=`` asks for it: FP8 operands with scales and promotion, on an sm_90 GPU,
-TMA-compatible operands. Everything else is the Triton core
-(``gemm.py``), which the fused ops' kernels call tile by tile.
+TMA-compatible operands. Everything else is the Triton core (``gemm.py``), which the fused ops' kernels call tile
+by tile.
 """
 
 import dataclasses
