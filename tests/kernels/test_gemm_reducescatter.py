@@ -77,6 +77,31 @@ def test_gemm_rs_matches_fp64_reference(ranks, world, case):
     assert ranks(world, _check_against_fp64, m, n, k, dtype, {**CPU_TILES, **config}, 2) == ["ok"] * world
 
 
+def _check_weight_as_it_lies(m, n, k, config):
+    """gemm_rs(a, w) with w the transposed view of a contiguous [K, N] (the backward's grad @ w): read as it lies,
+    bitwise the result of the contiguous copy, close to fp64; the output poisoned first."""
+    a, w = _inputs(m, n, k, torch.float32, 7)
+    w_kn = w.T.contiguous().T
+    assert grs.is_kn(w_kn) and not grs.is_kn(w)
+    out = torch.full((rows_of_rank(m, td.world_size(), td.rank())[1], n), float("nan"), device=a.device)
+    _poison_workspaces()
+    td.shmem.barrier()
+    gemm_rs(a, w_kn, config, out=out)
+    ref = _reference_fp64(a, w)
+    if out.numel() and not (out.double() - ref).abs().max().item() < 1e-4 * max(ref.abs().max().item(), 1.0):
+        return "far from fp64"
+    return "ok" if torch.equal(out, gemm_rs(a, w, config)) else "differs from the contiguous weight's"
+
+
+@pytest.mark.parametrize("world,m,n,k,config", [
+    (2, 37, 48, 40, {"use_tma": True}),  # ragged rows and K, TMA blocks [BLOCK_K, BLOCK_N] of w.T (16-byte rows)
+    (2, 32, 45, 32, {}),  # pointers (w.T's rows of 45 are not 16-byte aligned: no TMA)
+    (3, 29, 40, 24, {"num_programs": 1}),  # ragged rows per rank, one persistent program
+])
+def test_gemm_rs_reads_a_transposed_weight_as_it_lies(ranks, world, m, n, k, config):
+    assert ranks(world, _check_weight_as_it_lies, m, n, k, {**CPU_TILES, **config}) == ["ok"] * world
+
+
 def _check_schedule_independence():
     """Any number of programs, any partial path: the same bits (the sum order is fixed per output tile)."""
     a, w = _inputs(40, 33, 48, torch.float16, 7)
@@ -328,3 +353,19 @@ def test_gemm_rs_compiles_for_sm90(dtype, partial, slots, tma, remote_tma):
         assert ops.get("st.global.v4.b32", 0) > 0, ops  # 16-byte stores of partial tiles (to the peer)
     if tma:
         assert any(op.startswith("cp.async.bulk.tensor") for op in ops), ops  # TMA loads / output stores
+
+
+@pytest.mark.parametrize("tma", [True, False])
+def test_gemm_rs_compiles_for_sm90_with_the_weight_as_it_lies(tma):
+    """W_KN: w.T [K, N] read as it lies, by TMA blocks [BLOCK_K, BLOCK_N] or pointers; still wgmma."""
+    bm, bn, bk = 128, 256, 64
+    sig = dict(SIGNATURE, W_KN="constexpr")
+    if tma:
+        sig.update(a=f"tensordesc<bf16[{bm},{bk}]>", w=f"tensordesc<bf16[{bk},{bn}]>",
+                   out=f"tensordesc<bf16[1,{bm},{bn}]>")
+    res = compile_sm90("triton_dist.kernels.gemm_reducescatter", "gemm_rs_kernel", sig,
+                       {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": tma,
+                        "EPILOGUE_SUBTILE": False, "DEFER_SIGNAL": True, "DOT_PRECISION": "tf32", "SLOTS_BLOCK": 1,
+                        "REMOTE_TMA": False, "W_KN": True},
+                       aligned=("recv", "N", "K", "stride_am", "stride_wn") + (() if tma else ("a", "w", "out")))
+    assert any(op.startswith("wgmma.mma_async") for op in res["ops"]), res["ops"]

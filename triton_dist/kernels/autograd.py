@@ -163,7 +163,7 @@ def _ag_gemm_backward(ctx, grad_out, grad_gathered):
         elif ctx.grads_mode is not None:
             grad_a = _times_weight("gemm_rs", grad_out, w, ctx.grads_mode, ctx.group_name)
         else:
-            grad_a = gemm_rs(grad_out.contiguous(), w.T.contiguous(), group=group)
+            grad_a = gemm_rs(grad_out.contiguous(), w.T, group=group)  # w read as it lies (no transposed copy)
         if grad_gathered is not None:
             grad_a = grad_a + _reduce_scatter(grad_gathered, group)
     if ctx.needs_input_grad[1]:

@@ -108,7 +108,8 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr = None, SILU_GATE: tl.constexpr = False,
                     scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = None,
-                    MAX_IMPRECISE_ACC: tl.constexpr = None, b_row0=None, k_tile_lo=None, k_tile_hi=None):
+                    MAX_IMPRECISE_ACC: tl.constexpr = None, b_row0=None, k_tile_lo=None, k_tile_hi=None,
+                    B_KN: tl.constexpr = False):
     """fp32 ``A[a_row : a_row + BLOCK_M, :] @ B[off_n : off_n + BLOCK_N, :].T`` (rows past ``a_rows`` and
     columns past ``N`` / ``K`` count as zeros; ``off_n`` a multiple of BLOCK_N). ``a``/``b``: tensor descriptors
     (USE_TMA) or pointers.
@@ -124,9 +125,13 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
     K step (kb = its 128-wide K block: BLOCK_K divides 128). MAX_IMPRECISE_ACC, DOT_PRECISION (None: the default):
     see ``tl.dot``. ``b_row0`` (TMA): the row of B's descriptor where B starts (a weight in a stack of them, e.g.
     an expert's; None: 0), so that ``off_n`` and the scales stay B's own. ``k_tile_lo`` / ``k_tile_hi``: only
-    the K steps lo .. hi - 1 (of BLOCK_K each; split-K's share; None: all). (Defaults are None, never strings:
+    the K steps lo .. hi - 1 (of BLOCK_K each; split-K's share; None: all). B_KN: B is given as B.T, [K, N]
+    row-major (a weight multiplied as it lies, ``x @ w``: no transposed copy; ``stride_bn`` its K rows' stride, TMA
+    blocks [BLOCK_K, BLOCK_N]; 16-bit and fp32 operands, no gate). (Defaults are None, never strings:
     triton 3.6 passes a left-out default of a nested call as a plain Python value, and a str then fails to
     compile.)"""
+    if B_KN:
+        tl.static_assert(not SILU_GATE and SCALES != "rows" and SCALES != "blocks", "B_KN: no gate, no FP8 scales")
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # unused (and compiled away) without SILU_GATE
     ki_lo = 0
@@ -139,7 +144,7 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
     if USE_TMA:
         # B's descriptor holds BLOCK_N rows, or half of them (SPLIT_N, ``b_block``): then the tile's columns are two
         # accumulators, one dot each per K step, so that a promoted FP8 step's partial sum is half a tile
-        COLS: tl.constexpr = b.block_shape[0]
+        COLS: tl.constexpr = b.block_shape[1] if B_KN else b.block_shape[0]
         b_row = off_n
         if b_row0 is not None:
             b_row = b_row0 + off_n
@@ -151,8 +156,11 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
             a_tile = a.load([a_row, ki * BLOCK_K])
             s_gate, s_up = _block_scales(scale_a, scale_w, rows, off_n, ki * BLOCK_K // 128, a_rows, N, stride_sa,
                                          stride_sw, COLS, SCALES, SILU_GATE)
-            acc_l = _mma(acc_l, a_tile, b.load([b_row, ki * BLOCK_K]), s_gate, DOT_PRECISION, SCALES,
-                         MAX_IMPRECISE_ACC)
+            if B_KN:  # a [BLOCK_K, COLS] tile of B.T straight into the dot (no scales here)
+                acc_l = tl.dot(a_tile, b.load([ki * BLOCK_K, b_row]), acc_l, input_precision=DOT_PRECISION)
+            else:
+                acc_l = _mma(acc_l, a_tile, b.load([b_row, ki * BLOCK_K]), s_gate, DOT_PRECISION, SCALES,
+                             MAX_IMPRECISE_ACC)
             if COLS < BLOCK_N:
                 s_gate_r, s_up_r = _block_scales(scale_a, scale_w, rows, off_n + COLS, ki * BLOCK_K // 128, a_rows,
                                                  N, stride_sa, stride_sw, COLS, SCALES, SILU_GATE)
@@ -172,11 +180,17 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
     else:
         ks = tl.arange(0, BLOCK_K)
         a_ptrs = a + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
-        b_ptrs = b + cols.to(tl.int64)[:, None] * stride_bn + ks[None, :]
+        if B_KN:  # [BLOCK_K, BLOCK_N] tiles of B.T [K, N]
+            b_ptrs = b + ks.to(tl.int64)[:, None] * stride_bn + cols[None, :]
+        else:
+            b_ptrs = b + cols.to(tl.int64)[:, None] * stride_bn + ks[None, :]
         up_ptrs = b + (N + cols).to(tl.int64)[:, None] * stride_bn + ks[None, :]  # SILU_GATE only
         if k_tile_lo is not None:
             a_ptrs += ki_lo * BLOCK_K
-            b_ptrs += ki_lo * BLOCK_K
+            if B_KN:
+                b_ptrs += ki_lo * BLOCK_K * stride_bn.to(tl.int64)
+            else:
+                b_ptrs += ki_lo * BLOCK_K
             up_ptrs += ki_lo * BLOCK_K
         for ki in range(ki_lo, ki_hi):
             k_left = K - ki * BLOCK_K
@@ -184,14 +198,21 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
             a_tile = tl.load(a_ptrs, mask=(rows[:, None] < a_rows) & (ks[None, :] < k_left), other=0.0)
             s_gate, s_up = _block_scales(scale_a, scale_w, rows, off_n, ki * BLOCK_K // 128, a_rows, N, stride_sa,
                                          stride_sw, BLOCK_N, SCALES, SILU_GATE)
-            acc = _mma(acc, a_tile, tl.load(b_ptrs, mask=b_mask, other=0.0), s_gate, DOT_PRECISION, SCALES,
-                       MAX_IMPRECISE_ACC)
+            if B_KN:
+                b_kn = tl.load(b_ptrs, mask=(ks[:, None] < k_left) & (cols[None, :] < N), other=0.0)
+                acc = tl.dot(a_tile, b_kn, acc, input_precision=DOT_PRECISION)
+            else:
+                acc = _mma(acc, a_tile, tl.load(b_ptrs, mask=b_mask, other=0.0), s_gate, DOT_PRECISION, SCALES,
+                           MAX_IMPRECISE_ACC)
             if SILU_GATE:
                 up = _mma(up, a_tile, tl.load(up_ptrs, mask=b_mask, other=0.0), s_up, DOT_PRECISION, SCALES,
                           MAX_IMPRECISE_ACC)
                 up_ptrs += BLOCK_K
             a_ptrs += BLOCK_K
-            b_ptrs += BLOCK_K
+            if B_KN:
+                b_ptrs += BLOCK_K * stride_bn.to(tl.int64)
+            else:
+                b_ptrs += BLOCK_K
     if SCALES == "rows":
         s_a = _scale_rows(scale_a, rows, stride_sa, rows < a_rows)[:, None]
         acc = acc * s_a * _scale_rows(scale_w, cols, stride_sw, cols < N)[None, :]
@@ -439,10 +460,11 @@ def describe_operands(a, b, c3, cfg):
             tma_descriptor(c3, c_block(cfg)), True)
 
 
-def b_block(cfg):
+def b_block(cfg, kn=False):
     """The block of B's tensor descriptor: [BLOCK_N, BLOCK_K], or [BLOCK_N // 2, BLOCK_K] where ``SPLIT_N`` (the
-    tile's columns as two accumulators: ``tile_accumulate``)."""
-    return [cfg["BLOCK_N"] // 2 if cfg.get("SPLIT_N") else cfg["BLOCK_N"], cfg["BLOCK_K"]]
+    tile's columns as two accumulators: ``tile_accumulate``); ``kn``: of B.T [K, N] (``B_KN``), transposed."""
+    cols = cfg["BLOCK_N"] // 2 if cfg.get("SPLIT_N") else cfg["BLOCK_N"]
+    return [cfg["BLOCK_K"], cols] if kn else [cols, cfg["BLOCK_K"]]
 
 
 def dot_precision(dtype):

@@ -52,8 +52,9 @@ def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, M, N, K, s
                    USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DEFER_SIGNAL: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, SLOTS_BLOCK: tl.constexpr, REMOTE_TMA: tl.constexpr,
                    scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = "",
-                   MAX_IMPRECISE_ACC: tl.constexpr = None):
-    """One launch = one gemm_rs call on this rank. ``a`` [M, K], ``w`` [N, K] and ``out`` [1, own_rows, N]:
+                   MAX_IMPRECISE_ACC: tl.constexpr = None, W_KN: tl.constexpr = False):
+    """One launch = one gemm_rs call on this rank. ``a`` [M, K], ``w`` [N, K] (W_KN: w.T [K, N], the weight as it
+    lies; ``stride_wn`` its rows' stride) and ``out`` [1, own_rows, N]:
     tensor descriptors (USE_TMA) or pointers to contiguous tensors. ``recv``: symmetric [W-1, rows_max, N]
     partial sums from the peers (slot of source q on rank d: (q - d - 1) mod W); ``arrived``: symmetric int32
     [W-1, tiles_per_dest]; ``ready``: symmetric int32 [W]; ``state``: this rank's int32[2] epoch counter.
@@ -89,7 +90,7 @@ def gemm_rs_kernel(a, w, out, recv, recv_peer, arrived, ready, state, M, N, K, s
         # rows past the destination's block belong to the next one: computed, never stored
         acc = tile_accumulate(a, w, dest_start + pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_wn,
                               BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, False, scale_a, scale_w, stride_sa,
-                              stride_sw, SCALES, MAX_IMPRECISE_ACC)
+                              stride_sw, SCALES, MAX_IMPRECISE_ACC, B_KN=W_KN)
 
         if pending_peer >= 0:  # the previous push had a whole tile of compute to drain: publish it now
             dl.bulk_stores_done(REMOTE_TMA)
@@ -164,9 +165,12 @@ def _workspace(dtype, recv_elems, n_flags, group):
 
 
 def _run_overlapped(a, w, out, cfg, team, scales=None):
-    """The kernel on ``out`` (``scales``: FP8 operands' ``fp8.Scales``)."""
+    """The kernel on ``out`` (``scales``: FP8 operands' ``fp8.Scales``; ``w`` contiguous, or a transposed view of a
+    contiguous [K, N]: ``is_kn``)."""
     world, group = team.size, team.group
     (m, k), n = a.shape, w.shape[0]
+    kn = is_kn(w)
+    b = w.T if kn else w  # contiguous either way
     own_rows = out.shape[0]
     partial_dtype = torch.float32 if cfg["partial"] == "fp32" else out.dtype
     rows_max = cdiv(m, world)
@@ -176,20 +180,20 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
     out3 = out.view(1, own_rows, n)
     # TMA whenever allowed (use_tma None or True) and the operands are aligned; a rank with no rows of its own
     # has no output to describe
-    use_tma = cfg.get("use_tma") is not False and tma_compatible(a, w, out3) and own_rows > 0
+    use_tma = cfg.get("use_tma") is not False and tma_compatible(a, b, out3) and own_rows > 0
     subtile = bool(cfg["EPILOGUE_SUBTILE"]) and use_tma
     # partials by TMA stores into the peer's recv: 2 ranks (one peer, one descriptor), TMA on
     peer_rows = rows_of_rank(m, world, 1 - team.rank)[1] if world == 2 else 0
     remote_tma = bool(cfg.get("remote_tma")) and use_tma and peer_rows > 0
     recv_peer = ws.recv
     if use_tma:
-        a_arg, w_arg = tma_descriptor(a, [bm, bk]), tma_descriptor(w, b_block(cfg))
+        a_arg, w_arg = tma_descriptor(a, [bm, bk]), tma_descriptor(b, b_block(cfg, kn))
         out_arg = tma_descriptor(out3, c_block(cfg))
         if remote_tma:
             view = shmem.peer_view(ws.recv, 1 - team.rank, group)[:peer_rows * n].view(1, peer_rows, n)
             recv_peer = tma_descriptor(view, c_block(cfg))
     else:
-        a_arg, w_arg, out_arg = a, w, out3
+        a_arg, w_arg, out_arg = a, b, out3
     n_items = world * tiles_per_dest
     programs = cfg.get("num_programs")
     if programs is None:
@@ -198,12 +202,19 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
     shmem.raise_pending_errors()
     gemm_rs_kernel[(programs,)](
         a_arg, w_arg, out_arg, ws.recv, recv_peer, ws.arrived, ws.ready, ws.state, m, n, k, a.stride(0),
-        w.stride(0), own_rows, team.ctx,
+        b.stride(0), own_rows, team.ctx,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], USE_TMA=use_tma, EPILOGUE_SUBTILE=subtile,
         DEFER_SIGNAL=bool(cfg["DEFER_SIGNAL"]), DOT_PRECISION=dot_precision(a.dtype),
         SLOTS_BLOCK=next_power_of_2(max(world - 1, 1)), REMOTE_TMA=remote_tma,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **({} if scales is None else scales.kernel_args(cfg)))
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **({} if scales is None else scales.kernel_args(cfg)),
+        **({"W_KN": True} if kn else {}))
     return out
+
+
+def is_kn(w):
+    """Whether ``w`` [N, K] is the transposed view of a contiguous [K, N] (a weight multiplied as it lies, the
+    backward's ``grad @ w``): the kernel reads it so (``W_KN``), without a contiguous copy."""
+    return w.dim() == 2 and not w.is_contiguous() and w.T.is_contiguous()
 
 
 def gemm_rs_torch(a, w, group=None, scales=None, out_dtype=None):
@@ -350,13 +361,15 @@ def _gemm_rs_impl(a, w, config=None, out=None, group=None, scales=None, out_dtyp
         output_like(out, shape, a, out_dtype)  # a bad `out` is reported whichever path runs
     if m == 0 or n == 0 or k == 0:  # nothing to reduce: empty, or all zeros when K is 0
         return output_like(out, shape, a, out_dtype).zero_()
-    a, w = a.contiguous(), w.contiguous()
+    a = a.contiguous()
+    kn = scales is None and is_kn(w)  # w.T of a contiguous weight: read as it lies (the backward's grad @ w)
+    w = w if kn else w.contiguous()
     if config is None:  # one dict lookup per call once the shape is tuned
-        key = (team.name, m, n, k, a.dtype) + fp8.plan_key(scales, out_dtype)
+        key = (team.name, m, n, k, a.dtype, kn) + fp8.plan_key(scales, out_dtype)
         cfg = _CONFIGS.get(key, lambda: {**default_config(m, n, k, a.dtype, a.device, world, scales),
                                          **_config_for(a, w, team, scales, out_dtype)})
     else:
-        key = (team.name, m, n, k, a.dtype, repr(sorted(config.items()))) + fp8.plan_key(scales, out_dtype)
+        key = (team.name, m, n, k, a.dtype, kn, repr(sorted(config.items()))) + fp8.plan_key(scales, out_dtype)
         cfg = check_tiles(autotune.with_overrides(default_config(m, n, k, a.dtype, a.device, world, scales), config),
                           path=("overlap", "graph", "fallback"), partial=("out", "fp32"))
     fp8.check_block_k(scales, cfg)
