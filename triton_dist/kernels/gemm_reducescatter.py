@@ -419,8 +419,9 @@ def gemm_rs(a, w, config=None, out=None, group=None, *, scale_a=None, scale_w=No
     like ``torch.tensor_split``, see the module docstring), summed in a fixed order (own partial, then ranks r+1,
     r+2, ...: bitwise reproducible).
 
-    ``a``: [M, K_local], ``w``: [N, K_local] (torch linear convention), float16/bfloat16 (float32 works too; FP8
-    with scales, below), on triton_dist's device; every rank passes the same shapes. Returns a new [rows of this
+    ``a``: [M, K_local], ``w``: [N, K_local] (torch linear convention; a transposed view ``v.T`` of a contiguous
+    [K_local, N] is read as it lies, no copy), float16/bfloat16 (float32 works too; FP8 with scales, below), on
+    triton_dist's device; every rank passes the same shapes. Returns a new [rows of this
     rank, N] tensor. ``config``: overrides of ``default_config`` (path, tiles, programs, partial dtype, ...);
     without it the call uses the autotuned configuration. Also available as ``torch.ops.triton_dist.gemm_rs(a,
     w)`` (torch.compile traces through it; eager calls of this function skip the op dispatcher). CUDA graphs: call
