@@ -28,46 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # 3.7+: async_load
-_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-
-
-@gluon.jit
-def _tile_of(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
-    """Grouped-M order: GROUP_M rows of tiles sweep the columns together (their A and W tiles meet in L2)."""
-    group = GROUP_M * tiles_n
-    first_m = (tile // group) * GROUP_M
-    rows = gl.minimum(tiles_m - first_m, GROUP_M)
-    return first_m + (tile % group) % rows, (tile % group) // rows
-
-
-@gluon.jit
-def _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, step, total, pid, nprog, k_tiles, tiles_m, tiles_n,
-               GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-    """TMA loads of this program's K step ``step`` (counted over all its tiles) into ring slot step % STAGES."""
-    BM: gl.constexpr = a_desc.block_type.shape[0]
-    BK: gl.constexpr = a_desc.block_type.shape[1]
-    BN: gl.constexpr = b_desc.block_type.shape[0]
-    slot = step % STAGES
-    pid_m, pid_n = _tile_of(pid + (step // k_tiles) * nprog, tiles_m, tiles_n, GROUP_M)
-    k = (step % k_tiles) * BK
-    live = step < total
-    bar = ready.index(slot)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=live)
-    _tma_load(a_desc, [pid_m * BM, k], bar, a_bufs.index(slot), pred=live)
-    _tma_load(b_desc, [pid_n * BN, k], bar, b_bufs.index(slot), pred=live)
-
-
-@gluon.jit
-def _step_scale(scale_a, scale_w, rows, M, pid_n, kb, stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr):
-    """Block scales of K block ``kb`` for the tile's rows: scale_a[row, kb] * scale_w[col // 128, kb] (BN = 128:
-    the tile's columns are one block of W)."""
-    if BLOCK_SCALES:
-        return gl.load(scale_a + rows * stride_sa + kb, mask=rows < M, other=0.0) * \
-            gl.load(scale_w + pid_n * stride_sw + kb)
-    else:
-        return 0.0
+from triton_dist.kernels.gemm_sm90 import _block_scale, _cta_barrier, _load_step, _tile_of, _tma_store  # noqa: E402
 
 
 @gluon.jit
@@ -106,11 +67,11 @@ def fp8_gemm_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa
         mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
         part = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
                              is_async=True)
-        s_part = _step_scale(scale_a, scale_w, rows, M, pid_n, 0, stride_sa, stride_sw, BLOCK_SCALES)
+        s_part = _block_scale(scale_a, scale_w, rows, M, pid_n, 0, stride_sa, stride_sw, BLOCK_SCALES)
         for ki in range(1, k_tiles):
             nxt = (step + 1) % STAGES
             mbarrier.wait(ready.index(nxt), ((step + 1) // STAGES) & 1)
-            s_next = _step_scale(scale_a, scale_w, rows, M, pid_n, ki, stride_sa, stride_sw, BLOCK_SCALES)
+            s_next = _block_scale(scale_a, scale_w, rows, M, pid_n, ki, stride_sa, stride_sw, BLOCK_SCALES)
             part_next = warpgroup_mma(a_bufs.index(nxt), b_bufs.index(nxt).permute((1, 0)), zero, use_acc=False,
                                       is_async=True)
             part = warpgroup_mma_wait(num_outstanding=1, deps=(part, ))
