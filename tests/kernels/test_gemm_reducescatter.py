@@ -195,10 +195,12 @@ def _bf16_close(out, ref):
     return bool((err <= 2e-2 * ref.abs() + 2e-2 * ref.abs().mean()).all())
 
 
-def _check_bf16_fresh_repeats(m, n, k, config, repeats):
+def _check_bf16_fresh_repeats(m, n, k, config, repeats, kn=False):
     bad = []
     for rep in range(repeats):
         a, w = _inputs(m, n, k, torch.bfloat16, rep)  # generated on the CPU: the same on every run of the suite
+        if kn:  # the transposed view of a contiguous [K, N]: read as it lies
+            w = w.T.contiguous().T
         out = torch.full((rows_of_rank(m, td.world_size(), td.rank())[1], n), float("nan"), dtype=torch.bfloat16,
                          device=a.device)
         _poison_workspaces()
@@ -223,6 +225,16 @@ def _check_bf16_fresh_repeats(m, n, k, config, repeats):
 ])
 def test_gemm_rs_bf16_100_fresh_repeats(ranks, m, n, k, config):
     assert ranks(2, _check_bf16_fresh_repeats, m, n, k, config, 100) == [[]] * 2
+
+
+@gpu_only
+@pytest.mark.parametrize("m,n,k,config", [
+    (4099, 3072, 1536, {"path": "overlap"}),  # TMA blocks [BLOCK_K, BLOCK_N] of w.T, ragged rows
+    (2048, 5000, 1000, {"path": "overlap"}),  # w.T's rows of 5000 bf16 are 16-byte aligned; ragged N and K
+    (2048, 4100, 1000, {"path": "overlap", "use_tma": False}),  # pointers
+])
+def test_gemm_rs_bf16_weight_as_it_lies(ranks, m, n, k, config):
+    assert ranks(2, _check_bf16_fresh_repeats, m, n, k, config, 20, True) == [[]] * 2
 
 
 def _check_straggler():
