@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # run146 (1 GPU, GPU image): prepared 2026-12-06, not run that session (no machine could be started).
-#   GIT_COMMIT=<sha> bash steps.sh proof   (~480 s) the Gluon FP8 mainloop's GPU tests and probe, gemm_rs's
-#       transposed-weight GPU test (promotion adds
-#       overlapping the next wgmmas, against _scaled_mm and the Triton core), then the GPU tests that failed in
-#       run144 (memory: 12 workers on an H100) again at 6 workers per 80 GB (12 on an H200).
+#   GIT_COMMIT=<sha> bash steps.sh proof   (~480 s) the Gluon FP8 mainloop's GPU tests and probe (promotion adds
+#       overlapping the next wgmmas, against _scaled_mm and the Triton core), gemm_rs's transposed-weight GPU test,
+#       then the GPU tests that failed in run144 (memory: 12 workers on an H100) again at 6 workers per 80 GB (12
+#       on an H200).
 #   GIT_COMMIT=<sha> bash steps.sh bench   (~420 s) bench_gemm's FP8 rows with the Gluon mainloop offered (each row
 #       names the configuration that ran), bench_host with HOST_PROFILE=1 (sp_flash_decode's host cost), the MLP
 #       training step with FP8 grads.
