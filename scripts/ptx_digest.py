@@ -404,12 +404,17 @@ def compile_one(module, name, signature, constexprs, aligned, options):
     signature, constexprs = with_defaults(kernel, signature, constexprs)
     names = list(signature)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    source = ASTSource
-    if getattr(kernel, "is_gluon", lambda: False)():  # a Gluon kernel (kernels/gemm_sm90.py)
-        from triton.experimental.gluon._runtime import GluonASTSource as source
-    src = source(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    src = ast_source(kernel, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
+
+def ast_source(kernel, signature, constexprs, attrs=None):
+    """What ``triton.compile`` takes for ``kernel``: a Triton kernel's ``ASTSource``, a Gluon kernel's
+    ``GluonASTSource`` (kernels/gemm_sm90.py)."""
+    source = ASTSource
+    if getattr(kernel, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    return source(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
 
 
 def registers(ptx):

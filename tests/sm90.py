@@ -17,7 +17,6 @@ _WORKER = textwrap.dedent("""
     import ptx_digest
     from ptx_digest import with_defaults  # parameters a test leaves out: at their defaults, as a launch has them
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     OPS = re.compile(
         r"\\b(?:ld|st|atom|red|fence\\.proxy|setmaxnreg|cp\\.async|wgmma\\.mma_async|mma\\.sync|griddepcontrol|ex2)"
         r"[\\.\\w:]*")
@@ -31,10 +30,7 @@ _WORKER = textwrap.dedent("""
         signature, constexprs = with_defaults(kernel, signature, constexprs)
         names = list(signature)
         attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-        source = ASTSource
-        if getattr(kernel, "is_gluon", lambda: False)():  # a Gluon kernel
-            from triton.experimental.gluon._runtime import GluonASTSource as source
-        src = source(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+        src = ptx_digest.ast_source(kernel, signature, constexprs, attrs)  # (a Gluon kernel's too)
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         ptx = compiled.asm["ptx"]
         return {"ops": collections.Counter(OPS.findall(ptx)), "ptx_bytes": len(ptx),

@@ -18,7 +18,6 @@ scales (128x128 for W, 1x128 for A) multiply each step's partial before its add,
 """
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -29,6 +28,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from triton_dist.kernels.gemm_sm90 import _block_scale, _cta_barrier, _load_step, _tile_of, _tma_store  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-12-03_h200x1_run102"))
+from fp8_probe import device_us  # noqa: E402  (CUDA-graph replays, median of 20)
 
 
 @gluon.jit
@@ -142,57 +144,26 @@ def gluon_fp8_gemm(a, w, scale_a, scale_w, out_dtype=torch.bfloat16, block_scale
 
 # ----------------------------------------------------------------------------------------------- sm_90a compile
 def compile_check(stages=5):
+    """The nested kernel for sm_90a (scripts/ptx_digest.py's signature of the library kernel: the same arguments)."""
     import re
-    import subprocess
-    import tempfile
 
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "scripts"))
+    import ptx_digest
 
     for block_scales in (False, True):
-        fp8 = gl.NVMMASharedLayout.get_default_for([128, 128], gl.float8e4nv)
-        c_layout = gl.NVMMASharedLayout.get_default_for([128, 128], gl.bfloat16)
-        sig = {"a_desc": f"tensordesc<fp8e4nv[128, 128],{fp8!r}>", "b_desc": f"tensordesc<fp8e4nv[128, 128],{fp8!r}>",
-               "c_desc": f"tensordesc<bf16[128, 128],{c_layout!r}>", "scale_a": "*fp32", "scale_w": "*fp32",
-               "M": "i32", "N": "i32", "K": "i32", "stride_sa": "i32", "stride_sw": "i32",
-               "BLOCK_SCALES": "constexpr", "GROUP_M": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
         consts = {"BLOCK_SCALES": block_scales, "GROUP_M": 8, "STAGES": stages, "num_warps": 8}
-        src = GluonASTSource(fn=fp8_gemm_kernel, signature=sig, constexprs=consts)
+        src = ptx_digest.ast_source(fp8_gemm_kernel, ptx_digest.sm90_gemm_signature(), consts)
         out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
         ptx = out.asm["ptx"]
-        ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-            f.write(ptx)
-            f.flush()
-            log = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True,
-                                 text=True).stderr
         print(f"block_scales={block_scales} stages={stages}: shared {out.metadata.shared} B,",
-              re.findall(r"Used \d+ registers", log), re.findall(r"\d+ bytes spill stores", log),
-              "wgmma.wait_group:", re.findall(r"wgmma.wait_group.sync.aligned (\d+)", ptx), flush=True)
+              ptx_digest.registers(ptx), "wgmma.wait_group:", re.findall(r"wgmma.wait_group.sync.aligned (\d+)", ptx),
+              flush=True)
 
 
 # ----------------------------------------------------------------------------------------------- on the GPU
 SHAPES = [(8192, 8192, 8192), (4096, 6144, 4096), (2048, 8192, 8192), (8192, 28672, 8192), (512, 4096, 8192),
           (1000, 3000, 1000)]
-
-
-def device_us(fn, iters=20):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1000)
-    return statistics.median(times)
 
 
 def rel_err(c, exact):
