@@ -50,7 +50,7 @@ def sm90_gemm_signature():
     fp8 = gluon_descriptor(torch.float8_e4m3fn, (128, 128))
     return dict(a_desc=fp8, b_desc=fp8, c_desc=gluon_descriptor(torch.bfloat16, (128, 128)), scale_a="*fp32",
                 scale_w="*fp32", M="i32", N="i32", K="i32", stride_sa="i32", stride_sw="i32",
-                **_const("BLOCK_SCALES", "GROUP_M", "STAGES", "num_warps"))
+                **_const("BLOCK_SCALES", "GROUP_M", "STAGES", "EVEN_K_STEPS", "num_warps"))
 
 GEMM_SIG = dict(a="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>", c="tensordesc<bf16[1,128,256]>",
                 num_segments="i32", seg_rows="i32", N="i32", K="i32", stride_am="i32", stride_bn="i32",
@@ -340,9 +340,9 @@ KERNELS = [
      dict(SPLIT_SIG, dst_o="*bf16"), dict(SPLIT_DEFAULT, MODE=0, WORLD=1),
      ("q", "k_cache", "v_cache", "part_o", "dst_o", "out"), {"num_warps": 8, "num_stages": 3}),
     ("gemm_sm90/fp8-rows", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_signature,
-     dict(BLOCK_SCALES=False, GROUP_M=8, STAGES=6, num_warps=8), (), {"num_warps": 8}),
+     dict(BLOCK_SCALES=False, GROUP_M=8, STAGES=6, EVEN_K_STEPS=False, num_warps=8), (), {"num_warps": 8}),
     ("gemm_sm90/fp8-blocks", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_signature,
-     dict(BLOCK_SCALES=True, GROUP_M=8, STAGES=5, num_warps=8), (), {"num_warps": 8}),
+     dict(BLOCK_SCALES=True, GROUP_M=8, STAGES=5, EVEN_K_STEPS=True, num_warps=8), (), {"num_warps": 8}),
     ("flash_decode/merge", K + "flash_decode", "flash_decode_merge_kernel", MERGE_SIG,
      dict(GROUP=4, GROUP_P2=4, HEAD_DIM=128, WORLD=2, WORLD_PAD=2, RANK_CHUNK=2, PDL=True),
      ("recv_o", "out", "stride_ob", "stride_oh"), {"num_warps": 4}),
@@ -417,18 +417,30 @@ def ast_source(kernel, signature, constexprs, attrs=None):
     return source(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
 
 
-def registers(ptx):
-    """"R registers, S B spilled" of a kernel's PTX assembled for sm_90a by the ptxas Triton ships (spills cost a
-    GEMM tens of percent: a tile's accumulators must fit a thread's registers)."""
+def ptxas_log(ptx):
+    """What the ptxas that Triton uses for sm_90 says assembling ``ptx`` for sm_90a verbosely: registers, spills,
+    and its notes on wgmma pipelines it had to serialize (C7514 and kin: an FP8 mainloop then loses its overlap)."""
     import subprocess
     import tempfile
 
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    from triton.backends.nvidia.compiler import get_ptxas
+
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
         f.flush()
-        log = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True,
-                             text=True).stderr
+        return subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                              capture_output=True, text=True).stderr
+
+
+def wgmma_serialized(log):
+    """ptxas's notes (from ``ptxas_log``) that it serialized or waited on wgmmas the kernel meant to overlap."""
+    return [line.split("info    :")[-1].strip() for line in log.splitlines() if re.search(r"\(C751\d\)", line)]
+
+
+def registers(ptx):
+    """"R registers, S B spilled" of a kernel's PTX assembled for sm_90a (spills cost a GEMM tens of percent: a
+    tile's accumulators must fit a thread's registers)."""
+    log = ptxas_log(ptx)
     regs = re.findall(r"Used (\d+) registers", log)
     spills = re.findall(r"(\d+) bytes spill stores", log)
     return f"{regs[0] if regs else '?'} registers, {spills[0] if spills else '?'} B spilled"

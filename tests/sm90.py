@@ -21,7 +21,7 @@ _WORKER = textwrap.dedent("""
         r"\\b(?:ld|st|atom|red|fence\\.proxy|setmaxnreg|cp\\.async|wgmma\\.mma_async|mma\\.sync|griddepcontrol|ex2)"
         r"[\\.\\w:]*")
 
-    def compile_one(module, name, signature, constexprs, aligned, options):
+    def compile_one(module, name, signature, constexprs, aligned, options, assemble):
         kernel = getattr(__import__(module, fromlist=[name]), name)
         while not hasattr(kernel, "arg_names"):  # unwrap autotuners / heuristics down to the JITFunction
             kernel = kernel.fn
@@ -33,8 +33,11 @@ _WORKER = textwrap.dedent("""
         src = ptx_digest.ast_source(kernel, signature, constexprs, attrs)  # (a Gluon kernel's too)
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         ptx = compiled.asm["ptx"]
-        return {"ops": collections.Counter(OPS.findall(ptx)), "ptx_bytes": len(ptx),
-                "shared": compiled.metadata.shared}
+        result = {"ops": collections.Counter(OPS.findall(ptx)), "ptx_bytes": len(ptx),
+                  "shared": compiled.metadata.shared}
+        if assemble:  # ptxas's own word on the wgmma pipeline (ptx_digest.ptxas_log)
+            result["wgmma_serialized"] = ptx_digest.wgmma_serialized(ptx_digest.ptxas_log(ptx))
+        return result
 
     for line in sys.stdin:
         try:
@@ -57,15 +60,16 @@ def _start():
     return proc
 
 
-def compile_sm90(module, name, signature, constexprs=None, aligned=(), options=None):
+def compile_sm90(module, name, signature, constexprs=None, aligned=(), options=None, assemble=False):
     """Compile ``module.name`` for sm_90 with the given Triton signature (or the name of a function of
     scripts/ptx_digest.py that returns it); returns {"ops": Counter-like dict}.
     ``aligned``: pointer/int arguments to treat as 16-divisible, as the JIT does for real aligned tensors;
-    ``options``: the compile's (e.g. ``num_warps``: a Gluon kernel's layouts name its warps)."""
+    ``options``: the compile's (e.g. ``num_warps``: a Gluon kernel's layouts name its warps); ``assemble``: also
+    assemble it, adding "wgmma_serialized": ptxas's notes on wgmmas it serialized (none: the overlap holds)."""
     global _worker
     if _worker is None or _worker.poll() is not None:
         _worker = _start()
-    _worker.stdin.write(json.dumps([module, name, signature, constexprs or {}, list(aligned), options]) + "\n")
+    _worker.stdin.write(json.dumps([module, name, signature, constexprs or {}, list(aligned), options, assemble]) + "\n")
     _worker.stdin.flush()
     for line in _worker.stdout:  # anything else the compiler printed is passed over
         if line.startswith("@@sm90 "):

@@ -39,6 +39,7 @@ def _errors(m, n, k, mode, out_dtype):
     (272, 136, 48, torch.float32),  # one K step, partial tiles on both sides, an fp32 result
     (4096, 4096, 4096, torch.bfloat16),  # several tiles per SM (the persistent walk, loads across tiles)
     (128, 4096, 8192, torch.float16),  # fewer tiles than SMs, a long K
+    (384, 256, 208, torch.bfloat16),  # two K steps (an even count, none in the loop), the last one ragged
 ])
 def test_gluon_mainloop_matches_fp64(ranks, mode, m, n, k, out_dtype):
     errs = ranks.on_one_gpu(_errors, m, n, k, mode, out_dtype)
@@ -87,13 +88,16 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
 
 
 @pytest.mark.parametrize("block_scales", [False, True])
-def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_scales):
+@pytest.mark.parametrize("even_k_steps", [False, True])
+def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_scales, even_k_steps):
     """Compiled for sm_90 (triton 3.6 in CI, as on the GPU image; the Triton installed too): FP8 wgmmas of the
-    128x128 tile, its pipeline within the shared memory."""
+    128x128 tile, its pipeline within the shared memory, and ptxas keeping the wgmmas asynchronous (were one
+    serialized, every step would wait for its wgmmas before the adds: the overlap the kernel exists for)."""
     if gemm_sm90.gluon is None:
         pytest.skip("this Triton has no Gluon")
     compiled = compile_sm90("triton_dist.kernels.gemm_sm90", "gemm_fp8_sm90_kernel", "sm90_gemm_signature",
-                            dict(BLOCK_SCALES=block_scales, GROUP_M=8, STAGES=5, num_warps=8),
-                            options={"num_warps": 8})
+                            dict(BLOCK_SCALES=block_scales, GROUP_M=8, STAGES=5, EVEN_K_STEPS=even_k_steps,
+                                 num_warps=8), options={"num_warps": 8}, assemble=True)
     assert compiled["ops"].get("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", 0) >= 4, compiled["ops"]
     assert compiled["shared"] <= 227 * 1024
+    assert compiled["wgmma_serialized"] == [], compiled["wgmma_serialized"]

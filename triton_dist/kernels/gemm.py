@@ -779,7 +779,7 @@ class EagerGemm:
         if cfg.get("MAINLOOP") == "gluon":
             self.gluon = (cfg, scales.mode)
             self.launcher = Launcher(gemm_sm90.gemm_fp8_sm90_kernel, gemm_grid(cfg, 1, m, n, a.device),
-                                     **gemm_sm90.meta(cfg, scales.mode))
+                                     **gemm_sm90.meta(cfg, scales.mode, k))
         else:
             self.launcher = Launcher(gemm_kernel, gemm_grid(cfg, 1, m, n, a.device),
                                      **gemm_meta(cfg, True, a.dtype, scales=scales))

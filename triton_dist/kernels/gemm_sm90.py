@@ -27,6 +27,7 @@ import functools
 import os
 
 import torch
+import triton
 
 try:  # triton >= 3.5
     from triton.experimental import gluon
@@ -102,16 +103,43 @@ if gluon is not None:
         _tma_store(c_desc, [pid_m * BM, pid_n * BN], c_smem)
 
     @gluon.jit
+    def _issue(step, zero, a_desc, b_desc, a_bufs, b_bufs, ready, scale_a, scale_w, rows, M, pid_n, k_tiles,
+               stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr, STAGES: gl.constexpr):
+        """K step ``step``'s wgmmas, issued into a fresh partial once its slot has landed; returns the partial (in
+        flight) and the step's block scales."""
+        slot = step % STAGES
+        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+        s_part = _block_scale(scale_a, scale_w, rows, M, pid_n, step % k_tiles, stride_sa, stride_sw, BLOCK_SCALES)
+        part = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
+                             is_async=True)
+        return part, s_part
+
+    @gluon.jit
+    def _retire(step, part, acc, s_part, a_desc, b_desc, a_bufs, b_bufs, ready, total, pid, nprog, k_tiles,
+                tiles_m, tiles_n, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        """K step ``step``'s finished partial added into ``acc`` times its block scales; its slot is loaded again,
+        STAGES steps ahead."""
+        _cta_barrier()  # both warpgroups are past the slot before it is loaded again
+        _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, step + STAGES, total, pid, nprog, k_tiles, tiles_m,
+                   tiles_n, GROUP_M, STAGES)
+        if BLOCK_SCALES:
+            return acc + part * s_part[:, None]
+        else:
+            return acc + part
+
+    @gluon.jit
     def gemm_fp8_sm90_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa, stride_sw,
                              BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                             num_warps: gl.constexpr):
+                             EVEN_K_STEPS: gl.constexpr, num_warps: gl.constexpr):
         """Persistent ``C = A @ B.T`` of FP8 A [M, K], B [N, K] (tensor descriptors, 128x128x128 tiles) with
         promotion every K step; scales: ``scale_a[row * stride_sa]`` x ``scale_w[col * stride_sw]`` after the K
         loop (per-tensor: strides 0), or with BLOCK_SCALES ``scale_a[row * stride_sa + kb]`` x
-        ``scale_w[pid_n * stride_sw + kb]`` on each step's partial.
+        ``scale_w[pid_n * stride_sw + kb]`` on each step's partial. EVEN_K_STEPS: cdiv(K, 128) is even.
 
-        One flat loop over this program's K steps of all its tiles: step i's wgmmas are issued, then step i - 1's
-        partial is added (and, where step i - 1 ended a tile, the tile stored) while they run."""
+        Each K step's wgmmas are issued before the previous step's partial is waited for and added, so the adds
+        run beside them. Two steps per iteration, their partials alternating between two names: a partial in
+        flight is never copied (a loop-carried swap, or a branch on the steps' parity at run time, would copy
+        one, and ptxas then serializes every wgmma of the kernel: its C7514)."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -134,44 +162,40 @@ if gluon is not None:
             _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, s, total, pid, nprog, k_tiles, tiles_m, tiles_n,
                        GROUP_M, STAGES)
         zero = gl.zeros([BM, BN], gl.float32, layout=mma)
-        acc = zero
-        pid_m, pid_n = _tile_of(pid, tiles_m, tiles_n, GROUP_M)  # the tile of the step being retired
-        mbarrier.wait(ready.index(0), 0)
-        part = warpgroup_mma(a_bufs.index(0), b_bufs.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-        s_part = _block_scale(scale_a, scale_w, pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma)), M,
-                              pid_n, 0, stride_sa, stride_sw, BLOCK_SCALES)
-        for i in range(1, total):
-            slot = i % STAGES
-            ki = i % k_tiles
-            next_m, next_n = _tile_of(pid + (i // k_tiles) * nprog, tiles_m, tiles_n, GROUP_M)
-            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-            s_next = _block_scale(scale_a, scale_w, next_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma)),
-                                  M, next_n, ki, stride_sa, stride_sw, BLOCK_SCALES)
-            part_next = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
-                                      is_async=True)
-            part = warpgroup_mma_wait(num_outstanding=1, deps=(part, ))  # step i - 1's, done
-            _cta_barrier()  # both warpgroups are past step i - 1's slot before it is loaded again
-            _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, i - 1 + STAGES, total, pid, nprog, k_tiles, tiles_m,
-                       tiles_n, GROUP_M, STAGES)
-            if BLOCK_SCALES:
-                acc += part * s_part[:, None]
+        first = 0  # this tile's first K step, counted over the program's tiles (the TMA ring runs across them)
+        for tile in range(pid, tiles_m * tiles_n, nprog):
+            pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+            rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
+            part, s_part = _issue(first, zero, a_desc, b_desc, a_bufs, b_bufs, ready, scale_a, scale_w, rows, M,
+                                  pid_n, k_tiles, stride_sa, stride_sw, BLOCK_SCALES, STAGES)
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+            acc = zero
+            for kk in range(1, k_tiles - 1, 2):
+                odd, s_odd = _issue(first + kk, zero, a_desc, b_desc, a_bufs, b_bufs, ready, scale_a, scale_w, rows,
+                                    M, pid_n, k_tiles, stride_sa, stride_sw, BLOCK_SCALES, STAGES)
+                acc = _retire(first + kk - 1, part, acc, s_part, a_desc, b_desc, a_bufs, b_bufs, ready, total, pid,
+                              nprog, k_tiles, tiles_m, tiles_n, BLOCK_SCALES, GROUP_M, STAGES)
+                part, s_part = _issue(first + kk + 1, zero, a_desc, b_desc, a_bufs, b_bufs, ready, scale_a, scale_w,
+                                      rows, M, pid_n, k_tiles, stride_sa, stride_sw, BLOCK_SCALES, STAGES)
+                odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd, ))  # step kk's, issued above
+                acc = _retire(first + kk, odd, acc, s_odd, a_desc, b_desc, a_bufs, b_bufs, ready, total, pid,
+                              nprog, k_tiles, tiles_m, tiles_n, BLOCK_SCALES, GROUP_M, STAGES)
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+            last = first + k_tiles - 1
+            if EVEN_K_STEPS:  # one step left to issue
+                odd, s_odd = _issue(last, zero, a_desc, b_desc, a_bufs, b_bufs, ready, scale_a, scale_w, rows, M,
+                                    pid_n, k_tiles, stride_sa, stride_sw, BLOCK_SCALES, STAGES)
+                acc = _retire(last - 1, part, acc, s_part, a_desc, b_desc, a_bufs, b_bufs, ready, total, pid, nprog,
+                              k_tiles, tiles_m, tiles_n, BLOCK_SCALES, GROUP_M, STAGES)
+                odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd, ))
+                acc = _retire(last, odd, acc, s_odd, a_desc, b_desc, a_bufs, b_bufs, ready, total, pid, nprog,
+                              k_tiles, tiles_m, tiles_n, BLOCK_SCALES, GROUP_M, STAGES)
             else:
-                acc += part
-            if ki == 0:  # step i - 1 ended its tile
-                _store_tile(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw,
-                            BLOCK_SCALES, mma)
-                acc = zero
-            pid_m = next_m
-            pid_n = next_n
-            part = part_next
-            s_part = s_next
-        part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
-        if BLOCK_SCALES:
-            acc += part * s_part[:, None]
-        else:
-            acc += part
-        _store_tile(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw, BLOCK_SCALES,
-                    mma)
+                acc = _retire(last, part, acc, s_part, a_desc, b_desc, a_bufs, b_bufs, ready, total, pid, nprog,
+                              k_tiles, tiles_m, tiles_n, BLOCK_SCALES, GROUP_M, STAGES)
+            _store_tile(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw,
+                        BLOCK_SCALES, mma)
+            first += k_tiles
         tma.store_wait(pendings=0)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
@@ -249,7 +273,7 @@ def launch(a, w, c, cfg, mode, scale_a, scale_w, grid):
     """``c = (a * scale_a) @ (w * scale_w).T`` for FP8 ``a`` [M, K], ``w`` [N, K] into ``c`` [M, N] (2-D,
     TMA-compatible) with scales of ``mode`` (contiguous: ``fp8.Scales``) and ``cfg`` (a ``candidates``
     configuration) on ``grid`` (one program per SM, at most one per tile)."""
-    _LAUNCH(grid, *arguments(a, w, c, cfg, mode, scale_a, scale_w), **meta(cfg, mode))
+    _LAUNCH(grid, *arguments(a, w, c, cfg, mode, scale_a, scale_w), **meta(cfg, mode, a.shape[1]))
     return c
 
 
@@ -262,7 +286,7 @@ def arguments(a, w, c, cfg, mode, scale_a, scale_w):
             *strides)
 
 
-def meta(cfg, mode):
-    """The kernel's constexprs and launch options for ``cfg`` and scales of ``mode``."""
+def meta(cfg, mode, k):
+    """The kernel's constexprs and launch options for ``cfg``, scales of ``mode`` and inner dimension ``k``."""
     return dict(BLOCK_SCALES=mode == "block", GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"],
-                num_warps=cfg["num_warps"])
+                EVEN_K_STEPS=triton.cdiv(k, cfg["BLOCK_K"]) % 2 == 0, num_warps=cfg["num_warps"])

@@ -22,7 +22,7 @@ if [ "${1:-proof}" = proof ]; then
   step kn_tests 60 python -m pytest -m gpu -n 2 -p no:cacheprovider -q -rs tests/kernels/test_gemm_reducescatter.py \
     -k weight_as_it_lies  # gemm_rs reading w.T as it lies (448f2b3)
   grep -E "passed|failed|FAILED|Error" "$OUT/kn_tests.log" | cut -c1-300 | tail -6
-  step gluon_probe 150 python benchmarks/results/2026-12-06_gpu_run146/gluon_probe.py "$OUT"
+  step gluon_probe 150 python benchmarks/results/2026-12-06_h100x1_run146/gluon_probe.py "$OUT"
   grep -vE "^triton_dist autotune|^  \[" "$OUT/gluon_probe.log" | cut -c1-220 | head -40
   step gpu_failed 180 python -m pytest -m gpu -n $workers -p no:cacheprovider -q -rs --durations=20 -k "fp8_grads_moe_layer or grouped_gemm_gpu or mlp_layer_gradients or moe_layer_gradients or gpu_primitives or fp8_layers_bf16 or every_op_at_world_size or tp_groups_beside or eager_dispatch_replays or gemm_rs_graph_path or gemm_rs_cuda_graph or scaled_gemm_gpu or fp8_ag_gemm_gpu or fp8_gemm_rs_gpu or gemm_gpu_every_candidate or example_runs or wait_times_out"
   grep -E "passed|failed|FAILED|Error" "$OUT/gpu_failed.log" | cut -c1-200 | tail -20
