@@ -1,6 +1,6 @@
 """The GEMM core's FP8 mainloop for Hopper (sm_90), written in Gluon: ``C = (A * scale_a) @ (W * scale_w).T`` with
-the tensor cores' partial sums promoted to fp32 every K step, meant to run at fast-accumulation speed (not yet
-measured on a GPU: docs/design/fp8.md says what the next run does).
+the tensor cores' partial sums promoted to fp32 every K step, meant to run at fast-accumulation speed
+(docs/design/fp8.md: what was measured).
 
 Without fast accumulation (``torch._scaled_mm``'s default) the core adds each 128-wide K step's wgmma result into
 an fp32 sum. Written in Triton, the compiler waits for a step's wgmmas before those adds, so the tensor cores
@@ -8,13 +8,14 @@ idle while they run (docs/design/fp8.md). Gluon (``triton.experimental.gluon``, 
 shared memory, mbarriers, TMA and asynchronous ``warpgroup_mma``) lets the kernel say what should overlap: each
 K step's wgmmas go into a fresh partial, and the previous step's partial is added to the sum while they run
 (``warpgroup_mma_wait(num_outstanding=1)``). A thread then holds the sum and two partials, 3 x 64 fp32 registers
-at a 128x128 tile on 8 warps (two warpgroups of 64 rows each), the largest tile whose three fit.
+at a 128x128 tile on 8 warps (two warpgroups of 64 rows each), the largest tile whose three fit. No partial in
+flight may cross a loop boundary or a run-time branch: ptxas would then serialize every wgmma of the kernel
+(docs/design/fp8.md).
 
-Persistent: one program per SM walks its tiles in grouped-M order, as one loop over its K steps of all of them;
-TMA loads run ``STAGES`` K steps ahead, across tile boundaries, into a ring of shared-memory slots (one mbarrier
-each). Scales: per-tensor / rowwise multiply the tile once it is complete; 128-blockwise (1x128 groups of A,
-128x128 blocks of W: DeepSeek-V3) multiply each step's partial before its add. A finished tile is converted to
-C's dtype and stored by TMA while the next tile's first wgmmas run.
+Persistent: one program per SM walks its tiles in grouped-M order; TMA loads run ``STAGES`` K steps ahead, across
+tile boundaries, into a ring of shared-memory slots (one mbarrier each). Scales: per-tensor / rowwise multiply the
+tile once it is complete; 128-blockwise (1x128 groups of A, 128x128 blocks of W: DeepSeek-V3) multiply each step's
+partial before its add. A finished tile is converted to C's dtype and stored by TMA.
 
 ``gemm`` runs it where its autotuner picks a configuration with ``MAINLOOP="gluon"`` (``candidates``, offered where
 ``TUNER_OFFERS``) or ``config=`` asks for it: FP8 operands with scales and promotion, on an sm_90 GPU,
