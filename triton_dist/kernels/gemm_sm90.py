@@ -207,8 +207,8 @@ TILE = (128, 128, 128)  # BLOCK_M, BLOCK_N, BLOCK_K: see the module docstring
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-# Offered to gemm's tuner only where TRITON_DIST_GLUON_MAINLOOP=1, until a GPU run of the image has proven it
-# (its GPU tests and timings: docs/design/fp8.md); ``config={"MAINLOOP": "gluon"}`` runs it either way.
+# Offered to gemm's tuner only where TRITON_DIST_GLUON_MAINLOOP=1: correct on the GPU, but not yet faster than the
+# Triton core (docs/design/fp8.md); ``config={"MAINLOOP": "gluon"}`` runs it either way.
 TUNER_OFFERS = os.environ.get("TRITON_DIST_GLUON_MAINLOOP") == "1"
 
 
