@@ -87,6 +87,40 @@ def test_ag_gemm_four_ranks(ranks, m, n, k, dtype, config):
         assert worst < (2e-3 if dtype == "float16" else 1e-6), worst
 
 
+def _check_weight_as_it_lies(m, n, k, config):
+    """ag_gemm(a, w) with w the transposed view of a contiguous [K, N] (gemm_rs's backward: grad @ w): read as it
+    lies, bitwise the contiguous copy's result, close to fp64; a_full poisoned first. The SiLU gate takes no
+    such view (ValueError)."""
+    dev, r = td.shmem.device(), td.rank()
+    gen = torch.Generator().manual_seed(11 + r)
+    a = torch.randn(m, k, generator=gen).to(dev)
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(5)).to(dev)
+    w_kn = w.T.contiguous().T
+    _poison_workspaces()
+    out = ag_gemm(a, w_kn, config=config)
+    _, ref = _reference(a, w)
+    if not (out.double() - ref).abs().max().item() < 1e-4 * max(ref.abs().max().item(), 1.0):
+        return "far from fp64"
+    if not torch.equal(out, ag_gemm(a, w, config=config)):
+        return "differs from the contiguous weight's"
+    try:
+        ag_gemm(a, torch.cat([w, w]).T.contiguous().T, config=config, activation="silu_gate")
+    except ValueError as exc:
+        return "ok" if "contiguous" in str(exc) else f"wrong error: {exc}"
+    return "silu_gate took the view"
+
+
+@pytest.mark.parametrize("world,m,n,k,config", [
+    (2, 17, 24, 40, CPU_C3),  # phased, TMA blocks [BLOCK_K, BLOCK_N] of w.T (16-byte rows), ragged M
+    (2, 13, 23, 37, CPU_CE),  # pointers (w.T's rows of 23 are not 16-byte aligned)
+    (2, 17, 24, 40, {**CPU_C3, "gather_first": True}),  # the GEMM core's kernel over all rows
+    (3, 9, 20, 24, {**CPU_C1, "gather_first": True, "use_tma": False}),
+    (3, 7, 24, 40, CPU_CE),
+])
+def test_ag_gemm_reads_a_transposed_weight_as_it_lies(ranks, world, m, n, k, config):
+    assert ranks(world, _check_weight_as_it_lies, m, n, k, config) == ["ok"] * world
+
+
 def test_ag_gemm_eight_ranks(ranks):
     """Seven peer segments, copy pushes to every peer, one wait per chunk over all of them."""
     for worst, gathered_ok in ranks(8, _check, 3, 16, 24, "float16", CPU_CE, 1):

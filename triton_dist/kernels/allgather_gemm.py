@@ -38,8 +38,8 @@ from .. import language as dl
 from ..hardware import cdiv
 from . import fp8, library
 from .gemm import (check_launchable, check_matmul_operands, check_tiles, default_num_programs, describe_operands,
-                   dot_precision, fp8_tiles, gemm_candidates, gemm_config, launch_gemm, matmul_torch, skinny_configs,
-                   tile_accumulate, tile_coords, tile_store)
+                   dot_precision, fp8_tiles, gemm_candidates, gemm_config, is_kn, launch_gemm, matmul_torch,
+                   skinny_configs, tile_accumulate, tile_coords, tile_store)
 from .launcher import Launcher
 from .replay import GraphCache
 from .silu_gate import silu_gate, silu_gate_torch
@@ -78,7 +78,7 @@ def _gemm_tiles(a, b, c, a_rows, first_row_tile, tiles_m, num_segments, tiles_n,
                 GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
                 FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 SILU_GATE: tl.constexpr, scale_a=None, scale_w=None, stride_sa=None, stride_sw=None,
-                SCALES: tl.constexpr = "", MAX_IMPRECISE_ACC: tl.constexpr = None):
+                SCALES: tl.constexpr = "", MAX_IMPRECISE_ACC: tl.constexpr = None, B_KN: tl.constexpr = False):
     """One phase: tile-rows [first_row_tile, first_row_tile + tiles_m) of ``num_segments`` segments, grouped-M
     inside a segment. The phase's tiles are numbers first_tile, first_tile + 1, ... of the whole launch; this
     program takes those congruent to ``program`` modulo ``num_programs`` (persistent, balanced across phases).
@@ -97,7 +97,7 @@ def _gemm_tiles(a, b, c, a_rows, first_row_tile, tiles_m, num_segments, tiles_n,
             a_row = pid_m * BLOCK_M
         acc = tile_accumulate(a, b, a_row, pid_n * BLOCK_N, a_rows, N, K, stride_am, stride_bn,
                               BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, SILU_GATE,
-                              scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC)
+                              scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC, B_KN=B_KN)
         tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, m_shard, N, stride_cs, stride_cm,
                    BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
 
@@ -109,9 +109,11 @@ def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
                    GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
                    WARP_SPECIALIZE: tl.constexpr, FENCE_ASYNC_PROXY: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    SILU_GATE: tl.constexpr, scale_a=None, scale_full=None, scale_w=None, stride_sa=None,
-                   stride_sw=None, SCALES: tl.constexpr = "", MAX_IMPRECISE_ACC: tl.constexpr = None):
+                   stride_sw=None, SCALES: tl.constexpr = "", MAX_IMPRECISE_ACC: tl.constexpr = None,
+                   W_KN: tl.constexpr = False):
     """The consumer: own rows first (phase 0), then chunk by chunk the peers' rows as their flags arrive.
-    N is the output's width (SILU_GATE: half of b's rows, see ``gemm.tile_accumulate``); FP8: scale_a/scale_full."""
+    N is the output's width (SILU_GATE: half of b's rows, see ``gemm.tile_accumulate``); FP8: scale_a/scale_full.
+    W_KN: ``b`` is the weight's transpose [K, N] as it lies (``gemm.is_kn``), ``stride_bn`` its rows' stride."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     me = dl.rank(ctx)
@@ -122,7 +124,7 @@ def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
     _gemm_tiles(a_local, b, c, m_shard, 0, tiles_m, 1, tiles_n, 0, pid, n_programs, me, world,
                 m_shard, N, K, stride_al, stride_bn, stride_cs, stride_cm,
                 False, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE,
-                DOT_PRECISION, SILU_GATE, scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC)
+                DOT_PRECISION, SILU_GATE, scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC, W_KN)
     chunk_tiles = chunk_rows // BLOCK_M
     done = tiles_m * tiles_n
     # unrolled (N_CHUNKS is a compile-time constant): sibling tile loops, which warp specialisation needs
@@ -134,7 +136,7 @@ def ag_gemm_kernel(a_local, a_full, b, c, arrived, state, ctx,
                     pid, n_programs, me, world, m_shard, N, K, stride_af, stride_bn, stride_cs, stride_cm,
                     True, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, EPILOGUE_SUBTILE, FLATTEN,
                     WARP_SPECIALIZE, DOT_PRECISION, SILU_GATE, scale_full, scale_w, stride_sa, stride_sw, SCALES,
-                    MAX_IMPRECISE_ACC)
+                    MAX_IMPRECISE_ACC, W_KN)
         done += (world - 1) * rows_tiles * tiles_n
     dl.finish_call(state, epoch, n_programs)
 
@@ -210,16 +212,18 @@ class _Plan:
     """Everything about a call that depends only on (shape, dtype, config, FP8 mode): built once, reused every
     call."""
 
-    def __init__(self, m_shard, n, k, dtype, device, cfg, group, scales=None, out_dtype=None):
+    def __init__(self, m_shard, n, k, dtype, device, cfg, group, scales=None, out_dtype=None, kn=False):
         """``n``: the weight's rows (the output has half as many with ``cfg["silu_gate"]``); ``scales``,
-        ``out_dtype``: an FP8 call's mode (``fp8.scaled_operands``; only the mode is kept)."""
+        ``out_dtype``: an FP8 call's mode (``fp8.scaled_operands``; only the mode is kept); ``kn``: the weight comes
+        as the transposed view of a contiguous [K, N] (``gemm.is_kn``)."""
         self.cfg, self.path = cfg, cfg["path"]
         self.silu_gate = bool(cfg.get("silu_gate"))
         self.m_shard, self.n, self.k = m_shard, n // 2 if self.silu_gate else n, k
         self.out_dtype = out_dtype or dtype
         team = shmem.team(group)
         # names its graphs (path "graph")
-        self.key = (team.name, m_shard, n, k, dtype, repr(sorted(cfg.items()))) + fp8.plan_key(scales, out_dtype)
+        self.key = (team.name, m_shard, n, k, dtype, kn, repr(sorted(cfg.items()))) + fp8.plan_key(scales,
+                                                                                                    out_dtype)
         self.world, self.me, self.group, self.ctx = team.size, team.rank, team.group, team.ctx
         if self.path == "fallback":
             return
@@ -307,19 +311,20 @@ def _phased_gemm(a, w, plan, out, scales=None):
     cfg, ws = plan.cfg, plan.ws
     world, m_shard, n, k = plan.world, plan.m_shard, plan.n, plan.k
     c3 = out.view(world, m_shard, n)
-    a_arg, b_arg, c_arg, use_tma = describe_operands(a, w, c3, cfg)
-    a_full_arg = describe_operands(ws.a_full, w, c3, {**cfg, "use_tma": use_tma})[0]
+    kn = is_kn(w)  # (a graph replay passes the captured w: its layout, not the plan's, is what is read)
+    a_arg, b_arg, c_arg, use_tma = describe_operands(a, w, c3, cfg, kn)
+    a_full_arg = describe_operands(ws.a_full, w, c3, {**cfg, "use_tma": use_tma}, kn)[0]
     fp8_args = {} if scales is None else {**scales.kernel_args(cfg, a=scales.a), "scale_full": ws.scale_full}
     _start_call(a, plan, scales)
     ag_gemm_kernel[plan.grid](
         a_arg, a_full_arg, b_arg, c_arg, ws.arrived, ws.state, plan.ctx,
-        m_shard, n, k, a.stride(0), ws.a_full.stride(0), w.stride(0), m_shard * n, n,
+        m_shard, n, k, a.stride(0), ws.a_full.stride(0), (w.T if kn else w).stride(0), m_shard * n, n,
         plan.chunk_rows, N_CHUNKS=plan.n_chunks,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],
         WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], FENCE_ASYNC_PROXY=use_tma and plan.fence,
         DOT_PRECISION=plan.precision, SILU_GATE=plan.silu_gate, num_stages=cfg["num_stages"],
-        num_warps=cfg["num_warps"], **fp8_args)
+        num_warps=cfg["num_warps"], **fp8_args, **({"W_KN": True} if kn else {}))
 
 
 def _gather_first_gemm(a, w, plan, out, scales=None):
@@ -335,7 +340,7 @@ def _gather_first_gemm(a, w, plan, out, scales=None):
     gathered_kernel[(1,)](ws.arrived, ws.state, plan.ctx, N_CHUNKS=plan.n_chunks,
                           FENCE_ASYNC_PROXY=plan.fence and a.is_cuda)
     launch_gemm(ws.a_full, w, out.view(1, plan.world * m_shard, plan.n), plan.cfg, silu_gate=plan.silu_gate,
-                scales=scales, scale_rows=ws.scale_full)
+                scales=scales, scale_rows=ws.scale_full, kn=is_kn(w))
 
 
 def _gather(t, plan):
@@ -461,11 +466,12 @@ _GRAPHS = GraphCache("ag_gemm")  # path "graph": small problems replayed from CU
 def _plan_for(a, w, team, config, silu_gate, scales=None, out_dtype=None):
     m_shard, k = a.shape
     n = w.shape[0]
-    key = (team.name, m_shard, n, k, a.dtype, silu_gate, None if config is None else repr(sorted(config.items())))
+    kn = is_kn(w)
+    key = (team.name, m_shard, n, k, a.dtype, silu_gate, kn, None if config is None else repr(sorted(config.items())))
     return _PLANS.get(key + fp8.plan_key(scales, out_dtype), lambda: _Plan(
         m_shard, n, k, a.dtype, a.device,
         _config(m_shard, n, k, a.dtype, a.device, team.size, config, silu_gate, team.group, scales, out_dtype),
-        team.group, scales, out_dtype))
+        team.group, scales, out_dtype, kn))
 
 
 def _config(m_shard, n, k, dtype, device, world, config, silu_gate, group, scales=None, out_dtype=None):
@@ -500,8 +506,8 @@ ACTIVATIONS = ("none", "silu_gate")
 def _check_inputs(a, w, activation="none", scales=None, quantize=None, return_gathered=False):
     """The checks of the operands (FP8 ones: with their scales, ``fp8.scaled_operands``), the activation and the
     ``quantize`` mode (the gathered rows are FP8 then: none returned)."""
-    if scales is None:
-        check_matmul_operands(a, w, "a", "w")
+    if scales is None:  # (w.T of a contiguous weight is read as it lies, where there is no gate)
+        check_matmul_operands(a, w, "a", "w", w_as_it_lies=activation == "none" and quantize is None)
     if fp8.check_mode(quantize) is not None and return_gathered:
         raise ValueError("quantize=: the rows cross as FP8, so there are no high-precision gathered rows to return "
                          "or keep (return_gathered / keep_gathered are for calls without quantize)")

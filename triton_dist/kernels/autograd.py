@@ -193,7 +193,7 @@ def _gemm_rs_backward(ctx, grad_out):
     padded[:grad_out.shape[0]] = grad_out
     mode = ctx.grads_mode
     if mode is None:
-        out, g = ag_gemm(padded, w.T.contiguous(), return_gathered=True, group=group)
+        out, g = ag_gemm(padded, w.T, return_gathered=True, group=group)  # w read as it lies (no transposed copy)
     else:  # FP8 rows cross in ag_gemm: the weights' gradient gathers G on its own
         out = _times_weight("ag_gemm", padded, w, mode, ctx.group_name) if ctx.needs_input_grad[0] else None
         g = gathered(padded, group) if ctx.needs_input_grad[1] else None

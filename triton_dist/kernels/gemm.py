@@ -275,9 +275,11 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
                 USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
                 WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr,
                 scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = "",
-                MAX_IMPRECISE_ACC: tl.constexpr = None, SPLIT_K: tl.constexpr = 1, partials=None, tile_counts=None):
+                MAX_IMPRECISE_ACC: tl.constexpr = None, SPLIT_K: tl.constexpr = 1, partials=None, tile_counts=None,
+                B_KN: tl.constexpr = False):
     """Persistent ``C[seg] = A[seg] @ B.T`` over all segments: the reference use of the three pieces above
-    (SILU_GATE: ``silu(A @ B_gate.T) * (A @ B_up.T)``; FP8 scales: SCALES, see ``tile_accumulate``).
+    (SILU_GATE: ``silu(A @ B_gate.T) * (A @ B_up.T)``; FP8 scales: SCALES, see ``tile_accumulate``; B_KN: ``b`` is
+    B.T [K, N] as it lies, ``stride_bn`` its rows' stride).
 
     SPLIT_K > 1 (few tiles, long K: M small): each tile's K steps in SPLIT_K shares, a work item each, so that
     every SM streams its part of B; an item stores its fp32 partial tile in ``partials`` and the last of a tile's
@@ -295,7 +297,7 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
                                             GROUP_M)
             acc = tile_accumulate(a, b, seg * seg_rows + pid_m * BLOCK_M, pid_n * BLOCK_N, a_rows, N, K,
                                   stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, SILU_GATE,
-                                  scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC)
+                                  scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC, B_KN=B_KN)
             tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, seg_rows, N, stride_cs, stride_cm,
                        BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
     else:
@@ -309,7 +311,7 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
             acc = tile_accumulate(a, b, seg * seg_rows + pid_m * BLOCK_M, pid_n * BLOCK_N, a_rows, N, K,
                                   stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, False,
                                   scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC, None,
-                                  split * k_share, (split + 1) * k_share)
+                                  split * k_share, (split + 1) * k_share, B_KN=B_KN)
             acc, last = _sum_splits(acc, partials, tile_counts, tile, split, SPLIT_K, BLOCK_M, BLOCK_N)
             if last:
                 tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, seg_rows, N, stride_cs, stride_cm,
@@ -450,14 +452,21 @@ def c_block(cfg):
     return [1, cfg["BLOCK_M"], cfg["BLOCK_N"] // 2 if cfg.get("EPILOGUE_SUBTILE") else cfg["BLOCK_N"]]
 
 
-def describe_operands(a, b, c3, cfg):
+def describe_operands(a, b, c3, cfg, kn=False):
     """Kernel arguments for A [rows, K], B [N, K], C [S, seg_rows, N]: descriptors when TMA applies (``use_tma``
-    None or True: whenever the operands allow), else the tensors themselves. Returns (a_arg, b_arg, c_arg,
-    use_tma)."""
+    None or True: whenever the operands allow), else the tensors themselves. ``kn``: B is the transposed view of a
+    contiguous [K, N] (``is_kn``), described as it lies (``B_KN``). Returns (a_arg, b_arg, c_arg, use_tma)."""
+    b = b.T if kn else b  # contiguous either way
     if cfg.get("use_tma") is False or not tma_compatible(a, b, c3):
         return a, b, c3, False
-    return (tma_descriptor(a, [cfg["BLOCK_M"], cfg["BLOCK_K"]]), tma_descriptor(b, b_block(cfg)),
+    return (tma_descriptor(a, [cfg["BLOCK_M"], cfg["BLOCK_K"]]), tma_descriptor(b, b_block(cfg, kn)),
             tma_descriptor(c3, c_block(cfg)), True)
+
+
+def is_kn(w):
+    """Whether ``w`` [N, K] is the transposed view of a contiguous [K, N] (a weight multiplied as it lies, the
+    backward's ``grad @ w``): the kernels read it so (``B_KN``), without a contiguous copy."""
+    return w.dim() == 2 and not w.is_contiguous() and w.T.is_contiguous()
 
 
 def b_block(cfg, kn=False):
@@ -474,26 +483,28 @@ def dot_precision(dtype):
 _LAUNCH_GEMM = Launchers(gemm_kernel, "gemm_launch")  # gemm_kernel's bound launches
 
 
-def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False, scales=None, scale_rows=None):
+def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False, scales=None, scale_rows=None,
+                kn=False):
     """``c3[s] = a[s*seg_rows:(s+1)*seg_rows] @ b.T`` for every segment s of ``c3`` [S, seg_rows, N]
     (``silu_gate``: b is [2N, K], gate over up, and c3 gets ``silu(a @ b_gate.T) * (a @ b_up.T)``; ``scales``:
-    FP8 operands' ``fp8.Scales``, ``scale_rows``: A's scales as rows [rows, S] instead of ``scales.a``)."""
+    FP8 operands' ``fp8.Scales``, ``scale_rows``: A's scales as rows [rows, S] instead of ``scales.a``; ``kn``:
+    b is the transposed view of a contiguous [K, N], read as it lies: no gate, no scales)."""
     segments, seg_rows, n = c3.shape
     if cfg.get("MAINLOOP") == "gluon":  # ``gemm``'s own configurations only: one segment, no gate
         if segments != 1 or silu_gate or scale_rows is not None:
             raise ValueError("the Gluon FP8 mainloop runs gemm's calls: one segment, no SiLU gate")
         return gemm_sm90.launch(a, b, c3[0], cfg, scales.mode, scales.a, scales.w,
                                 gemm_grid(cfg, 1, seg_rows, n, a.device))
-    a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg)
-    args = (a_arg, b_arg, c_arg, segments, seg_rows, n, a.shape[1], a.stride(0), b.stride(0), c3.stride(0),
-            c3.stride(1), first_segment, segment_step)
+    a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg, kn)
+    args = (a_arg, b_arg, c_arg, segments, seg_rows, n, a.shape[1], a.stride(0), (b.T if kn else b).stride(0),
+            c3.stride(0), c3.stride(1), first_segment, segment_step)
     named = {} if scales is None else scales.tensor_args(scale_rows)
     split_k = split_k_of(cfg, silu_gate)
     if split_k > 1:
         named.update(split_k_workspace(a.device, gemm_tiles(cfg, segments, seg_rows, n), split_k, cfg))
     # bound once per grid and constants (``Launcher``): a call costs the driver launch
     _LAUNCH_GEMM(gemm_grid(cfg, segments, seg_rows, n, a.device), *args, named=named,
-                 **gemm_meta(cfg, use_tma, a.dtype, silu_gate, scales))
+                 **gemm_meta(cfg, use_tma, a.dtype, silu_gate, scales), **({"B_KN": True} if kn else {}))
     return c3
 
 
@@ -558,8 +569,9 @@ def gemm_meta(cfg, use_tma, dtype, silu_gate=False, scales=None):
     return meta
 
 
-def check_matmul_operands(a, b, what_a="a", what_b="w"):
-    """TypeError/ValueError for operands ``gemm`` and the fused ops cannot take."""
+def check_matmul_operands(a, b, what_a="a", what_b="w", w_as_it_lies=False):
+    """TypeError/ValueError for operands ``gemm`` and the fused ops cannot take (``w_as_it_lies``: ``b`` may also
+    be the transposed view of a contiguous [K, N], ``is_kn``, for an op that reads it so)."""
     for t, name in ((a, what_a), (b, what_b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -569,7 +581,7 @@ def check_matmul_operands(a, b, what_a="a", what_b="w"):
             raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16 (and float32){hint}")
         if t.dim() != 2:
             raise ValueError(f"{name} must be 2-D, got shape {list(t.shape)}")
-        if not t.is_contiguous():
+        if not t.is_contiguous() and not (w_as_it_lies and t is b and is_kn(t)):
             raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
     if a.dtype != b.dtype:
         raise TypeError(f"{what_a} and {what_b} must have the same dtype, got {a.dtype} and {b.dtype}")

@@ -36,8 +36,8 @@ from .. import language as dl
 from ..hardware import cdiv, next_power_of_2
 from . import fp8, library
 from .gemm import (b_block, c_block, check_launchable, check_tiles, default_num_programs, dot_precision, fp8_tiles,
-                   gemm_config, matmul_torch, output_like, skinny_configs, tile_accumulate, tile_coords, tile_store,
-                   tma_compatible, tma_descriptor)
+                   gemm_config, is_kn, matmul_torch, output_like, skinny_configs, tile_accumulate, tile_coords,
+                   tile_store, tma_compatible, tma_descriptor)
 from .replay import GraphCache
 
 # The crossover: below this many rows (M, all ranks together) the default path is torch.matmul + NCCL
@@ -209,12 +209,6 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **({} if scales is None else scales.kernel_args(cfg)),
         **({"W_KN": True} if kn else {}))
     return out
-
-
-def is_kn(w):
-    """Whether ``w`` [N, K] is the transposed view of a contiguous [K, N] (a weight multiplied as it lies, the
-    backward's ``grad @ w``): the kernel reads it so (``W_KN``), without a contiguous copy."""
-    return w.dim() == 2 and not w.is_contiguous() and w.T.is_contiguous()
 
 
 def gemm_rs_torch(a, w, group=None, scales=None, out_dtype=None):
