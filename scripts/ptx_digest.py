@@ -44,13 +44,19 @@ def gluon_descriptor(dtype, block):
     return f"tensordesc<{names[dtype]}[{', '.join(map(str, block))}],{gemm_sm90._smem_layout(tuple(block), dtype)!r}>"
 
 
-def sm90_gemm_signature():
-    """``gemm_fp8_sm90_kernel``'s signature: e4m3 operands, a bf16 result, 128x128x128 tiles."""
+def sm90_gemm_signature(block_n=128):
+    """``gemm_fp8_sm90_kernel``'s signature: e4m3 operands, a bf16 result, 128 x ``block_n`` x 128 tiles."""
     import torch
-    fp8 = gluon_descriptor(torch.float8_e4m3fn, (128, 128))
-    return dict(a_desc=fp8, b_desc=fp8, c_desc=gluon_descriptor(torch.bfloat16, (128, 128)), scale_a="*fp32",
-                scale_w="*fp32", M="i32", N="i32", K="i32", stride_sa="i32", stride_sw="i32",
-                **_const("BLOCK_SCALES", "GROUP_M", "STAGES", "EVEN_K_STEPS", "num_warps"))
+    fp8 = torch.float8_e4m3fn
+    return dict(a_desc=gluon_descriptor(fp8, (128, 128)), b_desc=gluon_descriptor(fp8, (block_n, 128)),
+                c_desc=gluon_descriptor(torch.bfloat16, (128, 128)), scale_a="*fp32", scale_w="*fp32", M="i32",
+                N="i32", K="i32", stride_sa="i32", stride_sw="i32",
+                **_const("BLOCK_SCALES", "GROUP_M", "STAGES", "num_warps"))
+
+
+def sm90_gemm_wide_signature():
+    """``gemm_fp8_sm90_kernel``'s signature at BLOCK_N 256 (two 128-column pieces per K step)."""
+    return sm90_gemm_signature(256)
 
 GEMM_SIG = dict(a="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>", c="tensordesc<bf16[1,128,256]>",
                 num_segments="i32", seg_rows="i32", N="i32", K="i32", stride_am="i32", stride_bn="i32",
@@ -340,9 +346,13 @@ KERNELS = [
      dict(SPLIT_SIG, dst_o="*bf16"), dict(SPLIT_DEFAULT, MODE=0, WORLD=1),
      ("q", "k_cache", "v_cache", "part_o", "dst_o", "out"), {"num_warps": 8, "num_stages": 3}),
     ("gemm_sm90/fp8-rows", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_signature,
-     dict(BLOCK_SCALES=False, GROUP_M=8, STAGES=6, EVEN_K_STEPS=False, num_warps=8), (), {"num_warps": 8}),
+     dict(BLOCK_SCALES=False, GROUP_M=8, STAGES=6, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-blocks", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_signature,
-     dict(BLOCK_SCALES=True, GROUP_M=8, STAGES=5, EVEN_K_STEPS=True, num_warps=8), (), {"num_warps": 8}),
+     dict(BLOCK_SCALES=True, GROUP_M=8, STAGES=6, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
+    ("gemm_sm90/fp8-rows-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,
+     dict(BLOCK_SCALES=False, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
+    ("gemm_sm90/fp8-blocks-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,
+     dict(BLOCK_SCALES=True, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("flash_decode/merge", K + "flash_decode", "flash_decode_merge_kernel", MERGE_SIG,
      dict(GROUP=4, GROUP_P2=4, HEAD_DIM=128, WORLD=2, WORLD_PAD=2, RANK_CHUNK=2, PDL=True),
      ("recv_o", "out", "stride_ob", "stride_oh"), {"num_warps": 4}),
@@ -437,13 +447,19 @@ def wgmma_serialized(log):
     return [line.split("info    :")[-1].strip() for line in log.splitlines() if re.search(r"\(C751\d\)", line)]
 
 
+def spilled_bytes(log):
+    """The bytes of spill stores ptxas reports in ``ptxas_log`` (None: it reports none)."""
+    spills = re.findall(r"(\d+) bytes spill stores", log)
+    return int(spills[0]) if spills else None
+
+
 def registers(ptx):
     """"R registers, S B spilled" of a kernel's PTX assembled for sm_90a (spills cost a GEMM tens of percent: a
     tile's accumulators must fit a thread's registers)."""
     log = ptxas_log(ptx)
     regs = re.findall(r"Used (\d+) registers", log)
-    spills = re.findall(r"(\d+) bytes spill stores", log)
-    return f"{regs[0] if regs else '?'} registers, {spills[0] if spills else '?'} B spilled"
+    spilled = spilled_bytes(log)
+    return f"{regs[0] if regs else '?'} registers, {'?' if spilled is None else spilled} B spilled"
 
 
 def launched_kernels():

@@ -36,7 +36,9 @@ _WORKER = textwrap.dedent("""
         result = {"ops": collections.Counter(OPS.findall(ptx)), "ptx_bytes": len(ptx),
                   "shared": compiled.metadata.shared}
         if assemble:  # ptxas's own word on the wgmma pipeline (ptx_digest.ptxas_log)
-            result["wgmma_serialized"] = ptx_digest.wgmma_serialized(ptx_digest.ptxas_log(ptx))
+            log = ptx_digest.ptxas_log(ptx)
+            result["wgmma_serialized"] = ptx_digest.wgmma_serialized(log)
+            result["spilled_bytes"] = ptx_digest.spilled_bytes(log)
         return result
 
     for line in sys.stdin:
@@ -65,7 +67,8 @@ def compile_sm90(module, name, signature, constexprs=None, aligned=(), options=N
     scripts/ptx_digest.py that returns it); returns {"ops": Counter-like dict}.
     ``aligned``: pointer/int arguments to treat as 16-divisible, as the JIT does for real aligned tensors;
     ``options``: the compile's (e.g. ``num_warps``: a Gluon kernel's layouts name its warps); ``assemble``: also
-    assemble it, adding "wgmma_serialized": ptxas's notes on wgmmas it serialized (none: the overlap holds)."""
+    assemble it, adding "wgmma_serialized": ptxas's notes on wgmmas it serialized (none: the overlap holds), and
+    "spilled_bytes"."""
     global _worker
     if _worker is None or _worker.poll() is not None:
         _worker = _start()

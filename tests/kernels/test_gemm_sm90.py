@@ -16,19 +16,21 @@ from .fp8_inputs import operands, rel_err
 
 
 def _errors(m, n, k, mode, out_dtype):
-    """{stages: max relative error} of each of the mainloop's configurations (two repeats, fresh inputs and a
-    result poisoned with NaN each), or a string saying why it cannot run here."""
+    """{(BLOCK_N, stages): max relative error} of each configuration of the mainloop (every BLOCK_N, the block
+    scales' 256 too, which the tuner does not offer), two repeats with fresh inputs and a result poisoned with NaN
+    each; or a string saying why it cannot run here."""
     if torch.cuda.get_device_capability()[0] != 9:
         return "not an sm_90 GPU"
     gen = torch.Generator().manual_seed(m + n + k)
     base = gemm_config(m, n, k, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1)
     errs = {}
-    for cfg in gemm_sm90.candidates(base, (4, 5)):
+    for cfg in gemm_sm90.candidates(base, out_dtype):
+        key = (cfg["BLOCK_N"], cfg["num_stages"])
         for _ in range(2):
             a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen))
             out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
             scaled_gemm(a, w, sa, sw, out=out, out_dtype=out_dtype, config=cfg)
-            errs[cfg["num_stages"]] = max(errs.get(cfg["num_stages"], 0.0), rel_err(out, da @ dw.T))
+            errs[key] = max(errs.get(key, 0.0), rel_err(out, da @ dw.T))
     return errs
 
 
@@ -39,7 +41,8 @@ def _errors(m, n, k, mode, out_dtype):
     (272, 136, 48, torch.float32),  # one K step, partial tiles on both sides, an fp32 result
     (4096, 4096, 4096, torch.bfloat16),  # several tiles per SM (the persistent walk, loads across tiles)
     (128, 4096, 8192, torch.float16),  # fewer tiles than SMs, a long K
-    (384, 256, 208, torch.bfloat16),  # two K steps (an even count, none in the loop), the last one ragged
+    (384, 256, 208, torch.bfloat16),  # two K steps, the last one ragged
+    (520, 264, 384, torch.bfloat16),  # N: a 256-wide tile and one 8 columns in (its second half past N)
 ])
 def test_gluon_mainloop_matches_fp64(ranks, mode, m, n, k, out_dtype):
     errs = ranks.on_one_gpu(_errors, m, n, k, mode, out_dtype)
@@ -58,7 +61,7 @@ def _offered():
         4096, 4096, 4096, torch.float8_e4m3fn, cuda, scales, **kw))
     offers = gemm_sm90.TUNER_OFFERS
     try:
-        gemm_sm90.TUNER_OFFERS = True  # (TRITON_DIST_GLUON_MAINLOOP=1)
+        gemm_sm90.TUNER_OFFERS = True  # (unless TRITON_DIST_GLUON_MAINLOOP=0)
         return count(promoted, split_k=True), count(fast, split_k=True), count(promoted)
     finally:
         gemm_sm90.TUNER_OFFERS = offers
@@ -79,25 +82,35 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
     a, sa, w, sw, _, _ = operands(32, 32, 32, "row", gen)
     with pytest.raises(ValueError, match="MAINLOOP='gluon'"):
         scaled_gemm(a, w, sa, sw, config={"MAINLOOP": "gluon"})
-    cfg = gemm_sm90.candidates(gemm_config(32, 32, 32, a.dtype, torch.device("cuda"), SPLIT_K=1))[0]
-    assert gemm_sm90.takes(cfg)
-    for bad in ({"num_stages": 1}, {"num_warps": 4}, {"BLOCK_N": 256}):
-        assert not gemm_sm90.takes({**cfg, **bad})
+    cfgs = gemm_sm90.candidates(gemm_config(32, 32, 32, a.dtype, torch.device("cuda"), SPLIT_K=1))
+    assert {c["BLOCK_N"] for c in cfgs} == set(gemm_sm90.BLOCK_NS) and all(gemm_sm90.takes(c, torch.bfloat16)
+                                                                           for c in cfgs)
+    assert {c["BLOCK_N"] for c in gemm_sm90.candidates(cfgs[0], torch.float32, block_scales=True)} == {128}
+    for bad in ({"num_stages": 1}, {"num_warps": 8}, {"BLOCK_N": 64}, {"BLOCK_K": 64}, {"num_stages": 7}):
+        assert not gemm_sm90.takes({**cfgs[0], **bad}, torch.bfloat16), bad
+    assert not gemm_sm90.takes({**cfgs[0], "num_stages": 6}, torch.float32)  # its buffer outgrows the memory
     assert not gemm_sm90.available(torch.device("cpu"), a.dtype, types.SimpleNamespace(fast_accum=False),
                                    torch.bfloat16)
 
 
-@pytest.mark.parametrize("block_scales", [False, True])
-@pytest.mark.parametrize("even_k_steps", [False, True])
-def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_scales, even_k_steps):
-    """Compiled for sm_90 (triton 3.6 in CI, as on the GPU image; the Triton installed too): FP8 wgmmas of the
-    128x128 tile, its pipeline within the shared memory, and ptxas keeping the wgmmas asynchronous (were one
-    serialized, every step would wait for its wgmmas before the adds: the overlap the kernel exists for)."""
+@pytest.mark.parametrize("block_n,block_scales", [(128, False), (128, True), (256, False)])
+def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, block_scales):
+    """Compiled for sm_90 (triton 3.6 in CI, as on the GPU image; the Triton installed too) as the tuner offers
+    it: FP8 wgmmas of 128-column pieces, its deepest ring within the shared memory, no spills, and ptxas keeping
+    the wgmmas asynchronous (were one serialized, every step would wait for its wgmmas before the adds: the
+    overlap the kernel exists for)."""
     if gemm_sm90.gluon is None:
         pytest.skip("this Triton has no Gluon")
-    compiled = compile_sm90("triton_dist.kernels.gemm_sm90", "gemm_fp8_sm90_kernel", "sm90_gemm_signature",
-                            dict(BLOCK_SCALES=block_scales, GROUP_M=8, STAGES=5, EVEN_K_STEPS=even_k_steps,
-                                 num_warps=8), options={"num_warps": 8}, assemble=True)
-    assert compiled["ops"].get("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", 0) >= 4, compiled["ops"]
-    assert compiled["shared"] <= 227 * 1024
+    cfg = gemm_sm90.candidates(gemm_config(32, 32, 32, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1),
+                               block_scales=block_scales)
+    cfg = [c for c in cfg if c["BLOCK_N"] == block_n][-1]  # the deepest ring
+    meta = gemm_sm90.meta(cfg, "block" if block_scales else "row")
+    options = {"num_warps": meta.pop("num_warps"), "maxnreg": meta.pop("maxnreg")}
+    signature = "sm90_gemm_signature" if block_n == 128 else "sm90_gemm_wide_signature"
+    compiled = compile_sm90("triton_dist.kernels.gemm_sm90", "gemm_fp8_sm90_kernel", signature,
+                            dict(meta, num_warps=options["num_warps"]), options=options, assemble=True)
+    wgmmas = compiled["ops"].get("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", 0)
+    assert wgmmas >= 2 * 4 * block_n // 128, compiled["ops"]  # both consumers, 4 per 128-column piece
+    assert compiled["shared"] <= gemm_sm90.SHARED_BYTES
+    assert compiled["spilled_bytes"] == 0
     assert compiled["wgmma_serialized"] == [], compiled["wgmma_serialized"]

@@ -740,11 +740,12 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
                                                   config))
     fp8.check_block_k(scales, cfg)
     if cfg.get("MAINLOOP") == "gluon" and not (gemm_sm90.available(a.device, a.dtype, scales, out.dtype)
-                                               and tma_compatible(a, w, out) and gemm_sm90.takes(cfg)):
+                                               and tma_compatible(a, w, out) and gemm_sm90.takes(cfg, out.dtype)):
         if config is not None and config.get("MAINLOOP") == "gluon":
             raise ValueError("config MAINLOOP='gluon' runs FP8 operands with promoted scales (fast_accum=False) on "
-                             "an sm_90 GPU, TMA-compatible operands (16-byte aligned), tiles of "
-                             f"{gemm_sm90.TILE}, num_warps 8 and num_stages >= 2; got {config}")
+                             "an sm_90 GPU, TMA-compatible operands (16-byte aligned), BLOCK_M and BLOCK_K 128, "
+                             f"BLOCK_N in {gemm_sm90.BLOCK_NS}, num_warps 4, num_stages >= 2 within the shared "
+                             f"memory; got {config}")
         cfg = gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1)  # a tuned one, for operands at an offset
     if plan_key is not None and a.is_cuda and cfg.get("use_tma") is not False and tma_compatible(a, w, out):
         plan = _EAGER.get(plan_key, lambda: EagerGemm(a, w, cfg, scales, out_dtype))
@@ -791,7 +792,7 @@ class EagerGemm:
         if cfg.get("MAINLOOP") == "gluon":
             self.gluon = (cfg, scales.mode)
             self.launcher = Launcher(gemm_sm90.gemm_fp8_sm90_kernel, gemm_grid(cfg, 1, m, n, a.device),
-                                     **gemm_sm90.meta(cfg, scales.mode, k))
+                                     **gemm_sm90.meta(cfg, scales.mode))
         else:
             self.launcher = Launcher(gemm_kernel, gemm_grid(cfg, 1, m, n, a.device),
                                      **gemm_meta(cfg, True, a.dtype, scales=scales))
@@ -924,7 +925,7 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtyp
         out_dtype = out_dtype or torch.bfloat16
         tma_rows = k % 16 == 0 and n * out_dtype.itemsize % 16 == 0  # the tuner's contiguous operands
         if gemm_sm90.TUNER_OFFERS and tma_rows and gemm_sm90.available(device, dtype, scales, out_dtype):
-            cands += gemm_sm90.candidates(base, (4, 5) if out_dtype == torch.float32 else (4, 5, 6))
+            cands += gemm_sm90.candidates(base, out_dtype, scales.mode == "block")
     return autotune.dedupe(cands)
 
 

@@ -1,24 +1,30 @@
 """The GEMM core's FP8 mainloop for Hopper (sm_90), written in Gluon: ``C = (A * scale_a) @ (W * scale_w).T`` with
-the tensor cores' partial sums promoted to fp32 every K step, meant to run at fast-accumulation speed
+the tensor cores' partial sums promoted to fp32 every K step, at close to fast-accumulation speed
 (docs/design/fp8.md: what was measured).
 
 Without fast accumulation (``torch._scaled_mm``'s default) the core adds each 128-wide K step's wgmma result into
-an fp32 sum. Written in Triton, the compiler waits for a step's wgmmas before those adds, so the tensor cores
-idle while they run (docs/design/fp8.md). Gluon (``triton.experimental.gluon``, part of Triton: explicit layouts,
-shared memory, mbarriers, TMA and asynchronous ``warpgroup_mma``) lets the kernel say what should overlap: each
-K step's wgmmas go into a fresh partial, and the previous step's partial is added to the sum while they run
-(``warpgroup_mma_wait(num_outstanding=1)``). A thread then holds the sum and two partials, 3 x 64 fp32 registers
-at a 128x128 tile on 8 warps (two warpgroups of 64 rows each), the largest tile whose three fit. No partial in
-flight may cross a loop boundary or a run-time branch: ptxas would then serialize every wgmma of the kernel
-(docs/design/fp8.md).
+an fp32 sum. Written in Triton, the compiler waits for a step's wgmmas before those adds, so the tensor cores idle
+while they run (docs/design/fp8.md). Gluon (``triton.experimental.gluon``, part of Triton: explicit layouts,
+shared memory, mbarriers, TMA, asynchronous ``warpgroup_mma`` and warp specialization) lets the kernel run the
+adds beside the wgmmas, as DeepGEMM does: the program's warps are split into partitions (``gl.warp_specialize``)
+that run out of step.
 
-Persistent: one program per SM walks its tiles in grouped-M order; TMA loads run ``STAGES`` K steps ahead, across
-tile boundaries, into a ring of shared-memory slots (one mbarrier each). Scales: per-tensor / rowwise multiply the
-tile once it is complete; 128-blockwise (1x128 groups of A, 128x128 blocks of W: DeepSeek-V3) multiply each step's
-partial before its add. A finished tile is converted to C's dtype and stored by TMA.
+- **The producer** (one warp, few registers): TMA loads of A [128, 128] and W [BLOCK_N, 128] into a ring of
+  ``STAGES`` shared-memory slots, as far ahead as the ring allows, across tiles. A slot's "ready" mbarrier
+  completes when its bytes have landed; its "empty" mbarrier when both consumers are done with it.
+- **Two consumers** (one warpgroup each, rows 0-63 and 64-127 of the tile): per K step, wait for the slot, run its
+  wgmmas into a fresh partial, wait for them, release the slot, add the partial into the fp32 sum (times the
+  step's block scales). While one warpgroup adds, the other's wgmmas run. A thread holds two register sets: the
+  sum and a partial. At BLOCK_N = 256 the step runs as two 128-column halves, one after the other, so a thread
+  holds two sums and one partial (the W tile, the wider one, is then read once per 256 columns instead of 128).
+- **The epilogue**: per-tensor / rowwise scales multiply the finished sum; each consumer writes its 64 rows of a
+  128x128 piece into one shared buffer, and the first consumer stores the piece by TMA once both halves are in.
 
-``gemm`` runs it where its autotuner picks a configuration with ``MAINLOOP="gluon"`` (``candidates``, offered where
-``TUNER_OFFERS``) or ``config=`` asks for it: FP8 operands with scales and promotion, on an sm_90 GPU,
+Persistent: one program per SM walks its tiles in grouped-M order. No wgmma is in flight at a loop's back edge or
+across a run-time branch (ptxas would then serialize every wgmma of the kernel: docs/design/fp8.md).
+
+``gemm`` runs it where its autotuner picks a configuration with ``MAINLOOP="gluon"`` (``candidates``, offered
+where ``TUNER_OFFERS``) or ``config=`` asks for it: FP8 operands with promoted scales, on an sm_90 GPU,
 TMA-compatible operands. Everything else is the Triton core (``gemm.py``), which the fused ops' kernels call tile
 by tile.
 """
@@ -28,7 +34,6 @@ import functools
 import os
 
 import torch
-import triton
 
 try:  # triton >= 3.5
     from triton.experimental import gluon
@@ -39,7 +44,8 @@ try:  # triton >= 3.5
     # TMA copies: async_load / async_store since triton 3.7; the older names before (the GPU image's 3.6)
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # (3.6: thread_barrier)
+    # inside a partition: a barrier of its own warps (3.6: thread_barrier)
+    _partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 except ImportError:  # pragma: no cover - a Triton without Gluon: the Triton core only
     gluon = None
 
@@ -47,8 +53,16 @@ from .. import hardware
 from . import fp8
 from .launcher import Launchers
 
+# a thread's registers at launch: 12 warps (4 + 4 + 1, rounded up to whole warpgroups) x 168 fill the 64K register
+# file; setmaxnreg then moves them from the producer's warpgroup to the consumers' (``gemm_fp8_sm90_kernel``)
+MAXNREG = 168
+
 
 if gluon is not None:
+    PIECE = gl.constexpr(128)  # the side of a wgmma's B operand, of a W scale block and of a stored C piece
+    PRODUCER_REGS = gl.constexpr(40)  # setmaxnreg of the producer warp's warpgroup (it only issues TMA loads)
+    CONSUMER_REGS = gl.constexpr(232)  # the second consumer's; the first (the default partition) gets the rest
+
     @gluon.jit
     def _tile_of(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
         """(pid_m, pid_n) of ``tile`` in grouped-M order: GROUP_M rows of tiles sweep the columns together, so
@@ -59,157 +73,184 @@ if gluon is not None:
         return first_m + (tile % group) % rows, (tile % group) // rows
 
     @gluon.jit
-    def _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, step, total, pid, nprog, k_tiles, tiles_m, tiles_n,
-                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-        """The TMA loads of this program's K step ``step`` (counted over all its tiles; none past ``total``) into
-        ring slot ``step % STAGES``, completing on that slot's mbarrier."""
+    def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr,
+                  STAGES: gl.constexpr):
+        """TMA loads of every K step of this program's tiles into the ring; a slot is loaded again once both
+        consumers have released it."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
-        slot = step % STAGES
-        pid_m, pid_n = _tile_of(pid + (step // k_tiles) * nprog, tiles_m, tiles_n, GROUP_M)
-        k = (step % k_tiles) * BK
-        live = step < total
-        bar = ready.index(slot)
-        mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=live)
-        _tma_load(a_desc, [pid_m * BM, k], bar, a_bufs.index(slot), pred=live)
-        _tma_load(b_desc, [pid_n * BN, k], bar, b_bufs.index(slot), pred=live)
+        tiles_m = gl.cdiv(M, BM)
+        tiles_n = gl.cdiv(N, BN)
+        k_tiles = gl.cdiv(K, BK)
+        step = 0  # over all this program's tiles: the slot is step % STAGES, its pass (step // STAGES)
+        for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+            pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+            for kk in range(k_tiles):
+                slot = step % STAGES
+                # a fresh barrier counts its (virtual) previous phase, parity 1, complete: the first pass is free
+                mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
+                bar = ready.index(slot)
+                mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                _tma_load(a_desc, [pid_m * BM, kk * BK], bar, a_bufs.index(slot))
+                _tma_load(b_desc, [pid_n * BN, kk * BK], bar, b_bufs.index(slot))
+                step += 1
 
     @gluon.jit
-    def _block_scale(scale_a, scale_w, rows, M, pid_n, kb, stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr):
-        """Block scales of K block ``kb`` for the tile's rows: ``scale_a[row, kb] * scale_w[pid_n, kb]`` (the tile
-        is 128 columns wide: one block of W); 0 without block scales (unused)."""
+    def _mma(a, b, zero):
+        """``a @ b.T`` of shared-memory tiles into a fresh fp32 partial, waited for."""
+        part = warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+
+    @gluon.jit
+    def _promote(acc, part, s_rows, scale_w, n_block, n_blocks, kb, stride_sw, BLOCK_SCALES: gl.constexpr):
+        """``acc + part``; with BLOCK_SCALES times the step's scales: the rows' ``s_rows`` (A's, block kb) and W's
+        block (n_block, kb)."""
         if BLOCK_SCALES:
-            return gl.load(scale_a + rows * stride_sa + kb, mask=rows < M, other=0.0) * \
-                gl.load(scale_w + pid_n * stride_sw + kb)
-        else:
-            return 0.0
-
-    @gluon.jit
-    def _store_tile(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw,
-                    BLOCK_SCALES: gl.constexpr, mma: gl.constexpr):
-        """The finished fp32 tile (pid_m, pid_n): scaled (per-tensor / rowwise), converted to C's dtype, staged in
-        ``c_smem`` once the previous tile's TMA store has left it, and stored by TMA (clipped to M x N)."""
-        BM: gl.constexpr = c_desc.block_type.shape[0]
-        BN: gl.constexpr = c_desc.block_type.shape[1]
-        if not BLOCK_SCALES:
-            rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
-            cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
-            s_rows = gl.load(scale_a + rows * stride_sa, mask=rows < M, other=0.0)
-            s_cols = gl.load(scale_w + cols * stride_sw, mask=cols < N, other=0.0)
-            acc = acc * s_rows[:, None] * s_cols[None, :]
-        tma.store_wait(pendings=0)
-        c_smem.store(acc.to(c_desc.dtype))
-        fence_async_shared()
-        _tma_store(c_desc, [pid_m * BM, pid_n * BN], c_smem)
-
-    @gluon.jit
-    def _issue(step, zero, a_desc, b_desc, a_bufs, b_bufs, ready, scale_a, scale_w, rows, M, pid_n, k_tiles,
-               stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr, STAGES: gl.constexpr):
-        """K step ``step``'s wgmmas, issued into a fresh partial once its slot has landed; returns the partial (in
-        flight) and the step's block scales."""
-        slot = step % STAGES
-        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-        s_part = _block_scale(scale_a, scale_w, rows, M, pid_n, step % k_tiles, stride_sa, stride_sw, BLOCK_SCALES)
-        part = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
-                             is_async=True)
-        return part, s_part
-
-    @gluon.jit
-    def _retire(step, part, acc, s_part, a_desc, b_desc, a_bufs, b_bufs, ready, total, pid, nprog, k_tiles,
-                tiles_m, tiles_n, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-        """K step ``step``'s finished partial added into ``acc`` times its block scales; its slot is loaded again,
-        STAGES steps ahead."""
-        _cta_barrier()  # both warpgroups are past the slot before it is loaded again
-        _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, step + STAGES, total, pid, nprog, k_tiles, tiles_m,
-                   tiles_n, GROUP_M, STAGES)
-        if BLOCK_SCALES:
-            return acc + part * s_part[:, None]
+            s_w = gl.load(scale_w + n_block * stride_sw + kb, mask=n_block < n_blocks, other=0.0)
+            return acc + part * (s_rows * s_w)[:, None]
         else:
             return acc + part
 
     @gluon.jit
-    def gemm_fp8_sm90_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa, stride_sw,
-                             BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                             EVEN_K_STEPS: gl.constexpr, num_warps: gl.constexpr):
-        """Persistent ``C = A @ B.T`` of FP8 A [M, K], B [N, K] (tensor descriptors, 128x128x128 tiles) with
-        promotion every K step; scales: ``scale_a[row * stride_sa]`` x ``scale_w[col * stride_sw]`` after the K
-        loop (per-tensor: strides 0), or with BLOCK_SCALES ``scale_a[row * stride_sa + kb]`` x
-        ``scale_w[pid_n * stride_sw + kb]`` on each step's partial. EVEN_K_STEPS: cdiv(K, 128) is even.
+    def _store_piece(acc, c_desc, c_smem, c_free, c_full, phase, scale_a, scale_w, rows, row0, col0, M, N,
+                     stride_sa, stride_sw, ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr):
+        """This consumer's ``rows`` of the 128-column piece of C at (``row0``, ``col0``): scaled (per-tensor /
+        rowwise), converted, written into the shared buffer; the first consumer (ROW0 0) frees the buffer (the
+        previous piece's store has read it) and, once both halves are in, stores the piece by TMA."""
+        mma: gl.constexpr = acc.type.layout
+        ROWS: gl.constexpr = acc.type.shape[0]
+        if not BLOCK_SCALES:
+            cols = col0 + gl.arange(0, PIECE, layout=gl.SliceLayout(0, mma))
+            s_rows = gl.load(scale_a + rows * stride_sa, mask=rows < M, other=0.0)
+            s_cols = gl.load(scale_w + cols * stride_sw, mask=cols < N, other=0.0)
+            acc = acc * s_rows[:, None] * s_cols[None, :]
+        out = acc.to(c_desc.dtype)
+        if ROW0 == 0:
+            tma.store_wait(pendings=0)
+            mbarrier.arrive(c_free, count=1)
+        else:
+            mbarrier.wait(c_free, phase)
+        c_smem.slice(ROW0, ROWS).store(out)
+        fence_async_shared()
+        _partition_barrier()  # every thread's rows written and fenced before thread 0 arrives
+        mbarrier.arrive(c_full, count=1)
+        if ROW0 == 0:
+            mbarrier.wait(c_full, phase)
+            _tma_store(c_desc, [row0, col0], c_smem)
 
-        Each K step's wgmmas are issued before the previous step's partial is waited for and added, so the adds
-        run beside them. Two steps per iteration, their partials alternating between two names: a partial in
-        flight is never copied (a loop-carried swap, or a branch on the steps' parity at run time, would copy
-        one, and ptxas then serializes every wgmma of the kernel: its C7514)."""
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        BN: gl.constexpr = b_desc.block_type.shape[0]
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                      instr_shape=[16, BN, 32])
-        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
-
-        pid = gl.program_id(0)
-        nprog = gl.num_programs(0)
+    @gluon.jit
+    def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w, M, N, K,
+                  stride_sa, stride_sw, ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr,
+                  STAGES: gl.constexpr):
+        """Rows ROW0 .. ROW0 + 64 of every tile of this program, on this partition's warpgroup: per K step wait
+        for the slot, its wgmmas (a 128-column half at a time), release the slot, promote; then the epilogue."""
+        BM: gl.constexpr = a_bufs.type.shape[1]
+        BK: gl.constexpr = a_bufs.type.shape[2]
+        BN: gl.constexpr = b_bufs.type.shape[1]
+        ROWS: gl.constexpr = BM // 2
+        WIDE: gl.constexpr = BN == 2 * PIECE
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                      instr_shape=[16, PIECE, 32])
         tiles_m = gl.cdiv(M, BM)
         tiles_n = gl.cdiv(N, BN)
         k_tiles = gl.cdiv(K, BK)
-        total = gl.cdiv(tiles_m * tiles_n - pid, nprog) * k_tiles  # this program's K steps over all its tiles
-        for s in gl.static_range(STAGES):
-            _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, s, total, pid, nprog, k_tiles, tiles_m, tiles_n,
-                       GROUP_M, STAGES)
-        zero = gl.zeros([BM, BN], gl.float32, layout=mma)
-        first = 0  # this tile's first K step, counted over the program's tiles (the TMA ring runs across them)
-        for tile in range(pid, tiles_m * tiles_n, nprog):
+        n_blocks = gl.cdiv(N, PIECE)
+        zero = gl.zeros([ROWS, PIECE], gl.float32, layout=mma)
+        step = 0
+        pieces = 0  # C pieces stored so far (the buffer's barriers' phase)
+        for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
-            rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
-            part, s_part = _issue(first, zero, a_desc, b_desc, a_bufs, b_bufs, ready, scale_a, scale_w, rows, M,
-                                  pid_n, k_tiles, stride_sa, stride_sw, BLOCK_SCALES, STAGES)
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+            rows = pid_m * BM + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
+            n_block = pid_n * (BN // PIECE)
             acc = zero
-            for kk in range(1, k_tiles - 1, 2):
-                odd, s_odd = _issue(first + kk, zero, a_desc, b_desc, a_bufs, b_bufs, ready, scale_a, scale_w, rows,
-                                    M, pid_n, k_tiles, stride_sa, stride_sw, BLOCK_SCALES, STAGES)
-                acc = _retire(first + kk - 1, part, acc, s_part, a_desc, b_desc, a_bufs, b_bufs, ready, total, pid,
-                              nprog, k_tiles, tiles_m, tiles_n, BLOCK_SCALES, GROUP_M, STAGES)
-                part, s_part = _issue(first + kk + 1, zero, a_desc, b_desc, a_bufs, b_bufs, ready, scale_a, scale_w,
-                                      rows, M, pid_n, k_tiles, stride_sa, stride_sw, BLOCK_SCALES, STAGES)
-                odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd, ))  # step kk's, issued above
-                acc = _retire(first + kk, odd, acc, s_odd, a_desc, b_desc, a_bufs, b_bufs, ready, total, pid,
-                              nprog, k_tiles, tiles_m, tiles_n, BLOCK_SCALES, GROUP_M, STAGES)
-                part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
-            last = first + k_tiles - 1
-            if EVEN_K_STEPS:  # one step left to issue
-                odd, s_odd = _issue(last, zero, a_desc, b_desc, a_bufs, b_bufs, ready, scale_a, scale_w, rows, M,
-                                    pid_n, k_tiles, stride_sa, stride_sw, BLOCK_SCALES, STAGES)
-                acc = _retire(last - 1, part, acc, s_part, a_desc, b_desc, a_bufs, b_bufs, ready, total, pid, nprog,
-                              k_tiles, tiles_m, tiles_n, BLOCK_SCALES, GROUP_M, STAGES)
-                odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd, ))
-                acc = _retire(last, odd, acc, s_odd, a_desc, b_desc, a_bufs, b_bufs, ready, total, pid, nprog,
-                              k_tiles, tiles_m, tiles_n, BLOCK_SCALES, GROUP_M, STAGES)
-            else:
-                acc = _retire(last, part, acc, s_part, a_desc, b_desc, a_bufs, b_bufs, ready, total, pid, nprog,
-                              k_tiles, tiles_m, tiles_n, BLOCK_SCALES, GROUP_M, STAGES)
-            _store_tile(c_desc, c_smem, acc, scale_a, scale_w, pid_m, pid_n, M, N, stride_sa, stride_sw,
-                        BLOCK_SCALES, mma)
-            first += k_tiles
-        tma.store_wait(pendings=0)
+            acc_hi = zero  # (WIDE: the tile's columns 128-255)
+            for kk in range(k_tiles):
+                slot = step % STAGES
+                if BLOCK_SCALES:  # loaded before the wait: their latency hides behind it
+                    s_rows = gl.load(scale_a + rows * stride_sa + kk, mask=rows < M, other=0.0)
+                else:
+                    s_rows = 0.0  # (unused)
+                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                a = a_bufs.index(slot).slice(ROW0, ROWS)
+                b = b_bufs.index(slot)
+                if WIDE:
+                    part = _mma(a, b.slice(0, PIECE), zero)
+                    acc = _promote(acc, part, s_rows, scale_w, n_block, n_blocks, kk, stride_sw, BLOCK_SCALES)
+                    part = _mma(a, b.slice(PIECE, PIECE), zero)
+                    mbarrier.arrive(empty.index(slot), count=1)
+                    acc_hi = _promote(acc_hi, part, s_rows, scale_w, n_block + 1, n_blocks, kk, stride_sw,
+                                      BLOCK_SCALES)
+                else:
+                    part = _mma(a, b, zero)
+                    mbarrier.arrive(empty.index(slot), count=1)
+                    acc = _promote(acc, part, s_rows, scale_w, n_block, n_blocks, kk, stride_sw, BLOCK_SCALES)
+                step += 1
+            _store_piece(acc, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows, pid_m * BM,
+                         pid_n * BN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
+            pieces += 1
+            if WIDE:
+                _store_piece(acc_hi, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows,
+                             pid_m * BM, pid_n * BN + PIECE, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
+                pieces += 1
+        if ROW0 == 0:
+            tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _second_consumer(a_bufs, b_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w, M, N, K,
+                         stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr,
+                         STAGES: gl.constexpr):
+        """The worker consumer: rows 64 .. 127 of each tile."""
+        _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w, M, N, K,
+                  stride_sa, stride_sw, a_bufs.type.shape[1] // 2, BLOCK_SCALES, GROUP_M, STAGES)
+
+    @gluon.jit
+    def gemm_fp8_sm90_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa, stride_sw,
+                             BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                             num_warps: gl.constexpr):
+        """Persistent ``C = A @ B.T`` of FP8 A [M, K], B [N, K] (tensor descriptors: A's block 128x128, B's
+        BLOCK_N x 128 with BLOCK_N 128 or 256, C's 128x128) with promotion every K step; scales:
+        ``scale_a[row * stride_sa]`` x ``scale_w[col * stride_sw]`` after the K loop (per-tensor: strides 0), or
+        with BLOCK_SCALES ``scale_a[row * stride_sa + kb]`` x ``scale_w[n_block * stride_sw + kb]`` on each
+        step's partial. num_warps 4: each consumer is one warpgroup."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, PIECE], c_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        c_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)  # the producer's expect; the TMA bytes complete it
+            mbarrier.init(empty.index(s), count=2)  # one arrive per consumer
+        c_free = c_bars.index(0)  # the buffer may be written: the first consumer, after the last store read it
+        c_full = c_bars.index(1)  # both consumers' rows are in
+        mbarrier.init(c_free, count=1)
+        mbarrier.init(c_full, count=2)
+        gl.warp_specialize([
+            (_consumer, (a_bufs, b_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w, M, N, K,
+                         stride_sa, stride_sw, 0, BLOCK_SCALES, GROUP_M, STAGES)),
+            (_second_consumer, (a_bufs, b_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w, M,
+                                N, K, stride_sa, stride_sw, BLOCK_SCALES, GROUP_M, STAGES)),
+            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # (worker_num_regs: required by 3.6, optional since)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
+            mbarrier.invalidate(empty.index(s))
+        mbarrier.invalidate(c_free)
+        mbarrier.invalidate(c_full)
 
 
 # ----------------------------------------------------------------------------------------------- host side
-TILE = (128, 128, 128)  # BLOCK_M, BLOCK_N, BLOCK_K: see the module docstring
+BLOCK_NS = (128, 256)  # one 128-column piece per K step, or two (W's tile then read once per 256 columns)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SHARED_BYTES = 227 * 1024  # an sm_90 program's shared memory
 
-
-# Offered to gemm's tuner only where TRITON_DIST_GLUON_MAINLOOP=1: correct on the GPU, but not yet faster than the
-# Triton core (docs/design/fp8.md); ``config={"MAINLOOP": "gluon"}`` runs it either way.
-TUNER_OFFERS = os.environ.get("TRITON_DIST_GLUON_MAINLOOP") == "1"
+# Offered to gemm's tuner unless TRITON_DIST_GLUON_MAINLOOP=0 (the tuner times it against the Triton core's
+# configurations); ``config={"MAINLOOP": "gluon"}`` runs it either way.
+TUNER_OFFERS = os.environ.get("TRITON_DIST_GLUON_MAINLOOP", "1") != "0"
 
 
 def available(device, dtype, scales, out_dtype):
@@ -220,20 +261,31 @@ def available(device, dtype, scales, out_dtype):
             and not scales.fast_accum and out_dtype in OUT_DTYPES)
 
 
-def takes(cfg):
-    """Whether ``cfg`` is a configuration this kernel runs: its tile on 8 warps (two warpgroups of 64 rows), at
-    least two pipeline stages (a step's slot is loaded again while the next step's wgmmas read theirs)."""
-    return ((cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]) == TILE and cfg["num_warps"] == 8
-            and cfg["num_stages"] >= 2)
+def _shared_bytes(block_n, stages, out_dtype):
+    """The ring of FP8 A and W tiles and the C piece's buffer."""
+    return stages * (128 + block_n) * 128 + 128 * 128 * out_dtype.itemsize
 
 
-def candidates(base, stages=(4, 5, 6)):
-    """Tuner configurations of this mainloop from ``base`` (``gemm_config``'s keys): 128x128x128 on 8 warps, the
-    pipeline ``stages`` deep (6 fills the shared memory with a bf16 result; an fp32 one fits 5)."""
-    bm, bn, bk = TILE
-    return [{**base, "MAINLOOP": "gluon", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 8,
-             "num_stages": s, "GROUP_M": 8, "SPLIT_N": False, "EPILOGUE_SUBTILE": False, "SPLIT_K": 1,
-             "programs_per_sm": None} for s in stages]
+def takes(cfg, out_dtype):
+    """Whether ``cfg`` is a configuration this kernel runs for a result of ``out_dtype``: 128x128 A tiles, BLOCK_N
+    of ``BLOCK_NS``, BLOCK_K 128, each consumer one warpgroup (num_warps 4), a ring of at least two slots within
+    the shared memory."""
+    return ((cfg["BLOCK_M"], cfg["BLOCK_K"]) == (128, 128) and cfg["BLOCK_N"] in BLOCK_NS and cfg["num_warps"] == 4
+            and cfg["num_stages"] >= 2 and _shared_bytes(cfg["BLOCK_N"], cfg["num_stages"], out_dtype)
+            <= SHARED_BYTES)
+
+
+def candidates(base, out_dtype=torch.bfloat16, block_scales=False):
+    """Tuner configurations of this mainloop from ``base`` (``gemm_config``'s keys): each BLOCK_N with the two
+    deepest rings that fit beside a result of ``out_dtype``; with block scales 128 only (at 256 the two sums, the
+    partial and the step's scales outgrow a thread's registers: ptxas spills)."""
+    cands = []
+    for bn in BLOCK_NS[:1] if block_scales else BLOCK_NS:
+        deepest = [s for s in range(2, 8) if _shared_bytes(bn, s, out_dtype) <= SHARED_BYTES][-2:]
+        cands += [{**base, "MAINLOOP": "gluon", "BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4,
+                   "num_stages": s, "GROUP_M": 8, "SPLIT_N": False, "EPILOGUE_SUBTILE": False, "SPLIT_K": 1,
+                   "programs_per_sm": None} for s in deepest]
+    return cands
 
 
 _GL_DTYPES = {}
@@ -274,20 +326,19 @@ def launch(a, w, c, cfg, mode, scale_a, scale_w, grid):
     """``c = (a * scale_a) @ (w * scale_w).T`` for FP8 ``a`` [M, K], ``w`` [N, K] into ``c`` [M, N] (2-D,
     TMA-compatible) with scales of ``mode`` (contiguous: ``fp8.Scales``) and ``cfg`` (a ``candidates``
     configuration) on ``grid`` (one program per SM, at most one per tile)."""
-    _LAUNCH(grid, *arguments(a, w, c, cfg, mode, scale_a, scale_w), **meta(cfg, mode, a.shape[1]))
+    _LAUNCH(grid, *arguments(a, w, c, cfg, mode, scale_a, scale_w), **meta(cfg, mode))
     return c
 
 
 def arguments(a, w, c, cfg, mode, scale_a, scale_w):
     """The kernel's runtime arguments for ``launch``'s call (a bound ``Launcher`` takes them as they are)."""
     (m, k), n = a.shape, w.shape[0]
-    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     strides = (0, 0) if mode == "tensor" else (scale_a.stride(0), scale_w.stride(0))
-    return (_descriptor(a, [bm, bk]), _descriptor(w, [bn, bk]), _descriptor(c, [bm, bn]), scale_a, scale_w, m, n, k,
-            *strides)
+    return (_descriptor(a, [128, 128]), _descriptor(w, [cfg["BLOCK_N"], 128]), _descriptor(c, [128, 128]), scale_a,
+            scale_w, m, n, k, *strides)
 
 
-def meta(cfg, mode, k):
-    """The kernel's constexprs and launch options for ``cfg``, scales of ``mode`` and inner dimension ``k``."""
-    return dict(BLOCK_SCALES=mode == "block", GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"],
-                EVEN_K_STEPS=triton.cdiv(k, cfg["BLOCK_K"]) % 2 == 0, num_warps=cfg["num_warps"])
+def meta(cfg, mode):
+    """The kernel's constexprs and launch options for ``cfg`` and scales of ``mode``."""
+    return dict(BLOCK_SCALES=mode == "block", GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"], num_warps=4,
+                maxnreg=MAXNREG)
