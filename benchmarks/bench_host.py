@@ -23,7 +23,8 @@ import triton.language as tl
 import triton_dist as td
 from harness import host_us, record
 from triton_dist.kernels import ag_gemm, all_gather, all_reduce, all_reduce_rmsnorm, ep_combine, ep_dispatch, gemm_rs, sp_flash_decode
-from triton_dist.kernels.gemm import gemm
+from triton_dist.kernels import fp8
+from triton_dist.kernels.gemm import gemm, scaled_gemm
 
 CALLS = 50
 COMPARE = [  # (ours, baseline (None: a fixed target), target us)
@@ -33,6 +34,7 @@ COMPARE = [  # (ours, baseline (None: a fixed target), target us)
     ("gemm_rs M=128 (ours)", "gemm_rs M=128 cuBLAS+NCCL", None),
     ("gemm_rs M=2048 (ours)", "gemm_rs M=2048 cuBLAS+NCCL", None),
     ("gemm 128x4096x8192 (ours)", "gemm 128x4096x8192 torch.matmul", None),
+    ("scaled_gemm row 1536x2560x7168 (ours)", "scaled_gemm row 1536x2560x7168 torch._scaled_mm", None),
     ("ep_dispatch T=128 (ours)", None, 40.0),
     ("ep_dispatch T=128 fused layout (one launch)", None, 40.0),
     ("ep_combine T=128 (ours)", None, 40.0),
@@ -126,6 +128,11 @@ def main():
     g_a, g_w = torch.randn(128, 8192, **bf), torch.randn(4096, 8192, **bf)
     cases["gemm 128x4096x8192 (ours)"] = (lambda: gemm(g_a, g_w), "gemm")
     cases["gemm 128x4096x8192 torch.matmul"] = (lambda: torch.matmul(g_a, g_w.T), None)
+    f_a, f_sa = fp8.quantize(torch.randn(1536, 7168, device=dev), "row")  # FP8 rowwise (sm_90: the Gluon mainloop)
+    f_w, f_sw = fp8.quantize(torch.randn(2560, 7168, device=dev) / 16, "row")
+    cases["scaled_gemm row 1536x2560x7168 (ours)"] = (lambda: scaled_gemm(f_a, f_w, f_sa, f_sw), "scaled_gemm")
+    cases["scaled_gemm row 1536x2560x7168 torch._scaled_mm"] = (
+        lambda: torch._scaled_mm(f_a, f_w.t(), f_sa, f_sw.t(), out_dtype=torch.bfloat16), None)
 
     ag_in = torch.randn(1 << 19, **bf)
     ag_out = torch.empty(world << 19, **bf)

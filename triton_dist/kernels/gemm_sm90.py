@@ -103,14 +103,30 @@ if gluon is not None:
         return warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
 
     @gluon.jit
-    def _promote(acc, part, s_rows, scale_w, n_block, n_blocks, kb, stride_sw, BLOCK_SCALES: gl.constexpr):
-        """``acc + part``; with BLOCK_SCALES times the step's scales: the rows' ``s_rows`` (A's, block kb) and W's
-        block (n_block, kb)."""
+    def _promote(acc, part, scale, BLOCK_SCALES: gl.constexpr):
+        """``acc + part``; with BLOCK_SCALES times the step's ``scale`` per row (A's block times W's)."""
         if BLOCK_SCALES:
-            s_w = gl.load(scale_w + n_block * stride_sw + kb, mask=n_block < n_blocks, other=0.0)
-            return acc + part * (s_rows * s_w)[:, None]
+            return acc + part * scale[:, None]
         else:
             return acc + part
+
+    @gluon.jit
+    def _step_scales(scale_a, scale_w, rows, M, n_block, n_blocks, kb, stride_sa, stride_sw,
+                     BLOCK_SCALES: gl.constexpr, WIDE: gl.constexpr):
+        """The block scales of K block ``kb`` for the rows and each 128-column piece (W's blocks ``n_block`` and,
+        WIDE, the next): ``scale_a[row, kb] * scale_w[block, kb]``; zeros without block scales (unused)."""
+        if BLOCK_SCALES:
+            s_a = gl.load(scale_a + rows * stride_sa + kb, mask=rows < M, other=0.0)
+            s_lo = s_a * gl.load(scale_w + n_block * stride_sw + kb, mask=n_block < n_blocks, other=0.0)
+            if WIDE:
+                s_hi = s_a * gl.load(scale_w + (n_block + 1) * stride_sw + kb, mask=n_block + 1 < n_blocks,
+                                     other=0.0)
+            else:
+                s_hi = s_lo
+        else:
+            s_lo = 0.0
+            s_hi = 0.0
+        return s_lo, s_hi
 
     @gluon.jit
     def _store_piece(acc, c_desc, c_smem, c_free, c_full, phase, scale_a, scale_w, rows, row0, col0, M, N,
@@ -167,24 +183,22 @@ if gluon is not None:
             acc_hi = zero  # (WIDE: the tile's columns 128-255)
             for kk in range(k_tiles):
                 slot = step % STAGES
-                if BLOCK_SCALES:  # loaded before the wait: their latency hides behind it
-                    s_rows = gl.load(scale_a + rows * stride_sa + kk, mask=rows < M, other=0.0)
-                else:
-                    s_rows = 0.0  # (unused)
+                # the step's block scales, loaded before the wait: their latency hides behind it and the wgmmas
+                s_lo, s_hi = _step_scales(scale_a, scale_w, rows, M, n_block, n_blocks, kk, stride_sa, stride_sw,
+                                          BLOCK_SCALES, WIDE)
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                 a = a_bufs.index(slot).slice(ROW0, ROWS)
                 b = b_bufs.index(slot)
                 if WIDE:
                     part = _mma(a, b.slice(0, PIECE), zero)
-                    acc = _promote(acc, part, s_rows, scale_w, n_block, n_blocks, kk, stride_sw, BLOCK_SCALES)
+                    acc = _promote(acc, part, s_lo, BLOCK_SCALES)
                     part = _mma(a, b.slice(PIECE, PIECE), zero)
                     mbarrier.arrive(empty.index(slot), count=1)
-                    acc_hi = _promote(acc_hi, part, s_rows, scale_w, n_block + 1, n_blocks, kk, stride_sw,
-                                      BLOCK_SCALES)
+                    acc_hi = _promote(acc_hi, part, s_hi, BLOCK_SCALES)
                 else:
                     part = _mma(a, b, zero)
                     mbarrier.arrive(empty.index(slot), count=1)
-                    acc = _promote(acc, part, s_rows, scale_w, n_block, n_blocks, kk, stride_sw, BLOCK_SCALES)
+                    acc = _promote(acc, part, s_lo, BLOCK_SCALES)
                 step += 1
             _store_piece(acc, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows, pid_m * BM,
                          pid_n * BN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
