@@ -19,3 +19,28 @@ def test_drain_waits_for_a_busy_rank_and_skips_a_dead_one():
         t0 = time.monotonic()
         assert pool._drain(60) == [0]
         assert time.monotonic() - t0 < 30
+
+
+class _ResetConnection:
+    """A rank's pipe whose process died mid-message: the read raises ConnectionResetError (run150, a shared-GPU
+    pool's start on an H100), not EOFError."""
+
+    def send(self, _):
+        raise BrokenPipeError
+
+    def poll(self, _):
+        return True
+
+    def recv(self):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+@cpu_only
+def test_a_reset_connection_counts_as_a_dead_rank():
+    with RankPool(2) as pool:
+        alive = pool._conns[1]
+        pool._conns[1] = _ResetConnection()
+        try:
+            assert pool._drain(60) == [0]
+        finally:
+            pool._conns[1] = alive

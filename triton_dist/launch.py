@@ -234,7 +234,7 @@ class RankPool:
                 if self._conns[r].poll(0.01):
                     try:
                         kind, value = self._conns[r].recv()
-                    except EOFError:
+                    except (EOFError, OSError):  # its process is gone (a reset connection too)
                         kind, value = "err", f"process died (exit code {self._procs[r].exitcode})"
                     pending.discard(r)
                     if kind == "err":
@@ -273,7 +273,7 @@ class RankPool:
                 if self._conns[r].poll(0.01):
                     try:
                         kind, value = self._conns[r].recv()
-                    except EOFError:
+                    except (EOFError, OSError):  # its process is gone: nothing of it to drain
                         pending.discard(r)
                         continue
                     if (kind, value) == ("ok", _DRAINED):

@@ -114,3 +114,24 @@ def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, blo
     assert compiled["shared"] <= gemm_sm90.SHARED_BYTES
     assert compiled["spilled_bytes"] == 0
     assert compiled["wgmma_serialized"] == [], compiled["wgmma_serialized"]
+
+
+@cpu_only
+def test_the_arguments_describe_each_call_s_operands():
+    """``Arguments`` (an eager plan's) works out the descriptors' fields once; each call's descriptors carry that
+    call's tensors (here on the CPU: only the host side is built)."""
+    if gemm_sm90.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    gen = torch.Generator().manual_seed(0)
+    cfg = gemm_sm90.candidates(gemm_config(32, 32, 32, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1))[-1]
+    for mode in ("tensor", "row", "block"):
+        a, sa, w, sw, _, _ = operands(200, 264, 384, mode, gen)
+        c = torch.empty(200, 264, dtype=torch.bfloat16)
+        args = gemm_sm90.Arguments(a, w, c, cfg, mode, sa, sw)
+        a2, sa2, w2, sw2, _, _ = operands(200, 264, 384, mode, gen)
+        got = args(a2, w2, c, sa2, sw2)
+        assert [d.base for d in got[:3]] == [a2, w2, c] and got[3] is sa2 and got[4] is sw2
+        assert [d.block_shape for d in got[:3]] == [[128, 128], [cfg["BLOCK_N"], 128], [128, 128]]
+        assert [d.shape for d in got[:3]] == [[200, 384], [264, 384], [200, 264]]
+        assert [d.strides for d in got[:3]] == [[384, 1], [384, 1], [264, 1]]
+        assert got[5:] == (200, 264, 384) + ((0, 0) if mode == "tensor" else (sa.stride(0), sw.stride(0)))

@@ -788,9 +788,10 @@ class EagerGemm:
         self.scale_strides = None if named is None else (named["stride_sa"], named["stride_sw"])
         split_k = split_k_of(cfg)
         self.split_args = (gemm_tiles(cfg, 1, m, n), split_k, cfg) if split_k > 1 else None  # split_k_workspace's
-        self.gluon = None  # (cfg, mode) where the Gluon FP8 mainloop runs it (``gemm_sm90``)
+        self.gluon = None  # the arguments of the Gluon FP8 mainloop (``gemm_sm90``), where it runs the call
         if cfg.get("MAINLOOP") == "gluon":
-            self.gluon = (cfg, scales.mode)
+            self.gluon = gemm_sm90.Arguments(a, w, torch.empty((m, n), dtype=out_dtype, device="meta"), cfg,
+                                             scales.mode, scales.a, scales.w)
             self.launcher = Launcher(gemm_sm90.gemm_fp8_sm90_kernel, gemm_grid(cfg, 1, m, n, a.device),
                                      **gemm_sm90.meta(cfg, scales.mode))
         else:
@@ -807,7 +808,7 @@ class EagerGemm:
         if self.gluon is not None:
             if (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
                 return None
-            self.launcher.run(*gemm_sm90.arguments(a, w, out, *self.gluon, scale_a, scale_w))
+            self.launcher.run(*self.gluon(a, w, out, scale_a, scale_w))
             return out
         args = (tma_descriptor(a, *self.a_desc), tma_descriptor(w, *self.w_desc),
                 tma_descriptor(out, *self.c_desc)) + self.ints

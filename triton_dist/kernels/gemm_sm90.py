@@ -323,13 +323,22 @@ def _descriptor_defaults():
     return {f.name: f.default for f in dataclasses.fields(GluonDescriptor) if f.default is not dataclasses.MISSING}
 
 
-def _descriptor(t, block):
-    """A Gluon TMA descriptor of the 2-D ``t`` (checked by the caller: ``gemm.tma_compatible``), built without
-    the dataclass's checks of it again (``gemm.tma_descriptor``'s reason)."""
-    desc = object.__new__(GluonDescriptor)
-    desc.__dict__.update(_descriptor_defaults())
-    desc.base, desc.shape, desc.strides, desc.block_shape = t, list(t.shape), list(t.stride()), block
-    desc.layout = _smem_layout(tuple(block), t.dtype)
+def _template(shape, strides, block, dtype):
+    """A Gluon TMA descriptor's fields but its base (``_described``), for a 2-D tensor (checked by the caller:
+    ``gemm.tma_compatible``) of ``shape``, ``strides`` and ``dtype`` with ``block``."""
+    return {**_descriptor_defaults(), "shape": list(shape), "strides": list(strides), "block_shape": block,
+            "layout": _smem_layout(tuple(block), dtype)}
+
+
+_NEW = object.__new__
+
+
+def _described(t, template):
+    """The descriptor of ``t`` with the fields of ``template``, built without the dataclass's checks of it again
+    (``gemm.tma_descriptor``'s reason)."""
+    desc = _NEW(GluonDescriptor)
+    desc.__dict__.update(template)
+    desc.base = t
     return desc
 
 
@@ -340,16 +349,26 @@ def launch(a, w, c, cfg, mode, scale_a, scale_w, grid):
     """``c = (a * scale_a) @ (w * scale_w).T`` for FP8 ``a`` [M, K], ``w`` [N, K] into ``c`` [M, N] (2-D,
     TMA-compatible) with scales of ``mode`` (contiguous: ``fp8.Scales``) and ``cfg`` (a ``candidates``
     configuration) on ``grid`` (one program per SM, at most one per tile)."""
-    _LAUNCH(grid, *arguments(a, w, c, cfg, mode, scale_a, scale_w), **meta(cfg, mode))
+    args = Arguments(a, w, c, cfg, mode, scale_a, scale_w)(a, w, c, scale_a, scale_w)
+    _LAUNCH(grid, *args, **meta(cfg, mode))
     return c
 
 
-def arguments(a, w, c, cfg, mode, scale_a, scale_w):
-    """The kernel's runtime arguments for ``launch``'s call (a bound ``Launcher`` takes them as they are)."""
-    (m, k), n = a.shape, w.shape[0]
-    strides = (0, 0) if mode == "tensor" else (scale_a.stride(0), scale_w.stride(0))
-    return (_descriptor(a, [128, 128]), _descriptor(w, [cfg["BLOCK_N"], 128]), _descriptor(c, [128, 128]), scale_a,
-            scale_w, m, n, k, *strides)
+class Arguments:
+    """The kernel's runtime arguments for calls on operands of one layout (that of ``a``, ``w``, ``c`` and the
+    scales given here): ``Arguments(...)(a, w, c, scale_a, scale_w)``, the descriptors' fields and the integers
+    worked out once (a bound ``Launcher`` takes the arguments as they are: ``gemm.EagerGemm``)."""
+
+    def __init__(self, a, w, c, cfg, mode, scale_a, scale_w):
+        (m, k), n = a.shape, w.shape[0]
+        self.templates = (_template(a.shape, a.stride(), [128, 128], a.dtype),
+                          _template(w.shape, w.stride(), [cfg["BLOCK_N"], 128], w.dtype),
+                          _template(c.shape, c.stride(), [128, 128], c.dtype))
+        self.ints = (m, n, k) + ((0, 0) if mode == "tensor" else (scale_a.stride(0), scale_w.stride(0)))
+
+    def __call__(self, a, w, c, scale_a, scale_w):
+        ta, tw, tc = self.templates
+        return (_described(a, ta), _described(w, tw), _described(c, tc), scale_a, scale_w) + self.ints
 
 
 def meta(cfg, mode):

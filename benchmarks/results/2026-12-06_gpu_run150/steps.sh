@@ -5,6 +5,8 @@
 #       tuning time kept (the autotune cache's _timings_us).
 #   GIT_COMMIT=<sha> bash steps.sh tier   (~560 s) README's GPU tier (6 workers per 80 GB, 12 on an H200), then
 #       bench_host (HOST_PROFILE=1).
+#   GIT_COMMIT=<sha> bash steps.sh final  (~480 s) after the last kernel change: its GPU tests, the tier's one failure
+#       (a 4-rank pool's start) again, bench_gemm's FP8 table, bench_host.
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/benchmarks TRITON_DIST_CACHE_DIR=$OUT/autotune
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s)
@@ -20,6 +22,15 @@ if [ "${1:-proof}" = proof ]; then
   grep -E "passed|failed|FAILED|Error" "$OUT/gluon_tests.log" | cut -c1-300 | tail -12
   BENCH_DIR=/tmp/bench step bench_gemm_fp8 270 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only fp8
   grep -E "^\|" "$OUT/bench_gemm_fp8.log" | head -14
+elif [ "$1" = final ]; then
+  step gluon_tests 120 python -m pytest -m gpu -n 6 -p no:cacheprovider -q -rs tests/kernels/test_gemm_sm90.py
+  grep -E "passed|failed|FAILED|Error" "$OUT/gluon_tests.log" | cut -c1-300 | tail -12
+  step mlp_grads 120 python -m pytest -m gpu -n 3 -p no:cacheprovider -q -rs tests/nn/test_training.py -k mlp_layer_gradients_bf16_on_gpus
+  grep -E "passed|failed|FAILED|Error" "$OUT/mlp_grads.log" | cut -c1-300 | tail -12
+  BENCH_DIR=/tmp/bench step bench_gemm_fp8 270 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only fp8
+  grep -E "^\|" "$OUT/bench_gemm_fp8.log" | head -14
+  HOST_PROFILE=1 BENCH_DIR=/tmp/bench step bench_host 60 torchrun --nproc-per-node=1 benchmarks/bench_host.py
+  grep -E "NOT MET|scaled_gemm|gemm 128" "$OUT/bench_host.log" | head -12
 else
   step gpu_tier 480 python -m pytest -m gpu -n $workers -p no:cacheprovider -q -rs --durations=15
   grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tier.log" | cut -c1-200 | tail -25
