@@ -1,7 +1,7 @@
 """For the next GPU session (sm_90; NOT run yet: written without a GPU): ws_probe against fp64 in every scaling
 mode, then timed against cuBLAS ``_scaled_mm`` (tensor / row, no fast accumulation) and gemm_sm90's Gluon kernel.
 
-    python benchmarks/results/2026-12-06_gpu_run149/gpu_check.py [--warps 4 8] [--stages 4 5 6]
+    python benchmarks/results/2026-12-06_h200x1_run149/gpu_check.py [--warps 4 8] [--stages 4 5 6]
 """
 
 import argparse

@@ -4,7 +4,7 @@
 # gemm_sm90's kernel. A wrong mbarrier phase would hang: the timeout ends it.
 #   GIT_COMMIT=<sha> bash steps.sh   (~300 s)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-here=benchmarks/results/2026-12-06_gpu_run149
+here=benchmarks/results/2026-12-06_h200x1_run149
 echo "commit $GIT_COMMIT" > "$OUT/node.log"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/node.log"
 timeout 280 python $here/gpu_check.py > "$OUT/gpu_check.log" 2>&1; echo "== gpu_check: exit $?"

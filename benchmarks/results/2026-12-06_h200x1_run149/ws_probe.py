@@ -15,7 +15,7 @@ Partitions (``gl.warp_specialize``; README.md beside this file):
   128x128 C tile into one shared buffer; warpgroup 0 waits for both halves ("c_full", count 2) and stores the
   tile by TMA; it releases the buffer ("c_free") after the store has read it, before the next tile's halves.
 
-Compile check (no GPU): ``python benchmarks/results/2026-12-06_gpu_run149/check.py`` (README.md).
+Compile check (no GPU): ``python benchmarks/results/2026-12-06_h200x1_run149/check.py`` (README.md).
 """
 
 import inspect

@@ -2,8 +2,8 @@
 the ptxas Triton uses) and ptxas's wgmma-serialization notes (C751x), through scripts/ptx_digest.py.
 
     . /tmp/venv/bin/activate
-    python benchmarks/results/2026-12-06_gpu_run149/check.py                      # triton 3.9
-    PYTHONPATH=/tmp/t36 python benchmarks/results/2026-12-06_gpu_run149/check.py  # triton 3.6 (the GPU image's)
+    python benchmarks/results/2026-12-06_h200x1_run149/check.py                      # triton 3.9
+    PYTHONPATH=/tmp/t36 python benchmarks/results/2026-12-06_h200x1_run149/check.py  # triton 3.6 (the GPU image's)
     ... check.py --warps 4 8 --stages 5 --blocks 0 1 --ptx DIR            # subsets; DIR: keep the PTX
 
 Exit status 1 if a variant does not compile or ptxas serialized a wgmma.
