@@ -2,7 +2,7 @@
 (triton.testing.do_bench: one GPU, no communication) of 128-blockwise against per-tensor, both through the Gluon
 kernel at the tuner's configurations, and cuBLAS per-tensor.
 
-    PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/results/2026-12-06_gpu_run151/block_check.py
+    PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/results/2026-12-06_h100x1_run151/block_check.py
 """
 
 import torch
