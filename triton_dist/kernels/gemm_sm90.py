@@ -111,18 +111,16 @@ if gluon is not None:
             return acc + part
 
     @gluon.jit
-    def _step_scales(scale_a, scale_w, rows, M, n_block, n_blocks, kb, k_tiles, stride_sa, stride_sw,
+    def _step_scales(scale_a, scale_w, rows, M, n_block, n_blocks, kb, stride_sa, stride_sw,
                      BLOCK_SCALES: gl.constexpr, WIDE: gl.constexpr):
-        """The block scales of K block ``kb`` (zeros from ``k_tiles`` on) for the rows and each 128-column piece
-        (W's blocks ``n_block`` and, WIDE, the next): ``scale_a[row, kb] * scale_w[block, kb]``; zeros without
-        block scales (unused)."""
+        """The block scales of K block ``kb`` for the rows and each 128-column piece (W's blocks ``n_block`` and,
+        WIDE, the next): ``scale_a[row, kb] * scale_w[block, kb]``; zeros without block scales (unused)."""
         if BLOCK_SCALES:
-            s_a = gl.load(scale_a + rows * stride_sa + kb, mask=(rows < M) & (kb < k_tiles), other=0.0)
-            s_lo = s_a * gl.load(scale_w + n_block * stride_sw + kb, mask=(n_block < n_blocks) & (kb < k_tiles),
-                                 other=0.0)
+            s_a = gl.load(scale_a + rows * stride_sa + kb, mask=rows < M, other=0.0)
+            s_lo = s_a * gl.load(scale_w + n_block * stride_sw + kb, mask=n_block < n_blocks, other=0.0)
             if WIDE:
-                s_hi = s_a * gl.load(scale_w + (n_block + 1) * stride_sw + kb,
-                                     mask=(n_block + 1 < n_blocks) & (kb < k_tiles), other=0.0)
+                s_hi = s_a * gl.load(scale_w + (n_block + 1) * stride_sw + kb, mask=n_block + 1 < n_blocks,
+                                     other=0.0)
             else:
                 s_hi = s_lo
         else:
@@ -183,14 +181,11 @@ if gluon is not None:
             n_block = pid_n * (BN // PIECE)
             acc = zero
             acc_hi = zero  # (WIDE: the tile's columns 128-255)
-            s_lo, s_hi = _step_scales(scale_a, scale_w, rows, M, n_block, n_blocks, 0, k_tiles, stride_sa,
-                                      stride_sw, BLOCK_SCALES, WIDE)
             for kk in range(k_tiles):
                 slot = step % STAGES
-                # the next step's block scales, a step ahead: A's, a column of [M, K / 128], are a line per row,
-                # whose latency one step's wgmmas do not cover
-                next_lo, next_hi = _step_scales(scale_a, scale_w, rows, M, n_block, n_blocks, kk + 1, k_tiles,
-                                                stride_sa, stride_sw, BLOCK_SCALES, WIDE)
+                # the step's block scales, loaded before the wait: their latency hides behind it and the wgmmas
+                s_lo, s_hi = _step_scales(scale_a, scale_w, rows, M, n_block, n_blocks, kk, stride_sa, stride_sw,
+                                          BLOCK_SCALES, WIDE)
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                 a = a_bufs.index(slot).slice(ROW0, ROWS)
                 b = b_bufs.index(slot)
@@ -204,7 +199,6 @@ if gluon is not None:
                     part = _mma(a, b, zero)
                     mbarrier.arrive(empty.index(slot), count=1)
                     acc = _promote(acc, part, s_lo, BLOCK_SCALES)
-                s_lo, s_hi = next_lo, next_hi
                 step += 1
             _store_piece(acc, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows, pid_m * BM,
                          pid_n * BN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
