@@ -35,9 +35,9 @@ from .. import autotune, hardware, shmem
 from .. import language as dl
 from ..hardware import cdiv, next_power_of_2
 from . import fp8, library
-from .gemm import (b_block, c_block, check_launchable, check_tiles, default_num_programs, dot_precision, fp8_tiles,
-                   gemm_config, is_kn, matmul_torch, output_like, skinny_configs, tile_accumulate, tile_coords,
-                   tile_store, tma_compatible, tma_descriptor)
+from .gemm import (c_block, check_launchable, check_tiles, default_num_programs, describe_operands, dot_precision,
+                   fp8_tiles, gemm_config, is_kn, matmul_torch, output_like, skinny_configs, tile_accumulate,
+                   tile_coords, tile_store, tma_descriptor)
 from .replay import GraphCache
 
 # The crossover: below this many rows (M, all ranks together) the default path is torch.matmul + NCCL
@@ -170,7 +170,6 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
     world, group = team.size, team.group
     (m, k), n = a.shape, w.shape[0]
     kn = is_kn(w)
-    b = w.T if kn else w  # contiguous either way
     own_rows = out.shape[0]
     partial_dtype = torch.float32 if cfg["partial"] == "fp32" else out.dtype
     rows_max = cdiv(m, world)
@@ -180,20 +179,16 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
     out3 = out.view(1, own_rows, n)
     # TMA whenever allowed (use_tma None or True) and the operands are aligned; a rank with no rows of its own
     # has no output to describe
-    use_tma = cfg.get("use_tma") is not False and tma_compatible(a, b, out3) and own_rows > 0
+    a_arg, w_arg, out_arg, use_tma = describe_operands(a, w, out3, cfg if own_rows > 0 else {**cfg, "use_tma": False},
+                                                       kn)
     subtile = bool(cfg["EPILOGUE_SUBTILE"]) and use_tma
     # partials by TMA stores into the peer's recv: 2 ranks (one peer, one descriptor), TMA on
     peer_rows = rows_of_rank(m, world, 1 - team.rank)[1] if world == 2 else 0
     remote_tma = bool(cfg.get("remote_tma")) and use_tma and peer_rows > 0
     recv_peer = ws.recv
-    if use_tma:
-        a_arg, w_arg = tma_descriptor(a, [bm, bk]), tma_descriptor(b, b_block(cfg, kn))
-        out_arg = tma_descriptor(out3, c_block(cfg))
-        if remote_tma:
-            view = shmem.peer_view(ws.recv, 1 - team.rank, group)[:peer_rows * n].view(1, peer_rows, n)
-            recv_peer = tma_descriptor(view, c_block(cfg))
-    else:
-        a_arg, w_arg, out_arg = a, b, out3
+    if remote_tma:
+        view = shmem.peer_view(ws.recv, 1 - team.rank, group)[:peer_rows * n].view(1, peer_rows, n)
+        recv_peer = tma_descriptor(view, c_block(cfg))
     n_items = world * tiles_per_dest
     programs = cfg.get("num_programs")
     if programs is None:
@@ -202,7 +197,7 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
     shmem.raise_pending_errors()
     gemm_rs_kernel[(programs,)](
         a_arg, w_arg, out_arg, ws.recv, recv_peer, ws.arrived, ws.ready, ws.state, m, n, k, a.stride(0),
-        b.stride(0), own_rows, team.ctx,
+        (w.T if kn else w).stride(0), own_rows, team.ctx,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], USE_TMA=use_tma, EPILOGUE_SUBTILE=subtile,
         DEFER_SIGNAL=bool(cfg["DEFER_SIGNAL"]), DOT_PRECISION=dot_precision(a.dtype),
         SLOTS_BLOCK=next_power_of_2(max(world - 1, 1)), REMOTE_TMA=remote_tma,

@@ -91,7 +91,10 @@ def _register_ordered(name):
 def needs_grad(*tensors):
     """Whether a call must go through its torch op so that autograd records it: grad mode on and an input that
     requires grad."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    for t in tensors:  # (a loop, not any(): this runs on every eager call)
+        if t.requires_grad:
+            return torch.is_grad_enabled()
+    return False
 
 
 class _InferenceOnly(torch.autograd.Function):
