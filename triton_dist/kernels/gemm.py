@@ -109,7 +109,7 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
                     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr = None, SILU_GATE: tl.constexpr = False,
                     scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = None,
                     MAX_IMPRECISE_ACC: tl.constexpr = None, b_row0=None, k_tile_lo=None, k_tile_hi=None,
-                    B_KN: tl.constexpr = False):
+                    B_KN: tl.constexpr = False, b_index=None):
     """fp32 ``A[a_row : a_row + BLOCK_M, :] @ B[off_n : off_n + BLOCK_N, :].T`` (rows past ``a_rows`` and
     columns past ``N`` / ``K`` count as zeros; ``off_n`` a multiple of BLOCK_N). ``a``/``b``: tensor descriptors
     (USE_TMA) or pointers.
@@ -127,7 +127,9 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
     an expert's; None: 0), so that ``off_n`` and the scales stay B's own. ``k_tile_lo`` / ``k_tile_hi``: only
     the K steps lo .. hi - 1 (of BLOCK_K each; split-K's share; None: all). B_KN: B is given as B.T, [K, N]
     row-major (a weight multiplied as it lies, ``x @ w``: no transposed copy; ``stride_bn`` its K rows' stride, TMA
-    blocks [BLOCK_K, BLOCK_N]; 16-bit and fp32 operands, no gate). (Defaults are None, never strings:
+    blocks [BLOCK_K, BLOCK_N]; 16-bit and fp32 operands, no gate); with ``b_index`` (TMA) B.T is entry
+    ``b_index`` of a 3-D descriptor [E, K, N] (an expert's weight in a stack: its bounds clip each entry's K rows,
+    so a K step never reads the next one's). (Defaults are None, never strings:
     triton 3.6 passes a left-out default of a nested call as a plain Python value, and a str then fails to
     compile.)"""
     if B_KN:
@@ -144,7 +146,7 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
     if USE_TMA:
         # B's descriptor holds BLOCK_N rows, or half of them (SPLIT_N, ``b_block``): then the tile's columns are two
         # accumulators, one dot each per K step, so that a promoted FP8 step's partial sum is half a tile
-        COLS: tl.constexpr = b.block_shape[1] if B_KN else b.block_shape[0]
+        COLS: tl.constexpr = b.block_shape[-1] if B_KN else b.block_shape[0]
         b_row = off_n
         if b_row0 is not None:
             b_row = b_row0 + off_n
@@ -157,7 +159,11 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
             s_gate, s_up = _block_scales(scale_a, scale_w, rows, off_n, ki * BLOCK_K // 128, a_rows, N, stride_sa,
                                          stride_sw, COLS, SCALES, SILU_GATE)
             if B_KN:  # a [BLOCK_K, COLS] tile of B.T straight into the dot (no scales here)
-                acc_l = tl.dot(a_tile, b.load([ki * BLOCK_K, b_row]), acc_l, input_precision=DOT_PRECISION)
+                if b_index is not None:
+                    b_tile = b.load([b_index, ki * BLOCK_K, b_row]).reshape(BLOCK_K, COLS)
+                else:
+                    b_tile = b.load([ki * BLOCK_K, b_row])
+                acc_l = tl.dot(a_tile, b_tile, acc_l, input_precision=DOT_PRECISION)
             else:
                 acc_l = _mma(acc_l, a_tile, b.load([b_row, ki * BLOCK_K]), s_gate, DOT_PRECISION, SCALES,
                              MAX_IMPRECISE_ACC)

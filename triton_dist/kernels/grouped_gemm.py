@@ -72,9 +72,12 @@ def _group_tile(x, w, out_desc, out, e, row0, n_rows, local_m, pid_n, rows, N, K
     off_n = pid_n * BLOCK_N
     if SCALES != "":
         scale_w = scale_w + e.to(tl.int64) * stride_swe
-    if W_KN:
-        acc = _kn_accumulate(x, w, e, row0 + local_m, off_n, rows, N, K, stride_xm, stride_we, stride_wn, BLOCK_M,
-                             BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION)
+    if W_KN and USE_TMA:  # expert e's [K, N] weight as it lies: entry e of the 3-D descriptor of w [E, K, N]
+        acc = tile_accumulate(x, w, row0 + local_m, off_n, rows, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
+                              BLOCK_K, True, DOT_PRECISION, B_KN=True, b_index=e)
+    elif W_KN:
+        acc = tile_accumulate(x, w + e.to(tl.int64) * stride_we, row0 + local_m, off_n, rows, N, K, stride_xm,
+                              stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, False, DOT_PRECISION, B_KN=True)
     elif USE_TMA:
         acc = tile_accumulate(x, w, row0 + local_m, off_n, rows, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
                               BLOCK_K, True, DOT_PRECISION, SILU_GATE, scale_a, scale_w, stride_sa, stride_sw, SCALES,
@@ -92,33 +95,6 @@ def _group_tile(x, w, out_desc, out, e, row0, n_rows, local_m, pid_n, rows, N, K
             _store_masked(out, acc, row0, local_m, off_n, n_rows, N, stride_om, BLOCK_M, BLOCK_N)
     else:
         _store_masked(out, acc, row0, local_m, off_n, n_rows, N, stride_om, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def _kn_accumulate(x, w, e, a_row, off_n, rows, N, K, stride_xm, stride_we, stride_wk, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """fp32 ``x[a_row : a_row + BLOCK_M, :] @ w[e][:, off_n : off_n + BLOCK_N]`` for w [E, K, N] (rows past
-    ``rows``, columns past ``N`` / ``K`` count as zeros): expert e's weight as it lies, no transposed copy. TMA:
-    the 3-D descriptor's bounds clip every expert's K rows, so a K step never reads the next expert's."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if USE_TMA:
-        for ki in range(tl.cdiv(K, BLOCK_K)):
-            b = w.load([e, ki * BLOCK_K, off_n]).reshape(BLOCK_K, BLOCK_N)
-            acc = tl.dot(x.load([a_row, ki * BLOCK_K]), b, acc, input_precision=DOT_PRECISION)
-    else:
-        m = a_row + tl.arange(0, BLOCK_M)
-        cols = off_n + tl.arange(0, BLOCK_N)
-        ks = tl.arange(0, BLOCK_K)
-        x_ptrs = x + m.to(tl.int64)[:, None] * stride_xm + ks[None, :]
-        w_ptrs = w + e.to(tl.int64) * stride_we + ks.to(tl.int64)[:, None] * stride_wk + cols[None, :]
-        for ki in range(tl.cdiv(K, BLOCK_K)):
-            k_left = K - ki * BLOCK_K
-            a = tl.load(x_ptrs, mask=(m[:, None] < rows) & (ks[None, :] < k_left), other=0.0)
-            b = tl.load(w_ptrs, mask=(ks[:, None] < k_left) & (cols[None, :] < N), other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-            x_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K * stride_wk
-    return acc
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run152 (1 GPU; prepared 2026-12-06, not run): power_check.py (~60 s), then the things run150 left:
-#   GIT_COMMIT=<sha> bash steps.sh   (~420 s)
+#   GIT_COMMIT=<sha> bash steps.sh   (~480 s)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/benchmarks
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 here=benchmarks/results/2026-12-06_gpu_run152
@@ -11,9 +11,11 @@ nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader >> "$
 mkdir -p /tmp/bench
 step power_check 90 python $here/power_check.py
 cut -c1-200 "$OUT/power_check.log" | grep -v "^triton_dist autotune\|^  \[" | tail -14
-# gemm_rs's operands through describe_operands (792f6d2): its GPU tests, W = 1 and shared-GPU W = 2 / 4
-step gemm_rs_tests 150 python -m pytest -m gpu -n 6 -p no:cacheprovider -q tests/kernels/test_gemm_reducescatter.py tests/kernels/test_fp8_gemm_rs.py tests/nn/test_training.py -k "gemm_rs or mlp_layer_gradients"
-grep -E "passed|failed|FAILED|Error" "$OUT/gemm_rs_tests.log" | cut -c1-300 | tail -8
+# the CPU-only changes since run150: gemm_rs's operands through describe_operands (792f6d2) and grouped_gemm's
+# "kn" layout through the core's B_KN (its PTX differs from run150's only in the order of the A / W TMA copies):
+# their GPU tests, W = 1 and shared-GPU W = 2 / 4
+step changed_tests 200 python -m pytest -m gpu -n 6 -p no:cacheprovider -q tests/kernels/test_gemm_reducescatter.py tests/kernels/test_fp8_gemm_rs.py tests/kernels/test_grouped_gemm.py tests/kernels/test_fp8_grouped_gemm.py tests/nn/test_training.py
+grep -E "passed|failed|FAILED|Error" "$OUT/changed_tests.log" | cut -c1-300 | tail -8
 HOST_PROFILE=1 BENCH_DIR=/tmp/bench step bench_host 60 torchrun --nproc-per-node=1 benchmarks/bench_host.py
 grep -E "NOT MET|ok$" "$OUT/bench_host.log" | head -16
 BENCH_DIR=/tmp/bench step bench_backward 120 torchrun --nproc-per-node=1 benchmarks/bench_backward.py --only mlp --fp8 row,block --fp8-grads
