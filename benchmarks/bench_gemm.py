@@ -201,6 +201,7 @@ def main():
     # the GEMM each rank runs in AG+GEMM, then GEMM+RS's per-rank GEMMs at N = 28672 and small M (K split)
     local_shapes = [(m_total, n_total // world, k) for m_total, n_total, k in SHAPES]
     local_shapes += [(8192, 28672, 8192 // world), (512, 8192, 8192 // world), (128, 8192, 8192 // world)]
+    local_shapes += [(4096, 6144, 4096), (1536, 2560, 7168)]  # issue 34's mid shapes (bf16 >= 0.97x at M >= 1024)
     for m, n, k in sorted(local_shapes, key=lambda s: s[0] * s[1] * s[2]):  # small first: before the GPU heats up
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16

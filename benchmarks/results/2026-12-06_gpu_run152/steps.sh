@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run152 (1 GPU; prepared 2026-12-06, not run): power_check.py (~60 s), then the things run150 left:
-#   GIT_COMMIT=<sha> bash steps.sh   (~480 s)
+#   GIT_COMMIT=<sha> bash steps.sh   (~780 s: two calls, split at bench_gemm_bf16 if needed)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/benchmarks
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 here=benchmarks/results/2026-12-06_gpu_run152
@@ -20,5 +20,7 @@ HOST_PROFILE=1 BENCH_DIR=/tmp/bench step bench_host 60 torchrun --nproc-per-node
 grep -E "NOT MET|ok$" "$OUT/bench_host.log" | head -16
 BENCH_DIR=/tmp/bench step bench_backward 120 torchrun --nproc-per-node=1 benchmarks/bench_backward.py --only mlp --fp8 row,block --fp8-grads
 grep -E "^\||WRONG" "$OUT/bench_backward.log" | head -16
+BENCH_DIR=/tmp/bench step bench_gemm_bf16 300 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only bf16
+grep -E "^\|" "$OUT/bench_gemm_bf16.log" | cut -d'|' -f1-8 | head -14
 cp /tmp/bench/*.json "$OUT/" 2>/dev/null
 true
