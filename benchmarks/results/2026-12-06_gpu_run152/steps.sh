@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# run152 (1 GPU; prepared 2026-12-06, not run): power_check.py (~60 s), then the things run150 left:
-#   GIT_COMMIT=<sha> bash steps.sh   (~780 s: two calls, split at bench_gemm_bf16 if needed)
+# run152 (1 GPU; prepared 2026-12-06, not run), two calls:
+#   GIT_COMMIT=<sha> bash steps.sh a   (~470 s) power_check.py, the GPU tests of the CPU-only changes since run150,
+#       bench_host, bench_backward
+#   GIT_COMMIT=<sha> bash steps.sh b   (~300 s) bench_gemm's bf16 table (issue 34's mid shapes among them)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/benchmarks
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 here=benchmarks/results/2026-12-06_gpu_run152
@@ -9,6 +11,7 @@ step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s)
 echo "commit $GIT_COMMIT" > "$OUT/node.log"
 nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader >> "$OUT/node.log"; cat "$OUT/node.log"
 mkdir -p /tmp/bench
+if [ "${1:-a}" = a ]; then
 step power_check 90 python $here/power_check.py
 cut -c1-200 "$OUT/power_check.log" | grep -v "^triton_dist autotune\|^  \[" | tail -14
 # the CPU-only changes since run150: gemm_rs's operands through describe_operands (792f6d2) and grouped_gemm's
@@ -20,7 +23,9 @@ HOST_PROFILE=1 BENCH_DIR=/tmp/bench step bench_host 60 torchrun --nproc-per-node
 grep -E "NOT MET|ok$" "$OUT/bench_host.log" | head -16
 BENCH_DIR=/tmp/bench step bench_backward 120 torchrun --nproc-per-node=1 benchmarks/bench_backward.py --only mlp --fp8 row,block --fp8-grads
 grep -E "^\||WRONG" "$OUT/bench_backward.log" | head -16
+else
 BENCH_DIR=/tmp/bench step bench_gemm_bf16 300 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only bf16
 grep -E "^\|" "$OUT/bench_gemm_bf16.log" | cut -d'|' -f1-8 | head -14
+fi
 cp /tmp/bench/*.json "$OUT/" 2>/dev/null
 true
