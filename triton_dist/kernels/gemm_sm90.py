@@ -16,7 +16,7 @@ that run out of step.
   wgmmas into a fresh partial, wait for them, release the slot, add the partial into the fp32 sum (times the
   step's block scales). While one warpgroup adds, the other's wgmmas run. A thread holds two register sets: the
   sum and a partial. At BLOCK_N = 256 the step runs as two 128-column halves, one after the other, so a thread
-  holds two sums and one partial (the W tile, the wider one, is then read once per 256 columns instead of 128).
+  holds two sums and one partial (an A tile then serves 256 columns instead of 128: less L2 traffic per FLOP).
 - **The epilogue**: per-tensor / rowwise scales multiply the finished sum; each consumer writes its 64 rows of a
   128x128 piece into one shared buffer, and the first consumer stores the piece by TMA once both halves are in.
 
@@ -258,7 +258,7 @@ if gluon is not None:
 
 
 # ----------------------------------------------------------------------------------------------- host side
-BLOCK_NS = (128, 256)  # one 128-column piece per K step, or two (W's tile then read once per 256 columns)
+BLOCK_NS = (128, 256)  # one 128-column piece per K step, or two (an A tile then serves 256 columns)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SHARED_BYTES = 227 * 1024  # an sm_90 program's shared memory
 
