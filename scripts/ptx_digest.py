@@ -40,14 +40,15 @@ def gluon_descriptor(dtype, block):
     import torch
 
     from triton_dist.kernels import gemm_sm90
-    names = {torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16", torch.float32: "fp32"}
+    names = {torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5", torch.bfloat16: "bf16", torch.float32: "fp32"}
     return f"tensordesc<{names[dtype]}[{', '.join(map(str, block))}],{gemm_sm90._smem_layout(tuple(block), dtype)!r}>"
 
 
-def sm90_gemm_signature(block_n=128):
-    """``gemm_fp8_sm90_kernel``'s signature: e4m3 operands, a bf16 result, 128 x ``block_n`` x 128 tiles."""
+def sm90_gemm_signature(block_n=128, fp8=None):
+    """``gemm_fp8_sm90_kernel``'s signature: ``fp8`` operands (None: e4m3), a bf16 result, 128 x ``block_n`` x 128
+    tiles."""
     import torch
-    fp8 = torch.float8_e4m3fn
+    fp8 = fp8 or torch.float8_e4m3fn
     return dict(a_desc=gluon_descriptor(fp8, (128, 128)), b_desc=gluon_descriptor(fp8, (block_n, 128)),
                 c_desc=gluon_descriptor(torch.bfloat16, (128, 128)), scale_a="*fp32", scale_w="*fp32", M="i32",
                 N="i32", K="i32", stride_sa="i32", stride_sw="i32",
@@ -57,6 +58,12 @@ def sm90_gemm_signature(block_n=128):
 def sm90_gemm_wide_signature():
     """``gemm_fp8_sm90_kernel``'s signature at BLOCK_N 256 (two 128-column pieces per K step)."""
     return sm90_gemm_signature(256)
+
+
+def sm90_gemm_e5m2_signature():
+    """``gemm_fp8_sm90_kernel``'s signature with e5m2 operands."""
+    import torch
+    return sm90_gemm_signature(128, torch.float8_e5m2)
 
 GEMM_SIG = dict(a="tensordesc<bf16[128,64]>", b="tensordesc<bf16[256,64]>", c="tensordesc<bf16[1,128,256]>",
                 num_segments="i32", seg_rows="i32", N="i32", K="i32", stride_am="i32", stride_bn="i32",

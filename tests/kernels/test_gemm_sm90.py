@@ -15,7 +15,7 @@ from ..sm90 import compile_sm90
 from .fp8_inputs import operands, rel_err
 
 
-def _errors(m, n, k, mode, out_dtype):
+def _errors(m, n, k, mode, out_dtype, fp8_dtype=torch.float8_e4m3fn):
     """{(BLOCK_N, stages): max relative error} of each configuration of the mainloop (every BLOCK_N, the block
     scales' 256 too, which the tuner does not offer), two repeats with fresh inputs and a result poisoned with NaN
     each; or a string saying why it cannot run here."""
@@ -27,7 +27,7 @@ def _errors(m, n, k, mode, out_dtype):
     for cfg in gemm_sm90.candidates(base, out_dtype):
         key = (cfg["BLOCK_N"], cfg["num_stages"])
         for _ in range(2):
-            a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen))
+            a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen, dtype=fp8_dtype))
             out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
             scaled_gemm(a, w, sa, sw, out=out, out_dtype=out_dtype, config=cfg)
             errs[key] = max(errs.get(key, 0.0), rel_err(out, da @ dw.T))
@@ -43,9 +43,20 @@ def _errors(m, n, k, mode, out_dtype):
     (128, 4096, 8192, torch.float16),  # fewer tiles than SMs, a long K
     (384, 256, 208, torch.bfloat16),  # two K steps, the last one ragged
     (520, 264, 384, torch.bfloat16),  # N: a 256-wide tile and one 8 columns in (its second half past N)
+    (3, 264, 256, torch.bfloat16),  # three rows: a tile almost all past M
 ])
 def test_gluon_mainloop_matches_fp64(ranks, mode, m, n, k, out_dtype):
     errs = ranks.on_one_gpu(_errors, m, n, k, mode, out_dtype)
+    if isinstance(errs, str):
+        pytest.skip(errs)
+    assert errs and all(err < 1e-2 for err in errs.values()), errs
+
+
+@gpu_only
+@pytest.mark.parametrize("mode", ["tensor", "row", "block"])
+def test_gluon_mainloop_takes_e5m2(ranks, mode):
+    """e5m2 operands (both: the FP8 rule) through the same kernel: the wgmmas' other FP8 format."""
+    errs = ranks.on_one_gpu(_errors, 1000, 1536, 1040, mode, torch.bfloat16, torch.float8_e5m2)
     if isinstance(errs, str):
         pytest.skip(errs)
     assert errs and all(err < 1e-2 for err in errs.values()), errs
@@ -93,8 +104,9 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
                                    torch.bfloat16)
 
 
-@pytest.mark.parametrize("block_n,block_scales", [(128, False), (128, True), (256, False)])
-def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, block_scales):
+@pytest.mark.parametrize("block_n,block_scales,fp8", [(128, False, "e4m3"), (128, True, "e4m3"), (256, False, "e4m3"),
+                                                      (128, False, "e5m2")])
+def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, block_scales, fp8):
     """Compiled for sm_90 (triton 3.6 in CI, as on the GPU image; the Triton installed too) as the tuner offers
     it: FP8 wgmmas of 128-column pieces, its deepest ring within the shared memory, no spills, and ptxas keeping
     the wgmmas asynchronous (were one serialized, every step would wait for its wgmmas before the adds: the
@@ -106,10 +118,11 @@ def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, blo
     cfg = [c for c in cfg if c["BLOCK_N"] == block_n][-1]  # the deepest ring
     meta = gemm_sm90.meta(cfg, "block" if block_scales else "row")
     options = {"num_warps": meta.pop("num_warps"), "maxnreg": meta.pop("maxnreg")}
-    signature = "sm90_gemm_signature" if block_n == 128 else "sm90_gemm_wide_signature"
+    signature = {(128, "e4m3"): "sm90_gemm_signature", (256, "e4m3"): "sm90_gemm_wide_signature",
+                 (128, "e5m2"): "sm90_gemm_e5m2_signature"}[block_n, fp8]
     compiled = compile_sm90("triton_dist.kernels.gemm_sm90", "gemm_fp8_sm90_kernel", signature,
                             dict(meta, num_warps=options["num_warps"]), options=options, assemble=True)
-    wgmmas = compiled["ops"].get("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", 0)
+    wgmmas = compiled["ops"].get(f"wgmma.mma_async.sync.aligned.m64n128k32.f32.{fp8}.{fp8}", 0)
     assert wgmmas >= 2 * 4 * block_n // 128, compiled["ops"]  # both consumers, 4 per 128-column piece
     assert compiled["shared"] <= gemm_sm90.SHARED_BYTES
     assert compiled["spilled_bytes"] == 0
