@@ -931,7 +931,8 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtyp
         cands += split_k_configs(m, n, k, dtype, device, base, scales)
         out_dtype = out_dtype or torch.bfloat16
         tma_rows = k % 16 == 0 and n * out_dtype.itemsize % 16 == 0  # the tuner's contiguous operands
-        if gemm_sm90.TUNER_OFFERS and tma_rows and gemm_sm90.available(device, dtype, scales, out_dtype):
+        if (gemm_sm90.TUNER_OFFERS and dtype in gemm_sm90.OFFERED_DTYPES and tma_rows
+                and gemm_sm90.available(device, dtype, scales, out_dtype)):
             cands += gemm_sm90.candidates(base, out_dtype, scales.mode == "block")
     return autotune.dedupe(cands)
 
