@@ -52,6 +52,26 @@ def test_gluon_mainloop_matches_fp64(ranks, mode, m, n, k, out_dtype):
     assert errs and all(err < 1e-2 for err in errs.values()), errs
 
 
+def _by_name_only(mode):
+    if torch.cuda.get_device_capability()[0] != 9:
+        return "not an sm_90 GPU"
+    a, sa, w, sw, da, dw = (t.cuda() for t in operands(300, 264, 520, mode, torch.Generator().manual_seed(1)))
+    out = torch.full((300, 264), float("nan"), device="cuda", dtype=torch.bfloat16)
+    scaled_gemm(a, w, sa, sw, out=out, config={"MAINLOOP": "gluon"})
+    return rel_err(out, da @ dw.T)
+
+
+@gpu_only
+@pytest.mark.parametrize("mode", ["tensor", "row", "block"])
+def test_config_naming_only_the_gluon_mainloop_runs_it(ranks, mode):
+    """``config={"MAINLOOP": "gluon"}``: the knobs left out are the mainloop's own (not the core's, which it
+    cannot take)."""
+    err = ranks.on_one_gpu(_by_name_only, mode)
+    if isinstance(err, str):
+        pytest.skip(err)
+    assert err < 1e-2
+
+
 @gpu_only
 @pytest.mark.parametrize("mode", ["tensor", "row", "block"])
 def test_gluon_mainloop_takes_e5m2(ranks, mode):

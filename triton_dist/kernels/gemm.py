@@ -742,8 +742,12 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
         cfg = _CONFIGS.get(key, lambda: {**gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1),
                                          **_tuned_gemm_config(m, n, k, a.dtype, a.device, scales, out_dtype)})
     else:
-        cfg = check_tiles(autotune.with_overrides(gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1),
-                                                  config))
+        base = gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1)
+        if isinstance(config, dict) and config.get("MAINLOOP") == "gluon" and scales is not None:
+            # the knobs a caller leaves out: the Gluon mainloop's own (a 128-wide tile, its deepest ring)
+            base = [c for c in gemm_sm90.candidates(base, out.dtype, scales.mode == "block")
+                    if c["BLOCK_N"] == 128][-1]
+        cfg = check_tiles(autotune.with_overrides(base, config))
     fp8.check_block_k(scales, cfg)
     if cfg.get("MAINLOOP") == "gluon" and not (gemm_sm90.available(a.device, a.dtype, scales, out.dtype)
                                                and tma_compatible(a, w, out) and gemm_sm90.takes(cfg, out.dtype)):
