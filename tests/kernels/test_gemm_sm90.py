@@ -133,9 +133,8 @@ def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, blo
     overlap the kernel exists for)."""
     if gemm_sm90.gluon is None:
         pytest.skip("this Triton has no Gluon")
-    cfg = gemm_sm90.candidates(gemm_config(32, 32, 32, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1),
-                               block_scales=block_scales)
-    cfg = [c for c in cfg if c["BLOCK_N"] == block_n][-1]  # the deepest ring
+    cfg = gemm_sm90.default_config(gemm_config(32, 32, 32, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1),
+                                   block_scales=block_scales, block_n=block_n)  # its deepest ring
     meta = gemm_sm90.meta(cfg, "block" if block_scales else "row")
     options = {"num_warps": meta.pop("num_warps"), "maxnreg": meta.pop("maxnreg")}
     signature = {(128, "e4m3"): "sm90_gemm_signature", (256, "e4m3"): "sm90_gemm_wide_signature",

@@ -37,9 +37,9 @@ from .. import autotune, hardware, shmem
 from .. import language as dl
 from ..hardware import cdiv
 from . import fp8, library
-from .gemm import (check_launchable, check_matmul_operands, check_tiles, default_num_programs, describe_operands,
-                   dot_precision, fp8_tiles, gemm_candidates, gemm_config, is_kn, launch_gemm, matmul_torch,
-                   skinny_configs, tile_accumulate, tile_coords, tile_store)
+from .gemm import (b_row_stride, check_launchable, check_matmul_operands, check_tiles, default_num_programs,
+                   describe_operands, dot_precision, fp8_tiles, gemm_candidates, gemm_config, is_kn, launch_gemm,
+                   matmul_torch, skinny_configs, tile_accumulate, tile_coords, tile_store)
 from .launcher import Launcher
 from .replay import GraphCache
 from .silu_gate import silu_gate, silu_gate_torch
@@ -318,7 +318,7 @@ def _phased_gemm(a, w, plan, out, scales=None):
     _start_call(a, plan, scales)
     ag_gemm_kernel[plan.grid](
         a_arg, a_full_arg, b_arg, c_arg, ws.arrived, ws.state, plan.ctx,
-        m_shard, n, k, a.stride(0), ws.a_full.stride(0), (w.T if kn else w).stride(0), m_shard * n, n,
+        m_shard, n, k, a.stride(0), ws.a_full.stride(0), b_row_stride(w, kn), m_shard * n, n,
         plan.chunk_rows, N_CHUNKS=plan.n_chunks,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         USE_TMA=use_tma, EPILOGUE_SUBTILE=bool(cfg["EPILOGUE_SUBTILE"]) and use_tma, FLATTEN=cfg["FLATTEN"],

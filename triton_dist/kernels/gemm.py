@@ -475,6 +475,12 @@ def is_kn(w):
     return w.dim() == 2 and not w.is_contiguous() and w.T.is_contiguous()
 
 
+def b_row_stride(b, kn=False):
+    """The stride of B's rows as the kernels read them (``stride_bn``): of B [N, K], or with ``kn`` of B.T [K, N]
+    (``is_kn``)."""
+    return b.stride(1) if kn else b.stride(0)
+
+
 def b_block(cfg, kn=False):
     """The block of B's tensor descriptor: [BLOCK_N, BLOCK_K], or [BLOCK_N // 2, BLOCK_K] where ``SPLIT_N`` (the
     tile's columns as two accumulators: ``tile_accumulate``); ``kn``: of B.T [K, N] (``B_KN``), transposed."""
@@ -502,7 +508,7 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
         return gemm_sm90.launch(a, b, c3[0], cfg, scales.mode, scales.a, scales.w,
                                 gemm_grid(cfg, 1, seg_rows, n, a.device))
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg, kn)
-    args = (a_arg, b_arg, c_arg, segments, seg_rows, n, a.shape[1], a.stride(0), (b.T if kn else b).stride(0),
+    args = (a_arg, b_arg, c_arg, segments, seg_rows, n, a.shape[1], a.stride(0), b_row_stride(b, kn),
             c3.stride(0), c3.stride(1), first_segment, segment_step)
     named = {} if scales is None else scales.tensor_args(scale_rows)
     split_k = split_k_of(cfg, silu_gate)
@@ -745,8 +751,7 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
         base = gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1)
         if isinstance(config, dict) and config.get("MAINLOOP") == "gluon" and scales is not None:
             # the knobs a caller leaves out: the Gluon mainloop's own (a 128-wide tile, its deepest ring)
-            base = [c for c in gemm_sm90.candidates(base, out.dtype, scales.mode == "block")
-                    if c["BLOCK_N"] == 128][-1]
+            base = gemm_sm90.default_config(base, out.dtype, scales.mode == "block")
         cfg = check_tiles(autotune.with_overrides(base, config))
     fp8.check_block_k(scales, cfg)
     if cfg.get("MAINLOOP") == "gluon" and not (gemm_sm90.available(a.device, a.dtype, scales, out.dtype)

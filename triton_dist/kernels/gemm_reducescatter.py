@@ -35,9 +35,9 @@ from .. import autotune, hardware, shmem
 from .. import language as dl
 from ..hardware import cdiv, next_power_of_2
 from . import fp8, library
-from .gemm import (c_block, check_launchable, check_tiles, default_num_programs, describe_operands, dot_precision,
-                   fp8_tiles, gemm_config, is_kn, matmul_torch, output_like, skinny_configs, tile_accumulate,
-                   tile_coords, tile_store, tma_descriptor)
+from .gemm import (b_row_stride, c_block, check_launchable, check_tiles, default_num_programs, describe_operands,
+                   dot_precision, fp8_tiles, gemm_config, is_kn, matmul_torch, output_like, skinny_configs,
+                   tile_accumulate, tile_coords, tile_store, tma_descriptor)
 from .replay import GraphCache
 
 # The crossover: below this many rows (M, all ranks together) the default path is torch.matmul + NCCL
@@ -197,7 +197,7 @@ def _run_overlapped(a, w, out, cfg, team, scales=None):
     shmem.raise_pending_errors()
     gemm_rs_kernel[(programs,)](
         a_arg, w_arg, out_arg, ws.recv, recv_peer, ws.arrived, ws.ready, ws.state, m, n, k, a.stride(0),
-        (w.T if kn else w).stride(0), own_rows, team.ctx,
+        b_row_stride(w, kn), own_rows, team.ctx,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], USE_TMA=use_tma, EPILOGUE_SUBTILE=subtile,
         DEFER_SIGNAL=bool(cfg["DEFER_SIGNAL"]), DOT_PRECISION=dot_precision(a.dtype),
         SLOTS_BLOCK=next_power_of_2(max(world - 1, 1)), REMOTE_TMA=remote_tma,

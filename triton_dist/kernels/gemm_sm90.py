@@ -304,6 +304,12 @@ def candidates(base, out_dtype=torch.bfloat16, block_scales=False):
     return cands
 
 
+def default_config(base, out_dtype=torch.bfloat16, block_scales=False, block_n=128):
+    """The ``candidates`` configuration at ``block_n`` with the deepest ring: what a caller's ``config`` naming
+    only ``MAINLOOP="gluon"`` gets for the knobs it leaves out."""
+    return [c for c in candidates(base, out_dtype, block_scales) if c["BLOCK_N"] == block_n][-1]
+
+
 _GL_DTYPES = {}
 
 

@@ -14,7 +14,7 @@ from triton_dist.kernels.gemm import gemm_config, scaled_gemm
 
 m = n = k = 4096
 base = gemm_config(m, n, k, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1)
-cfg = [c for c in gemm_sm90.candidates(base, torch.bfloat16, True) if c["BLOCK_N"] == 128][-1]
+cfg = gemm_sm90.default_config(base, torch.bfloat16, block_scales=True)
 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 for mode in ("tensor", "block"):
     a, sa, w, sw = fp8_operands(m, n, k, mode, "cuda")
