@@ -22,8 +22,7 @@ def test_drain_waits_for_a_busy_rank_and_skips_a_dead_one():
 
 
 class _ResetConnection:
-    """A rank's pipe whose process died mid-message: the read raises ConnectionResetError (run150, a shared-GPU
-    pool's start on an H100), not EOFError."""
+    """A rank's pipe whose process died mid-message: the read raises ConnectionResetError, not EOFError."""
 
     def send(self, _):
         raise BrokenPipeError
