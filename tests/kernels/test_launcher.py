@@ -94,6 +94,24 @@ def test_named_runtime_arguments_take_their_places(compiling):
     assert len(kernel.plain) == 5 and len(kernel.compiled.calls) == 1
 
 
+def test_described_arguments_reach_the_kernel_as_descriptors(compiling):
+    """A position given as a tensor (``described``): the plain launch and the bound one (without a direct launch)
+    pass the descriptor ``make`` builds of it; the key sees the tensor as given."""
+    kernel = _FakeKernel()
+    made = []
+
+    def make(t):
+        made.append(t)
+        return ("desc", t)
+    launch = Launcher(kernel, (4,), described={0: make}, BLOCK=64)
+    x, y = torch.zeros(16), torch.ones(16)
+    launch(x, 16)  # plain, then bound
+    launch.run(y, 16)
+    assert kernel.plain[0][1] == (("desc", x), 16) and kernel.compiled.calls[-1][9] == ("desc", y)
+    launch(x, 16)  # the key of the bound call (a tensor's dtype and alignment): bound again
+    assert len(kernel.plain) == 1 and len(kernel.compiled.calls) == 2 and made[-1] is x
+
+
 def test_launchers_bind_one_launcher_per_grid_and_meta(compiling):
     kernel = _FakeKernel()
     launches = launcher.Launchers(kernel, "test_launchers")
@@ -192,6 +210,41 @@ def test_direct_launch_calls_what_triton36_run_calls(descriptors):
     compiled.run.global_scratch_size = 64
     assert launcher.direct_launch(compiled) is None
     assert launcher.direct_launch(type("C", (), dict(run=lambda *a: None, packed_metadata=None))) is None
+
+
+def test_direct_launch_of_described_tensors_keys_on_the_address():
+    """A descriptor position given as a tensor of the plan's fixed layout (``described``): the C launch gets what
+    ``run`` would with ``make(t)`` there; the encoding is looked up by the address alone (``make`` runs on a miss
+    only); a described position where the kernel takes no TMA descriptor: None."""
+    driver = {}
+    exec(_TRITON36_DRIVER, driver)
+    calls = []
+    raw = _Builtin(calls)
+    launch = driver["wrap_handle_tensordesc"](raw, {0, 2}, ["meta0", None])
+    compiled = type("Compiled", (), dict(function="fn", packed_metadata="meta", run=driver["CudaLauncher"](launch)))
+    made = []
+
+    class Tensor:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def data_ptr(self):
+            return self.ptr
+
+    def make(t):
+        made.append(t)
+        return _Desc(t.data_ptr(), [64, 32], [32, 1])
+    direct = launcher.direct_launch(compiled, {0: make})
+    assert direct is not None
+    for ptr, misses in [(1024, 1), (1024, 1), (2048, 2), (1024, 2)]:
+        t = Tensor(ptr)
+        args = [t, "b", _Desc(ptr, [8, 8], [8, 1]), 4, 5]
+        direct((8, 1, 1), 7, args)
+        compiled.run(8, 1, 1, 7, "fn", "meta", None, None, None, make(t), *args[1:])
+        made.pop()
+        assert calls[-2] == calls[-1] and len(made) == misses
+    assert launcher.direct_launch(compiled, {2: make}) is None  # position 2: no TMA metadata
+    assert launcher.direct_launch(compiled, {1: make}) is None  # position 1: no descriptor at all
 
 
 class _Builtin:

@@ -788,29 +788,32 @@ library.define("gemm(Tensor a, Tensor w, Tensor? scale_a=None, Tensor? scale_w=N
 class EagerGemm:
     """A repeated eager ``gemm`` on operands of one layout (shapes, strides, dtypes, devices, of the result and
     the scales too) whose first call was checked and configured: TMA descriptors' shapes and blocks, the runtime
-    arguments that follow from the layout, and a ``Launcher`` bound to the compiled kernel. A call checks what
-    the layout does not fix (the current device, 16-byte aligned data) and costs the result's allocation, three
-    descriptors and the launch; it answers None where it does not apply (the checked path then runs)."""
+    arguments that follow from the layout, and a ``Launcher`` bound to the compiled kernel, given the operands
+    themselves for their descriptors (``described``). A call checks what the layout does not fix (the current
+    device, 16-byte aligned data) and costs the result's allocation and the launch; it answers None where it does
+    not apply (the checked path then runs)."""
 
     def __init__(self, a, w, cfg, scales, out_dtype):
         (m, k), n = a.shape, w.shape[0]
         self.device, self.out_shape, self.out_dtype = a.device, (m, n), out_dtype
-        self.a_desc = ([cfg["BLOCK_M"], cfg["BLOCK_K"]], [m, k], [k, 1])  # tma_descriptor's block, shape, strides
-        self.w_desc = (b_block(cfg), [n, k], [k, 1])
-        self.c_desc = (c_block(cfg), [1, m, n], [m * n, n, 1])  # the [m, n] result as one segment
-        self.ints = (1, m, n, k, k, k, m * n, n, 0, 1)
         named = None if scales is None else scales.tensor_args()
         self.scale_strides = None if named is None else (named["stride_sa"], named["stride_sw"])
         split_k = split_k_of(cfg)
         self.split_args = (gemm_tiles(cfg, 1, m, n), split_k, cfg) if split_k > 1 else None  # split_k_workspace's
-        self.gluon = None  # the arguments of the Gluon FP8 mainloop (``gemm_sm90``), where it runs the call
-        if cfg.get("MAINLOOP") == "gluon":
-            self.gluon = gemm_sm90.Arguments(a, w, torch.empty((m, n), dtype=out_dtype, device="meta"), cfg,
-                                             scales.mode, scales.a, scales.w)
-            self.launcher = Launcher(gemm_sm90.gemm_fp8_sm90_kernel, gemm_grid(cfg, 1, m, n, a.device),
+        grid = gemm_grid(cfg, 1, m, n, a.device)
+        self.gluon = cfg.get("MAINLOOP") == "gluon"  # the Gluon FP8 mainloop (``gemm_sm90``) runs the call
+        if self.gluon:
+            arguments = gemm_sm90.Arguments(a, w, torch.empty((m, n), dtype=out_dtype, device="meta"), cfg,
+                                            scales.mode, scales.a, scales.w)
+            self.ints = arguments.ints
+            self.launcher = Launcher(gemm_sm90.gemm_fp8_sm90_kernel, grid, described=arguments.described(),
                                      **gemm_sm90.meta(cfg, scales.mode))
-        else:
-            self.launcher = Launcher(gemm_kernel, gemm_grid(cfg, 1, m, n, a.device),
+        else:  # the descriptors' blocks, shapes and strides (the [m, n] result as one segment) follow from the layout
+            described = {0: _described([cfg["BLOCK_M"], cfg["BLOCK_K"]], [m, k], [k, 1]),
+                         1: _described(b_block(cfg), [n, k], [k, 1]),
+                         2: _described(c_block(cfg), [1, m, n], [m * n, n, 1])}
+            self.ints = (1, m, n, k, k, k, m * n, n, 0, 1)
+            self.launcher = Launcher(gemm_kernel, grid, described=described,
                                      **gemm_meta(cfg, True, a.dtype, scales=scales))
 
     def __call__(self, a, w, out, scale_a=None, scale_w=None):
@@ -820,13 +823,11 @@ class EagerGemm:
             out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
         elif out.data_ptr() % 16:
             return None
-        if self.gluon is not None:
+        if self.gluon:
             if (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
                 return None
-            self.launcher.run(*self.gluon(a, w, out, scale_a, scale_w))
+            self.launcher.run(a, w, out, scale_a, scale_w, *self.ints)
             return out
-        args = (tma_descriptor(a, *self.a_desc), tma_descriptor(w, *self.w_desc),
-                tma_descriptor(out, *self.c_desc)) + self.ints
         named = {}
         if self.scale_strides is not None:
             if (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
@@ -835,8 +836,13 @@ class EagerGemm:
                          stride_sw=self.scale_strides[1])
         if self.split_args is not None:
             named.update(split_k_workspace(self.device, *self.split_args))
-        self.launcher.run(*args, **named)
+        self.launcher.run(a, w, out, *self.ints, **named)
         return out
+
+
+def _described(block, shape, strides):
+    """A tensor's descriptor with these fields (fixed by a plan's layout), built when the launch needs one."""
+    return lambda t: tma_descriptor(t, block, shape, strides)
 
 
 _EAGER = Plans("gemm_eager")  # a call's layout and FP8 keywords -> its EagerGemm

@@ -378,6 +378,11 @@ class Arguments:
         ta, tw, tc = self.templates
         return (_described(a, ta), _described(w, tw), _described(c, tc), scale_a, scale_w) + self.ints
 
+    def described(self):
+        """{position: make} of a ``Launcher`` given ``a``, ``w`` and ``c`` themselves."""
+        return {at: (lambda t, template=template: _described(t, template))
+                for at, template in enumerate(self.templates)}
+
 
 def meta(cfg, mode):
     """The kernel's constexprs and launch options for ``cfg`` and scales of ``mode``."""

@@ -13,6 +13,10 @@ Where ``run`` is the Triton 3.6 CUDA launcher (checked by its shape: ``direct_la
 further down, to the C launch function ``run`` ends in, with the tensor descriptors expanded at their known
 positions: the same call without ``run``'s generic per-argument Python loop (its cost: docs/design/host.md), and
 without encoding a descriptor again while its address and layout repeat (a weight's always do).
+
+A plan whose layout fixes every field of a descriptor but its address passes the tensor itself there
+(``Launcher(..., described={position: make})``, ``make(t)`` the descriptor of ``t``): the direct launch then looks
+the encoding up by the address alone, and no descriptor object is built while the address repeats.
 """
 
 import inspect
@@ -49,10 +53,13 @@ def _key(args):
 class Launcher:
     """``kernel[grid](*args, **named, **meta)``, bound once: ``Launcher(kernel, grid, **meta)(*args, **named)``.
     ``args``: the kernel's leading positional (runtime) arguments; ``named``: runtime arguments by name (e.g.
-    those after the constexprs, always the same names); ``meta``: the constexprs and launch options, fixed."""
+    those after the constexprs, always the same names); ``meta``: the constexprs and launch options, fixed.
+    ``described``: {position: make} for leading arguments passed as tensors of a fixed layout whose tensor
+    descriptor ``make(t)`` builds (the launch builds it only where it cannot look its encoding up)."""
 
-    def __init__(self, kernel, grid, **meta):
+    def __init__(self, kernel, grid, described=None, **meta):
         self.kernel, self.grid, self.meta = kernel, tuple(grid) + (1,) * (3 - len(grid)), meta
+        self.described = tuple(sorted((described or {}).items()))
         self.compiled = None  # the compiled kernel of the bound call
         self.bound = None  # its arguments in signature order, as Triton bound them
         self.names, self.named_at = (), ()  # the named runtime arguments and their positions in ``bound``
@@ -82,6 +89,8 @@ class Launcher:
                 if self.direct is not None:
                     self.direct(self.grid, stream, bound)
                 else:
+                    for at, make in self.described:
+                        bound[at] = make(bound[at])
                     compiled.run(self.grid[0], self.grid[1], self.grid[2], stream, compiled.function,
                                  compiled.packed_metadata, None, None, None, *bound)
                 return
@@ -89,16 +98,20 @@ class Launcher:
 
     def _plain(self, args, named):
         """The launch through ``kernel[grid]``; the first one (compiled, not interpreted) is kept, bound."""
-        compiled = self.kernel[self.grid](*args, **named, **self.meta)
+        given = list(args)  # the kernel's arguments: the descriptors of tensors given for them built
+        for at, make in self.described:
+            given[at] = make(given[at])
+        compiled = self.kernel[self.grid](*given, **named, **self.meta)
         if self.compiled is None and not hardware.interpreting():
-            self._bind(compiled, args, named)
+            self._bind(compiled, args, given, named)
 
-    def _bind(self, compiled, args, named):
-        """Keep ``compiled`` and Triton's own binding of this call's arguments (if this Triton exposes them)."""
+    def _bind(self, compiled, args, given, named):
+        """Keep ``compiled`` and Triton's own binding of this call's arguments (``given``: ``args`` as the kernel
+        took them), if this Triton exposes it."""
         try:
             device = torch._C._cuda_getDevice()
             binder = self.kernel.device_caches[device][4]
-            bound_args = binder(*args, **named, **self.meta)[0]
+            bound_args = binder(*given, **named, **self.meta)[0]
             names = list(bound_args)
             named_at = tuple(names.index(n) for n in named)
             bound = list(bound_args.values())
@@ -108,21 +121,24 @@ class Launcher:
             return
         self.compiled, self.bound, self.key = compiled, bound, _key(args + tuple(named.values()))
         self.names, self.named_at, self.device = tuple(named), named_at, device
-        self.direct = direct_launch(compiled)
+        self.direct = direct_launch(compiled, dict(self.described))
 
 
 _RUN_PARAMS = ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]  # triton 3.6's CudaLauncher.__call__
 
 
-def direct_launch(compiled):
+def direct_launch(compiled, described=None):
     """``launch(grid, stream, args)``: what ``compiled.run(*grid, stream, compiled.function,
     compiled.packed_metadata, None, None, None, *args)`` does on Triton 3.6's CUDA launcher, without its Python
     layers: no scratch memory to allocate, the C launch called with the cooperative / PDL flags, and each tensor
     descriptor among ``args`` expanded (``make_tensordesc_arg``) at the positions the launcher would find it; an
     expansion is kept for the next launches whose descriptor there has the same address, shape, strides and
     padding (the CUtensorMap encodes nothing else: the block, dtype and swizzle are the compiled kernel's).
+    ``described``: {position: make} where ``args`` holds a tensor of a fixed layout instead (``Launcher``): its
+    expansion is looked up by the address alone, and ``make(t)`` builds the descriptor to expand on a miss.
     None where ``run`` is not that launcher (another Triton, a kernel that needs scratch memory): the caller
     keeps ``run``."""
+    described = described or {}
     run = compiled.run
     try:
         if (list(inspect.signature(type(run).__call__).parameters) != _RUN_PARAMS or run.global_scratch_size
@@ -136,12 +152,15 @@ def direct_launch(compiled):
             if launch.__globals__["_BASE_ARGS_FORMAT_LEN"] != 13:
                 return None
             launch = cells["launcher"]
-            descriptors = tuple(zip(sorted(cells["tensordesc_indices"]), cells["tensordesc_meta"]))
+            descriptors = tuple((at, meta, described.get(at))
+                                for at, meta in zip(sorted(cells["tensordesc_indices"]), cells["tensordesc_meta"]))
         elif not callable(launch) or inspect.isfunction(launch):  # not the C launch function itself
             return None
         metadata = compiled.packed_metadata
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
+    if set(described) - {at for at, meta, _ in descriptors if meta is not None}:
+        return None  # a position given as a tensor where this kernel takes no TMA descriptor
 
     encoded = [{} for _ in descriptors]  # per descriptor: its recent expansions by (address, shape, strides, padding)
 
@@ -149,10 +168,18 @@ def direct_launch(compiled):
         head = [grid[0], grid[1], grid[2], stream, compiled.function, coop, pdl, None, None, metadata, None, None,
                 None]
         start = 0
-        for (at, meta), recent in zip(descriptors, encoded):
+        for (at, meta, make), recent in zip(descriptors, encoded):
             head += args[start:at]
             desc = args[at]
-            if meta is None:  # no TMA here: the expansion holds the tensor itself, never kept
+            if make is not None:  # a tensor of the plan's fixed layout: its address names the encoding
+                key = desc.data_ptr()
+                expanded = recent.get(key)
+                if expanded is None:
+                    if len(recent) >= ENCODINGS_KEPT:
+                        recent.clear()
+                    expanded = recent[key] = expand(make(desc), meta)
+                head += expanded
+            elif meta is None:  # no TMA here: the expansion holds the tensor itself, never kept
                 head += expand(desc, meta)
             else:
                 key = (desc.base.data_ptr(), tuple(desc.shape), tuple(desc.strides), desc.padding)
