@@ -23,7 +23,10 @@ grep -E "Duration|SM Frequency|Issue Slots Busy|Warp Cycles Per Issued|Stall|L1/
 # the CPU-only changes since run150: gemm_rs's operands through describe_operands (792f6d2) and grouped_gemm's
 # "kn" layout through the core's B_KN (its PTX differs from run150's only in the order of the A / W TMA copies):
 # their GPU tests, W = 1 and shared-GPU W = 2 / 4; the Gluon mainloop's new GPU cases (e5m2, M = 3)
-step changed_tests 220 python -m pytest -m gpu -n 6 -p no:cacheprovider -q tests/kernels/test_gemm_sm90.py tests/kernels/test_gemm_reducescatter.py tests/kernels/test_fp8_gemm_rs.py tests/kernels/test_grouped_gemm.py tests/kernels/test_fp8_grouped_gemm.py tests/nn/test_training.py
+step changed_tests 220 python -m pytest -m gpu -n 6 -p no:cacheprovider -q tests/kernels/test_gemm_sm90.py tests/kernels/test_gemm_reducescatter.py tests/kernels/test_fp8_gemm_rs.py tests/kernels/test_grouped_gemm.py tests/kernels/test_fp8_grouped_gemm.py tests/nn/test_training.py tests/kernels/test_launcher.py
+# b3bc37f: the eager gemm plans launch with described operands (Launcher(described=))
+step eager_tests 120 python -m pytest -m gpu -n 4 -p no:cacheprovider -q tests/kernels/test_gemm.py -k "eager or split_k"
+grep -E "passed|failed|FAILED|Error" "$OUT/eager_tests.log" | cut -c1-300 | tail -8
 grep -E "passed|failed|FAILED|Error" "$OUT/changed_tests.log" | cut -c1-300 | tail -8
 HOST_PROFILE=1 BENCH_DIR=/tmp/bench step bench_host 60 torchrun --nproc-per-node=1 benchmarks/bench_host.py
 grep -E "NOT MET|ok$" "$OUT/bench_host.log" | head -16
