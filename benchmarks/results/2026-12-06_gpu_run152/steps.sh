@@ -13,13 +13,6 @@ echo "commit $GIT_COMMIT" > "$OUT/node.log"
 nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader >> "$OUT/node.log"; cat "$OUT/node.log"
 mkdir -p /tmp/bench
 if [ "${1:-a}" = a ]; then
-step power_check 90 python $here/power_check.py
-cut -c1-200 "$OUT/power_check.log" | grep -v "^triton_dist autotune\|^  \[" | tail -14
-# where blockwise's cycles go (the launches: tensor #2, block #1, block #2 after skipping tensor #1)
-step ncu_block 120 ncu --clock-control none -k regex:gemm_fp8_sm90 --launch-skip 1 --launch-count 3 \
-  --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-  python $here/ncu_block.py
-grep -E "Duration|SM Frequency|Issue Slots Busy|Warp Cycles Per Issued|Stall|L1/TEX Hit|L2 Hit|Memory Throughput" "$OUT/ncu_block.log" | head -40
 # the CPU-only changes since run150: gemm_rs's operands through describe_operands (792f6d2) and grouped_gemm's
 # "kn" layout through the core's B_KN (its PTX differs from run150's only in the order of the A / W TMA copies):
 # their GPU tests, W = 1 and shared-GPU W = 2 / 4; the Gluon mainloop's new GPU cases (e5m2, M = 3)
@@ -30,6 +23,13 @@ grep -E "passed|failed|FAILED|Error" "$OUT/eager_tests.log" | cut -c1-300 | tail
 grep -E "passed|failed|FAILED|Error" "$OUT/changed_tests.log" | cut -c1-300 | tail -8
 HOST_PROFILE=1 BENCH_DIR=/tmp/bench step bench_host 60 torchrun --nproc-per-node=1 benchmarks/bench_host.py
 grep -E "NOT MET|ok$" "$OUT/bench_host.log" | head -16
+step power_check 90 python $here/power_check.py
+cut -c1-200 "$OUT/power_check.log" | grep -v "^triton_dist autotune\|^  \[" | tail -14
+# where blockwise's cycles go (the launches: tensor #2, block #1, block #2 after skipping tensor #1)
+step ncu_block 120 ncu --clock-control none -k regex:gemm_fp8_sm90 --launch-skip 1 --launch-count 3 \
+  --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+  python $here/ncu_block.py
+grep -E "Duration|SM Frequency|Issue Slots Busy|Warp Cycles Per Issued|Stall|L1/TEX Hit|L2 Hit|Memory Throughput" "$OUT/ncu_block.log" | head -40
 else
 BENCH_DIR=/tmp/bench step bench_gemm_bf16 300 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only bf16
 grep -E "^\|" "$OUT/bench_gemm_bf16.log" | cut -d'|' -f1-8 | head -14
