@@ -754,13 +754,17 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
             base = gemm_sm90.default_config(base, out.dtype, scales.mode == "block")
         cfg = check_tiles(autotune.with_overrides(base, config))
     fp8.check_block_k(scales, cfg)
-    if cfg.get("MAINLOOP") == "gluon" and not (gemm_sm90.available(a.device, a.dtype, scales, out.dtype)
-                                               and tma_compatible(a, w, out) and gemm_sm90.takes(cfg, out.dtype)):
+    if cfg.get("MAINLOOP") == "gluon":
+        unmet = [what for what, met in (
+            ("FP8 operands with promoted scales (fast_accum=False) on an sm_90 GPU",
+             gemm_sm90.available(a.device, a.dtype, scales, out.dtype)),
+            ("TMA-compatible operands (16-byte aligned data and rows)", tma_compatible(a, w, out)),
+            (f"BLOCK_M and BLOCK_K 128, BLOCK_N in {gemm_sm90.BLOCK_NS}, num_warps 4, num_stages >= 2 within the "
+             "shared memory", gemm_sm90.takes(cfg, out.dtype))) if not met]
+    if cfg.get("MAINLOOP") == "gluon" and unmet:
         if config is not None and config.get("MAINLOOP") == "gluon":
-            raise ValueError("config MAINLOOP='gluon' runs FP8 operands with promoted scales (fast_accum=False) on "
-                             "an sm_90 GPU, TMA-compatible operands (16-byte aligned), BLOCK_M and BLOCK_K 128, "
-                             f"BLOCK_N in {gemm_sm90.BLOCK_NS}, num_warps 4, num_stages >= 2 within the shared "
-                             f"memory; got {config}")
+            raise ValueError(f"config MAINLOOP='gluon' needs {'; '.join(unmet)}; got {config} for a {tuple(a.shape)} "
+                             f"{a.dtype} and w {tuple(w.shape)}")
         cfg = gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1)  # a tuned one, for operands at an offset
     if plan_key is not None and a.is_cuda and cfg.get("use_tma") is not False and tma_compatible(a, w, out):
         plan = _EAGER.get(plan_key, lambda: EagerGemm(a, w, cfg, scales, out_dtype))
@@ -946,7 +950,7 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtyp
         cands += split_k_configs(m, n, k, dtype, device, base, scales)
         out_dtype = out_dtype or torch.bfloat16
         tma_rows = k % 16 == 0 and n * out_dtype.itemsize % 16 == 0  # the tuner's contiguous operands
-        if (gemm_sm90.TUNER_OFFERS and dtype in gemm_sm90.OFFERED_DTYPES and tma_rows
+        if (gemm_sm90.TUNER_OFFERS and tma_rows
                 and gemm_sm90.available(device, dtype, scales, out_dtype)):
             cands += gemm_sm90.candidates(base, out_dtype, scales.mode == "block")
     return autotune.dedupe(cands)

@@ -263,10 +263,8 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SHARED_BYTES = 227 * 1024  # an sm_90 program's shared memory
 
 # Offered to gemm's tuner unless TRITON_DIST_GLUON_MAINLOOP=0 (the tuner times it against the Triton core's
-# configurations), for the FP8 formats of OFFERED_DTYPES (e5m2: not yet run on a GPU, test_gemm_sm90 has its
-# case); ``config={"MAINLOOP": "gluon"}`` runs it either way.
+# configurations); ``config={"MAINLOOP": "gluon"}`` runs it either way.
 TUNER_OFFERS = os.environ.get("TRITON_DIST_GLUON_MAINLOOP", "1") != "0"
-OFFERED_DTYPES = (torch.float8_e4m3fn, )
 
 
 def available(device, dtype, scales, out_dtype):
