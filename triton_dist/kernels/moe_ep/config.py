@@ -48,9 +48,9 @@ def _defaults(max_tokens, device_type):
     if device_type == "cpu":
         common = dict(num_programs=2, push_programs=1, block_h=32, block_tokens=8, num_warps=4)
         return DispatchConfig(**common, fused_layout=max_tokens <= 256, layout_chunks=2), CombineConfig(**common)
-    if max_tokens <= 256:  # decode: small chunks, wide copies, every SM
+    if max_tokens <= 256:  # decode: small chunks, wide copies, every SM; one launch per dispatch (host-bound sizes)
         common = dict(num_programs=132, push_programs=66, block_h=1024, block_tokens=2, num_warps=8)
-        return DispatchConfig(**common, num_chunks=64), CombineConfig(**common)
+        return DispatchConfig(**common, num_chunks=64, fused_layout=True), CombineConfig(**common)
     return (DispatchConfig(num_programs=128, push_programs=80, block_h=512, block_tokens=16, num_warps=8,
                            num_chunks=256, h_parts=4, tail_chunks=16, tail_parts=8, stream_hints=True),
             CombineConfig(num_programs=128, push_programs=48, block_h=512, block_tokens=16, num_warps=16,
