@@ -89,8 +89,9 @@ def work_us(flops, bytes_moved, dtype):
 
 
 def capturing():
-    """True while the current CUDA stream records a graph (no allocation, tuning or host sync may happen)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    """True while the current CUDA stream records a graph (no allocation, tuning or host sync may happen). (CUDA
+    not initialized in this process: nothing records; ``torch.cuda.is_available`` costs µs per eager call.)"""
+    return torch.cuda.is_initialized() and torch._C._cuda_isCurrentStreamCapturing()
 
 
 _TRACING_MODES = tuple(getattr(torch._C._TorchDispatchModeKey, k) for k in ("FAKE", "PROXY", "FUNCTIONAL"))
