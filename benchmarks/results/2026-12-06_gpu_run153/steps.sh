@@ -21,7 +21,7 @@ HOST_PROFILE=1 BENCH_DIR=/tmp/bench step bench_host 60 torchrun --nproc-per-node
 grep -E "NOT MET|ok$" "$OUT/bench_host.log" | head -16
 step ncu_source 200 ncu --clock-control none -k regex:gemm_fp8_sm90 --launch-skip 1 --launch-count 2 --set full \
   --import-source yes -o "$OUT/block" python $here/ncu_block.py
-ncu --import "$OUT/block.ncu-rep" --page source --csv --print-source sass 2>/dev/null | sort -t, -k5 -gr | head -40 > "$OUT/ncu_hot_sass.csv"
+ncu --import "$OUT/block.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_sass.csv" 2>&1  # per instruction: stall samples
 ncu --import "$OUT/block.ncu-rep" --section WarpStateStats 2>/dev/null | grep -i "stall\|Duration" | head -30
 else
 step gpu_tier 560 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf tests
