@@ -754,14 +754,8 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
             base = gemm_sm90.default_config(base, out.dtype, scales.mode == "block")
         cfg = check_tiles(autotune.with_overrides(base, config))
     fp8.check_block_k(scales, cfg)
-    if cfg.get("MAINLOOP") == "gluon":
-        unmet = [what for what, met in (
-            ("FP8 operands with promoted scales (fast_accum=False) on an sm_90 GPU",
-             gemm_sm90.available(a.device, a.dtype, scales, out.dtype)),
-            ("TMA-compatible operands (16-byte aligned data and rows)", tma_compatible(a, w, out)),
-            (f"BLOCK_M and BLOCK_K 128, BLOCK_N in {gemm_sm90.BLOCK_NS}, num_warps 4, num_stages >= 2 within the "
-             "shared memory", gemm_sm90.takes(cfg, out.dtype))) if not met]
-    if cfg.get("MAINLOOP") == "gluon" and unmet:
+    unmet = _gluon_unmet(a, w, out, cfg, scales) if cfg.get("MAINLOOP") == "gluon" else ()
+    if unmet:
         if config is not None and config.get("MAINLOOP") == "gluon":
             raise ValueError(f"config MAINLOOP='gluon' needs {'; '.join(unmet)}; got {config} for a {tuple(a.shape)} "
                              f"{a.dtype} and w {tuple(w.shape)}")
@@ -772,6 +766,16 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
             return out
     launch_gemm(a, w, out.view(1, m, n), cfg, scales=scales)
     return out
+
+
+def _gluon_unmet(a, w, out, cfg, scales):
+    """What keeps the Gluon FP8 mainloop (``gemm_sm90``) from running this call with ``cfg``: the conditions not met."""
+    return [what for what, met in (
+        ("FP8 operands with promoted scales (fast_accum=False) on an sm_90 GPU",
+         gemm_sm90.available(a.device, a.dtype, scales, out.dtype)),
+        ("TMA-compatible operands (16-byte aligned data and rows)", tma_compatible(a, w, out)),
+        (f"BLOCK_M and BLOCK_K 128, BLOCK_N in {gemm_sm90.BLOCK_NS}, num_warps 4, num_stages >= 2 within the shared "
+         "memory", gemm_sm90.takes(cfg, out.dtype))) if not met]
 
 
 # ----------------------------------------------------------------------------------------------- torch op

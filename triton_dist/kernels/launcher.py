@@ -171,24 +171,20 @@ def direct_launch(compiled, described=None):
         for (at, meta, make), recent in zip(descriptors, encoded):
             head += args[start:at]
             desc = args[at]
+            if meta is None:  # no TMA here: the expansion holds the tensor itself, never kept
+                head += expand(desc, meta)
+                start = at + 1
+                continue
             if make is not None:  # a tensor of the plan's fixed layout: its address names the encoding
                 key = desc.data_ptr()
-                expanded = recent.get(key)
-                if expanded is None:
-                    if len(recent) >= ENCODINGS_KEPT:
-                        recent.clear()
-                    expanded = recent[key] = expand(make(desc), meta)
-                head += expanded
-            elif meta is None:  # no TMA here: the expansion holds the tensor itself, never kept
-                head += expand(desc, meta)
             else:
                 key = (desc.base.data_ptr(), tuple(desc.shape), tuple(desc.strides), desc.padding)
-                expanded = recent.get(key)
-                if expanded is None:  # the encoding (a CUtensorMap) is a function of the key: reused while it repeats
-                    if len(recent) >= ENCODINGS_KEPT:
-                        recent.clear()
-                    expanded = recent[key] = expand(desc, meta)
-                head += expanded
+            expanded = recent.get(key)
+            if expanded is None:  # the encoding (a CUtensorMap) is a function of the key: reused while it repeats
+                if len(recent) >= ENCODINGS_KEPT:
+                    recent.clear()
+                expanded = recent[key] = expand(desc if make is None else make(desc), meta)
+            head += expanded
             start = at + 1
         head += args[start:]
         launch(*head)

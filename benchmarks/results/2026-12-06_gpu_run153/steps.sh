@@ -7,7 +7,6 @@
 #   b (~560 s): the GPU tier at 6 workers (8 ran out of memory on an H100 in run152)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/benchmarks
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-here=benchmarks/results/2026-12-06_gpu_run153
 step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s)
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "== $name: exit $? in $(( $(date +%s) - t0 )) s"; }
 echo "commit $GIT_COMMIT" > "$OUT/node.log"
@@ -20,7 +19,7 @@ grep -E "FAILED|passed|failed" "$OUT/capture_tests.log" | cut -c1-250 | tail -6
 HOST_PROFILE=1 BENCH_DIR=/tmp/bench step bench_host 60 torchrun --nproc-per-node=1 benchmarks/bench_host.py
 grep -E "NOT MET|ok$" "$OUT/bench_host.log" | head -16
 step ncu_source 200 ncu --clock-control none -k regex:gemm_fp8_sm90 --launch-skip 1 --launch-count 2 --set full \
-  --import-source yes -o "$OUT/block" python $here/ncu_block.py
+  --import-source yes -o "$OUT/block" python benchmarks/results/2026-12-06_h100x1_run152/ncu_block.py  # run152's launches
 ncu --import "$OUT/block.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_sass.csv" 2>&1  # per instruction: stall samples
 ncu --import "$OUT/block.ncu-rep" --section WarpStateStats 2>/dev/null | grep -i "stall\|Duration" | head -30
 else
