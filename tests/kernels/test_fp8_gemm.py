@@ -132,11 +132,12 @@ def test_gemm_fp8_keywords_reject_bad_input():
             call()
 
 
-def _quantize_fp8_matches_torch(scaling, device, rows, cols):
+def _quantize_fp8_matches_torch(scaling, device, rows, cols, transposed):
     """``quantize_fp8``'s kernels against torch's ``quantize`` on ``device``: scales and values bitwise (signed
     zeros included), for bf16 inputs (many of them lie on a rounding tie of e4m3: an ulp off in the scale moves
     them a step), fp16 and fp32; ragged shapes (a short last 128-block both ways), a zero row, a zero block (scale
-    1, q 0), tiny values that round to (signed) zero; an empty tensor."""
+    1, q 0), tiny values that round to (signed) zero; an empty tensor. ``transposed``: x.T's quantisation read
+    from x (against torch's of x.T)."""
     gen = torch.Generator().manual_seed(5)
     for dtype in (torch.bfloat16, torch.float32, torch.float16):
         x = torch.randn(rows, cols, generator=gen) * torch.rand(rows, 1, generator=gen) * 100
@@ -144,32 +145,36 @@ def _quantize_fp8_matches_torch(scaling, device, rows, cols):
         x[:128, 128:256] = 0 if scaling == "block" else x[:128, 128:256]
         x[9, :5] = torch.tensor([-1e-6, 1e-6, -3e-5, 0.0, -0.0])  # below the smallest e4m3 step of their group
         x = x.to(dtype).to(device)
-        q, s = fp8.quantize_fp8(x, scaling)
-        ref_q, ref_s = fp8.quantize(x.float(), scaling)
+        q, s = fp8.quantize_fp8(x, scaling, transposed=transposed)
+        ref_q, ref_s = fp8.quantize(x.float().T if transposed else x.float(), scaling)
         assert s.shape == ref_s.shape and torch.equal(s, ref_s), (scaling, dtype)
         got, want = q.view(torch.uint8).cpu(), ref_q.view(torch.uint8).cpu()
         if _SIGNLESS_ZERO and device == "cpu":  # triton 3.6's interpreter converts -0.0 to fp8 +0
             got, want = torch.where(want == 0x80, 0, got), torch.where(want == 0x80, 0, want)
         assert q.dtype == torch.float8_e4m3fn and torch.equal(got, want), (scaling, dtype, int((got != want).sum()))
-        assert not q[7].float().any()
-    q, s = fp8.quantize_fp8(torch.zeros(0, cols, device=device), scaling)
-    assert q.shape == (0, cols) and s.shape == {"group": (0, 3), "row": (0, 1), "block": (0, 3),
-                                               "tensor": (1,)}[scaling]
+        assert not (q[:, 7] if transposed else q[7]).float().any()
+    q, s = fp8.quantize_fp8(torch.zeros(0, cols, device=device), scaling, transposed=transposed)
+    groups = {"group": (0, 3), "row": (0, 1), "block": (0, 3), "tensor": (1,)}[scaling]
+    if transposed:
+        groups = {"group": (cols, 0), "row": (cols, 1), "block": (3, 0), "tensor": (1,)}[scaling]
+    assert q.shape == ((cols, 0) if transposed else (0, cols)) and s.shape == groups, (q.shape, s.shape)
     with pytest.raises(ValueError, match="scaling"):
         fp8.quantize_fp8(x, "column")
 
 
 @cpu_only
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("scaling", ["row", "block", "tensor", "group"])
-def test_quantize_fp8_every_scaling_matches_torch(scaling):
-    _quantize_fp8_matches_torch(scaling, "cpu", 130, 300)
+def test_quantize_fp8_every_scaling_matches_torch(scaling, transposed):
+    _quantize_fp8_matches_torch(scaling, "cpu", 130, 300, transposed)
 
 
 @gpu_only
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("scaling", ["row", "block", "tensor", "group"])
-def test_quantize_fp8_every_scaling_matches_torch_on_gpu(scaling):
+def test_quantize_fp8_every_scaling_matches_torch_on_gpu(scaling, transposed):
     """The same on the GPU (compiled kernels; torch's CUDA ops), at sizes of a layer's activation."""
-    _quantize_fp8_matches_torch(scaling, "cuda", 517, 300)
+    _quantize_fp8_matches_torch(scaling, "cuda", 517, 300, transposed)
 
 
 @cpu_only
@@ -349,6 +354,21 @@ def test_scaled_gemm_compiles_for_sm90_with_fp8_wgmma(scales, imprecise, use_tma
     if use_tma:
         assert any(k.startswith("cp.async.bulk.tensor.2d.shared") for k in ops), ops  # TMA loads
         assert any(k.startswith("cp.async.bulk.tensor.3d.global") for k in ops), ops  # TMA store (bf16)
+
+
+@pytest.mark.parametrize("scaling", ["group", "block", "row", "tensor"])
+def test_quantize_transposed_kernel_compiles_for_sm90(scaling):
+    """x.T's quantisation read from x: loads along H, stores along T (the compiler transposes through shared
+    memory), no spills."""
+    res = compile_sm90("triton_dist.kernels.fp8", "quantize_transposed_kernel",
+                       dict(x="*bf16", q="*fp8e4nv", scales="*fp32", amax="*i32", T="i32", H="i32",
+                            SCALING="constexpr", BT="constexpr", BH="constexpr"),
+                       dict(SCALING=scaling, BT=128, BH=128 if scaling == "block" else 64),
+                       aligned=("x", "q", "T", "H"), options=dict(num_warps=8 if scaling == "block" else 4),
+                       assemble=True)
+    ops = res["ops"]
+    assert any(k.startswith("ld.global") for k in ops) and any(k.startswith("st.global") for k in ops), ops
+    assert res["spilled_bytes"] == 0, res["spilled_bytes"]
 
 
 def test_quantize_fp8_kernel_compiles_for_sm90():

@@ -46,10 +46,11 @@ quantised by ``fp8.quantize_operands`` in the forward's mode along that GEMM's r
                grad_w = grouped_weight_grad(grad, x, quantize)  (along each expert's tokens: a scale per column,
                                                         "block" per 128-row step of the expert, in the kernel)
 
-(Q: e4m3 with its scales). The input gradients run the overlapped ops on FP8 operands (``_times_weight``: grad_out
+(Q: e4m3 with its scales; Q(t.T) read from t as it lies: ``fp8.quantize_fp8(transposed=True)``, no high-precision
+transposed copy). The input gradients run the overlapped ops on FP8 operands (``_times_weight``: grad_out
 quantised as their ``quantize=`` does, w.T's copy from ``fp8.quantize_weight``, kept per optimizer step by an open
 ``fp8.weight_cache``, in a compiled backward too), the weights' the FP8 GEMM core
-(``quantized_gemm``, a torch op under torch.compile); gradients in a's dtype, the same fixed orders.
+(``fp8_weight_grad``, a torch op under torch.compile); gradients in a's dtype, the same fixed orders.
 """
 
 import torch
@@ -77,18 +78,20 @@ def _reduce_scatter(t, group):
     return _own_rows(all_reduce(t.contiguous(), group=group), group).contiguous()
 
 
-def quantized_gemm(a, w, mode):
-    """``a @ w.T`` of FP8 training's backward (``fp8_grads``): ``a`` [M, K] and ``w`` [N, K] (high precision,
-    contiguous) quantised along K by ``fp8.quantize_operands`` in ``mode``, the FP8 GEMM core's product in a's
-    dtype. Under torch.compile: ``torch.ops.triton_dist.quantized_gemm``."""
+def fp8_weight_grad(g, x, mode):
+    """``g.T @ x`` of FP8 training's backward (``fp8_grads``): the weights' gradient of a product whose output
+    gradient is ``g`` [rows, N] and input ``x`` [rows, K] (high precision), each quantised in ``mode`` along the
+    rows (``fp8.quantize_fp8(transposed=True)``: g.T as the GEMM's first operand, x.T as its second, read as they
+    lie), the FP8 GEMM core's product in g's dtype. Under torch.compile: ``torch.ops.triton_dist.fp8_weight_grad``."""
     if hardware.compiling():
-        return torch.ops.triton_dist.quantized_gemm(a, w, mode)
-    a8, w8, scales = fp8.quantize_operands(a, w, mode)
-    return gemm(a8, w8, scale_a=scales.a, scale_w=scales.w, scaling=scales.mode, out_dtype=a.dtype)
+        return torch.ops.triton_dist.fp8_weight_grad(g, x, mode)
+    g8, scale_g = fp8.quantize_fp8(g, "group" if mode == "block" else mode, transposed=True)
+    x8, scale_x = fp8.quantize_fp8(x, mode, transposed=True)
+    return gemm(g8, x8, scale_a=scale_g, scale_w=scale_x, scaling=mode, out_dtype=g.dtype)
 
 
-library.define("quantized_gemm(Tensor a, Tensor w, str mode) -> Tensor", quantized_gemm,
-               lambda a, w, mode: a.new_empty((a.shape[0], w.shape[0])))
+library.define("fp8_weight_grad(Tensor g, Tensor x, str mode) -> Tensor", fp8_weight_grad,
+               lambda g, x, mode: g.new_empty((g.shape[1], x.shape[1])))
 
 
 def _times_weight(op, g, w, mode, group_name):
@@ -126,10 +129,8 @@ library.define("fp8_times_weight(Tensor g, Tensor w, str op, str mode, str? grou
 
 def _weight_grad(g, x, mode):
     """``g.T @ x`` (the weights' gradient of a product whose output gradient is ``g`` [rows, N] and input ``x``
-    [rows, K]): torch's in g's dtype, or (``mode``: ``fp8_grads``) ``quantized_gemm`` of g.T and x.T."""
-    if mode is None:
-        return g.T @ x
-    return quantized_gemm(g.T.contiguous(), x.T.contiguous(), mode)
+    [rows, K]): torch's in g's dtype, or (``mode``: ``fp8_grads``) ``fp8_weight_grad``."""
+    return g.T @ x if mode is None else fp8_weight_grad(g, x, mode)
 
 
 # ----------------------------------------------------------------------------------------------- ag_gemm

@@ -166,6 +166,49 @@ def quantize_tensor_kernel(x, q, amax, scale, numel, BLOCK: tl.constexpr):
         tl.store(scale + i, s)
 
 
+@triton.jit
+def column_amax_kernel(x, amax, T, H, BT: tl.constexpr, BH: tl.constexpr):
+    """``amax[h]`` = max(amax[h], |x[t, h]| over this program's BT rows) for x [T, H]: each column's amax (the
+    "row" scales of x.T), from 0, as ``amax_kernel`` (magnitudes compared as their bits)."""
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    tile = tl.load(x + t.to(tl.int64)[:, None] * H + h[None, :], mask=(t < T)[:, None] & (h < H)[None, :], other=0.0)
+    tl.atomic_max(amax + h, tl.max(tl.abs(tile.to(tl.float32)), axis=0).to(tl.int32, bitcast=True), mask=h < H)
+
+
+@triton.jit
+def quantize_transposed_kernel(x, q, scales, amax, T, H, SCALING: tl.constexpr, BT: tl.constexpr,
+                               BH: tl.constexpr):
+    """Program (i, j): rows [i * BT, +BT) and columns [j * BH, +BH) of x [T, H] -> that block of x.T in q [H, T],
+    quantised as ``quantize_fp8(x.T, SCALING)`` would (x.T never written in high precision): "group" in 1x128
+    groups along T (BT = 128; scales [H, ceil(T/128)]), "block" per 128x128 block (BT = BH = 128; scales
+    [ceil(H/128), ceil(T/128)]), "row" / "tensor" by the amax of column h / of x (``column_amax_kernel`` /
+    ``amax_kernel``'s bits; scales [H, 1] / [1])."""
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    inside = (h < H)[:, None] & (t < T)[None, :]
+    tile = tl.load(x + t.to(tl.int64)[None, :] * H + h[:, None], mask=inside, other=0.0).to(tl.float32)  # [BH, BT]
+    if SCALING == "group":  # BT = 128: a group per row of the tile
+        scale = _scale_of(tl.max(tl.abs(tile), axis=1))
+        qt = _quantized(tile, scale[:, None])
+        tl.store(scales + h.to(tl.int64) * tl.num_programs(0) + tl.program_id(0), scale, mask=h < H)
+    elif SCALING == "block":
+        scale = _scale_of(tl.max(tl.max(tl.abs(tile), axis=1), axis=0))
+        qt = _quantized(tile, scale)
+        tl.store(scales + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), scale)
+    elif SCALING == "row":
+        scale = _scale_of(tl.load(amax + h, mask=h < H, other=0).to(tl.float32, bitcast=True))
+        qt = _quantized(tile, scale[:, None])
+        if tl.program_id(0) == 0:
+            tl.store(scales + h, scale, mask=h < H)
+    else:
+        scale = _scale_of(tl.load(amax).to(tl.float32, bitcast=True))
+        qt = _quantized(tile, scale)
+        if tl.program_id(0) + tl.program_id(1) == 0:
+            tl.store(scales, scale)
+    tl.store(q + h.to(tl.int64)[:, None] * T + t[None, :], qt, mask=inside)
+
+
 # ----------------------------------------------------------------------------------------------- host side
 def is_fp8(t):
     return getattr(t, "dtype", None) in FP8_DTYPES
@@ -176,27 +219,32 @@ def groups(k):
     return cdiv(k, GROUP)
 
 
-def quantize_fp8(x, scaling="group"):
+def quantize_fp8(x, scaling="group", transposed=False):
     """``x`` [T, H] (bf16/fp16/fp32) -> (q [T, H] float8_e4m3fn, scale) by the rule above, ``scaling`` as in
     ``quantize``: "group" (per 1x128 group: [T, ceil(H/128)]; the kernel dispatch's senders run), "row" ([T, 1]),
     "block" (per 128x128 block: [ceil(T/128), ceil(H/128)]) or "tensor" ([1]). Triton kernels, one sweep over x
     ("row": two over each row; "tensor": an amax sweep first); under the interpreter on CPU (CPU tensors without
-    it: ``quantize``)."""
+    it: ``quantize``). ``transposed``: the quantisation of ``x.T`` [H, T] (bitwise that of ``x.T.contiguous()``)
+    read from x as it lies, one sweep ("row" / "tensor": an amax sweep first): an FP8 backward's operand
+    quantised along the tokens."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in OUT_DTYPES:
         raise TypeError("x must be a 2-D bfloat16 / float16 / float32 tensor")
     if scaling not in ("group", "row", "block", "tensor"):
         raise ValueError(f"scaling must be group, row, block or tensor, got {scaling!r}")
     check_device(x)
     if not x.is_cuda and not hardware.interpreting():
-        return quantize(x, scaling)
+        return quantize(x.T if transposed else x, scaling)
     x = x.contiguous()
     t, h = x.shape
-    q = torch.empty((t, h), dtype=torch.float8_e4m3fn, device=x.device)
-    shape = {"group": (t, groups(h)), "row": (t, 1), "block": (cdiv(t, GROUP), groups(h)), "tensor": (1,)}
+    r, c = (h, t) if transposed else (t, h)  # the quantised tensor's shape
+    q = torch.empty((r, c), dtype=torch.float8_e4m3fn, device=x.device)
+    shape = {"group": (r, groups(c)), "row": (r, 1), "block": (cdiv(r, GROUP), groups(c)), "tensor": (1,)}
     scales = torch.empty(shape[scaling], dtype=torch.float32, device=x.device)
     if not (t and h):
         return q, scales.fill_(1.0)
-    if scaling == "group":
+    if transposed:
+        _quantize_transposed(x, q, scales, scaling)
+    elif scaling == "group":
         bt, bh = (16, 512) if x.is_cuda else (4, 128)
         quantize_fp8_kernel[(cdiv(t, bt), cdiv(h, bh))](x, q, scales, t, h, BT=bt, BH=bh,
                                                                     num_warps=4)
@@ -208,6 +256,25 @@ def quantize_fp8(x, scaling="group"):
     else:
         _quantize_tensors(x, q, scales)
     return q, scales
+
+
+def _quantize_transposed(x, q, scales, scaling):
+    """``quantize_transposed_kernel`` over contiguous ``x`` [T, H] into q [H, T] and ``scales`` (``quantize_fp8``'s
+    of x.T), after the amax sweep that "row" (per column of x) and "tensor" take."""
+    t, h = x.shape
+    bh = GROUP if scaling == "block" else (64 if x.is_cuda else 16)
+    grid = (cdiv(t, GROUP), cdiv(h, bh))
+    amax = scales  # (unread by "group" and "block")
+    if scaling in ("row", "tensor"):
+        amax = torch.zeros(h if scaling == "row" else 1, dtype=torch.int32, device=x.device)
+        if scaling == "row":
+            column_amax_kernel[grid](x, amax, t, h, BT=GROUP, BH=bh, num_warps=4)
+        else:
+            amax_kernel[(cdiv(x.numel(), 4096 if x.is_cuda else 1024), 1)](x, amax, x.numel(),
+                                                                          BLOCK=4096 if x.is_cuda else 1024,
+                                                                          num_warps=8)
+    quantize_transposed_kernel[grid](x, q, scales, amax, t, h, SCALING=scaling, BT=GROUP, BH=bh,
+                                     num_warps=8 if scaling == "block" else 4)
 
 
 def _quantize_tensors(x, q, scales):
@@ -345,7 +412,7 @@ def _transposed_copy(w, mode):
     by the same scale), an FP8 copy instead of a high-precision one."""
     if mode == "row":
         return quantize_stack(w.transpose(1, 2).contiguous(), mode) if w.dim() == 3 else \
-            quantize_fp8(w.T.contiguous(), mode)
+            quantize_fp8(w, mode, transposed=True)
     q, scales = quantize_weight(w, mode)
     q = q.transpose(-1, -2).contiguous()
     return q, scales if mode == "tensor" else scales.transpose(-1, -2).contiguous()
