@@ -265,14 +265,11 @@ def _quantize_transposed(x, q, scales, scaling):
     bh = GROUP if scaling == "block" else (64 if x.is_cuda else 16)
     grid = (cdiv(t, GROUP), cdiv(h, bh))
     amax = scales  # (unread by "group" and "block")
-    if scaling in ("row", "tensor"):
-        amax = torch.zeros(h if scaling == "row" else 1, dtype=torch.int32, device=x.device)
-        if scaling == "row":
-            column_amax_kernel[grid](x, amax, t, h, BT=GROUP, BH=bh, num_warps=4)
-        else:
-            amax_kernel[(cdiv(x.numel(), 4096 if x.is_cuda else 1024), 1)](x, amax, x.numel(),
-                                                                          BLOCK=4096 if x.is_cuda else 1024,
-                                                                          num_warps=8)
+    if scaling == "row":
+        amax = torch.zeros(h, dtype=torch.int32, device=x.device)
+        column_amax_kernel[grid](x, amax, t, h, BT=GROUP, BH=bh, num_warps=4)
+    elif scaling == "tensor":
+        amax = _amax_bits(x, 1)[0]
     quantize_transposed_kernel[grid](x, q, scales, amax, t, h, SCALING=scaling, BT=GROUP, BH=bh,
                                      num_warps=8 if scaling == "block" else 4)
 
@@ -280,13 +277,19 @@ def _quantize_transposed(x, q, scales, scaling):
 def _quantize_tensors(x, q, scales):
     """Contiguous ``x`` as a stack of ``len(scales)`` tensors of equal size, each quantised to ``q`` by its own
     per-tensor scale (``amax_kernel``, then ``quantize_tensor_kernel``): one launch each for the whole stack."""
-    stack = scales.numel()
+    amax, numel, block, grid = _amax_bits(x, scales.numel())
+    quantize_tensor_kernel[grid](x, q, amax, scales, numel, BLOCK=block, num_warps=8)
+
+
+def _amax_bits(x, stack):
+    """(amax, numel, block, grid): ``amax_kernel``'s sweep of contiguous ``x`` as a stack of ``stack`` tensors,
+    their amax as int32 bits, and the sweep's launch (a quantising sweep over the same grid follows)."""
     numel = x.numel() // stack
     block = 4096 if x.is_cuda else 1024
     amax = torch.zeros(stack, dtype=torch.int32, device=x.device)
     grid = (cdiv(numel, block), stack)
     amax_kernel[grid](x, amax, numel, BLOCK=block, num_warps=8)
-    quantize_tensor_kernel[grid](x, q, amax, scales, numel, BLOCK=block, num_warps=8)
+    return amax, numel, block, grid
 
 
 def quantize_stack(w, scaling):
