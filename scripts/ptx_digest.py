@@ -355,7 +355,7 @@ KERNELS = [
     ("gemm_sm90/fp8-rows", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_signature,
      dict(BLOCK_SCALES=False, GROUP_M=8, STAGES=6, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-blocks", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_signature,
-     dict(BLOCK_SCALES=True, GROUP_M=8, STAGES=6, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
+     dict(BLOCK_SCALES=True, GROUP_M=8, STAGES=5, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-rows-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,
      dict(BLOCK_SCALES=False, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-blocks-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,

@@ -40,12 +40,15 @@ try:  # triton >= 3.5
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
     # TMA copies: async_load / async_store since triton 3.7; the older names before (the GPU image's 3.6)
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     # inside a partition: a barrier of its own warps (3.6: thread_barrier)
     _partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+    # cp.async of single values into shared memory: async_load since triton 3.7, the older name before
+    _copy_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 except ImportError:  # pragma: no cover - a Triton without Gluon: the Triton core only
     gluon = None
 
@@ -73,24 +76,34 @@ if gluon is not None:
         return first_m + (tile % group) % rows, (tile % group) // rows
 
     @gluon.jit
-    def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr,
-                  STAGES: gl.constexpr):
+    def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, scale_a, scale_w, M, N, K,
+                  stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         """TMA loads of every K step of this program's tiles into the ring; a slot is loaded again once both
-        consumers have released it."""
+        consumers have released it. With BLOCK_SCALES the step's scales come along into the slot (cp.async, whose
+        completion the slot's ready barrier also awaits): A's of the tile's rows, W's of its 128-column pieces."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         tiles_m = gl.cdiv(M, BM)
         tiles_n = gl.cdiv(N, BN)
         k_tiles = gl.cdiv(K, BK)
+        n_blocks = gl.cdiv(N, PIECE)
+        row_of: gl.constexpr = gl.BlockedLayout([BM // 32], [32], [1], [0])
+        piece_of: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         step = 0  # over all this program's tiles: the slot is step % STAGES, its pass (step // STAGES)
         for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+            rows = pid_m * BM + gl.arange(0, BM, layout=row_of)
+            pieces = pid_n * (BN // PIECE) + gl.arange(0, 2, layout=piece_of)
             for kk in range(k_tiles):
                 slot = step % STAGES
                 # a fresh barrier counts its (virtual) previous phase, parity 1, complete: the first pass is free
                 mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
                 bar = ready.index(slot)
+                if BLOCK_SCALES:  # before the expect (the phase's last arrival): the copies' arrival counts in it
+                    _copy_to_shared(sa_bufs.index(slot), scale_a + rows * stride_sa + kk, mask=rows < M)
+                    _copy_to_shared(sw_bufs.index(slot), scale_w + pieces * stride_sw + kk, mask=pieces < n_blocks)
+                    async_copy.mbarrier_arrive(bar)
                 mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
                 _tma_load(a_desc, [pid_m * BM, kk * BK], bar, a_bufs.index(slot))
                 _tma_load(b_desc, [pid_n * BN, kk * BK], bar, b_bufs.index(slot))
@@ -111,18 +124,18 @@ if gluon is not None:
             return acc + part
 
     @gluon.jit
-    def _step_scales(scale_a, scale_w, rows, M, n_block, n_blocks, kb, stride_sa, stride_sw,
-                     BLOCK_SCALES: gl.constexpr, WIDE: gl.constexpr):
-        """The block scales of K block ``kb`` for the rows and each 128-column piece (W's blocks ``n_block`` and,
-        WIDE, the next): ``scale_a[row, kb] * scale_w[block, kb]``; zeros without block scales (unused)."""
+    def _step_scales(sa_buf, sw_buf, ROW0: gl.constexpr, ROWS: gl.constexpr, layout: gl.constexpr,
+                     BLOCK_SCALES: gl.constexpr):
+        """The block scales of a step from its slot (after its ready barrier) for this consumer's rows and each
+        128-column piece: ``scale_a[row, kb] * scale_w[piece, kb]`` ([ROWS] in ``layout``); zeros without block
+        scales (unused). Shared-memory loads: the wgmmas' issue does not wait on global loads' latency (ptxas
+        places the products before the first wgmma)."""
         if BLOCK_SCALES:
-            s_a = gl.load(scale_a + rows * stride_sa + kb, mask=rows < M, other=0.0)
-            s_lo = s_a * gl.load(scale_w + n_block * stride_sw + kb, mask=n_block < n_blocks, other=0.0)
-            if WIDE:
-                s_hi = s_a * gl.load(scale_w + (n_block + 1) * stride_sw + kb, mask=n_block + 1 < n_blocks,
-                                     other=0.0)
-            else:
-                s_hi = s_lo
+            s_a = sa_buf.slice(ROW0, ROWS).load(layout)
+            w = sw_buf.load(gl.BlockedLayout([2], [32], [gl.num_warps()], [0]))
+            first = gl.arange(0, 2, layout=gl.BlockedLayout([2], [32], [gl.num_warps()], [0])) == 0
+            s_lo = s_a * gl.sum(gl.where(first, w, 0.0), axis=0)
+            s_hi = s_a * gl.sum(gl.where(first, 0.0, w), axis=0)
         else:
             s_lo = 0.0
             s_hi = 0.0
@@ -156,9 +169,9 @@ if gluon is not None:
             _tma_store(c_desc, [row0, col0], c_smem)
 
     @gluon.jit
-    def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w, M, N, K,
-                  stride_sa, stride_sw, ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr,
-                  STAGES: gl.constexpr):
+    def _consumer(a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w,
+                  M, N, K, stride_sa, stride_sw, ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr,
+                  GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         """Rows ROW0 .. ROW0 + 64 of every tile of this program, on this partition's warpgroup: per K step wait
         for the slot, its wgmmas (a 128-column half at a time), release the slot, promote; then the epilogue."""
         BM: gl.constexpr = a_bufs.type.shape[1]
@@ -171,22 +184,19 @@ if gluon is not None:
         tiles_m = gl.cdiv(M, BM)
         tiles_n = gl.cdiv(N, BN)
         k_tiles = gl.cdiv(K, BK)
-        n_blocks = gl.cdiv(N, PIECE)
         zero = gl.zeros([ROWS, PIECE], gl.float32, layout=mma)
         step = 0
         pieces = 0  # C pieces stored so far (the buffer's barriers' phase)
         for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
             rows = pid_m * BM + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
-            n_block = pid_n * (BN // PIECE)
             acc = zero
             acc_hi = zero  # (WIDE: the tile's columns 128-255)
             for kk in range(k_tiles):
                 slot = step % STAGES
-                # the step's block scales, loaded before the wait: their latency hides behind it and the wgmmas
-                s_lo, s_hi = _step_scales(scale_a, scale_w, rows, M, n_block, n_blocks, kk, stride_sa, stride_sw,
-                                          BLOCK_SCALES, WIDE)
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                s_lo, s_hi = _step_scales(sa_bufs.index(slot), sw_bufs.index(slot), ROW0, ROWS,
+                                          gl.SliceLayout(1, mma), BLOCK_SCALES)
                 a = a_bufs.index(slot).slice(ROW0, ROWS)
                 b = b_bufs.index(slot)
                 if WIDE:
@@ -211,12 +221,12 @@ if gluon is not None:
             tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _second_consumer(a_bufs, b_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w, M, N, K,
-                         stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr,
+    def _second_consumer(a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a,
+                         scale_w, M, N, K, stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr,
                          STAGES: gl.constexpr):
         """The worker consumer: rows 64 .. 127 of each tile."""
-        _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w, M, N, K,
-                  stride_sa, stride_sw, a_bufs.type.shape[1] // 2, BLOCK_SCALES, GROUP_M, STAGES)
+        _consumer(a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w,
+                  M, N, K, stride_sa, stride_sw, a_bufs.type.shape[1] // 2, BLOCK_SCALES, GROUP_M, STAGES)
 
     @gluon.jit
     def gemm_fp8_sm90_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa, stride_sw,
@@ -233,6 +243,10 @@ if gluon is not None:
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
         c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, PIECE], c_desc.layout)
+        # a slot's block scales (BLOCK_SCALES: A's of its rows, W's of its 128-column pieces; else unused)
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        sa_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BM if BLOCK_SCALES else 2], plain)
+        sw_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2], plain)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         c_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -244,11 +258,12 @@ if gluon is not None:
         mbarrier.init(c_free, count=1)
         mbarrier.init(c_full, count=2)
         gl.warp_specialize([
-            (_consumer, (a_bufs, b_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w, M, N, K,
-                         stride_sa, stride_sw, 0, BLOCK_SCALES, GROUP_M, STAGES)),
-            (_second_consumer, (a_bufs, b_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w, M,
-                                N, K, stride_sa, stride_sw, BLOCK_SCALES, GROUP_M, STAGES)),
-            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, STAGES)),
+            (_consumer, (a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a,
+                         scale_w, M, N, K, stride_sa, stride_sw, 0, BLOCK_SCALES, GROUP_M, STAGES)),
+            (_second_consumer, (a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc,
+                                scale_a, scale_w, M, N, K, stride_sa, stride_sw, BLOCK_SCALES, GROUP_M, STAGES)),
+            (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, scale_a, scale_w, M, N, K,
+                         stride_sa, stride_sw, BLOCK_SCALES, GROUP_M, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # (worker_num_regs: required by 3.6, optional since)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
@@ -275,18 +290,19 @@ def available(device, dtype, scales, out_dtype):
             and not scales.fast_accum and out_dtype in OUT_DTYPES)
 
 
-def _shared_bytes(block_n, stages, out_dtype):
-    """The ring of FP8 A and W tiles and the C piece's buffer."""
-    return stages * (128 + block_n) * 128 + 128 * 128 * out_dtype.itemsize
+def _shared_bytes(block_n, stages, out_dtype, block_scales=False):
+    """The ring of FP8 A and W tiles with their block scales (fp32: A's 128 rows, W's two pieces) and the C
+    piece's buffer."""
+    return stages * ((128 + block_n) * 128 + 4 * ((128 if block_scales else 2) + 2)) + 128 * 128 * out_dtype.itemsize
 
 
-def takes(cfg, out_dtype):
-    """Whether ``cfg`` is a configuration this kernel runs for a result of ``out_dtype``: 128x128 A tiles, BLOCK_N
-    of ``BLOCK_NS``, BLOCK_K 128, each consumer one warpgroup (num_warps 4), a ring of at least two slots within
-    the shared memory."""
+def takes(cfg, out_dtype, block_scales=False):
+    """Whether ``cfg`` is a configuration this kernel runs for a result of ``out_dtype`` (with block scales or
+    not): 128x128 A tiles, BLOCK_N of ``BLOCK_NS``, BLOCK_K 128, each consumer one warpgroup (num_warps 4), a ring
+    of at least two slots within the shared memory."""
     return ((cfg["BLOCK_M"], cfg["BLOCK_K"]) == (128, 128) and cfg["BLOCK_N"] in BLOCK_NS and cfg["num_warps"] == 4
-            and cfg["num_stages"] >= 2 and _shared_bytes(cfg["BLOCK_N"], cfg["num_stages"], out_dtype)
-            <= SHARED_BYTES)
+            and cfg["num_stages"] >= 2
+            and _shared_bytes(cfg["BLOCK_N"], cfg["num_stages"], out_dtype, block_scales) <= SHARED_BYTES)
 
 
 def candidates(base, out_dtype=torch.bfloat16, block_scales=False):
@@ -295,7 +311,7 @@ def candidates(base, out_dtype=torch.bfloat16, block_scales=False):
     partial and the step's scales outgrow a thread's registers: ptxas spills)."""
     cands = []
     for bn in BLOCK_NS[:1] if block_scales else BLOCK_NS:
-        deepest = [s for s in range(2, 8) if _shared_bytes(bn, s, out_dtype) <= SHARED_BYTES][-2:]
+        deepest = [s for s in range(2, 8) if _shared_bytes(bn, s, out_dtype, block_scales) <= SHARED_BYTES][-2:]
         cands += [{**base, "MAINLOOP": "gluon", "BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4,
                    "num_stages": s, "GROUP_M": 8, "SPLIT_N": False, "EPILOGUE_SUBTILE": False, "SPLIT_K": 1,
                    "programs_per_sm": None} for s in deepest]
