@@ -24,7 +24,11 @@ def _errors(m, n, k, mode, out_dtype, fp8_dtype=torch.float8_e4m3fn):
     gen = torch.Generator().manual_seed(m + n + k)
     base = gemm_config(m, n, k, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1)
     errs = {}
-    for cfg in gemm_sm90.candidates(base, out_dtype):
+    block = mode == "block"
+    cfgs = gemm_sm90.candidates(base, out_dtype, block) + [  # block scales: 256 too where it fits
+        c for c in gemm_sm90.candidates(base, out_dtype) if block and c["BLOCK_N"] == 256
+        and gemm_sm90.takes(c, out_dtype, block)]
+    for cfg in cfgs:
         key = (cfg["BLOCK_N"], cfg["num_stages"])
         for _ in range(2):
             a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen, dtype=fp8_dtype))
@@ -120,6 +124,9 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
     for bad in ({"num_stages": 1}, {"num_warps": 8}, {"BLOCK_N": 64}, {"BLOCK_K": 64}, {"num_stages": 7}):
         assert not gemm_sm90.takes({**cfgs[0], **bad}, torch.bfloat16), bad
     assert not gemm_sm90.takes({**cfgs[0], "num_stages": 6}, torch.float32)  # its buffer outgrows the memory
+    # block scales take a slot's share too: 5 slots of 128 at most beside a bf16 result
+    assert [c["num_stages"] for c in gemm_sm90.candidates(cfgs[0], torch.bfloat16, block_scales=True)] == [4, 5]
+    assert not gemm_sm90.takes({**cfgs[0], "num_stages": 6}, torch.bfloat16, block_scales=True)
     assert not gemm_sm90.available(torch.device("cpu"), a.dtype, types.SimpleNamespace(fast_accum=False),
                                    torch.bfloat16)
 
