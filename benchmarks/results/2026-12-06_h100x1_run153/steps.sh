@@ -5,7 +5,8 @@
 #      tests, bench_backward's MLP; 633b4e2 (hardware.capturing asks torch.cuda.is_initialized first) under the GPU
 #      tests that capture graphs (gemm split-K / eager / replay), bench_host with its profile
 #   ncu (~200 s): the ncu source view of the Gluon kernel per-tensor vs blockwise (if block_check still trails)
-#   b (~560 s): the GPU tier at 6 workers (8 ran out of memory on an H100 in run152)
+#   b (~560 s): examples/fp8_tp_mlp.py at W = 1 (FP8 vs bf16), the GPU tier at 6 workers (8 ran out of memory
+#      on an H100 in run152)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/benchmarks
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s)
@@ -33,7 +34,9 @@ step ncu_source 200 ncu --clock-control none -k regex:gemm_fp8_sm90 --launch-ski
 ncu --import "$OUT/block.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_sass.csv" 2>&1  # per instruction: stall samples
 ncu --import "$OUT/block.ncu-rep" --section WarpStateStats 2>/dev/null | grep -i "stall\|Duration" | head -30
 else
-step gpu_tier 560 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf tests
+step fp8_tp_mlp 60 torchrun --nproc-per-node=1 examples/fp8_tp_mlp.py
+tail -6 "$OUT/fp8_tp_mlp.log"
+step gpu_tier 500 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf tests
 grep -E "FAILED|passed|failed" "$OUT/gpu_tier.log" | cut -c1-250 | tail -12
 fi
 cp /tmp/bench/*.json "$OUT/" 2>/dev/null
