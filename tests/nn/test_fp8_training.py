@@ -722,13 +722,14 @@ def _transposed_weight_cache_case(mode, device="cpu", compile_too=False):
     start = {name: p.detach().clone() for name, p in weights.items()}
     made = []  # one entry per quantisation of a weight ("down") or of a weight's transpose ("down.T")
 
-    def counting(t, scaling="group"):
+    def counting(t, scaling="group", transposed=False):
+        quantised = t.T if transposed else t  # (``transposed``: t.T's quantisation, read from t)
         for name, p in weights.items():
             if t is p:
-                made.append(name)
-            elif t.shape == p.T.shape and torch.equal(t, p.T):
+                made.append(f"{name}.T" if transposed else name)
+            elif quantised.shape == p.T.shape and torch.equal(quantised, p.T):
                 made.append(f"{name}.T")
-        return real_fp8(t, scaling)
+        return real_fp8(t, scaling, transposed)
 
     def train(cache):
         with torch.no_grad():
