@@ -23,12 +23,14 @@ and the backward of sum(out * g) (g: a fixed random output gradient). One row pe
                 choice per shape: overlap, graph or fallback), "torch" for the baselines
   max rel err   of the output and every gradient against the baseline's (bf16 on both sides); above
                 bench_layers' BF16_TOLERANCE (FP8 contenders: FP8_TOLERANCE) the row's ratios are withheld
-All timed in turn (``harness.in_turn``), max over ranks. ``--check``: the same contenders at tiny fp32 sizes against
+All timed in turn (``harness.in_turn``), max over ranks. With KERNEL_PROFILE=1, rank 0 also prints each contender's
+step kernel by kernel (``harness.kernel_table``). ``--check``: the same contenders at tiny fp32 sizes against
 each other (runs on CPU ranks too).
 """
 
 import contextlib
 import copy
+import os
 
 import torch
 import torch.distributed as dist
@@ -256,7 +258,7 @@ def check():
 
 
 def main():
-    from harness import IN_TURN, in_turn, record, start
+    from harness import IN_TURN, in_turn, kernel_table, record, start
 
     def add_arguments(parser):
         parser.add_argument("--only", default=",".join(CASES), help=f"comma-separated cases of {', '.join(CASES)}")
@@ -285,6 +287,11 @@ def main():
         for label, step in steps.items():
             timed[f"{label} fwd+bwd"], timed[f"{label} fwd"] = step.fwd_bwd, step.fwd
         turn = in_turn(timed, args.rounds)
+        if os.environ.get("KERNEL_PROFILE") == "1":  # where each contender's step goes, kernel by kernel
+            for label, step in steps.items():
+                table = kernel_table(step.fwd_bwd)
+                if td.rank() == 0:
+                    print(f"---- kernels of one {case} step, {label}\n{table}", flush=True)
         step_us = {label: turn[f"{label} fwd+bwd"] for label in steps}
         bwd_us = {label: turn[f"{label} fwd+bwd"] - turn[f"{label} fwd"] for label in steps}
         for label in steps:

@@ -103,6 +103,23 @@ def host_us(fn, calls=50, profile=None):
     return float(t.item())
 
 
+def kernel_table(fn, top=15):
+    """The device kernels of one call of ``fn`` (after a warm-up call), most device time first: torch.profiler's
+    table of its ``top`` kernels (this rank). Says where a step's time goes (GEMMs, quantisers, copies)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    for key in ("self_device_time_total", "self_cuda_time_total"):  # (torch's name for it changed)
+        try:
+            return events.table(sort_by=key, row_limit=top, max_name_column_width=90)
+        except (AttributeError, KeyError, ValueError):
+            continue
+    return events.table(row_limit=top)
+
+
 def knob_sweep(run, base, sweep, device):
     """``{label: µs}`` of ``run(config)`` for ``base`` with each ``(label, knobs)`` of ``sweep`` applied, one after
     another (median of 10, max over ranks; NaN if a variant fails). A negative ``num_programs`` means that many
