@@ -338,6 +338,16 @@ KERNELS = [
     ("fp8/quantize-tensor", K + "fp8", "quantize_tensor_kernel",
      dict(x="*bf16", q="*fp8e4nv", amax="*i32", scale="*fp32", numel="i32", BLOCK="constexpr"), dict(BLOCK=4096),
      ("x", "q"), {"num_warps": 8}),
+    ("fp8/column-amax", K + "fp8", "column_amax_kernel",
+     dict(x="*bf16", amax="*i32", T="i32", H="i32", BT="constexpr", BH="constexpr"), dict(BT=128, BH=64),
+     ("x", "H"), {"num_warps": 4}),
+] + [
+    (f"fp8/quantize-transposed-{scaling}", K + "fp8", "quantize_transposed_kernel",
+     dict(x="*bf16", q="*fp8e4nv", scales="*fp32", amax="*i32", T="i32", H="i32", SCALING="constexpr",
+          BT="constexpr", BH="constexpr"), dict(SCALING=scaling, BT=128, BH=128 if scaling == "block" else 64),
+     ("x", "q", "T", "H"), {"num_warps": 8 if scaling == "block" else 4})
+    for scaling in ("group", "block", "row", "tensor")
+] + [
     ("silu_gate/forward", K + "silu_gate", "silu_gate_kernel",
      dict(h="*bf16", out="*bf16", numel="i32", cols="i32", BLOCK="constexpr"), dict(BLOCK=1024), ("h", "out", "cols"),
      {"num_warps": 4}),
