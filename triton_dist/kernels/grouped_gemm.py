@@ -604,10 +604,11 @@ def grouped_weight_grad(dy, x, expert_offsets, expert_counts, experts, quantize=
         cfg = weight_grad_candidates(x.dtype, x.device, quantize)[0]
         if quantize == "block":
             return launch_weight_grad(dy, x, expert_offsets, expert_counts, dw, dict(cfg, FP8="blocks"))
-        # token-major FP8 copies, a scale per column over the rows inside the groups (the others may hold anything)
+        # token-major FP8 copies, a scale per column over the rows inside the groups (the others may hold anything),
+        # quantised from the row-major tensors as they lie (no high-precision transposed copies)
         inside = group_rows(rows, expert_offsets, expert_counts, x.device)[:, None]
-        dy8, scale_dy = fp8.quantize_fp8(torch.where(inside, dy, 0).T.contiguous(), quantize)
-        x8, scale_x = fp8.quantize_fp8(torch.where(inside, x, 0).T.contiguous(), quantize)
+        dy8, scale_dy = fp8.quantize_fp8(torch.where(inside, dy, 0), quantize, transposed=True)
+        x8, scale_x = fp8.quantize_fp8(torch.where(inside, x, 0), quantize, transposed=True)
         return launch_weight_grad(dy8, x8, expert_offsets, expert_counts, dw, cfg, (scale_dy, scale_x))
     key = (rows, experts, n, k, x.dtype, x.device)
     cfg = _WEIGHT_GRAD_CONFIGS.get(key, lambda: _tuned_weight_grad_config(rows, experts, n, k, x.dtype, x.device))
