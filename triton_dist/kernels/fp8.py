@@ -464,6 +464,12 @@ def check_fp8_grads(fp8_grads, mode, name="fp8_grads", mode_name="quantize"):
     return fp8_grads
 
 
+def a_scaling(mode):
+    """The scaling of a GEMM's first operand in ``mode``: its 1x128 groups for "block" (W's are 128x128 blocks),
+    else ``mode`` itself."""
+    return "group" if mode == "block" else mode
+
+
 def quantize_operands(a, w, mode, transposed=False):
     """High-precision operands ``a`` [M, K] and ``w`` [N, K] -> (a8, w8, ``Scales``) in ``mode`` (one of
     ``MODES``; "block": a in 1x128 groups, w in 128x128 blocks), e4m3, by ``quantize_fp8``: dynamic scales, taken
@@ -474,7 +480,7 @@ def quantize_operands(a, w, mode, transposed=False):
     copy, kept as the weight's are; the backward's ``grad @ w``)."""
     if check_mode(mode) is None:
         raise ValueError(f"quantize_operands needs a mode of {MODES}, got None")
-    a8, scale_a = quantize_fp8(a, "group" if mode == "block" else mode)
+    a8, scale_a = quantize_fp8(a, a_scaling(mode))
     w8, scale_w = quantize_weight(w, mode, transposed)
     return a8, w8, check_scales(a8, w8, scale_a, scale_w, mode)
 

@@ -131,9 +131,10 @@ if gluon is not None:
         scales (unused). Shared-memory loads: the wgmmas' issue does not wait on global loads' latency (ptxas
         places the products before the first wgmma)."""
         if BLOCK_SCALES:
+            pair: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])  # both in every thread
             s_a = sa_buf.slice(ROW0, ROWS).load(layout)
-            w = sw_buf.load(gl.BlockedLayout([2], [32], [gl.num_warps()], [0]))
-            first = gl.arange(0, 2, layout=gl.BlockedLayout([2], [32], [gl.num_warps()], [0])) == 0
+            w = sw_buf.load(pair)
+            first = gl.arange(0, 2, layout=pair) == 0
             s_lo = s_a * gl.sum(gl.where(first, w, 0.0), axis=0)
             s_hi = s_a * gl.sum(gl.where(first, 0.0, w), axis=0)
         else:

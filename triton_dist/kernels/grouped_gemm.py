@@ -463,7 +463,7 @@ def _quantized(x, w, expert_offsets, expert_counts, mode, w_layout="nk"):
     "nk" stack either way ("kn": the FP8 copy of each expert's transpose, so that its scales run along K)."""
     if mode == "tensor":
         x = torch.where(group_rows(x.shape[0], expert_offsets, expert_counts, x.device)[:, None], x, 0)
-    x8, scale_x = fp8.quantize_fp8(x, "group" if mode == "block" else mode)
+    x8, scale_x = fp8.quantize_fp8(x, fp8.a_scaling(mode))
     w8, scale_w = fp8.quantize_weight(w, mode, transposed=w_layout == "kn")
     return x8, w8, expert_scales(x8, w8, scale_x, scale_w, mode)
 

@@ -7,13 +7,7 @@
 #   ncu (~200 s): the ncu source view of the Gluon kernel per-tensor vs blockwise (if block_check still trails)
 #   b (~560 s): examples/fp8_tp_mlp.py at W = 1 (FP8 vs bf16), the GPU tier at 6 workers (8 ran out of memory
 #      on an H100 in run152)
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/benchmarks
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s)
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "== $name: exit $? in $(( $(date +%s) - t0 )) s"; }
-echo "commit $GIT_COMMIT" > "$OUT/node.log"
-nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader >> "$OUT/node.log"; cat "$OUT/node.log"
-mkdir -p /tmp/bench
+source benchmarks/steps_lib.sh
 if [ "${1:-a}" = a ]; then
 step capture_tests 120 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 100 tests/kernels/test_gemm.py \
   tests/kernels/test_replay.py tests/kernels/test_launcher.py -k "eager or split_k or graph or replay or bound"
