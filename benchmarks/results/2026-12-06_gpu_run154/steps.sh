@@ -1,24 +1,21 @@
 #!/usr/bin/env bash
-# run154 (1 GPU; prepared 2026-12-06). GIT_COMMIT=<sha> bash steps.sh a|t1|t2
-#   a  (~300 s) the GPU tests run153 b's tier left failed or unfinished (the weight-cache test after its fix, the
-#      shared-GPU worlds' training tests at 3 workers), then bench_backward's MLP in block FP8 with fp8_grads and
-#      KERNEL_PROFILE=1: where the FP8 backward's ~2.5 ms beyond its GEMMs go (run153: 0.97x HF with fp8_grads)
-#   t1 (~550 s) the GPU tier's tests/kernels (197 tests)   t2 (~550 s) the rest of the tier (64: nn, examples, ...)
-#      (the whole tier at 6 workers ran past 500 s on an H100 in run153: two calls)
+# run154 (1 GPU; prepared 2026-12-06, revised 2026-12-07). GIT_COMMIT=<sha> bash steps.sh a|t|t1|t2
+#   a  (~200 s) block_check.py (blockwise vs per-tensor cuBLAS timed in turn, device time and J per call), then
+#      bench_backward's MLP in block FP8 with fp8_grads and KERNEL_PROFILE=1: where the FP8 backward's time goes
+#      (run153: 0.97x HF with fp8_grads)
+#   t  (~560 s) the whole GPU tier at 6 workers (run153's reached 98 % in 500 s); t1 / t2: its halves
+#      (tests/kernels; the rest) when one call cannot hold it
 source benchmarks/steps_lib.sh
-T=tests/nn/test_training.py
 case "${1:-a}" in
 a)
-  step rerun 220 python -m pytest -m gpu -n 3 -p no:cacheprovider -v --timeout 200 -rf \
-    tests/nn/test_fp8_training.py::test_fp8_weight_cache_on_one_gpu "tests/language/test_primitives.py::test_gpu_primitives[8]" \
-    "$T::test_mlp_layer_gradients_bf16_on_gpus[1-517-True]" "$T::test_mlp_layer_gradients_bf16_on_gpus[2-1024-False]" \
-    "$T::test_mlp_layer_gradients_bf16_on_gpus[4-517-True]" "$T::test_mlp_layer_gradients_bf16_on_gpus[2-517-False]" \
-    "$T::test_mlp_layer_gradients_bf16_on_gpus[4-1024-False]" "$T::test_moe_layer_gradients_bf16_on_gpus[4-333-False]" \
-    "$T::test_moe_layer_gradients_bf16_on_gpus[4-333-True]"
-  grep -E "PASSED|FAILED|passed|failed" "$OUT/rerun.log" | cut -c1-200 | tail -12
+  step block_check 150 python benchmarks/results/2026-12-06_gpu_run154/block_check.py
+  cut -c1-230 "$OUT/block_check.log" | tail -30
   KERNEL_PROFILE=1 BENCH_DIR=/tmp/bench step bench_backward 100 torchrun --nproc-per-node=1 \
     benchmarks/bench_backward.py --only mlp --fp8 block --fp8-grads
   grep -E "^\||WRONG" "$OUT/bench_backward.log" | head -12 ;;
+t)
+  step gpu_tier 560 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 tests
+  grep -E "FAILED|passed|failed" "$OUT/gpu_tier.log" | cut -c1-250 | tail -14 ;;
 t1)
   step gpu_tier_kernels 550 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=20 \
     tests/kernels
