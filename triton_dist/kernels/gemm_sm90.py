@@ -15,10 +15,11 @@ that run out of step.
 - **Two consumers** (one warpgroup each, rows 0-63 and 64-127 of the tile): per K step, wait for the slot, run its
   wgmmas into a fresh partial, wait for them, release the slot, add the partial into the fp32 sum (times the
   step's block scales). While one warpgroup adds, the other's wgmmas run. A thread holds two register sets: the
-  sum and a partial. At BLOCK_N = 256 the step runs as two 128-column halves, one after the other, so a thread
+  sum and a partial. At BLOCK_N = 256 the step runs as two 128-column pieces, one after the other, so a thread
   holds two sums and one partial (an A tile then serves 256 columns instead of 128: less L2 traffic per FLOP).
+  With block scales, four 64-column pieces (``SPLIT_N``): 128-column ones outgrow a thread's registers there.
 - **The epilogue**: per-tensor / rowwise scales multiply the finished sum; each consumer writes its 64 rows of a
-  128x128 piece into one shared buffer, and the first consumer stores the piece by TMA once both halves are in.
+  piece into one shared buffer, and the first consumer stores the piece by TMA once both halves are in.
 
 Persistent: one program per SM walks its tiles in grouped-M order. No wgmma is in flight at a loop's back edge or
 across a run-time branch (ptxas would then serialize every wgmma of the kernel: docs/design/fp8.md).
@@ -62,7 +63,7 @@ MAXNREG = 168
 
 
 if gluon is not None:
-    PIECE = gl.constexpr(128)  # the side of a wgmma's B operand, of a W scale block and of a stored C piece
+    SCALE_BLOCK = gl.constexpr(128)  # the side of a W scale block (and of A's scale groups along K)
     PRODUCER_REGS = gl.constexpr(40)  # setmaxnreg of the producer warp's warpgroup (it only issues TMA loads)
     CONSUMER_REGS = gl.constexpr(232)  # the second consumer's; the first (the default partition) gets the rest
 
@@ -80,21 +81,25 @@ if gluon is not None:
                   stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         """TMA loads of every K step of this program's tiles into the ring; a slot is loaded again once both
         consumers have released it. With BLOCK_SCALES the step's scales come along into the slot (cp.async, whose
-        completion the slot's ready barrier also awaits): A's of the tile's rows, W's of its 128-column pieces."""
+        completion the slot's ready barrier also awaits): A's of the tile's rows, W's of the blocks its columns meet."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         tiles_m = gl.cdiv(M, BM)
         tiles_n = gl.cdiv(N, BN)
         k_tiles = gl.cdiv(K, BK)
-        n_blocks = gl.cdiv(N, PIECE)
+        n_blocks = gl.cdiv(N, SCALE_BLOCK)
         row_of: gl.constexpr = gl.BlockedLayout([BM // 32], [32], [1], [0])
         piece_of: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         step = 0  # over all this program's tiles: the slot is step % STAGES, its pass (step // STAGES)
         for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
             rows = pid_m * BM + gl.arange(0, BM, layout=row_of)
-            pieces = pid_n * (BN // PIECE) + gl.arange(0, 2, layout=piece_of)
+            if BN % SCALE_BLOCK == 0:  # the tile starts on a block
+                first = pid_n * (BN // SCALE_BLOCK)
+            else:
+                first = pid_n * BN // SCALE_BLOCK
+            pieces = first + gl.arange(0, 2, layout=piece_of)  # the (at most) two W blocks the tile's columns meet
             for kk in range(k_tiles):
                 slot = step % STAGES
                 # a fresh barrier counts its (virtual) previous phase, parity 1, complete: the first pass is free
@@ -124,34 +129,33 @@ if gluon is not None:
             return acc + part
 
     @gluon.jit
-    def _step_scales(sa_buf, sw_buf, ROW0: gl.constexpr, ROWS: gl.constexpr, layout: gl.constexpr,
-                     BLOCK_SCALES: gl.constexpr):
-        """The block scales of a step from its slot (after its ready barrier) for this consumer's rows and each
-        128-column piece: ``scale_a[row, kb] * scale_w[piece, kb]`` ([ROWS] in ``layout``); zeros without block
-        scales (unused). Shared-memory loads: the wgmmas' issue does not wait on global loads' latency (ptxas
-        places the products before the first wgmma)."""
+    def _piece_scale(sa_buf, sw_buf, col0, P: gl.constexpr, PN: gl.constexpr, BN: gl.constexpr, ROW0: gl.constexpr,
+                     ROWS: gl.constexpr, layout: gl.constexpr, BLOCK_SCALES: gl.constexpr):
+        """The block scales of a step for the tile's piece ``P`` (columns ``col0 + P * PN`` on, within one W block)
+        from its slot (after its ready barrier): ``scale_a[row, kb] * scale_w[block, kb]`` for this consumer's rows
+        ([ROWS] in ``layout``); 0 without block scales (unused). Read from shared memory when the piece's sum takes
+        them: no register holds a scale across a wgmma."""
         if BLOCK_SCALES:
-            pair: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])  # both in every thread
             s_a = sa_buf.slice(ROW0, ROWS).load(layout)
-            w = sw_buf.load(pair)
-            first = gl.arange(0, 2, layout=pair) == 0
-            s_lo = s_a * gl.sum(gl.where(first, w, 0.0), axis=0)
-            s_hi = s_a * gl.sum(gl.where(first, 0.0, w), axis=0)
+            pair: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])  # both in every thread
+            if BN % SCALE_BLOCK == 0:  # the tile starts on a block: the piece's block is known
+                which = P * PN // SCALE_BLOCK
+            else:
+                which = (col0 + P * PN) // SCALE_BLOCK - col0 // SCALE_BLOCK
+            return s_a * gl.sum(gl.where(gl.arange(0, 2, layout=pair) == which, sw_buf.load(pair), 0.0), axis=0)
         else:
-            s_lo = 0.0
-            s_hi = 0.0
-        return s_lo, s_hi
+            return 0.0
 
     @gluon.jit
     def _store_piece(acc, c_desc, c_smem, c_free, c_full, phase, scale_a, scale_w, rows, row0, col0, M, N,
                      stride_sa, stride_sw, ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr):
-        """This consumer's ``rows`` of the 128-column piece of C at (``row0``, ``col0``): scaled (per-tensor /
+        """This consumer's ``rows`` of the piece of C at (``row0``, ``col0``): scaled (per-tensor /
         rowwise), converted, written into the shared buffer; the first consumer (ROW0 0) frees the buffer (the
         previous piece's store has read it) and, once both halves are in, stores the piece by TMA."""
         mma: gl.constexpr = acc.type.layout
         ROWS: gl.constexpr = acc.type.shape[0]
         if not BLOCK_SCALES:
-            cols = col0 + gl.arange(0, PIECE, layout=gl.SliceLayout(0, mma))
+            cols = col0 + gl.arange(0, acc.type.shape[1], layout=gl.SliceLayout(0, mma))
             s_rows = gl.load(scale_a + rows * stride_sa, mask=rows < M, other=0.0)
             s_cols = gl.load(scale_w + cols * stride_sw, mask=cols < N, other=0.0)
             acc = acc * s_rows[:, None] * s_cols[None, :]
@@ -174,49 +178,76 @@ if gluon is not None:
                   M, N, K, stride_sa, stride_sw, ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr,
                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         """Rows ROW0 .. ROW0 + 64 of every tile of this program, on this partition's warpgroup: per K step wait
-        for the slot, its wgmmas (a 128-column half at a time), release the slot, promote; then the epilogue."""
+        for the slot, its wgmmas (a piece of PN columns at a time: C's piece width), release the slot, promote;
+        then the epilogue."""
         BM: gl.constexpr = a_bufs.type.shape[1]
         BK: gl.constexpr = a_bufs.type.shape[2]
         BN: gl.constexpr = b_bufs.type.shape[1]
+        PN: gl.constexpr = c_smem.type.shape[1]
+        PIECES: gl.constexpr = BN // PN  # 1 to 4: a sum each, one partial at a time
         ROWS: gl.constexpr = BM // 2
-        WIDE: gl.constexpr = BN == 2 * PIECE
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                      instr_shape=[16, PIECE, 32])
+                                                      instr_shape=[16, PN, 32])
         tiles_m = gl.cdiv(M, BM)
         tiles_n = gl.cdiv(N, BN)
         k_tiles = gl.cdiv(K, BK)
-        zero = gl.zeros([ROWS, PIECE], gl.float32, layout=mma)
+        zero = gl.zeros([ROWS, PN], gl.float32, layout=mma)
         step = 0
         pieces = 0  # C pieces stored so far (the buffer's barriers' phase)
         for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
             rows = pid_m * BM + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
             acc = zero
-            acc_hi = zero  # (WIDE: the tile's columns 128-255)
+            acc1 = zero  # (the tile's further pieces, where PIECES > 1)
+            acc2 = zero
+            acc3 = zero
             for kk in range(k_tiles):
                 slot = step % STAGES
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-                s_lo, s_hi = _step_scales(sa_bufs.index(slot), sw_bufs.index(slot), ROW0, ROWS,
-                                          gl.SliceLayout(1, mma), BLOCK_SCALES)
                 a = a_bufs.index(slot).slice(ROW0, ROWS)
                 b = b_bufs.index(slot)
-                if WIDE:
-                    part = _mma(a, b.slice(0, PIECE), zero)
-                    acc = _promote(acc, part, s_lo, BLOCK_SCALES)
-                    part = _mma(a, b.slice(PIECE, PIECE), zero)
+                # the first piece's scales before its wgmmas (their loads' latency hidden), the others' after
+                s_first = _piece_scale(sa_bufs.index(slot), sw_bufs.index(slot), pid_n * BN, 0, PN, BN, ROW0, ROWS,
+                                       gl.SliceLayout(1, mma), BLOCK_SCALES)
+                part = _mma(a, b.slice(0, PN), zero)
+                if PIECES == 1:
                     mbarrier.arrive(empty.index(slot), count=1)
-                    acc_hi = _promote(acc_hi, part, s_hi, BLOCK_SCALES)
-                else:
-                    part = _mma(a, b, zero)
+                acc = _promote(acc, part, s_first, BLOCK_SCALES)
+                if BLOCK_SCALES and PIECES > 1:  # the next piece's wgmmas after these adds (else ptxas hoists them: spills)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                if PIECES > 1:
+                    part = _mma(a, b.slice(PN, PN), zero)
+                    if PIECES == 2:
+                        mbarrier.arrive(empty.index(slot), count=1)
+                    acc1 = _promote(acc1, part, _piece_scale(sa_bufs.index(slot), sw_bufs.index(slot), pid_n * BN, 1, PN, BN, ROW0, ROWS, gl.SliceLayout(1, mma), BLOCK_SCALES), BLOCK_SCALES)
+                    if BLOCK_SCALES and PIECES > 2:  # the next piece's wgmmas after these adds (else ptxas hoists them: spills)
+                        acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc1, ))
+                if PIECES > 2:
+                    part = _mma(a, b.slice(2 * PN, PN), zero)
+                    if PIECES == 3:
+                        mbarrier.arrive(empty.index(slot), count=1)
+                    acc2 = _promote(acc2, part, _piece_scale(sa_bufs.index(slot), sw_bufs.index(slot), pid_n * BN, 2, PN, BN, ROW0, ROWS, gl.SliceLayout(1, mma), BLOCK_SCALES), BLOCK_SCALES)
+                    if BLOCK_SCALES and PIECES > 3:  # the next piece's wgmmas after these adds (else ptxas hoists them: spills)
+                        acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc2, ))
+                if PIECES > 3:
+                    part = _mma(a, b.slice(3 * PN, PN), zero)
                     mbarrier.arrive(empty.index(slot), count=1)
-                    acc = _promote(acc, part, s_lo, BLOCK_SCALES)
+                    acc3 = _promote(acc3, part, _piece_scale(sa_bufs.index(slot), sw_bufs.index(slot), pid_n * BN, 3, PN, BN, ROW0, ROWS, gl.SliceLayout(1, mma), BLOCK_SCALES), BLOCK_SCALES)
                 step += 1
             _store_piece(acc, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows, pid_m * BM,
                          pid_n * BN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
             pieces += 1
-            if WIDE:
-                _store_piece(acc_hi, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows,
-                             pid_m * BM, pid_n * BN + PIECE, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
+            if PIECES > 1:
+                _store_piece(acc1, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows,
+                             pid_m * BM, pid_n * BN + PN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
+                pieces += 1
+            if PIECES > 2:
+                _store_piece(acc2, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows,
+                             pid_m * BM, pid_n * BN + 2 * PN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
+                pieces += 1
+            if PIECES > 3:
+                _store_piece(acc3, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows,
+                             pid_m * BM, pid_n * BN + 3 * PN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
                 pieces += 1
         if ROW0 == 0:
             tma.store_wait(pendings=0)
@@ -234,7 +265,8 @@ if gluon is not None:
                              BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                              num_warps: gl.constexpr):
         """Persistent ``C = A @ B.T`` of FP8 A [M, K], B [N, K] (tensor descriptors: A's block 128x128, B's
-        BLOCK_N x 128 with BLOCK_N 128 or 256, C's 128x128) with promotion every K step; scales:
+        BLOCK_N x 128 with BLOCK_N 128 or 256, C's 128 x the pieces' width, 128 or 64) with promotion every K
+        step; scales:
         ``scale_a[row * stride_sa]`` x ``scale_w[col * stride_sw]`` after the K loop (per-tensor: strides 0), or
         with BLOCK_SCALES ``scale_a[row * stride_sa + kb]`` x ``scale_w[n_block * stride_sw + kb]`` on each
         step's partial. num_warps 4: each consumer is one warpgroup."""
@@ -243,8 +275,8 @@ if gluon is not None:
         BN: gl.constexpr = b_desc.block_type.shape[0]
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, PIECE], c_desc.layout)
-        # a slot's block scales (BLOCK_SCALES: A's of its rows, W's of its 128-column pieces; else unused)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        # a slot's block scales (BLOCK_SCALES: A's of its rows, W's of the two blocks its columns meet; else unused)
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
         sa_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BM if BLOCK_SCALES else 2], plain)
         sw_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2], plain)
@@ -291,30 +323,39 @@ def available(device, dtype, scales, out_dtype):
             and not scales.fast_accum and out_dtype in OUT_DTYPES)
 
 
-def _shared_bytes(block_n, stages, out_dtype, block_scales=False):
-    """The ring of FP8 A and W tiles with their block scales (fp32: A's 128 rows, W's two pieces) and the C
+def piece_n(cfg):
+    """The columns of the tile's pieces (a wgmma's N, a stored C piece): 128, or 64 where ``cfg`` has SPLIT_N
+    (each piece's sum and partial half as large: BLOCK_N 256 with block scales then fits a thread's registers)."""
+    return 64 if cfg.get("SPLIT_N") else 128
+
+
+def _shared_bytes(block_n, stages, out_dtype, block_scales=False, piece=128):
+    """The ring of FP8 A and W tiles with their block scales (fp32: A's 128 rows, W's two blocks) and the C
     piece's buffer."""
-    return stages * ((128 + block_n) * 128 + 4 * ((128 if block_scales else 2) + 2)) + 128 * 128 * out_dtype.itemsize
+    return stages * ((128 + block_n) * 128 + 4 * ((128 if block_scales else 2) + 2)) + 128 * piece * out_dtype.itemsize
 
 
 def takes(cfg, out_dtype, block_scales=False):
     """Whether ``cfg`` is a configuration this kernel runs for a result of ``out_dtype`` (with block scales or
-    not): 128x128 A tiles, BLOCK_N of ``BLOCK_NS``, BLOCK_K 128, each consumer one warpgroup (num_warps 4), a ring
-    of at least two slots within the shared memory."""
+    not): 128x128 A tiles, BLOCK_N of ``BLOCK_NS`` (in pieces of ``piece_n``), BLOCK_K 128, each consumer one
+    warpgroup (num_warps 4), a ring of at least two slots within the shared memory."""
     return ((cfg["BLOCK_M"], cfg["BLOCK_K"]) == (128, 128) and cfg["BLOCK_N"] in BLOCK_NS and cfg["num_warps"] == 4
-            and cfg["num_stages"] >= 2
-            and _shared_bytes(cfg["BLOCK_N"], cfg["num_stages"], out_dtype, block_scales) <= SHARED_BYTES)
+            and cfg["num_stages"] >= 2 and _shared_bytes(cfg["BLOCK_N"], cfg["num_stages"], out_dtype, block_scales,
+                                                         piece_n(cfg)) <= SHARED_BYTES)
 
 
 def candidates(base, out_dtype=torch.bfloat16, block_scales=False):
     """Tuner configurations of this mainloop from ``base`` (``gemm_config``'s keys): each BLOCK_N with the two
-    deepest rings that fit beside a result of ``out_dtype``; with block scales 128 only (at 256 the two sums, the
-    partial and the step's scales outgrow a thread's registers: ptxas spills)."""
+    deepest rings that fit beside a result of ``out_dtype``; with block scales BLOCK_N 256 in 64-column pieces
+    (in 128-column ones two sums and a partial of 64 x 128 and the scales outgrow a thread's registers: ptxas
+    spills)."""
     cands = []
-    for bn in BLOCK_NS[:1] if block_scales else BLOCK_NS:
-        deepest = [s for s in range(2, 8) if _shared_bytes(bn, s, out_dtype, block_scales) <= SHARED_BYTES][-2:]
+    for bn in BLOCK_NS:
+        split = block_scales and bn > 128
+        deepest = [s for s in range(2, 8)
+                   if _shared_bytes(bn, s, out_dtype, block_scales, 64 if split else 128) <= SHARED_BYTES][-2:]
         cands += [{**base, "MAINLOOP": "gluon", "BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4,
-                   "num_stages": s, "GROUP_M": 8, "SPLIT_N": False, "EPILOGUE_SUBTILE": False, "SPLIT_K": 1,
+                   "num_stages": s, "GROUP_M": 8, "SPLIT_N": split, "EPILOGUE_SUBTILE": False, "SPLIT_K": 1,
                    "programs_per_sm": None} for s in deepest]
     return cands
 
@@ -386,7 +427,7 @@ class Arguments:
         (m, k), n = a.shape, w.shape[0]
         self.templates = (_template(a.shape, a.stride(), [128, 128], a.dtype),
                           _template(w.shape, w.stride(), [cfg["BLOCK_N"], 128], w.dtype),
-                          _template(c.shape, c.stride(), [128, 128], c.dtype))
+                          _template(c.shape, c.stride(), [128, piece_n(cfg)], c.dtype))
         self.ints = (m, n, k) + ((0, 0) if mode == "tensor" else (scale_a.stride(0), scale_w.stride(0)))
 
     def __call__(self, a, w, c, scale_a, scale_w):

@@ -6,7 +6,8 @@ run151 (do_bench) had our per-tensor 128 tile at 1.03x. Here per shape every con
   device       ``triton.testing.do_bench`` (one GPU, no communication): L2 flushed before every call
   J/call       ``harness.clocks_during``: 40 back-to-back calls, board energy per call, median SM clock
 Contenders: cuBLAS per-tensor (no fast accumulation: the bar), ours per-tensor at 128 s5 and 256 s4, ours
-blockwise at 128 s4 / s5, and blockwise at 256 s3 (ptxas spills ~550 B there: is it still faster?).
+blockwise at 128 s4 / s5, at 256 in 64-column pieces (SPLIT_N: no spills in the K loop) s3 / s4, and at 256 in
+128-column pieces s3 (ptxas spills ~270 B there).
 
     PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/results/2026-12-06_gpu_run154/block_check.py
 """
@@ -31,14 +32,15 @@ for m, n, k in [(8192, 8192, 8192), (8192, 28672, 8192), (4096, 6144, 4096), (20
     want = (ab.double() * fp8.expand(sab, "group", m, k).double()) @ \
         (wb.double() * fp8.expand(swb, "block", n, k).double()).T
 
-    def ours(mode, block_n, stages):
+    def ours(mode, block_n, stages, split=False):
         a, w, sa, sw = (ab, wb, sab, swb) if mode == "block" else (at, wt, sat, swt)
-        cfg = {"MAINLOOP": "gluon", "BLOCK_N": block_n, "num_stages": stages}  # the rest: gemm_sm90's defaults
+        cfg = {"MAINLOOP": "gluon", "BLOCK_N": block_n, "num_stages": stages, "SPLIT_N": split}  # rest: defaults
         return lambda: scaled_gemm(a, w, sa, sw, scaling=mode, out=out, config=cfg)
 
     calls = {"cuBLAS tensor": cublas_fp8(at, wt, sat, swt, "tensor", False),
              "ours tensor 128 s5": ours("tensor", 128, 5), "ours tensor 256 s4": ours("tensor", 256, 4),
              "ours block 128 s4": ours("block", 128, 4), "ours block 128 s5": ours("block", 128, 5),
+             "ours block 256/64 s3": ours("block", 256, 3, True), "ours block 256/64 s4": ours("block", 256, 4, True),
              "ours block 256 s3": ours("block", 256, 3)}
     errs = {}
     for name, fn in calls.items():  # compile, check the block results against fp64
