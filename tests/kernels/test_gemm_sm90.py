@@ -25,7 +25,7 @@ def _errors(m, n, k, mode, out_dtype, fp8_dtype=torch.float8_e4m3fn):
     base = gemm_config(m, n, k, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1)
     errs = {}
     block = mode == "block"
-    cfgs = gemm_sm90.candidates(base, out_dtype, block) + [  # block scales: 256 in 128-column pieces too
+    cfgs = gemm_sm90.candidates(base, out_dtype, block, wide_blocks=True) + [  # and 256 in 128-column pieces
         c for c in gemm_sm90.candidates(base, out_dtype) if block and c["BLOCK_N"] == 256
         and gemm_sm90.takes(c, out_dtype, block)]
     for cfg in cfgs:
@@ -120,14 +120,15 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
     cfgs = gemm_sm90.candidates(gemm_config(32, 32, 32, a.dtype, torch.device("cuda"), SPLIT_K=1))
     assert {c["BLOCK_N"] for c in cfgs} == set(gemm_sm90.BLOCK_NS) and all(gemm_sm90.takes(c, torch.bfloat16)
                                                                            for c in cfgs)
-    # block scales: 256 in 64-column pieces only (128-column ones spill)
-    assert {(c["BLOCK_N"], c["SPLIT_N"]) for c in gemm_sm90.candidates(cfgs[0], torch.float32, block_scales=True)} \
+    # block scales: 128, and (not offered yet) 256 in 64-column pieces only (128-column ones spill)
+    assert {(c["BLOCK_N"], c["SPLIT_N"]) for c in gemm_sm90.candidates(cfgs[0], torch.float32, True)} == {(128, False)}
+    assert {(c["BLOCK_N"], c["SPLIT_N"]) for c in gemm_sm90.candidates(cfgs[0], torch.float32, True, True)} \
         == {(128, False), (256, True)}
     for bad in ({"num_stages": 1}, {"num_warps": 8}, {"BLOCK_N": 64}, {"BLOCK_K": 64}, {"num_stages": 7}):
         assert not gemm_sm90.takes({**cfgs[0], **bad}, torch.bfloat16), bad
     assert not gemm_sm90.takes({**cfgs[0], "num_stages": 6}, torch.float32)  # its buffer outgrows the memory
     # block scales take a slot's share too: 5 slots of 128 (4 of 256) at most beside a bf16 result
-    assert [(c["BLOCK_N"], c["num_stages"]) for c in gemm_sm90.candidates(cfgs[0], torch.bfloat16, True)] == \
+    assert [(c["BLOCK_N"], c["num_stages"]) for c in gemm_sm90.candidates(cfgs[0], torch.bfloat16, True, True)] == \
         [(128, 4), (128, 5), (256, 3), (256, 4)]
     assert not gemm_sm90.takes({**cfgs[0], "num_stages": 6}, torch.bfloat16, block_scales=True)
     assert not gemm_sm90.available(torch.device("cpu"), a.dtype, types.SimpleNamespace(fast_accum=False),

@@ -17,7 +17,7 @@ that run out of step.
   step's block scales). While one warpgroup adds, the other's wgmmas run. A thread holds two register sets: the
   sum and a partial. At BLOCK_N = 256 the step runs as two 128-column pieces, one after the other, so a thread
   holds two sums and one partial (an A tile then serves 256 columns instead of 128: less L2 traffic per FLOP).
-  With block scales, four 64-column pieces (``SPLIT_N``): 128-column ones outgrow a thread's registers there.
+  With block scales 64-column pieces there (``SPLIT_N``): 128-column ones outgrow a thread's registers.
 - **The epilogue**: per-tensor / rowwise scales multiply the finished sum; each consumer writes its 64 rows of a
   piece into one shared buffer, and the first consumer stores the piece by TMA once both halves are in.
 
@@ -344,13 +344,13 @@ def takes(cfg, out_dtype, block_scales=False):
                                                          piece_n(cfg)) <= SHARED_BYTES)
 
 
-def candidates(base, out_dtype=torch.bfloat16, block_scales=False):
+def candidates(base, out_dtype=torch.bfloat16, block_scales=False, wide_blocks=False):
     """Tuner configurations of this mainloop from ``base`` (``gemm_config``'s keys): each BLOCK_N with the two
-    deepest rings that fit beside a result of ``out_dtype``; with block scales BLOCK_N 256 in 64-column pieces
-    (in 128-column ones two sums and a partial of 64 x 128 and the scales outgrow a thread's registers: ptxas
-    spills)."""
+    deepest rings that fit beside a result of ``out_dtype``. With block scales BLOCK_N 128; ``wide_blocks``: 256
+    in 64-column pieces too (in 128-column ones two sums and a partial of 64 x 128 and the scales outgrow a
+    thread's registers: ptxas spills), not offered to the tuner until timed on a GPU."""
     cands = []
-    for bn in BLOCK_NS:
+    for bn in BLOCK_NS if wide_blocks or not block_scales else BLOCK_NS[:1]:
         split = block_scales and bn > 128
         deepest = [s for s in range(2, 8)
                    if _shared_bytes(bn, s, out_dtype, block_scales, 64 if split else 128) <= SHARED_BYTES][-2:]
@@ -363,7 +363,7 @@ def candidates(base, out_dtype=torch.bfloat16, block_scales=False):
 def default_config(base, out_dtype=torch.bfloat16, block_scales=False, block_n=128):
     """The ``candidates`` configuration at ``block_n`` with the deepest ring: what a caller's ``config`` naming
     only ``MAINLOOP="gluon"`` gets for the knobs it leaves out."""
-    return [c for c in candidates(base, out_dtype, block_scales) if c["BLOCK_N"] == block_n][-1]
+    return [c for c in candidates(base, out_dtype, block_scales, True) if c["BLOCK_N"] == block_n][-1]
 
 
 _GL_DTYPES = {}
