@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # run154 (1 GPU; prepared 2026-12-06, revised 2026-12-07). GIT_COMMIT=<sha> bash steps.sh a|t|t1|t2
-#   a  (~300 s) the Gluon mainloop's GPU tests (5509864: 64-column pieces), block_check.py (blockwise vs per-tensor cuBLAS timed in turn, device time and J per call), then
+#   a  (~400 s) GPU tests of the Gluon mainloop (5509864: 64-column pieces), the FP8 grouped GEMM (5910d93) and
+#      FP8 training, block_check.py (blockwise vs per-tensor cuBLAS timed in turn, device time and J per call), then
 #      bench_backward's MLP in block FP8 with fp8_grads and KERNEL_PROFILE=1: where the FP8 backward's time goes
 #      (run153: 0.97x HF with fp8_grads)
 #   t  (~560 s) the whole GPU tier at 6 workers (run153's reached 98 % in 500 s); t1 / t2: its halves
@@ -8,8 +9,9 @@
 source benchmarks/steps_lib.sh
 case "${1:-a}" in
 a)
-  step sm90_tests 120 python -m pytest -m gpu -n 4 -p no:cacheprovider -q --timeout 110 -rf tests/kernels/test_gemm_sm90.py
-  tail -3 "$OUT/sm90_tests.log"
+  step sm90_tests 170 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 160 -rf --durations=10 \
+    tests/kernels/test_gemm_sm90.py tests/kernels/test_fp8_grouped_gemm.py tests/nn/test_fp8_training.py
+  grep -E "FAILED|passed|failed" "$OUT/sm90_tests.log" | cut -c1-200 | tail -8
   step block_check 150 python benchmarks/results/2026-12-06_gpu_run154/block_check.py
   cut -c1-230 "$OUT/block_check.log" | tail -30
   KERNEL_PROFILE=1 BENCH_DIR=/tmp/bench step bench_backward 100 torchrun --nproc-per-node=1 \
