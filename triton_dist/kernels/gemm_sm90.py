@@ -95,11 +95,8 @@ if gluon is not None:
         for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
             rows = pid_m * BM + gl.arange(0, BM, layout=row_of)
-            if BN % SCALE_BLOCK == 0:  # the tile starts on a block
-                first = pid_n * (BN // SCALE_BLOCK)
-            else:
-                first = pid_n * BN // SCALE_BLOCK
-            pieces = first + gl.arange(0, 2, layout=piece_of)  # the (at most) two W blocks the tile's columns meet
+            # the W blocks of the tile's columns (BLOCK_N 128 or 256: the tile starts on a block)
+            pieces = pid_n * (BN // SCALE_BLOCK) + gl.arange(0, 2, layout=piece_of)
             for kk in range(k_tiles):
                 slot = step % STAGES
                 # a fresh barrier counts its (virtual) previous phase, parity 1, complete: the first pass is free
@@ -129,20 +126,17 @@ if gluon is not None:
             return acc + part
 
     @gluon.jit
-    def _piece_scale(sa_buf, sw_buf, col0, P: gl.constexpr, PN: gl.constexpr, BN: gl.constexpr, ROW0: gl.constexpr,
-                     ROWS: gl.constexpr, layout: gl.constexpr, BLOCK_SCALES: gl.constexpr):
-        """The block scales of a step for the tile's piece ``P`` (columns ``col0 + P * PN`` on, within one W block)
-        from its slot (after its ready barrier): ``scale_a[row, kb] * scale_w[block, kb]`` for this consumer's rows
-        ([ROWS] in ``layout``); 0 without block scales (unused). Read from shared memory when the piece's sum takes
-        them: no register holds a scale across a wgmma."""
+    def _piece_scale(sa_buf, sw_buf, P: gl.constexpr, PN: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr,
+                     layout: gl.constexpr, BLOCK_SCALES: gl.constexpr):
+        """The block scales of a step for the tile's piece ``P`` (its columns P * PN on: within the tile's W block
+        P * PN // 128) from its slot (after its ready barrier): ``scale_a[row, kb] * scale_w[block, kb]`` for this
+        consumer's rows ([ROWS] in ``layout``); 0 without block scales (unused). Read from shared memory when the
+        piece's sum takes them: no register holds a scale across a wgmma."""
         if BLOCK_SCALES:
             s_a = sa_buf.slice(ROW0, ROWS).load(layout)
             pair: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])  # both in every thread
-            if BN % SCALE_BLOCK == 0:  # the tile starts on a block: the piece's block is known
-                which = P * PN // SCALE_BLOCK
-            else:
-                which = (col0 + P * PN) // SCALE_BLOCK - col0 // SCALE_BLOCK
-            return s_a * gl.sum(gl.where(gl.arange(0, 2, layout=pair) == which, sw_buf.load(pair), 0.0), axis=0)
+            block = gl.arange(0, 2, layout=pair) == P * PN // SCALE_BLOCK
+            return s_a * gl.sum(gl.where(block, sw_buf.load(pair), 0.0), axis=0)
         else:
             return 0.0
 
@@ -188,6 +182,7 @@ if gluon is not None:
         ROWS: gl.constexpr = BM // 2
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                       instr_shape=[16, PN, 32])
+        rows_of: gl.constexpr = gl.SliceLayout(1, mma)  # a value per row of the consumer's piece
         tiles_m = gl.cdiv(M, BM)
         tiles_n = gl.cdiv(N, BN)
         k_tiles = gl.cdiv(K, BK)
@@ -196,7 +191,7 @@ if gluon is not None:
         pieces = 0  # C pieces stored so far (the buffer's barriers' phase)
         for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
-            rows = pid_m * BM + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
+            rows = pid_m * BM + ROW0 + gl.arange(0, ROWS, layout=rows_of)
             acc = zero
             acc1 = zero  # (the tile's further pieces, where PIECES > 1)
             acc2 = zero
@@ -206,33 +201,39 @@ if gluon is not None:
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                 a = a_bufs.index(slot).slice(ROW0, ROWS)
                 b = b_bufs.index(slot)
+                sa = sa_bufs.index(slot)
+                sw = sw_bufs.index(slot)
                 # the first piece's scales before its wgmmas (their loads' latency hidden), the others' after
-                s_first = _piece_scale(sa_bufs.index(slot), sw_bufs.index(slot), pid_n * BN, 0, PN, BN, ROW0, ROWS,
-                                       gl.SliceLayout(1, mma), BLOCK_SCALES)
+                s_first = _piece_scale(sa, sw, 0, PN, ROW0, ROWS, rows_of, BLOCK_SCALES)
                 part = _mma(a, b.slice(0, PN), zero)
                 if PIECES == 1:
                     mbarrier.arrive(empty.index(slot), count=1)
                 acc = _promote(acc, part, s_first, BLOCK_SCALES)
-                if BLOCK_SCALES and PIECES > 1:  # the next piece's wgmmas after these adds (else ptxas hoists them: spills)
+                # with block scales the next piece's wgmmas wait for these adds (ptxas would hoist them above:
+                # two partials live, spills)
+                if BLOCK_SCALES and PIECES > 1:
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 if PIECES > 1:
                     part = _mma(a, b.slice(PN, PN), zero)
                     if PIECES == 2:
                         mbarrier.arrive(empty.index(slot), count=1)
-                    acc1 = _promote(acc1, part, _piece_scale(sa_bufs.index(slot), sw_bufs.index(slot), pid_n * BN, 1, PN, BN, ROW0, ROWS, gl.SliceLayout(1, mma), BLOCK_SCALES), BLOCK_SCALES)
-                    if BLOCK_SCALES and PIECES > 2:  # the next piece's wgmmas after these adds (else ptxas hoists them: spills)
+                    acc1 = _promote(acc1, part, _piece_scale(sa, sw, 1, PN, ROW0, ROWS, rows_of, BLOCK_SCALES),
+                                    BLOCK_SCALES)
+                    if BLOCK_SCALES and PIECES > 2:
                         acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc1, ))
                 if PIECES > 2:
                     part = _mma(a, b.slice(2 * PN, PN), zero)
                     if PIECES == 3:
                         mbarrier.arrive(empty.index(slot), count=1)
-                    acc2 = _promote(acc2, part, _piece_scale(sa_bufs.index(slot), sw_bufs.index(slot), pid_n * BN, 2, PN, BN, ROW0, ROWS, gl.SliceLayout(1, mma), BLOCK_SCALES), BLOCK_SCALES)
-                    if BLOCK_SCALES and PIECES > 3:  # the next piece's wgmmas after these adds (else ptxas hoists them: spills)
+                    acc2 = _promote(acc2, part, _piece_scale(sa, sw, 2, PN, ROW0, ROWS, rows_of, BLOCK_SCALES),
+                                    BLOCK_SCALES)
+                    if BLOCK_SCALES and PIECES > 3:
                         acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc2, ))
                 if PIECES > 3:
                     part = _mma(a, b.slice(3 * PN, PN), zero)
                     mbarrier.arrive(empty.index(slot), count=1)
-                    acc3 = _promote(acc3, part, _piece_scale(sa_bufs.index(slot), sw_bufs.index(slot), pid_n * BN, 3, PN, BN, ROW0, ROWS, gl.SliceLayout(1, mma), BLOCK_SCALES), BLOCK_SCALES)
+                    acc3 = _promote(acc3, part, _piece_scale(sa, sw, 3, PN, ROW0, ROWS, rows_of, BLOCK_SCALES),
+                                    BLOCK_SCALES)
                 step += 1
             _store_piece(acc, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows, pid_m * BM,
                          pid_n * BN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
