@@ -4,7 +4,7 @@
 #      FP8 training, block_check.py (blockwise vs per-tensor cuBLAS timed in turn, device time and J per call), then
 #      bench_backward's MLP in block FP8 with fp8_grads and KERNEL_PROFILE=1: where the FP8 backward's time goes
 #      (run153: 0.97x HF with fp8_grads)
-#   q  (~250 s) a without the FP8 grouped / training tests and bench_backward (a short budget)
+#   q / qq (~250 s; qq: block_check first) a without the FP8 grouped / training tests and bench_backward (a short budget)
 #   t  (~560 s) the whole GPU tier at 6 workers (run153's reached 98 % in 500 s); t1 / t2: its halves
 #      (tests/kernels; the rest) when one call cannot hold it
 source benchmarks/steps_lib.sh
@@ -23,6 +23,11 @@ q)
   grep -E "FAILED|passed|failed" "$OUT/sm90_tests.log" | cut -c1-200 | tail -8
   step block_check 130 python benchmarks/results/2026-12-06_gpu_run154/block_check.py
   cut -c1-230 "$OUT/block_check.log" | tail -34 ;;
+qq)
+  step block_check 130 python benchmarks/results/2026-12-06_gpu_run154/block_check.py
+  cut -c1-230 "$OUT/block_check.log" | tail -34
+  step sm90_tests 110 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 100 -rf tests/kernels/test_gemm_sm90.py
+  grep -E "FAILED|passed|failed" "$OUT/sm90_tests.log" | cut -c1-200 | tail -8 ;;
 t)
   step gpu_tier 560 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 tests
   grep -E "FAILED|passed|failed" "$OUT/gpu_tier.log" | cut -c1-250 | tail -14 ;;
