@@ -178,6 +178,8 @@ def test_the_arguments_describe_each_call_s_operands():
         got = args(a2, w2, c, sa2, sw2)
         assert [d.base for d in got[:3]] == [a2, w2, c] and got[3] is sa2 and got[4] is sw2
         assert [d.block_shape for d in got[:3]] == [[128, 128], [cfg["BLOCK_N"], 128], [128, 128]]
+        split = gemm_sm90.Arguments(a, w, c, {**cfg, "SPLIT_N": True}, mode, sa, sw)(a2, w2, c, sa2, sw2)
+        assert split[2].block_shape == [128, 64]  # C stored in the 64-column pieces
         assert [d.shape for d in got[:3]] == [[200, 384], [264, 384], [200, 264]]
         assert [d.strides for d in got[:3]] == [[384, 1], [384, 1], [264, 1]]
         assert got[5:] == (200, 264, 384) + ((0, 0) if mode == "tensor" else (sa.stride(0), sw.stride(0)))
