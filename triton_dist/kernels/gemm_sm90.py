@@ -141,6 +141,27 @@ if gluon is not None:
             return 0.0
 
     @gluon.jit
+    def _piece_step(acc, a, b, sa, sw, empty, slot, zero, s_first, P: gl.constexpr, PIECES: gl.constexpr,
+                    ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr):
+        """A K step of the tile's piece ``P`` (of PIECES, each as wide as ``zero``): its wgmmas into a fresh
+        partial, the ``slot`` released after the last piece's, the partial added into ``acc`` times the step's block
+        scales (``s_first`` for piece 0, read after the wgmmas for the others). With block scales the next piece's
+        wgmmas then wait for these adds (ptxas would hoist them above: two partials live, spills)."""
+        PN: gl.constexpr = zero.type.shape[1]
+        part = _mma(a, b.slice(P * PN, PN), zero)
+        if P == PIECES - 1:
+            mbarrier.arrive(empty.index(slot), count=1)
+        if P == 0:
+            scale = s_first
+        else:
+            scale = _piece_scale(sa, sw, P, PN, ROW0, zero.type.shape[0], gl.SliceLayout(1, zero.type.layout),
+                                 BLOCK_SCALES)
+        acc = _promote(acc, part, scale, BLOCK_SCALES)
+        if BLOCK_SCALES and P < PIECES - 1:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        return acc
+
+    @gluon.jit
     def _store_piece(acc, c_desc, c_smem, c_free, c_full, phase, scale_a, scale_w, rows, row0, col0, M, N,
                      stride_sa, stride_sw, ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr):
         """This consumer's ``rows`` of the piece of C at (``row0``, ``col0``): scaled (per-tensor /
@@ -205,35 +226,17 @@ if gluon is not None:
                 sw = sw_bufs.index(slot)
                 # the first piece's scales before its wgmmas (their loads' latency hidden), the others' after
                 s_first = _piece_scale(sa, sw, 0, PN, ROW0, ROWS, rows_of, BLOCK_SCALES)
-                part = _mma(a, b.slice(0, PN), zero)
-                if PIECES == 1:
-                    mbarrier.arrive(empty.index(slot), count=1)
-                acc = _promote(acc, part, s_first, BLOCK_SCALES)
-                # with block scales the next piece's wgmmas wait for these adds (ptxas would hoist them above:
-                # two partials live, spills)
-                if BLOCK_SCALES and PIECES > 1:
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                acc = _piece_step(acc, a, b, sa, sw, empty, slot, zero, s_first, 0, PIECES, ROW0,
+                                  BLOCK_SCALES)
                 if PIECES > 1:
-                    part = _mma(a, b.slice(PN, PN), zero)
-                    if PIECES == 2:
-                        mbarrier.arrive(empty.index(slot), count=1)
-                    acc1 = _promote(acc1, part, _piece_scale(sa, sw, 1, PN, ROW0, ROWS, rows_of, BLOCK_SCALES),
-                                    BLOCK_SCALES)
-                    if BLOCK_SCALES and PIECES > 2:
-                        acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc1, ))
+                    acc1 = _piece_step(acc1, a, b, sa, sw, empty, slot, zero, s_first, 1, PIECES, ROW0,
+                                       BLOCK_SCALES)
                 if PIECES > 2:
-                    part = _mma(a, b.slice(2 * PN, PN), zero)
-                    if PIECES == 3:
-                        mbarrier.arrive(empty.index(slot), count=1)
-                    acc2 = _promote(acc2, part, _piece_scale(sa, sw, 2, PN, ROW0, ROWS, rows_of, BLOCK_SCALES),
-                                    BLOCK_SCALES)
-                    if BLOCK_SCALES and PIECES > 3:
-                        acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc2, ))
+                    acc2 = _piece_step(acc2, a, b, sa, sw, empty, slot, zero, s_first, 2, PIECES, ROW0,
+                                       BLOCK_SCALES)
                 if PIECES > 3:
-                    part = _mma(a, b.slice(3 * PN, PN), zero)
-                    mbarrier.arrive(empty.index(slot), count=1)
-                    acc3 = _promote(acc3, part, _piece_scale(sa, sw, 3, PN, ROW0, ROWS, rows_of, BLOCK_SCALES),
-                                    BLOCK_SCALES)
+                    acc3 = _piece_step(acc3, a, b, sa, sw, empty, slot, zero, s_first, 3, PIECES, ROW0,
+                                       BLOCK_SCALES)
                 step += 1
             _store_piece(acc, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows, pid_m * BM,
                          pid_n * BN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)

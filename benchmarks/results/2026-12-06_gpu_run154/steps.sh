@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# run154 (1 GPU; prepared 2026-12-06, revised 2026-12-07). GIT_COMMIT=<sha> bash steps.sh a|t|t1|t2
+# run154 (1 GPU; prepared 2026-12-06, revised 2026-12-07). GIT_COMMIT=<sha> bash steps.sh a|q|t|t1|t2
 #   a  (~400 s) GPU tests of the Gluon mainloop (5509864: 64-column pieces), the FP8 grouped GEMM (5910d93) and
 #      FP8 training, block_check.py (blockwise vs per-tensor cuBLAS timed in turn, device time and J per call), then
 #      bench_backward's MLP in block FP8 with fp8_grads and KERNEL_PROFILE=1: where the FP8 backward's time goes
 #      (run153: 0.97x HF with fp8_grads)
-#   q / qq (~250 s; qq: block_check first) a without the FP8 grouped / training tests and bench_backward (a short budget)
+#   q  (~250 s, a short budget) block_check first, then the mainloop's GPU tests (a without the FP8 grouped /
+#      training tests and bench_backward)
 #   t  (~560 s) the whole GPU tier at 6 workers (run153's reached 98 % in 500 s); t1 / t2: its halves
 #      (tests/kernels; the rest) when one call cannot hold it
 source benchmarks/steps_lib.sh
@@ -19,11 +20,6 @@ a)
     benchmarks/bench_backward.py --only mlp --fp8 block --fp8-grads
   grep -E "^\||WRONG" "$OUT/bench_backward.log" | head -12 ;;
 q)
-  step sm90_tests 110 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 100 -rf tests/kernels/test_gemm_sm90.py
-  grep -E "FAILED|passed|failed" "$OUT/sm90_tests.log" | cut -c1-200 | tail -8
-  step block_check 130 python benchmarks/results/2026-12-06_gpu_run154/block_check.py
-  cut -c1-230 "$OUT/block_check.log" | tail -34 ;;
-qq)
   step block_check 130 python benchmarks/results/2026-12-06_gpu_run154/block_check.py
   cut -c1-230 "$OUT/block_check.log" | tail -34
   step sm90_tests 110 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 100 -rf tests/kernels/test_gemm_sm90.py
