@@ -203,6 +203,32 @@ def test_ag_gemm_back_to_back_calls(ranks):
     assert ranks(2, _check_back_to_back, 8) == [True, True]
 
 
+def _check_start_gather(m, k, repeats):
+    """``start_gather``: the gathered rows exact, with an ag_gemm of the same shape (another workspace, its own
+    epochs) and back-to-back gathers between a start and its finish; the gather's workspace poisoned first."""
+    dev, r = td.shmem.device(), td.rank()
+    ok = True
+    for i in range(repeats):
+        gen = torch.Generator().manual_seed(100 * i + r)
+        a, b = (torch.randn(m, k, generator=gen).to(dev) for _ in range(2))
+        w = torch.randn(8, k, generator=gen).to(dev)
+        for ws in td.shmem.workspaces.cached("ag_gemm.gather"):
+            ws.a_full.fill_(float("nan"))
+        td.shmem.barrier()
+        finish = agm.start_gather(a)
+        out = ag_gemm(a, w, config=CPU_C3 if i % 2 else CPU_C1)  # its own a_full: the gather's rows untouched
+        gathered = finish().clone()
+        ref_rows, ref = _reference(a, w)
+        ok &= torch.equal(gathered, ref_rows) and bool(((out.double() - ref).abs().max() / ref.abs().max()) < 1e-6)
+        ok &= torch.equal(agm.start_gather(b)(), _reference(b, w)[0])  # the next gather on the same workspace
+    return ok
+
+
+@pytest.mark.parametrize("world,m,k", [(1, 5, 16), (2, 7, 24), (3, 1, 40)])
+def test_start_gather_is_exact_around_an_ag_gemm(ranks, world, m, k):
+    assert ranks(world, _check_start_gather, m, k, 3) == [True] * world
+
+
 def _check_torch_op_and_compile():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -100,6 +100,32 @@ def test_gradients_match_fp64(ranks, world):
         assert not bad, bad
 
 
+def _regather_calls():
+    """Eager backward calls that gather again (ag_gemm's input, FP8-grads gemm_rs's output gradient): how many
+    started by ``start_gather`` (overlapped with the input gradient's GEMM) and how many waited for at once."""
+    from triton_dist.kernels import autograd
+    calls = {"start_gather": 0, "gathered": 0}
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return call
+    saved = autograd.start_gather, autograd.gathered
+    autograd.start_gather, autograd.gathered = counted("start_gather", saved[0]), counted("gathered", saved[1])
+    try:
+        a, w = torch.randn(6, 32, requires_grad=True), torch.randn(16, 32, requires_grad=True)
+        ag_gemm(a, w).sum().backward()
+        gemm_rs(a, w, quantize="row", fp8_grads=True).sum().backward()
+    finally:
+        autograd.start_gather, autograd.gathered = saved
+    return calls
+
+
+def test_the_weight_gradients_regather_overlapped(ranks):
+    assert ranks(2, _regather_calls) == [{"start_gather": 2, "gathered": 0}] * 2
+
+
 def _twice_and_compiled():
     """Gradients of a TP MLP-like chain (ag_gemm SiLU gate -> gemm_rs) three times eagerly and once under
     torch.compile(fullgraph=True): (bitwise equal eager runs, compiled error vs eager)."""

@@ -194,42 +194,31 @@ class _Buffers:
         self.streams = {p: torch.cuda.Stream(dev) for p in range(world) if p != me} if side else {}
 
 
-def buffers(m_shard, k, dtype, group=None, scale_cols=0):
-    """The workspace of a shard shape on ``group`` (collective on first use); ``scale_cols``: see ``_Buffers``."""
-    return shmem.workspace("ag_gemm", (m_shard, k, dtype, scale_cols),
+def buffers(m_shard, k, dtype, group=None, scale_cols=0, name="ag_gemm"):
+    """The workspace of a shard shape on ``group`` (collective on first use); ``scale_cols``: see ``_Buffers``;
+    ``name``: whose (``start_gather`` keeps its own, so that an ag_gemm between its start and finish is free)."""
+    return shmem.workspace(name, (m_shard, k, dtype, scale_cols),
                            lambda: _Buffers(m_shard, k, dtype, group, scale_cols), group=group)
 
 
-def _chunking(m_shard, cfg):
-    """Rows per chunk (a multiple of BLOCK_M, so a tile never straddles two chunks) and the chunk count."""
-    bm = cfg["BLOCK_M"]
-    n_chunks = max(1, min(int(cfg["n_chunks"]), MAX_CHUNKS, cdiv(m_shard, bm)))
+def _chunking(m_shard, bm, n_chunks):
+    """Rows per chunk (a multiple of the row tile ``bm``, so a tile never straddles two chunks) and the chunk
+    count (``n_chunks`` asked for)."""
+    n_chunks = max(1, min(int(n_chunks), MAX_CHUNKS, cdiv(m_shard, bm)))
     chunk_rows = cdiv(cdiv(m_shard, n_chunks), bm) * bm
     return chunk_rows, cdiv(m_shard, chunk_rows)
 
 
-class _Plan:
-    """Everything about a call that depends only on (shape, dtype, config, FP8 mode): built once, reused every
-    call."""
+class _Transfer:
+    """The transfer half of a call, built once per (shard shape, dtype, chunking, group): the workspace, the ready
+    handshake and our shard's pushes into every peer (``_start_call``)."""
 
-    def __init__(self, m_shard, n, k, dtype, device, cfg, group, scales=None, out_dtype=None, kn=False):
-        """``n``: the weight's rows (the output has half as many with ``cfg["silu_gate"]``); ``scales``,
-        ``out_dtype``: an FP8 call's mode (``fp8.scaled_operands``; only the mode is kept); ``kn``: the weight comes
-        as the transposed view of a contiguous [K, N] (``gemm.is_kn``)."""
-        self.cfg, self.path = cfg, cfg["path"]
-        self.silu_gate = bool(cfg.get("silu_gate"))
-        self.m_shard, self.n, self.k = m_shard, n // 2 if self.silu_gate else n, k
-        self.out_dtype = out_dtype or dtype
+    def __init__(self, m_shard, k, dtype, group, block_m, n_chunks, scale_cols=0, name="ag_gemm"):
         team = shmem.team(group)
-        # names its graphs (path "graph")
-        self.key = (team.name, m_shard, n, k, dtype, kn, repr(sorted(cfg.items()))) + fp8.plan_key(scales,
-                                                                                                    out_dtype)
         self.world, self.me, self.group, self.ctx = team.size, team.rank, team.group, team.ctx
-        if self.path == "fallback":
-            return
-        scale_cols = 0 if scales is None else fp8.groups(k) if scales.mode == "block" else 1
-        ws = self.ws = buffers(m_shard, k, dtype, group, scale_cols)
-        self.chunk_rows, self.n_chunks = _chunking(m_shard, cfg)
+        self.m_shard, self.k = m_shard, k
+        ws = self.ws = buffers(m_shard, k, dtype, group, scale_cols, name)
+        self.chunk_rows, self.n_chunks = _chunking(m_shard, block_m, n_chunks)
         me, world = self.me, self.world
         own = slice(me * m_shard, (me + 1) * m_shard)
         # (stream, [(source rows, destination view, flag view)], destination of our scale rows or None) per peer:
@@ -245,10 +234,34 @@ class _Plan:
                               ws.arrived_peers[peer][flag: flag + 1]))
             scale_dst = ws.scale_full_peers[peer][own] if scale_cols else None
             self.pushes.append((ws.streams.get(peer), items, scale_dst))
-        tiles = world * cdiv(m_shard, cfg["BLOCK_M"]) * cdiv(self.n, cfg["BLOCK_N"])
-        self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device, cfg), tiles)),)
         self.fence = not hardware.interpreting()
         self.handshake = Launcher(ready_handshake_kernel, (1,))
+
+
+class _Plan(_Transfer):
+    """Everything about a call that depends only on (shape, dtype, config, FP8 mode): built once, reused every
+    call."""
+
+    def __init__(self, m_shard, n, k, dtype, device, cfg, group, scales=None, out_dtype=None, kn=False):
+        """``n``: the weight's rows (the output has half as many with ``cfg["silu_gate"]``); ``scales``,
+        ``out_dtype``: an FP8 call's mode (``fp8.scaled_operands``; only the mode is kept); ``kn``: the weight comes
+        as the transposed view of a contiguous [K, N] (``gemm.is_kn``)."""
+        self.cfg, self.path = cfg, cfg["path"]
+        self.silu_gate = bool(cfg.get("silu_gate"))
+        self.n = n // 2 if self.silu_gate else n
+        self.out_dtype = out_dtype or dtype
+        team = shmem.team(group)
+        # names its graphs (path "graph")
+        self.key = (team.name, m_shard, n, k, dtype, kn, repr(sorted(cfg.items()))) + fp8.plan_key(scales,
+                                                                                                    out_dtype)
+        if self.path == "fallback":
+            self.world, self.me, self.group, self.ctx = team.size, team.rank, team.group, team.ctx
+            self.m_shard, self.k = m_shard, k
+            return
+        scale_cols = 0 if scales is None else fp8.groups(k) if scales.mode == "block" else 1
+        super().__init__(m_shard, k, dtype, group, cfg["BLOCK_M"], cfg["n_chunks"], scale_cols)
+        tiles = self.world * cdiv(m_shard, cfg["BLOCK_M"]) * cdiv(self.n, cfg["BLOCK_N"])
+        self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device, cfg), tiles)),)
         self.precision = dot_precision(dtype)
 
 
@@ -274,6 +287,14 @@ def _copy_engine_push(a, plan, scale_rows=None):
             _push(a, items, plan.ws.epoch, scale_dst, scale_rows)
 
 
+def _join_pushes(plan):
+    """The current stream waits for the side streams' pushes (their sources may be freed after it)."""
+    if plan.pushes and plan.pushes[0][0] is not None:
+        main = torch.cuda.current_stream()
+        for stream, *_ in plan.pushes:
+            main.wait_stream(stream)
+
+
 def _run_overlapped(a, w, plan, return_gathered, scales=None):
     """A call on the kernels: the GEMM (phased, or gather first), then the side streams joined back. FP8
     ``scales``: A's as rows (``fp8.Scales.as_rows``)."""
@@ -283,11 +304,7 @@ def _run_overlapped(a, w, plan, return_gathered, scales=None):
         _gather_first_gemm(a, w, plan, out, scales)
     else:
         _phased_gemm(a, w, plan, out, scales)
-    if a.is_cuda:
-        main = torch.cuda.current_stream()
-        for stream, *_ in plan.pushes:
-            if stream is not None:
-                main.wait_stream(stream)
+    _join_pushes(plan)
     if not return_gathered:
         return out, None
     gathered = torch.empty((world * m_shard, plan.k), dtype=a.dtype, device=a.device)
@@ -341,6 +358,28 @@ def _gather_first_gemm(a, w, plan, out, scales=None):
                           FENCE_ASYNC_PROXY=plan.fence and a.is_cuda)
     launch_gemm(ws.a_full, w, out.view(1, plan.world * m_shard, plan.n), plan.cfg, silu_gate=plan.silu_gate,
                 scales=scales, scale_rows=ws.scale_full, kn=is_kn(w))
+
+
+def start_gather(a, group=None):
+    """``all_gather(a)`` along dim 0 ([m, K] -> [W*m, K]) started, not waited for: the handshake and our rows'
+    pushes by the copy engines (no SM taken), so that the GPU work the caller queues next overlaps the transfer
+    (the backward's weight-gradient re-gather behind its input-gradient GEMM, as Megatron-LM does). Returns the
+    finish: a call that waits on the GPU for every peer's rows and returns them all, [W*m, K] in its own
+    workspace (``name`` "ag_gemm.gather"), valid until the next ``start_gather`` of this shape on this group."""
+    team = shmem.team(group)
+    m_shard, k = a.shape
+    plan = _GATHERS.get((team.name, m_shard, k, a.dtype), lambda: _Transfer(
+        m_shard, k, a.dtype, team.group, max(1, m_shard), 1, name="ag_gemm.gather"))
+    _start_call(a, plan)
+    ws, own = plan.ws, slice(plan.me * m_shard, (plan.me + 1) * m_shard)
+    ws.a_full[own].copy_(a)
+
+    def finish():
+        gathered_kernel[(1,)](ws.arrived, ws.state, plan.ctx, N_CHUNKS=plan.n_chunks,
+                              FENCE_ASYNC_PROXY=plan.fence and a.is_cuda)
+        _join_pushes(plan)
+        return ws.a_full
+    return finish
 
 
 def _gather(t, plan):
@@ -461,6 +500,7 @@ def _tuned_config(m_shard, n, k, dtype, device, world, silu_gate, group, scales=
 # (group, m_shard, n, k, dtype, silu_gate, explicit config or None[, FP8 mode]) -> _Plan
 _PLANS = shmem.Plans("ag_gemm")
 _GRAPHS = GraphCache("ag_gemm")  # path "graph": small problems replayed from CUDA graphs
+_GATHERS = shmem.Plans("ag_gemm.gather")  # (group, m_shard, k, dtype) -> _Transfer of start_gather
 
 
 def _plan_for(a, w, team, config, silu_gate, scales=None, out_dtype=None):

@@ -7,7 +7,8 @@ that every rank holds a copy of sends each copy's gradient back. Layers that kee
 rank (one loss, copied) undo that where they split and gather rows (``nn/sharding.py``).
 
     ag_gemm    out = all_gather(a) @ w.T                grad_a = gemm_rs(grad_out, w.T)      (reduce-scatter)
-                                                        grad_w = grad_out.T @ all_gather(a)
+                                                        grad_w = grad_out.T @ all_gather(a) (the gather
+                                                        started before grad_a's GEMM, which hides it)
                silu_gate: h = all_gather(a) @ w.T again (one overlapped ag_gemm), d h from silu(gate) * up
     gemm       out = a @ w.T                            grad_a = grad_out @ w, grad_w = grad_out.T @ a (torch's
                                                         GEMMs on the saved tensors as they are: no transposed copy)
@@ -58,7 +59,7 @@ import torch
 from .. import hardware, shmem
 from . import fp8, library
 from .allgather import gathered
-from .allgather_gemm import ag_gemm
+from .allgather_gemm import ag_gemm, start_gather
 from .allreduce import all_reduce
 from .allreduce.ops import rmsnorm_backward
 from .gemm import gemm
@@ -158,6 +159,8 @@ def _ag_gemm_backward(ctx, grad_out, grad_gathered):
         x = kept
     grad_a = grad_w = None
     alone = shmem.world_size(group) == 1 and ctx.grads_mode is None  # a group of one: nothing to reduce or gather
+    # the re-gather (unless the gathered input was kept) starts now: grad_a's GEMM runs while it travels
+    regathered = _regather(a, group) if ctx.needs_input_grad[1] and x is None else None
     if ctx.needs_input_grad[0]:
         if alone:  # torch's GEMM on the weight as it is: no transposed copy of it
             grad_a = grad_out @ w
@@ -168,9 +171,17 @@ def _ag_gemm_backward(ctx, grad_out, grad_gathered):
         if grad_gathered is not None:
             grad_a = grad_a + _reduce_scatter(grad_gathered, group)
     if ctx.needs_input_grad[1]:
-        x = (a if alone else gathered(a, group)) if x is None else x
-        grad_w = _weight_grad(grad_out, x, ctx.grads_mode)
+        grad_w = _weight_grad(grad_out, x if regathered is None else regathered(), ctx.grads_mode)
     return grad_a, grad_w, None, None, None, None, None
+
+
+def _regather(rows, group):
+    """all_gather(rows) for a weight gradient, started now by the copy engines (``start_gather``): returns the
+    finish, which gives the gathered rows, so that GPU work queued before it hides the transfer. A group of one:
+    the rows; traced (torch.compile): the all_gather op, at the finish."""
+    if shmem.world_size(group) == 1:
+        return lambda: rows
+    return (lambda: gathered(rows, group)) if hardware.compiling() else start_gather(rows, group)
 
 
 # ----------------------------------------------------------------------------------------------- gemm_rs
@@ -195,9 +206,10 @@ def _gemm_rs_backward(ctx, grad_out):
     mode = ctx.grads_mode
     if mode is None:
         out, g = ag_gemm(padded, w.T, return_gathered=True, group=group)  # w read as it lies (no transposed copy)
-    else:  # FP8 rows cross in ag_gemm: the weights' gradient gathers G on its own
+    else:  # FP8 rows cross in ag_gemm: the weights' gradient gathers G on its own, behind grad_a's GEMM
+        g = _regather(padded, group) if ctx.needs_input_grad[1] else None
         out = _times_weight("ag_gemm", padded, w, mode, ctx.group_name) if ctx.needs_input_grad[0] else None
-        g = gathered(padded, group) if ctx.needs_input_grad[1] else None
+        g = g if g is None else g()
     if shard * world != m:  # drop every rank's padding rows
         keep = torch.cat([torch.arange(r * shard, r * shard + rows_of_rank(m, world, r)[1], device=a.device)
                           for r in range(world)])
