@@ -201,8 +201,11 @@ def _gemm_rs_backward(ctx, grad_out):
     if world == 1 and ctx.grads_mode is None:  # a group of one: torch's GEMMs on the tensors as they are
         return _local_grads(ctx, grad_out, a, w) + (None,) * 3
     shard = -(-m // world)  # every rank's rows padded to the largest share: ag_gemm takes equal shapes
-    padded = grad_out.new_zeros((shard, grad_out.shape[1]))
-    padded[:grad_out.shape[0]] = grad_out
+    if grad_out.shape[0] == shard:  # every share equal: no padding
+        padded = grad_out.contiguous()
+    else:
+        padded = grad_out.new_zeros((shard, grad_out.shape[1]))
+        padded[:grad_out.shape[0]] = grad_out
     mode = ctx.grads_mode
     if mode is None:
         out, g = ag_gemm(padded, w.T, return_gathered=True, group=group)  # w read as it lies (no transposed copy)
