@@ -307,11 +307,9 @@ def _run_overlapped(a, w, plan, return_gathered, scales=None):
     _join_pushes(plan)
     if not return_gathered:
         return out, None
-    gathered = torch.empty((world * m_shard, plan.k), dtype=a.dtype, device=a.device)
-    for r in range(world):  # peers' rows from a_full (they arrived during the GEMM), our own rows from a
-        rows = slice(r * m_shard, (r + 1) * m_shard)
-        gathered[rows].copy_(a if r == me else ws.a_full[rows])
-    return out, gathered
+    if not plan.cfg["gather_first"]:  # our rows into our own slot (no peer writes it), then one copy of all rows
+        ws.a_full[me * m_shard:(me + 1) * m_shard].copy_(a)
+    return out, ws.a_full.clone()
 
 
 def _start_call(a, plan, scales=None):
