@@ -144,18 +144,21 @@ if gluon is not None:
     def _piece_step(acc, a, b, sa, sw, empty, slot, zero, s_first, P: gl.constexpr, PIECES: gl.constexpr,
                     ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr):
         """A K step of the tile's piece ``P`` (of PIECES, each as wide as ``zero``): its wgmmas into a fresh
-        partial, the ``slot`` released after the last piece's, the partial added into ``acc`` times the step's block
-        scales (``s_first`` for piece 0, read after the wgmmas for the others). With block scales the next piece's
+        partial, the step's block scales (``s_first`` for piece 0, read from the slot after the wgmmas for the
+        others), the ``slot`` released after the last piece's wgmmas and scales, the partial added into ``acc``
+        times the scales. With block scales the next piece's
         wgmmas then wait for these adds (ptxas would hoist them above: two partials live, spills)."""
         PN: gl.constexpr = zero.type.shape[1]
         part = _mma(a, b.slice(P * PN, PN), zero)
-        if P == PIECES - 1:
-            mbarrier.arrive(empty.index(slot), count=1)
         if P == 0:
             scale = s_first
         else:
             scale = _piece_scale(sa, sw, P, PN, ROW0, zero.type.shape[0], gl.SliceLayout(1, zero.type.layout),
                                  BLOCK_SCALES)
+        if P == PIECES - 1:
+            if BLOCK_SCALES and P > 0:  # the scales just read from the slot: every thread's read before thread 0
+                _partition_barrier()    # frees it (the producer's next load would overwrite them)
+            mbarrier.arrive(empty.index(slot), count=1)
         acc = _promote(acc, part, scale, BLOCK_SCALES)
         if BLOCK_SCALES and P < PIECES - 1:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
