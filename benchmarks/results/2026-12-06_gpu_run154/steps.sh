@@ -7,7 +7,7 @@
 #   q  (~250 s, a short budget) block_check first, then the mainloop's GPU tests (a without the FP8 grouped /
 #      training tests and bench_backward)
 #   v  (~250 s) after a's failures (the multi-piece block tiles freed their slot before reading its scales):
-#      the block-scale tests of the mainloop, then block_check
+#      the block-scale tests of the mainloop, then block_check; vt (~100 s) the tests alone
 #   t  (~560 s) the whole GPU tier at 6 workers (run153's reached 98 % in 500 s); t1 / t2: its halves
 #      (tests/kernels; the rest) when one call cannot hold it
 source benchmarks/steps_lib.sh
@@ -32,6 +32,10 @@ v)
   grep -E "FAILED|passed|failed|^E " "$OUT/block_tests.log" | cut -c1-300 | tail -12
   step block_check 150 torchrun --nproc-per-node=1 benchmarks/results/2026-12-06_gpu_run154/block_check.py
   cut -c1-230 "$OUT/block_check.log" | tail -26 ;;
+vt)
+  step block_tests 100 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 90 -rf -k block \
+    tests/kernels/test_gemm_sm90.py
+  grep -E "FAILED|passed|failed|^E " "$OUT/block_tests.log" | cut -c1-300 | tail -12 ;;
 t)
   step gpu_tier 560 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 tests
   grep -E "FAILED|passed|failed" "$OUT/gpu_tier.log" | cut -c1-250 | tail -14 ;;
