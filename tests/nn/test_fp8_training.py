@@ -713,8 +713,8 @@ def _transposed_weight_cache_case(mode, device="cpu", compile_too=False):
     gradient too: both weights' transposes multiplied), ``down`` halved in place before the third: the backward's
     op ``quantize=`` on ``w.T.contiguous()`` (what it ran before the cache kept w.T's copies), and inside one
     ``fp8_weight_cache``; (``compile_too``) the layer under torch.compile(fullgraph=True), two micro-batches in one
-    cache; and the transposed copies of a ragged Parameter that transpose its own ("tensor", "block") against
-    ``quantize_fp8`` of its transpose. Returns {what: whether it holds}."""
+    cache; and the transposed copies of a ragged Parameter ("tensor", "block") against ``quantize_fp8`` of its
+    transpose. Returns {what: whether it holds}."""
     dense, x, target = _batch()
     layer = TensorParallelMLP.from_dense(dense.to(device), fp8=mode, fp8_grads=True)
     x, target = x.to(device), target.to(device)
@@ -750,8 +750,8 @@ def _transposed_weight_cache_case(mode, device="cpu", compile_too=False):
         return td_autograd._TIMES_WEIGHT[op](g.contiguous(), w.T.contiguous(),
                                              group=td.shmem.group_named(group_name), quantize=mode)
 
-    # per micro-batch: each weight's forward copy, and its transpose's ("tensor" / "block": w's copy transposed)
-    each = ["down", "gate_up"] + (["down.T", "gate_up.T"] if mode == "row" else [])
+    # per micro-batch: each weight's forward copy, and its transpose's
+    each = ["down", "gate_up", "down.T", "gate_up.T"]
     real_fp8, real_times_weight = fp8.quantize_fp8, td_autograd._times_weight
     fp8.quantize_fp8 = counting
     try:
@@ -794,7 +794,7 @@ def _transposed_weight_cache_case(mode, device="cpu", compile_too=False):
 def test_fp8_weight_cache_keeps_the_transposed_weights(ranks, world, mode):
     """``fp8_weight_cache`` with ``fp8_grads``: the backward's transposed weights quantised once per step as well
     (again after an in-place update; compiled too, at W = 1), the gradients bitwise those of quantising in every
-    backward; "tensor" and "block" transpose the forward's copy, bitwise w.T's own."""
+    backward; the transposed copies bitwise w.T's own."""
     for result in ranks(world, _transposed_weight_cache_case, mode, "cpu", world == 1 and mode == "row"):
         assert all(result.values()), result
 
