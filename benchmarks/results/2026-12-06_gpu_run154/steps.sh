@@ -6,8 +6,9 @@
 #      (run153: 0.97x HF with fp8_grads)
 #   q  (~250 s, a short budget) block_check first, then the mainloop's GPU tests (a without the FP8 grouped /
 #      training tests and bench_backward)
-#   v  (~250 s) after a's failures (the multi-piece block tiles freed their slot before reading its scales):
-#      the block-scale tests of the mainloop, then block_check; vt (~100 s) the tests alone
+#   v  (~280 s) after a's failures (the multi-piece block tiles freed their slot before reading its scales):
+#      the block-scale tests of the mainloop, bench_backward's block MLP (w.T's FP8 copy in one sweep: 1c7565e),
+#      then block_check; vt (~100 s) the tests alone
 #   t  (~560 s) the whole GPU tier at 6 workers (run153's reached 98 % in 500 s); t1 / t2: its halves
 #      (tests/kernels; the rest) when one call cannot hold it
 source benchmarks/steps_lib.sh
@@ -30,7 +31,10 @@ v)
   step block_tests 100 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 90 -rf -k block \
     tests/kernels/test_gemm_sm90.py
   grep -E "FAILED|passed|failed|^E " "$OUT/block_tests.log" | cut -c1-300 | tail -12
-  step block_check 150 torchrun --nproc-per-node=1 benchmarks/results/2026-12-06_gpu_run154/block_check.py
+  BENCH_DIR=/tmp/bench step bench_backward 60 torchrun --nproc-per-node=1 benchmarks/bench_backward.py \
+    --only mlp --fp8 block --fp8-grads
+  grep -E "^\||WRONG" "$OUT/bench_backward.log" | head -12
+  step block_check 115 torchrun --nproc-per-node=1 benchmarks/results/2026-12-06_gpu_run154/block_check.py
   cut -c1-230 "$OUT/block_check.log" | tail -26 ;;
 vt)
   step block_tests 100 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 90 -rf -k block \
