@@ -1,5 +1,5 @@
-"""run154 (prepared 2026-12-07): is blockwise FP8 short of issue 34's bar (0.85x of per-tensor cuBLAS) in the
-kernel or in how run153 timed it? run153 ran each contender's 40 calls in a block, cuBLAS first, on a power-capped
+"""run155 (run154's, which crashed: its timers need a process group; now under torchrun): is blockwise FP8
+short of issue 34's bar (0.85x of per-tensor cuBLAS) in the kernel or in how run153 timed it? run153 ran each contender's 40 calls in a block, cuBLAS first, on a power-capped
 H100: blockwise matched our per-tensor kernel on the same 128x128 tile within 0-12 %, both ~0.82x cuBLAS, while
 run151 (do_bench) had our per-tensor 128 tile at 1.03x. Here per shape every contender is timed three ways:
   in turn      ``harness.in_turn``: 7 rounds of 10 back-to-back calls, each round in another order (median)
@@ -8,7 +8,7 @@ run151 (do_bench) had our per-tensor 128 tile at 1.03x. Here per shape every con
 Contenders: cuBLAS per-tensor (no fast accumulation: the bar), ours per-tensor at 128 s5, ours blockwise at 128
 s4 / s5 and at 256 in 64-column pieces (SPLIT_N: no spills in the K loop) s3 / s4.
 
-    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-06_gpu_run154/block_check.py
+    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run155/block_check.py
 """
 
 import json

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# run155 (1 GPU; prepared 2026-12-07). GIT_COMMIT=<sha> bash steps.sh v|b|t|t1|t2
+#   v  (~210 s) what run154 left unproven: the block-scale GPU tests of the Gluon mainloop (4 failed in run154:
+#      a tile of several pieces freed its slot before its last piece read the scales; fixed in 4c3c4ec),
+#      cache_probe.py (does fp8_weight_cache keep the weights' copies on a GPU?), bench_backward's block MLP with
+#      fp8_grads (w.T's FP8 copy in one sweep, 1c7565e; run154: 0.95x HF, torch's FP8 transpose 1.25 ms a step)
+#   b  (~130 s) block_check.py: blockwise vs per-tensor cuBLAS timed in turn, in device time and J per call, with
+#      the 256-wide tile in 64-column pieces (offer it to the tuner if it beats the 128 tile)
+#   t  (~560 s) the whole GPU tier at 6 workers; t1 / t2 its halves (tests/kernels; the rest)
+source benchmarks/steps_lib.sh
+case "${1:-v}" in
+v)
+  step block_tests 100 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 90 -rf -k block \
+    tests/kernels/test_gemm_sm90.py
+  grep -E "FAILED|passed|failed|^E " "$OUT/block_tests.log" | cut -c1-300 | tail -12
+  step cache_probe 50 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run155/cache_probe.py
+  grep -E "step" "$OUT/cache_probe.log" | cut -c1-300 | tail -12
+  BENCH_DIR=/tmp/bench step bench_backward 60 torchrun --nproc-per-node=1 benchmarks/bench_backward.py \
+    --only mlp --fp8 block --fp8-grads
+  grep -E "^\||WRONG" "$OUT/bench_backward.log" | head -12 ;;
+b)
+  step block_check 130 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run155/block_check.py
+  cut -c1-230 "$OUT/block_check.log" | tail -26 ;;
+t)
+  step gpu_tier 560 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 tests
+  grep -E "FAILED|passed|failed" "$OUT/gpu_tier.log" | cut -c1-250 | tail -14 ;;
+t1)
+  step gpu_tier_kernels 550 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=20 \
+    tests/kernels
+  grep -E "FAILED|passed|failed" "$OUT/gpu_tier_kernels.log" | cut -c1-250 | tail -12 ;;
+t2)
+  step gpu_tier_rest 550 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 250 -rf --durations=20 \
+    tests --ignore=tests/kernels
+  grep -E "FAILED|passed|failed" "$OUT/gpu_tier_rest.log" | cut -c1-250 | tail -12 ;;
+esac
+cp /tmp/bench/*.json "$OUT/" 2>/dev/null
+true
