@@ -347,12 +347,16 @@ KERNELS = [
     ("fp8/column-amax", K + "fp8", "column_amax_kernel",
      dict(x="*bf16", amax="*i32", T="i32", H="i32", BT="constexpr", BH="constexpr"), dict(BT=128, BH=64),
      ("x", "H"), {"num_warps": 4}),
+    ("fp8/column-amax-stack", K + "fp8", "column_amax_kernel",
+     dict(x="*bf16", amax="*i32", T="i32", H="i32", BT="constexpr", BH="constexpr", STACK="constexpr"),
+     dict(BT=128, BH=64, STACK=True), ("x", "H"), {"num_warps": 4}),
 ] + [
-    (f"fp8/quantize-transposed-{scaling}", K + "fp8", "quantize_transposed_kernel",
+    (f"fp8/quantize-transposed-{scaling}{'-stack' if stack else ''}", K + "fp8", "quantize_transposed_kernel",
      dict(x="*bf16", q="*fp8e4nv", scales="*fp32", amax="*i32", T="i32", H="i32", SCALING="constexpr",
-          BT="constexpr", BH="constexpr"), dict(SCALING=scaling, BT=128, BH=128 if scaling == "block" else 64),
+          BT="constexpr", BH="constexpr", **({"STACK": "constexpr"} if stack else {})),
+     dict(SCALING=scaling, BT=128, BH=128 if scaling == "block" else 64, **({"STACK": True} if stack else {})),
      ("x", "q", "T", "H"), {"num_warps": 8 if scaling == "block" else 4})
-    for scaling in ("group", "block", "row", "tensor")
+    for scaling in ("group", "block", "row", "tensor") for stack in (False, True) if scaling != "group" or not stack
 ] + [
     ("silu_gate/forward", K + "silu_gate", "silu_gate_kernel",
      dict(h="*bf16", out="*bf16", numel="i32", cols="i32", BLOCK="constexpr"), dict(BLOCK=1024), ("h", "out", "cols"),

@@ -167,9 +167,14 @@ def quantize_tensor_kernel(x, q, amax, scale, numel, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def column_amax_kernel(x, amax, T, H, BT: tl.constexpr, BH: tl.constexpr):
+def column_amax_kernel(x, amax, T, H, BT: tl.constexpr, BH: tl.constexpr, STACK: tl.constexpr = False):
     """``amax[h]`` = max(amax[h], |x[t, h]| over this program's BT rows) for x [T, H]: each column's amax (the
-    "row" scales of x.T), from 0, as ``amax_kernel`` (magnitudes compared as their bits)."""
+    "row" scales of x.T), from 0, as ``amax_kernel`` (magnitudes compared as their bits). STACK: x [E, T, H],
+    program axis 2 the expert, amax [E, H]."""
+    if STACK:
+        e = tl.program_id(2).to(tl.int64)
+        x += e * T * H
+        amax += e * H
     t = tl.program_id(0) * BT + tl.arange(0, BT)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     tile = tl.load(x + t.to(tl.int64)[:, None] * H + h[None, :], mask=(t < T)[:, None] & (h < H)[None, :], other=0.0)
@@ -178,12 +183,27 @@ def column_amax_kernel(x, amax, T, H, BT: tl.constexpr, BH: tl.constexpr):
 
 @triton.jit
 def quantize_transposed_kernel(x, q, scales, amax, T, H, SCALING: tl.constexpr, BT: tl.constexpr,
-                               BH: tl.constexpr):
+                               BH: tl.constexpr, STACK: tl.constexpr = False):
     """Program (i, j): rows [i * BT, +BT) and columns [j * BH, +BH) of x [T, H] -> that block of x.T in q [H, T],
     quantised as ``quantize_fp8(x.T, SCALING)`` would (x.T never written in high precision): "group" in 1x128
     groups along T (BT = 128; scales [H, ceil(T/128)]), "block" per 128x128 block (BT = BH = 128; scales
     [ceil(H/128), ceil(T/128)]), "row" / "tensor" by the amax of column h / of x (``column_amax_kernel`` /
-    ``amax_kernel``'s bits; scales [H, 1] / [1])."""
+    ``amax_kernel``'s bits; scales [H, 1] / [1]). STACK: x [E, T, H], program axis 2 the expert, everything
+    per expert as ``quantize_stack`` of the transposes lays it out (amax [E, H] / [E])."""
+    if STACK:
+        e = tl.program_id(2).to(tl.int64)
+        x += e * T * H
+        q += e * T * H
+        if SCALING == "group":
+            scales += e * H * tl.num_programs(0)
+        elif SCALING == "block":
+            scales += e * tl.num_programs(1) * tl.num_programs(0)
+        elif SCALING == "row":
+            scales += e * H
+            amax += e * H
+        else:
+            scales += e
+            amax += e
     t = tl.program_id(0) * BT + tl.arange(0, BT)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     inside = (h < H)[:, None] & (t < T)[None, :]
@@ -260,18 +280,21 @@ def quantize_fp8(x, scaling="group", transposed=False):
 
 def _quantize_transposed(x, q, scales, scaling):
     """``quantize_transposed_kernel`` over contiguous ``x`` [T, H] into q [H, T] and ``scales`` (``quantize_fp8``'s
-    of x.T), after the amax sweep that "row" (per column of x) and "tensor" take."""
-    t, h = x.shape
+    of x.T), after the amax sweep that "row" (per column of x) and "tensor" take; a stack x [E, T, H]: each
+    expert's into q [E, H, T] and the stacked scales (``quantize_stack``'s of the transposes)."""
+    *stack, t, h = x.shape
+    experts = stack[0] if stack else 1
     bh = GROUP if scaling == "block" else (64 if x.is_cuda else 16)
-    grid = (cdiv(t, GROUP), cdiv(h, bh))
+    grid = (cdiv(t, GROUP), cdiv(h, bh)) + ((experts,) if stack else ())
+    extra = {"STACK": True} if stack else {}  # (a 2-D call compiles exactly as before the stack axis)
     amax = scales  # (unread by "group" and "block")
     if scaling == "row":
-        amax = torch.zeros(h, dtype=torch.int32, device=x.device)
-        column_amax_kernel[grid](x, amax, t, h, BT=GROUP, BH=bh, num_warps=4)
+        amax = torch.zeros(experts * h, dtype=torch.int32, device=x.device)
+        column_amax_kernel[grid](x, amax, t, h, BT=GROUP, BH=bh, num_warps=4, **extra)
     elif scaling == "tensor":
-        amax = _amax_bits(x, 1)[0]
+        amax = _amax_bits(x, experts)[0]
     quantize_transposed_kernel[grid](x, q, scales, amax, t, h, SCALING=scaling, BT=GROUP, BH=bh,
-                                     num_warps=8 if scaling == "block" else 4)
+                                     num_warps=8 if scaling == "block" else 4, **extra)
 
 
 def _quantize_tensors(x, q, scales):
@@ -292,15 +315,20 @@ def _amax_bits(x, stack):
     return amax, numel, block, grid
 
 
-def quantize_stack(w, scaling):
+def quantize_stack(w, scaling, transposed=False):
     """A stack of weights ``w`` [E, R, C] (an MoE layer's experts; bf16 / fp16 / fp32) -> (q [E, R, C]
     float8_e4m3fn, scales): each ``w[e]`` quantised as ``quantize_fp8`` quantises a weight, its scales stacked:
     "tensor" [E], "row" [E, R, 1], "block" [E, ceil(R/128), ceil(C/128)] (a block never straddles two
-    experts). The same kernels, one launch for the whole stack (R not a multiple of 128, "block": a padded copy)."""
+    experts). The same kernels, one launch for the whole stack (R not a multiple of 128, "block": a padded copy).
+    ``transposed``: the stack of transposes [E, C, R] quantised (bitwise ``quantize_stack(w.transpose(1, 2)
+    .contiguous())``), read from w as it lies: one launch of the transposed quantiser (after an amax sweep for
+    "row" / "tensor")."""
     if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.dtype not in OUT_DTYPES:
         raise TypeError("w must be a 3-D bfloat16 / float16 / float32 tensor [E, R, C]")
     if scaling not in MODES:
         raise ValueError(f"scaling must be one of {MODES}, got {scaling!r}")
+    if transposed:
+        return _quantize_stack_transposed(w, scaling)
     e, r, c = w.shape
     if scaling == "tensor":
         if not w.is_cuda and not hardware.interpreting():
@@ -321,6 +349,22 @@ def quantize_stack(w, scaling):
         return q[:, :r].contiguous(), s
     q, s = quantize_fp8(w.reshape(e * r, c), scaling)
     return q.view(e, r, c), s.view(e, r, 1) if scaling == "row" else s.view(e, r // GROUP, groups(c))
+
+
+def _quantize_stack_transposed(w, scaling):
+    """``quantize_stack(w, scaling, transposed=True)``: ``quantize_transposed_kernel`` with its stack axis."""
+    if not w.is_cuda and not hardware.interpreting():
+        return quantize_stack(w.transpose(1, 2).contiguous(), scaling)
+    check_device(w)
+    w = w.contiguous()
+    e, r, c = w.shape
+    q = torch.empty((e, c, r), dtype=torch.float8_e4m3fn, device=w.device)
+    shape = {"tensor": (e,), "row": (e, c, 1), "block": (e, cdiv(c, GROUP), groups(r))}[scaling]
+    scales = torch.empty(shape, dtype=torch.float32, device=w.device)
+    if not w.numel():
+        return q, scales.fill_(1.0)
+    _quantize_transposed(w, q, scales, scaling)
+    return q, scales
 
 
 class weight_cache:
@@ -412,15 +456,10 @@ def _transposed_copy(w, mode):
     """``quantize_fp8(w.T.contiguous(), mode)`` (a stack: ``quantize_stack`` of each expert's transpose), bitwise:
     a weight's by ``quantize_fp8(transposed=True)`` (one sweep of w, the transpose written in FP8; torch's
     transposing copy of an FP8 tensor is an unvectorised strided kernel, 1.25 ms of a 6.9 ms MLP step in run154).
-    A stack's: "row" quantises the transposes, "tensor" and "block" transpose the stack's own copy (the same
-    scales, the 128x128 block grid transposed)."""
+    A stack's likewise (``quantize_stack(transposed=True)``)."""
     if w.dim() == 2:
         return quantize_fp8(w, mode, transposed=True)
-    if mode == "row":
-        return quantize_stack(w.transpose(1, 2).contiguous(), mode)
-    q, scales = quantize_weight(w, mode)
-    q = q.transpose(-1, -2).contiguous()
-    return q, scales if mode == "tensor" else scales.transpose(-1, -2).contiguous()
+    return quantize_stack(w, mode, transposed=True)
 
 
 def quantize(x, scaling, dtype=torch.float8_e4m3fn):
