@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run155 (1 GPU; prepared 2026-12-07). GIT_COMMIT=<sha> bash steps.sh v|b|t|t1|t2
-#   v  (~210 s) what run154 left unproven: the block-scale GPU tests of the Gluon mainloop (4 failed in run154:
-#      a tile of several pieces freed its slot before its last piece read the scales; fixed in 4c3c4ec),
+#   v  (~270 s) what run154 left unproven: the block-scale GPU tests of the Gluon mainloop (4 failed in run154:
+#      a tile of several pieces freed its slot before its last piece read the scales; fixed in 4c3c4ec), the
+#      transposed quantiser's stack axis (aa7be69) and the quantisers bitwise against torch,
 #      cache_probe.py (does fp8_weight_cache keep the weights' copies on a GPU?), bench_backward's block MLP with
 #      fp8_grads (w.T's FP8 copy in one sweep, 1c7565e; run154: 0.95x HF, torch's FP8 transpose 1.25 ms a step)
 #   b  (~130 s) block_check.py: blockwise vs per-tensor cuBLAS timed in turn, in device time and J per call, with
@@ -13,6 +14,10 @@ v)
   step block_tests 100 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 90 -rf -k block \
     tests/kernels/test_gemm_sm90.py
   grep -E "FAILED|passed|failed|^E " "$OUT/block_tests.log" | cut -c1-300 | tail -12
+  step quantize_tests 60 python -m pytest -m gpu -n 2 -p no:cacheprovider -v --timeout 50 -rf \
+    -k "transposes or every_scaling_matches_torch_on_gpu" tests/kernels/test_fp8_grouped_gemm.py \
+    tests/kernels/test_fp8_gemm.py
+  grep -E "FAILED|passed|failed|^E " "$OUT/quantize_tests.log" | cut -c1-300 | tail -8
   step cache_probe 50 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run155/cache_probe.py
   grep -E "step" "$OUT/cache_probe.log" | cut -c1-300 | tail -12
   BENCH_DIR=/tmp/bench step bench_backward 60 torchrun --nproc-per-node=1 benchmarks/bench_backward.py \
