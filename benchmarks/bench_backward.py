@@ -52,7 +52,8 @@ class Step:
 
     def __init__(self, forward, x, params, held, grad_of, context=None):
         self.forward, self.x, self.params, self.held = forward, x.detach().clone().requires_grad_(), params, held
-        self.context = context or contextlib.nullcontext()  # around the forward and the backward
+        # around the forward and the backward (an empty fp8_weight_cache has len 0: falsy, yet the context)
+        self.context = contextlib.nullcontext() if context is None else context
         with self.context:
             self.grad = grad_of(self.forward(self.x).detach())  # the output gradient, shaped like this one's out
         self.out = None

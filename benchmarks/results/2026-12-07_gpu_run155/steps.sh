@@ -2,9 +2,9 @@
 # run155 (1 GPU; prepared 2026-12-07). GIT_COMMIT=<sha> bash steps.sh v|b|t|t1|t2
 #   v  (~270 s) what run154 left unproven: the block-scale GPU tests of the Gluon mainloop (4 failed in run154:
 #      a tile of several pieces freed its slot before its last piece read the scales; fixed in 4c3c4ec), the
-#      transposed quantiser's stack axis (aa7be69) and the quantisers bitwise against torch,
-#      cache_probe.py (does fp8_weight_cache keep the weights' copies on a GPU?), bench_backward's block MLP with
-#      fp8_grads (w.T's FP8 copy in one sweep, 1c7565e; run154: 0.95x HF, torch's FP8 transpose 1.25 ms a step)
+#      transposed quantiser's stack axis (aa7be69) and the quantisers bitwise against torch, bench_backward's
+#      block MLP with fp8_grads (w.T's FP8 copy in one sweep, 1c7565e; run154: 0.95x HF, torch's FP8 transpose
+#      1.25 ms a step) and its "kept" contenders really kept (their empty cache was dropped before this commit)
 #   b  (~130 s) block_check.py: blockwise vs per-tensor cuBLAS timed in turn, in device time and J per call, with
 #      the 256-wide tile in 64-column pieces (offer it to the tuner if it beats the 128 tile)
 #   t  (~560 s) the whole GPU tier at 6 workers; t1 / t2 its halves (tests/kernels; the rest)
@@ -18,8 +18,6 @@ v)
     -k "transposes or every_scaling_matches_torch_on_gpu" tests/kernels/test_fp8_grouped_gemm.py \
     tests/kernels/test_fp8_gemm.py
   grep -E "FAILED|passed|failed|^E " "$OUT/quantize_tests.log" | cut -c1-300 | tail -8
-  step cache_probe 50 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run155/cache_probe.py
-  grep -E "step" "$OUT/cache_probe.log" | cut -c1-300 | tail -12
   BENCH_DIR=/tmp/bench step bench_backward 60 torchrun --nproc-per-node=1 benchmarks/bench_backward.py \
     --only mlp --fp8 block --fp8-grads
   grep -E "^\||WRONG" "$OUT/bench_backward.log" | head -12 ;;
