@@ -211,12 +211,15 @@ def _chunking(m_shard, bm, n_chunks):
 
 class _Transfer:
     """The transfer half of a call, built once per (shard shape, dtype, chunking, group): the workspace, the ready
-    handshake and our shard's pushes into every peer (``_start_call``)."""
+    handshake and our shard's pushes into every peer (``_start_call``); ``block_m`` None: the group alone (the
+    fallback's rows move by NCCL)."""
 
     def __init__(self, m_shard, k, dtype, group, block_m, n_chunks, scale_cols=0, name="ag_gemm"):
         team = shmem.team(group)
         self.world, self.me, self.group, self.ctx = team.size, team.rank, team.group, team.ctx
         self.m_shard, self.k = m_shard, k
+        if block_m is None:
+            return
         ws = self.ws = buffers(m_shard, k, dtype, group, scale_cols, name)
         self.chunk_rows, self.n_chunks = _chunking(m_shard, block_m, n_chunks)
         me, world = self.me, self.world
@@ -254,12 +257,12 @@ class _Plan(_Transfer):
         # names its graphs (path "graph")
         self.key = (team.name, m_shard, n, k, dtype, kn, repr(sorted(cfg.items()))) + fp8.plan_key(scales,
                                                                                                     out_dtype)
-        if self.path == "fallback":
-            self.world, self.me, self.group, self.ctx = team.size, team.rank, team.group, team.ctx
-            self.m_shard, self.k = m_shard, k
-            return
         scale_cols = 0 if scales is None else fp8.groups(k) if scales.mode == "block" else 1
-        super().__init__(m_shard, k, dtype, group, cfg["BLOCK_M"], cfg["n_chunks"], scale_cols)
+        fallback = self.path == "fallback"
+        super().__init__(m_shard, k, dtype, group, None if fallback else cfg["BLOCK_M"], cfg.get("n_chunks"),
+                         scale_cols)
+        if fallback:
+            return
         tiles = self.world * cdiv(m_shard, cfg["BLOCK_M"]) * cdiv(self.n, cfg["BLOCK_N"])
         self.grid = (max(1, min(cfg.get("num_programs") or default_num_programs(device, cfg), tiles)),)
         self.precision = dot_precision(dtype)
