@@ -99,6 +99,38 @@ def _matmul_reduce_scatter():
     return results
 
 
+def _one_b_both_layouts():
+    """A single B given as a contiguous [K, N] and as the transposed view of an [N, K] weight (torchtitan's): the
+    ops read either as it lies (``_as_read``); {case: relative error} of the outputs and both gradients."""
+    r, world = td.rank(), td.world_size()
+    g = torch.Generator().manual_seed(5 + r)
+    a, wt = torch.rand(world * 3, 5, 8, generator=g), torch.rand(6, 8, generator=g)  # wt [N, K]
+    errs = {}
+    for layout, b in (("[K, N]", wt.t().contiguous()), ("[N, K].t()", wt.t())):
+        leaf_a, leaf_w = a[:3].clone().requires_grad_(), wt.clone().requires_grad_()
+        b_leaf = leaf_w.t().contiguous() if layout == "[K, N]" else leaf_w.t()
+        _, (out,) = torch.ops.triton_dist.fused_all_gather_matmul(leaf_a, [b_leaf], 0, None)
+        rs = torch.ops.triton_dist.fused_matmul_reduce_scatter(leaf_a.repeat(world, 1, 1), b_leaf, "sum", 0, None)
+        (out.sum() + rs.sum()).backward()
+        ref_a = [t.double().requires_grad_() for t in _every(a[:3])]
+        ref_w = [t.double().requires_grad_() for t in _every(wt)]
+        # the objective: every rank's gathered product and every rank's slice of the reduced sum, summed
+        sum((torch.cat(ref_a) @ w.t()).sum() + (x.repeat(world, 1, 1) @ w.t()).sum()
+            for x, w in zip(ref_a, ref_w)).backward()
+        every_a, every_w = [t.double() for t in _every(a[:3])], [t.double() for t in _every(wt)]
+        errs[f"{layout} ag out"] = _rel(out, torch.cat(every_a) @ every_w[r].t())
+        errs[f"{layout} rs out"] = _rel(rs, sum(x.repeat(world, 1, 1) @ w.t() for x, w in zip(every_a, every_w))
+                                        .chunk(world)[r])
+        errs[f"{layout} grad a"] = _rel(leaf_a.grad, ref_a[r].grad)
+        errs[f"{layout} grad w"] = _rel(leaf_w.grad, ref_w[r].grad)
+    return errs
+
+
+def test_one_b_in_either_layout(ranks):
+    for errs in ranks(2, _one_b_both_layouts):
+        assert all(e < 1e-5 for e in errs.values()), errs
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_fused_all_gather_matmul_matches_torch(ranks, world):
     for res in ranks(world, _all_gather_matmul):

@@ -28,6 +28,7 @@ from .. import shmem
 from . import library
 from . import autograd  # noqa: F401  (the backward of the ops these decompose into)
 from .allgather_gemm import scaled_ag_gemm
+from .gemm import is_kn
 from .gemm_reducescatter import scaled_gemm_rs
 
 
@@ -55,6 +56,12 @@ def _check(A, Bs, dim, what, k_factor=1):
     return dim
 
 
+def _as_read(w):
+    """A weight [N, K] as the ops take it: as it lies where their kernels read it so (contiguous, or the transposed
+    view of a contiguous [K, N] B: ``gemm.is_kn``), else a contiguous copy."""
+    return w if w.is_contiguous() or is_kn(w) else w.contiguous()
+
+
 # ----------------------------------------------------------------------------------------------- all-gather + matmul
 def fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name=None, return_A=True):
     """``all_gather(A_shard, gather_dim)`` and its product with each of ``Bs`` (async-TP's op; see the module
@@ -74,7 +81,7 @@ def fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name=None, return_A=T
         out = gathered @ w.t()
         return (gathered if return_A else None), [o.contiguous() for o in out.split(widths, dim=-1)]
     rows, moved = _rows_first(A_shard, dim)  # [g * rest, K]
-    out, gathered = ops.ag_gemm(rows, w.contiguous(), return_A, "none", group_name)
+    out, gathered = ops.ag_gemm(rows, _as_read(w), return_A, "none", group_name)
     shape = (world * moved[0], *moved[1:-1])
     outs = [o.contiguous().view(*shape, o.shape[-1]).movedim(0, dim) for o in out.split(widths, dim=-1)]
     return (gathered.view(*shape, A_shard.shape[-1]).movedim(0, dim) if return_A else None), outs
@@ -98,7 +105,7 @@ def fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name=None):
         out = out.reshape(*A.shape[:-1], size // world)
     else:
         rows, moved = _rows_first(A, dim)
-        out = torch.ops.triton_dist.gemm_rs(rows, B.t().contiguous(), group_name)
+        out = torch.ops.triton_dist.gemm_rs(rows, _as_read(B.t()), group_name)
         out = out.view(moved[0] // world, *moved[1:-1], B.shape[1]).movedim(0, dim)
     out = out.contiguous()  # (torch's fallback returns it contiguous)
     return out / world if reduce_op == "avg" else out
