@@ -146,8 +146,8 @@ if gluon is not None:
         """A K step of the tile's piece ``P`` (of PIECES, each as wide as ``zero``): its wgmmas into a fresh
         partial, the step's block scales (``s_first`` for piece 0, read from the slot after the wgmmas for the
         others), the ``slot`` released after the last piece's wgmmas and scales, the partial added into ``acc``
-        times the scales. With block scales the next piece's
-        wgmmas then wait for these adds (ptxas would hoist them above: two partials live, spills)."""
+        times the scales. With block scales the next piece's wgmmas then wait for these adds (ptxas would hoist
+        them above: two partials live, spills)."""
         PN: gl.constexpr = zero.type.shape[1]
         part = _mma(a, b.slice(P * PN, PN), zero)
         if P == 0:
