@@ -236,7 +236,7 @@ def cases(tiny, dtype, device, only=CASES, tokens=4096, fp8_modes=("row",), fp8_
     for kind in ("mlp", "moe"):
         if kind in only:
             steps, base = layer_steps(kind, (TINY if tiny else FULL)[kind], 13 if tiny else tokens, dtype, device,
-                                      fp8_modes, fp8_grads and kind == "mlp")
+                                      fp8_modes, fp8_grads)
             yield f"{kind} {tokens if not tiny else 13} tokens", steps, base
     for op in ("ag_gemm", "gemm_rs"):
         if op in only:
@@ -266,7 +266,7 @@ def main():
         parser.add_argument("--tokens", type=int, default=4096)
         parser.add_argument("--fp8", default="row", help="comma-separated FP8 modes of the layers' FP8 contenders")
         parser.add_argument("--fp8-grads", action="store_true",
-                            help="also the MLP's FP8 contenders with fp8_grads=True (FP8 backward GEMMs)")
+                            help="also the layers' FP8 contenders with fp8_grads=True (FP8 backward GEMMs)")
 
     args = start(__doc__, check, "backward benchmark", 8 << 30, add_arguments)
     if args is None:
