@@ -34,6 +34,7 @@ COMPARE = [  # (ours, baseline (None: a fixed target), target us)
     ("gemm_rs M=128 (ours)", "gemm_rs M=128 cuBLAS+NCCL", None),
     ("gemm_rs M=2048 (ours)", "gemm_rs M=2048 cuBLAS+NCCL", None),
     ("gemm 128x4096x8192 (ours)", "gemm 128x4096x8192 torch.matmul", None),
+    ("gemm 96x2560x7168 (ours)", "gemm 96x2560x7168 torch.matmul", None),
     ("scaled_gemm row 1536x2560x7168 (ours)", "scaled_gemm row 1536x2560x7168 torch._scaled_mm", None),
     ("ep_dispatch T=128 (ours)", None, 40.0),
     ("ep_dispatch T=128 fused layout (one launch)", None, 40.0),
@@ -128,6 +129,9 @@ def main():
     g_a, g_w = torch.randn(128, 8192, **bf), torch.randn(4096, 8192, **bf)
     cases["gemm 128x4096x8192 (ours)"] = (lambda: gemm(g_a, g_w), "gemm")
     cases["gemm 128x4096x8192 torch.matmul"] = (lambda: torch.matmul(g_a, g_w.T), None)
+    s_a, s_w = torch.randn(96, 7168, **bf), torch.randn(2560, 7168, **bf)  # few tiles, long K: split-K (run143b)
+    cases["gemm 96x2560x7168 (ours)"] = (lambda: gemm(s_a, s_w), "gemm split-k")
+    cases["gemm 96x2560x7168 torch.matmul"] = (lambda: torch.matmul(s_a, s_w.T), None)
     f_a, f_sa = fp8.quantize(torch.randn(1536, 7168, device=dev), "row")  # FP8 rowwise (sm_90: the Gluon mainloop)
     f_w, f_sw = fp8.quantize(torch.randn(2560, 7168, device=dev) / 16, "row")
     cases["scaled_gemm row 1536x2560x7168 (ours)"] = (lambda: scaled_gemm(f_a, f_w, f_sa, f_sw), "scaled_gemm")
