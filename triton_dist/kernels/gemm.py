@@ -915,8 +915,9 @@ def split_k_configs(m, n, k, dtype, device, base, scales=None):
         tiles.append(dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=4))
     elif m <= 128:  # one tile of rows: narrower columns, so that the weight is read once by twice the items
         tiles.append(dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, num_stages=4, num_warps=4))
-    elif m > 256:  # compute-bound shares: two warpgroups a tile
-        tiles.append(dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8))
+    elif m > 256:  # compute-bound shares: two warpgroups a tile, or a taller tile (fewer bytes a FLOP from L2)
+        tiles += [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8),
+                  dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, num_stages=3, num_warps=8)]
     tiles += decode_tiles(m, dtype, scales)
     for tile in tiles:
         cfg = fp8_tiles({**base, **tile}, dtype, device, scales)
