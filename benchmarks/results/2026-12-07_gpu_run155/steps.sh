@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run155 (1 GPU; prepared 2026-12-07). GIT_COMMIT=<sha> bash steps.sh v|b|t|t1|t2
+# run155 (1 GPU; prepared 2026-12-07). GIT_COMMIT=<sha> bash steps.sh v|b|t|t1|t2|p
 #   v  (~270 s) what run154 left unproven: the block-scale GPU tests of the Gluon mainloop (4 failed in run154:
 #      a tile of several pieces freed its slot before its last piece read the scales; fixed in 4c3c4ec), the
 #      transposed quantiser's stack axis (aa7be69) and the quantisers bitwise against torch, bench_backward's
@@ -8,6 +8,7 @@
 #   b  (~130 s) block_check.py: blockwise vs per-tensor cuBLAS timed in turn, in device time and J per call, with
 #      the 256-wide tile in 64-column pieces (offer it to the tuner if it beats the 128 tile)
 #   t  (~560 s) the whole GPU tier at 6 workers; t1 / t2 its halves (tests/kernels; the rest)
+#   p  (~190 s) v's benchmark and b (after t, which runs v's tests): bench_backward's block MLP, block_check
 source benchmarks/steps_lib.sh
 case "${1:-v}" in
 v)
@@ -21,7 +22,11 @@ v)
   BENCH_DIR=/tmp/bench step bench_backward 60 torchrun --nproc-per-node=1 benchmarks/bench_backward.py \
     --only mlp --fp8 block --fp8-grads
   grep -E "^\||WRONG" "$OUT/bench_backward.log" | head -12 ;;
-b)
+p)
+  BENCH_DIR=/tmp/bench step bench_backward 60 torchrun --nproc-per-node=1 benchmarks/bench_backward.py \
+    --only mlp --fp8 block --fp8-grads
+  grep -E "^\||WRONG" "$OUT/bench_backward.log" | head -12 ;;&
+b|p)
   step block_check 130 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run155/block_check.py
   cut -c1-230 "$OUT/block_check.log" | tail -26 ;;
 t)
