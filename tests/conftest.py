@@ -35,6 +35,7 @@ gpu_only = pytest.mark.gpu  # the GPU tier: python -m pytest -m gpu (README)
 cpu_only = pytest.mark.skipif(ON_GPU_RANKS, reason="exercises the CPU (interpreter) backend")
 GPU_WAIT_TIMEOUT_S = 20
 SHARED_GPU_WAIT_TIMEOUT_S = 180
+SHARED_GPU_HEAPS = 8 << 30  # the symmetric heaps of a pool of ranks sharing one GPU, together
 
 
 def pytest_configure(config):
@@ -116,7 +117,14 @@ def ranks(_pools, request):
             # ranks sharing a GPU also share the host's cores: one may still be compiling a kernel while its
             # peers already wait on it, so their waits get longer
             timeout_s = None if not gpu else SHARED_GPU_WAIT_TIMEOUT_S if shared else GPU_WAIT_TIMEOUT_S
-            _pools[key] = RankPool(world, backend=backend, wait_timeout_s=timeout_s)
+            # ranks sharing a GPU: their heaps together at most SHARED_GPU_HEAPS (8 ranks of 2 GiB beside the other
+            # test workers' pools ran an 80 GB H100 out of memory, run155)
+            heap = None
+            if shared and not os.environ.get("TRITON_DIST_HEAP_SIZE"):
+                from triton_dist.shmem.heap import DEFAULT_HEAP_BYTES
+
+                heap = min(DEFAULT_HEAP_BYTES["gpu"], SHARED_GPU_HEAPS // world)
+            _pools[key] = RankPool(world, backend=backend, heap_size=heap, wait_timeout_s=timeout_s)
         return _pools[key]
 
     def on_one_gpu(fn, *args, timeout=600, **kwargs):
