@@ -909,36 +909,21 @@ def split_k_configs(m, n, k, dtype, device, base, scales=None):
     tiles = [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=4),
              dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8),
              dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=5, num_warps=4)]
-    if m <= 256:  # one warpgroup's rows: more of the weight in flight per SM (the GEMM streams it from HBM)
-        tiles.append(dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_stages=4, num_warps=4))
-    if m <= 64:
-        tiles.append(dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=4))
+    if m <= 64:  # one warpgroup's rows: more of the weight in flight per SM (the GEMM streams it from HBM)
+        tiles += [dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_stages=4, num_warps=4),
+                  dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=4)]
     elif m <= 128:  # one tile of rows: narrower columns, so that the weight is read once by twice the items
         tiles.append(dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, num_stages=4, num_warps=4))
-    elif m > 256:  # compute-bound shares: two warpgroups a tile, or a taller tile (fewer bytes a FLOP from L2)
-        tiles += [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8),
-                  dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, num_stages=3, num_warps=8)]
+    elif m > 256:  # compute-bound shares: two warpgroups a tile
+        tiles.append(dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8))
     tiles += decode_tiles(m, dtype, scales)
     for tile in tiles:
         cfg = fp8_tiles({**base, **tile}, dtype, device, scales)
-        # one warpgroup's tiles also two to an SM (a shallower ring where need be): one program's partial store
-        # and first loads beside the other's wgmmas, and twice the splits
-        pair = [] if cfg.get("programs_per_sm") or cfg["num_warps"] != 4 else [
-            {**cfg, "num_stages": s, "programs_per_sm": 2} for s in range(cfg["num_stages"], 2, -1)
-            if fits_twice({**cfg, "num_stages": s}, dtype)][:1]
-        for cfg in [cfg] + pair:
-            wave = sms * (cfg.get("programs_per_sm") or 1)
-            split_k = min(wave // gemm_tiles(cfg, 1, m, n), -(-k // cfg["BLOCK_K"]) // 4, 16)
-            if split_k >= 2:
-                out.append({**cfg, "SPLIT_K": split_k})
+        wave = sms * (cfg.get("programs_per_sm") or 1)
+        split_k = min(wave // gemm_tiles(cfg, 1, m, n), -(-k // cfg["BLOCK_K"]) // 4, 16)
+        if split_k >= 2:
+            out.append({**cfg, "SPLIT_K": split_k})
     return out
-
-
-def fits_twice(cfg, dtype, out_bytes=2):
-    """Whether two programs of the Triton core's ``cfg`` fit one SM's shared memory (their rings of A and B tiles
-    and their result tiles staged for the TMA store)."""
-    ring = cfg["num_stages"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * dtype.itemsize
-    return 2 * (ring + cfg["BLOCK_M"] * cfg["BLOCK_N"] * out_bytes) <= gemm_sm90.SHARED_BYTES
 
 
 def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtype=None):
