@@ -12,15 +12,22 @@ import torch.distributed as dist
 import triton_dist as td
 from triton_dist.kernels import fused_all_gather_matmul, fused_matmul_reduce_scatter, use_for_torch_async_tp
 
-from ..conftest import error_names
+from ..conftest import error_names, gpu_only
 
-SHAPES = {2: (8, 64, 16, 32), 3: (6, 9, 12, 15)}  # (BATCH, M, N, K): PyTorch's at 2 ranks; divisible by 3
+SHAPES = {1: (8, 64, 16, 32), 2: (8, 64, 16, 32), 3: (6, 9, 12, 15)}  # (BATCH, M, N, K): PyTorch's at 2 ranks
+
+
+def _on_rank(t, dtype):
+    """A CPU-made tensor on this rank's device in ``dtype`` (fp32 on CPU ranks; bf16 on GPU ranks)."""
+    return t.to(td.shmem.device(), dtype)
 
 
 def _every(t):
-    parts = [torch.empty_like(t) for _ in range(td.world_size())]
-    dist.all_gather(parts, t.contiguous())
-    return parts
+    """Every rank's ``t`` (through the host: a gloo group, as ranks sharing a GPU have, may take no GPU tensors)."""
+    host = t.detach().cpu().contiguous()
+    parts = [torch.empty_like(host) for _ in range(td.world_size())]
+    dist.all_gather(parts, host)
+    return [p.to(t.device) for p in parts]
 
 
 def _ag_reference(shards, Bs, dim):
@@ -37,7 +44,7 @@ def _rel(got, ref):
     return ((got.double() - ref).abs().max() / ref.abs().max()).item()
 
 
-def _all_gather_matmul():
+def _all_gather_matmul(dtype=torch.float32):
     """{case: (value error, strides equal)} for every gather_dim, and the gradients' errors."""
     r, world = td.rank(), td.world_size()
     BATCH, M, N, K = SHAPES[world]
@@ -46,8 +53,8 @@ def _all_gather_matmul():
         shape = [BATCH, M, K]
         shape[dim] //= world
         g = torch.Generator().manual_seed(42 + r)
-        a = torch.rand(shape, generator=g)
-        Bs = [torch.rand(shape[-1] * (world if dim == 2 else 1), N, generator=g) for _ in range(3)]
+        a = _on_rank(torch.rand(shape, generator=g), dtype)
+        Bs = [_on_rank(torch.rand(shape[-1] * (world if dim == 2 else 1), N, generator=g), dtype) for _ in range(3)]
         got_a, got = fused_all_gather_matmul(a, Bs, dim)
         ref_a, ref = _ag_reference(_every(a), Bs, dim)
         results[f"gather_dim {dim} A"] = (_rel(got_a, ref_a), got_a.stride() == ref_a.stride())
@@ -56,7 +63,7 @@ def _all_gather_matmul():
         none_a, again = torch.ops.triton_dist.fused_all_gather_matmul(a, Bs, dim, None, return_A=False)
         results[f"gather_dim {dim} torch op"] = (max(_rel(o, ro) for o, ro in zip(again, ref)), none_a is None)
         # gradients: the objective is the sum over the ranks of each rank's weighted outputs
-        weights = [torch.randn(o.shape, generator=torch.Generator().manual_seed(7 + r)) for o in got]
+        weights = [_on_rank(torch.randn(o.shape, generator=torch.Generator().manual_seed(7 + r)), dtype) for o in got]
         leaf_a, leaf_bs = a.clone().requires_grad_(), [B.clone().requires_grad_() for B in Bs]
         _, outs = torch.ops.triton_dist.fused_all_gather_matmul(leaf_a, leaf_bs, dim, None)
         sum((o * wt).sum() for o, wt in zip(outs, weights)).backward()
@@ -75,20 +82,21 @@ def _all_gather_matmul():
     return results
 
 
-def _matmul_reduce_scatter():
+def _matmul_reduce_scatter(dtype=torch.float32):
     r, world = td.rank(), td.world_size()
     BATCH, M, N, K = SHAPES[world]
     results = {}
     for dim in (0, 1, 2):
         for op in ("avg", "sum"):
             g = torch.Generator().manual_seed(42 + r)
-            a, b = torch.rand(BATCH, M, K, generator=g), torch.rand(K, N, generator=g)
+            a, b = (_on_rank(torch.rand(BATCH, M, K, generator=g), dtype),
+                    _on_rank(torch.rand(K, N, generator=g), dtype))
             got = fused_matmul_reduce_scatter(a, b, op, dim)
             total = sum(x.double() @ y.double() for x, y in zip(_every(a), _every(b)))
             ref = total.chunk(world, dim)[r].contiguous() / (world if op == "avg" else 1)
             results[f"scatter_dim {dim} {op}"] = (_rel(got, ref), got.stride() == ref.stride())
         leaf_a, leaf_b = a.clone().requires_grad_(), b.clone().requires_grad_()
-        weight = torch.randn(ref.shape, generator=torch.Generator().manual_seed(3 + r))
+        weight = _on_rank(torch.randn(ref.shape, generator=torch.Generator().manual_seed(3 + r)), dtype)
         (torch.ops.triton_dist.fused_matmul_reduce_scatter(leaf_a, leaf_b, "sum", dim, None) * weight).sum().backward()
         ref_a = [t.double().requires_grad_() for t in _every(a)]
         ref_b = [t.double().requires_grad_() for t in _every(b)]
@@ -99,12 +107,13 @@ def _matmul_reduce_scatter():
     return results
 
 
-def _one_b_both_layouts():
+def _one_b_both_layouts(dtype=torch.float32):
     """A single B given as a contiguous [K, N] and as the transposed view of an [N, K] weight (torchtitan's): the
     ops read either as it lies (``_as_read``); {case: relative error} of the outputs and both gradients."""
     r, world = td.rank(), td.world_size()
     g = torch.Generator().manual_seed(5 + r)
-    a, wt = torch.rand(world * 3, 5, 8, generator=g), torch.rand(6, 8, generator=g)  # wt [N, K]
+    a = _on_rank(torch.rand(world * 3, 5, 8, generator=g), dtype)
+    wt = _on_rank(torch.rand(6, 8, generator=g), dtype)  # [N, K]
     errs = {}
     for layout, b in (("[K, N]", wt.t().contiguous()), ("[N, K].t()", wt.t())):
         leaf_a, leaf_w = a[:3].clone().requires_grad_(), wt.clone().requires_grad_()
@@ -129,6 +138,22 @@ def _one_b_both_layouts():
 def test_one_b_in_either_layout(ranks):
     for errs in ranks(2, _one_b_both_layouts):
         assert all(e < 1e-5 for e in errs.values()), errs
+
+
+def _bf16_on_gpu():
+    """The three checks above in bf16 on this rank's GPU: {case: (error, strides as torch's)}."""
+    both = {f"one B {k}": (e, True) for k, e in _one_b_both_layouts(torch.bfloat16).items()}
+    return {**both, **_all_gather_matmul(torch.bfloat16), **_matmul_reduce_scatter(torch.bfloat16)}
+
+
+@gpu_only
+@pytest.mark.parametrize("world", [1, 2])
+def test_async_tp_ops_bf16_on_gpus(ranks, world):
+    """The async-TP ops on the GPU kernels (ranks sharing the GPU where there are fewer), forward and backward,
+    within bf16's rounding of the fp64 reference."""
+    for res in ranks(world, _bf16_on_gpu):
+        bad = {k: v for k, v in res.items() if not (v[0] < 2e-2 and v[1])}
+        assert not bad, bad
 
 
 @pytest.mark.parametrize("world", [2, 3])
