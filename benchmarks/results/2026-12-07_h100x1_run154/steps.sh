@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run154's call as it ran (tree dd2e0ab): GIT_COMMIT=<sha> bash steps.sh a. Its other modes (q, t, t1, t2) did not
-# run; the next run's steps: ../2026-12-07_gpu_run155/steps.sh (block_check.py moved there, fixed).
+# run; the next run's steps: ../2026-12-07_h100x1_run155/steps.sh (block_check.py moved there, fixed).
 #   a  (~400 s) GPU tests of the Gluon mainloop (5509864: 64-column pieces), the FP8 grouped GEMM (5910d93) and
 #      FP8 training, block_check.py (blockwise vs per-tensor cuBLAS timed in turn, device time and J per call), then
 #      bench_backward's MLP in block FP8 with fp8_grads and KERNEL_PROFILE=1: where the FP8 backward's time goes

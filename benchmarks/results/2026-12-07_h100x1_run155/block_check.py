@@ -8,7 +8,7 @@ run151 (do_bench) had our per-tensor 128 tile at 1.03x. Here per shape every con
 Contenders: cuBLAS per-tensor (no fast accumulation: the bar), ours per-tensor at 128 s5, ours blockwise at 128
 s4 / s5 and at 256 in 64-column pieces (SPLIT_N: no spills in the K loop) s3 / s4.
 
-    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run155/block_check.py
+    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_h100x1_run155/block_check.py
 """
 
 import json

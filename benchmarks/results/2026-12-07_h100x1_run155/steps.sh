@@ -27,7 +27,7 @@ p)
     --only mlp --fp8 block --fp8-grads
   grep -E "^\||WRONG" "$OUT/bench_backward.log" | head -12 ;;&
 b|p)
-  step block_check 130 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run155/block_check.py
+  step block_check 130 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_h100x1_run155/block_check.py
   cut -c1-230 "$OUT/block_check.log" | tail -26 ;;
 t)
   step gpu_tier 560 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 tests
