@@ -3,7 +3,8 @@
 ``fused_matmul_reduce_scatter`` (scatter_dim 0, 1 and 2, "avg" and "sum"), against the reference semantics
 (values in fp64 and the strides of torch's fallbacks), at 2 and 3 ranks; their gradients against fp64 (the sum of
 every rank's loss); under torch.compile (fullgraph) forward and backward as eagerly (within 1e-6);
-``torch.ops.symm_mem.*`` routed to them; bad arguments refused."""
+``torch.ops.symm_mem.*`` routed to them; bad arguments refused. The GPU tier runs the value and gradient checks
+in bf16 on the GPU kernels (``test_async_tp_ops_bf16_on_gpus``)."""
 
 import pytest
 import torch
