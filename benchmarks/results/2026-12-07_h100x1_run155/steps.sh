@@ -18,11 +18,8 @@ v)
   step quantize_tests 60 python -m pytest -m gpu -n 2 -p no:cacheprovider -v --timeout 50 -rf \
     -k "transposes or every_scaling_matches_torch_on_gpu" tests/kernels/test_fp8_grouped_gemm.py \
     tests/kernels/test_fp8_gemm.py
-  grep -E "FAILED|passed|failed|^E " "$OUT/quantize_tests.log" | cut -c1-300 | tail -8
-  BENCH_DIR=/tmp/bench step bench_backward 60 torchrun --nproc-per-node=1 benchmarks/bench_backward.py \
-    --only mlp --fp8 block --fp8-grads
-  grep -E "^\||WRONG" "$OUT/bench_backward.log" | head -12 ;;
-p)
+  grep -E "FAILED|passed|failed|^E " "$OUT/quantize_tests.log" | cut -c1-300 | tail -8 ;;&
+v|p)
   BENCH_DIR=/tmp/bench step bench_backward 60 torchrun --nproc-per-node=1 benchmarks/bench_backward.py \
     --only mlp --fp8 block --fp8-grads
   grep -E "^\||WRONG" "$OUT/bench_backward.log" | head -12 ;;&
