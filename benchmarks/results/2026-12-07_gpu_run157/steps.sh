@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# run157 (1 GPU; prepared 2026-12-07, not yet run). GIT_COMMIT=<sha> bash steps.sh g|gm|gh
+# run157 (1 GPU; prepared 2026-12-07, not yet run). GIT_COMMIT=<sha> bash steps.sh g|gm|gh|gph|p
 #   g  (~90 s) the GPU tests added or changed after run155: the async-TP ops in bf16 at W = 1 and 2 ranks sharing
 #      the GPU (test_async_tp_ops_bf16_on_gpus; the ops had no GPU test), the primitives at 8 shared ranks with
 #      test pools' heaps capped at 8 GiB together (run155: out of memory beside five other workers)
+#   p  (~150 s) probe.py: the 256-wide block-scale tile in 128-column pieces against the 128 tile; where bf16
+#      1024x1024x16384's split-K items lose their ~13 us (the same items without the split)
 #   m, h: run156's modes that did not run (the MoE block with FP8 backward GEMMs; bench_host with a split-K row):
 #      bash benchmarks/results/2026-12-07_h100x1_run156/steps.sh m  (or h), after g on the same machine
 source benchmarks/steps_lib.sh
 case "${1:-g}" in
-g|gm|gh)
+g|gm|gh|gph)
   step gpu_tests 150 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 140 -rf \
     tests/kernels/test_async_tp.py tests/language/test_primitives.py
   grep -E "FAILED|passed|failed|^E " "$OUT/gpu_tests.log" | cut -c1-300 | tail -12 ;;&
+gph|p)
+  step probe 200 python benchmarks/results/2026-12-07_gpu_run157/probe.py
+  cut -c1-200 "$OUT/probe.log" | tail -30 ;;&
 gm)
   bash benchmarks/results/2026-12-07_h100x1_run156/steps.sh m ;;
-gh)
+gh|gph)
   bash benchmarks/results/2026-12-07_h100x1_run156/steps.sh h ;;
 esac
 true

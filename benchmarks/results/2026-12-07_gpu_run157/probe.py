@@ -1,0 +1,78 @@
+"""run157 probe (one GPU, device time by ``do_bench``: no communication). Two questions of issue 34:
+
+block  Does the 256-wide block-scale tile in 128-column pieces beat the 128 tile? The 64-column pieces (no spills)
+       lost everywhere in run155 (a 64-wide wgmma reads as many A bytes as B bytes: shared-memory bound); the
+       128-column pieces spill 264 B (sm_90a, triton 3.6: a few registers rotated through the stack each K step)
+       but move a quarter fewer bytes from L2 per FLOP than the 128 tile, as our per-tensor 256 tile does.
+split  Where do bf16 1024x1024x16384's split-K items lose ~13 us (run156: 59.4 us, cuBLAS 51.5)? The same 128 work
+       items without the split: 1024x2048x8192 and 2048x1024x8192 (the same tile, K share, FLOPs and SMs; no
+       partials). If those run at ~46 us the partials' traffic costs the difference; if at ~57 the SMs' shared
+       L2 bandwidth does (then only fewer bytes per FLOP help: wider tiles, multicast).
+
+    PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/results/2026-12-07_gpu_run157/probe.py [block] [split]
+"""
+
+import json
+import os
+import sys
+
+import torch
+import triton
+
+from bench_gemm import cublas_fp8, fp8_operands
+from triton_dist.kernels import fp8
+from triton_dist.kernels.gemm import gemm, scaled_gemm
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100) * 1e3
+
+
+rows = []
+parts = sys.argv[1:] or ["block", "split"]
+if "block" in parts:
+    for m, n, k in [(8192, 8192, 8192), (8192, 28672, 8192), (4096, 6144, 4096), (2048, 8192, 8192)]:
+        at, sat, wt, swt = fp8_operands(m, n, k, "tensor", "cuda")
+        ab, sab, wb, swb = fp8_operands(m, n, k, "block", "cuda")
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        want = (ab.double() * fp8.expand(sab, "group", m, k).double()) @ \
+            (wb.double() * fp8.expand(swb, "block", n, k).double()).T
+
+        def ours(mode, block_n, stages):
+            a, w, sa, sw = (ab, wb, sab, swb) if mode == "block" else (at, wt, sat, swt)
+            cfg = {"MAINLOOP": "gluon", "BLOCK_N": block_n, "num_stages": stages, "SPLIT_N": False}
+            return lambda: scaled_gemm(a, w, sa, sw, scaling=mode, out=out, config=cfg)
+
+        calls = {"cuBLAS tensor": cublas_fp8(at, wt, sat, swt, "tensor", False),
+                 "ours tensor 256 s3": ours("tensor", 256, 3), "ours tensor 128 s5": ours("tensor", 128, 5),
+                 "ours block 128 s4": ours("block", 128, 4),
+                 "ours block 256/128 s3": ours("block", 256, 3), "ours block 256/128 s4": ours("block", 256, 4)}
+        for name, fn in calls.items():
+            out.fill_(float("nan"))
+            fn()
+            err = ((out.double() - want).norm() / want.norm()).item() if "block" in name else None
+            us = bench(fn)
+            rows.append(dict(part="block", shape=[m, n, k], name=name, device_us=us, rel_err=err))
+        bar = rows[-len(calls)]["device_us"]
+        for r in rows[-len(calls):]:
+            r["vs_cublas"] = bar / r["device_us"]
+            print(f"{m}x{n}x{k} {r['name']:22s} {r['device_us']:8.1f} us {r['vs_cublas']:5.2f}x"
+                  + (f" rel err {r['rel_err']:.1e}" if r["rel_err"] is not None else ""), flush=True)
+if "split" in parts:
+    tile = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8, GROUP_M=8)
+    for m, n, k, split in [(1024, 1024, 16384, 2), (1024, 2048, 8192, 1), (2048, 1024, 8192, 1),
+                           (1024, 1024, 8192, 1), (1024, 1024, 16384, 1)]:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 64
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        cfg = dict(tile, SPLIT_K=split)
+        gemm(a, w, out=out, config=cfg)
+        err = ((out.float() - (a.float() @ w.float().T)).norm() / (a.float() @ w.float().T).norm()).item()
+        ours, ref = bench(lambda: gemm(a, w, out=out, config=cfg)), bench(lambda: torch.matmul(a, w.T))
+        rows.append(dict(part="split", shape=[m, n, k], split_k=split, device_us=ours, cublas_us=ref,
+                         vs_cublas=ref / ours, rel_err=err))
+        print(f"{m}x{n}x{k} 128x128x64 w8 split-k {split}: {ours:7.1f} us, cuBLAS {ref:7.1f} us "
+              f"{ref / ours:5.2f}x rel err {err:.1e}", flush=True)
+if os.environ.get("OUT"):
+    with open(os.path.join(os.environ["OUT"], "probe.json"), "w") as f:
+        json.dump(rows, f, indent=1)
