@@ -9,7 +9,7 @@ split  Where do bf16 1024x1024x16384's split-K items lose ~13 us (run156: 59.4 u
        partials). If those run at ~46 us the partials' traffic costs the difference; if at ~57 the SMs' shared
        L2 bandwidth does (then only fewer bytes per FLOP help: wider tiles, multicast).
 
-    PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/results/2026-12-07_gpu_run157/probe.py [block] [split]
+    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run157/probe.py [block] [split]
 """
 
 import json
@@ -19,9 +19,14 @@ import sys
 import torch
 import triton
 
+import triton_dist as td
 from bench_gemm import cublas_fp8, fp8_operands
 from triton_dist.kernels import fp8
 from triton_dist.kernels.gemm import gemm, scaled_gemm
+
+
+torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+td.init(backend="cuda")  # as the ops expect (a group of one)
 
 
 def bench(fn):

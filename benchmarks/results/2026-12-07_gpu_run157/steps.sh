@@ -14,7 +14,7 @@ g|gm|gh|gph)
     tests/kernels/test_async_tp.py tests/language/test_primitives.py
   grep -E "FAILED|passed|failed|^E " "$OUT/gpu_tests.log" | cut -c1-300 | tail -12 ;;&
 gph|p)
-  step probe 200 python benchmarks/results/2026-12-07_gpu_run157/probe.py
+  step probe 200 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run157/probe.py
   cut -c1-200 "$OUT/probe.log" | tail -30 ;;&
 gm)
   bash benchmarks/results/2026-12-07_h100x1_run156/steps.sh m ;;
