@@ -4,7 +4,8 @@
 #      the GPU (test_async_tp_ops_bf16_on_gpus; the ops had no GPU test), the primitives at 8 shared ranks with
 #      test pools' heaps capped at 8 GiB together (run155: out of memory beside five other workers)
 #   p  (~150 s) probe.py: the 256-wide block-scale tile in 128-column pieces against the 128 tile; where bf16
-#      1024x1024x16384's split-K items lose their ~13 us (the same items without the split)
+#      1024x1024x16384's split-K items lose their ~13 us (the same items without the split); scale_probe.py:
+#      do A's block scales (a row apart in memory) cost blockwise its 7-12 % (K-major scales; none)
 #   m, h: run156's modes that did not run (the MoE block with FP8 backward GEMMs; bench_host with a split-K row):
 #      bash benchmarks/results/2026-12-07_h100x1_run156/steps.sh m  (or h), after g on the same machine
 source benchmarks/steps_lib.sh
@@ -15,7 +16,9 @@ g|gm|gh|gph)
   grep -E "FAILED|passed|failed|^E " "$OUT/gpu_tests.log" | cut -c1-300 | tail -12 ;;&
 gph|p)
   step probe 200 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run157/probe.py
-  cut -c1-200 "$OUT/probe.log" | tail -30 ;;&
+  cut -c1-200 "$OUT/probe.log" | tail -30
+  step scale_probe 150 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run157/scale_probe.py
+  cut -c1-200 "$OUT/scale_probe.log" | tail -22 ;;&
 gm)
   bash benchmarks/results/2026-12-07_h100x1_run156/steps.sh m ;;
 gh|gph)
