@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run157 (1 GPU; prepared 2026-12-07, not yet run). GIT_COMMIT=<sha> bash steps.sh g|gm|gh|gph|p
+# run157 (1 GPU; prepared 2026-12-07, not yet run). GIT_COMMIT=<sha> bash steps.sh g|gm|gh|gp|gph|p
 #   g  (~90 s) the GPU tests added or changed after run155: the async-TP ops in bf16 at W = 1 and 2 ranks sharing
 #      the GPU (test_async_tp_ops_bf16_on_gpus; the ops had no GPU test), the primitives at 8 shared ranks with
 #      test pools' heaps capped at 8 GiB together (run155: out of memory beside five other workers)
@@ -10,11 +10,11 @@
 #      bash benchmarks/results/2026-12-07_h100x1_run156/steps.sh m  (or h), after g on the same machine
 source benchmarks/steps_lib.sh
 case "${1:-g}" in
-g|gm|gh|gph)
+g|gm|gh|gp|gph)
   step gpu_tests 150 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 140 -rf \
     tests/kernels/test_async_tp.py tests/language/test_primitives.py
   grep -E "FAILED|passed|failed|^E " "$OUT/gpu_tests.log" | cut -c1-300 | tail -12 ;;&
-gph|p)
+gp|gph|p)
   step probe 200 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run157/probe.py
   cut -c1-200 "$OUT/probe.log" | tail -30
   step scale_probe 150 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run157/scale_probe.py
