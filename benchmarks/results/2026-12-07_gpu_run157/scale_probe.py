@@ -13,20 +13,15 @@ against our per-tensor kernel on the same tile (the scales' upper bound) and cuB
 """
 
 import importlib.util
-import json
 import os
 import tempfile
 
 import torch
-import triton
 
-import triton_dist as td
-from bench_gemm import cublas_fp8, fp8_operands
+from bench_gemm import cublas_fp8
+from probe import BLOCK_SHAPES, block_case, start, time_block_contenders, write  # (this directory's probe.py)
 from triton_dist import hardware
-from triton_dist.kernels import fp8, gemm_sm90
-
-torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-td.init(backend="cuda")
+from triton_dist.kernels import gemm_sm90
 
 SHIPPED = "_copy_to_shared(sa_bufs.index(slot), scale_a + rows * stride_sa + kk, mask=rows < M)"
 VARIANTS = {"rows": SHIPPED,
@@ -59,32 +54,17 @@ def launcher(mod, a, w, c, cfg, mode, sa, sw, stride_sa=None):
     return lambda: mod._LAUNCH(grid, *args, **meta)
 
 
+start()
 mods = {name: variant(name) for name in VARIANTS}
+cfg = gemm_sm90.default_config({"GROUP_M": 8}, torch.bfloat16, True)  # 128 wide, its deepest ring
 rows = []
-for m, n, k in [(8192, 8192, 8192), (8192, 28672, 8192), (4096, 6144, 4096), (2048, 8192, 8192)]:
-    at, sat, wt, swt = fp8_operands(m, n, k, "tensor", "cuda")
-    ab, sab, wb, swb = fp8_operands(m, n, k, "block", "cuda")
+for m, n, k in BLOCK_SHAPES:
+    (at, sat, wt, swt), (ab, sab, wb, swb), want, out = block_case(m, n, k)
     sab_k = sab.t().contiguous()  # [K/128, M]
-    want = (ab.double() * fp8.expand(sab, "group", m, k).double()) @ \
-        (wb.double() * fp8.expand(swb, "block", n, k).double()).T
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    cfg = gemm_sm90.default_config({"GROUP_M": 8}, torch.bfloat16, True)  # 128 wide, its deepest ring
     calls = {"cuBLAS tensor": cublas_fp8(at, wt, sat, swt, "tensor", False),
              "ours tensor 128": launcher(mods["rows"], at, wt, out, cfg, "tensor", sat, swt),
              "block rows": launcher(mods["rows"], ab, wb, out, cfg, "block", sab, swb),
              "block kmajor": launcher(mods["kmajor"], ab, wb, out, cfg, "block", sab_k, swb, stride_sa=m),
              "block none": launcher(mods["none"], ab, wb, out, cfg, "block", sab, swb)}
-    for name, fn in calls.items():
-        out.fill_(float("nan"))
-        fn()
-        err = ((out.double() - want).norm() / want.norm()).item() if name.startswith("block") else None
-        us = triton.testing.do_bench(fn, warmup=25, rep=100) * 1e3
-        rows.append(dict(shape=[m, n, k], name=name, stages=cfg["num_stages"], device_us=us, rel_err=err))
-    bar = rows[-len(calls)]["device_us"]
-    for r in rows[-len(calls):]:
-        r["vs_cublas"] = bar / r["device_us"]
-        print(f"{m}x{n}x{k} {r['name']:16s} {r['device_us']:8.1f} us {r['vs_cublas']:5.2f}x"
-              + (f" rel err {r['rel_err']:.1e}" if r["rel_err"] is not None else ""), flush=True)
-if os.environ.get("OUT"):
-    with open(os.path.join(os.environ["OUT"], "scale_probe.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    rows += time_block_contenders((m, n, k), calls, want, out, stages=cfg["num_stages"])
+write(rows, "scale_probe.json")
