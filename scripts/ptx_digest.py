@@ -60,12 +60,6 @@ def sm90_gemm_wide_signature():
     return sm90_gemm_signature(256)
 
 
-def sm90_gemm_split_signature():
-    """``gemm_fp8_sm90_kernel``'s signature at BLOCK_N 256 in 64-column pieces (``SPLIT_N``: C's block 128x64)."""
-    import torch
-    return dict(sm90_gemm_signature(256), c_desc=gluon_descriptor(torch.bfloat16, (128, 64)))
-
-
 def sm90_gemm_e5m2_signature():
     """``gemm_fp8_sm90_kernel``'s signature with e5m2 operands."""
     import torch
@@ -379,8 +373,6 @@ KERNELS = [
     ("gemm_sm90/fp8-rows-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,
      dict(BLOCK_SCALES=False, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-blocks-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,
-     dict(BLOCK_SCALES=True, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
-    ("gemm_sm90/fp8-blocks-split", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_split_signature,
      dict(BLOCK_SCALES=True, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("flash_decode/merge", K + "flash_decode", "flash_decode_merge_kernel", MERGE_SIG,
      dict(GROUP=4, GROUP_P2=4, HEAD_DIM=128, WORLD=2, WORLD_PAD=2, RANK_CHUNK=2, PDL=True),

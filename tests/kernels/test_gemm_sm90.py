@@ -16,20 +16,16 @@ from .fp8_inputs import operands, rel_err
 
 
 def _errors(m, n, k, mode, out_dtype, fp8_dtype=torch.float8_e4m3fn):
-    """{(BLOCK_N, SPLIT_N, stages): max relative error} of each configuration of the mainloop (every BLOCK_N; with
-    block scales 256 in 128-column pieces too, which the tuner does not offer), two repeats with fresh inputs and a
-    result poisoned with NaN each; or a string saying why it cannot run here."""
+    """{(BLOCK_N, stages): max relative error} of each configuration of the mainloop (``candidates``), two repeats
+    with fresh inputs and a result poisoned with NaN each; or a string saying why it cannot run here."""
     if torch.cuda.get_device_capability()[0] != 9:
         return "not an sm_90 GPU"
     gen = torch.Generator().manual_seed(m + n + k)
     base = gemm_config(m, n, k, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1)
     errs = {}
     block = mode == "block"
-    cfgs = gemm_sm90.candidates(base, out_dtype, block, wide_blocks=True) + [  # and 256 in 128-column pieces
-        c for c in gemm_sm90.candidates(base, out_dtype) if block and c["BLOCK_N"] == 256
-        and gemm_sm90.takes(c, out_dtype, block)]
-    for cfg in cfgs:
-        key = (cfg["BLOCK_N"], cfg["SPLIT_N"], cfg["num_stages"])
+    for cfg in gemm_sm90.candidates(base, out_dtype, block):
+        key = (cfg["BLOCK_N"], cfg["num_stages"])
         for _ in range(2):
             a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen, dtype=fp8_dtype))
             out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
@@ -120,15 +116,15 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
     cfgs = gemm_sm90.candidates(gemm_config(32, 32, 32, a.dtype, torch.device("cuda"), SPLIT_K=1))
     assert {c["BLOCK_N"] for c in cfgs} == set(gemm_sm90.BLOCK_NS) and all(gemm_sm90.takes(c, torch.bfloat16)
                                                                            for c in cfgs)
-    # block scales: 128, and (not offered yet) 256 in 64-column pieces only (128-column ones spill)
-    assert {(c["BLOCK_N"], c["SPLIT_N"]) for c in gemm_sm90.candidates(cfgs[0], torch.float32, True)} == {(128, False)}
-    assert {(c["BLOCK_N"], c["SPLIT_N"]) for c in gemm_sm90.candidates(cfgs[0], torch.float32, True, True)} \
-        == {(128, False), (256, True)}
-    for bad in ({"num_stages": 1}, {"num_warps": 8}, {"BLOCK_N": 64}, {"BLOCK_K": 64}, {"num_stages": 7}):
+    # block scales too: every BLOCK_N, in 128-column pieces (SPLIT_N is the Triton core's, refused here)
+    assert {(c["BLOCK_N"], c["SPLIT_N"]) for c in gemm_sm90.candidates(cfgs[0], torch.float32, True)} \
+        == {(128, False), (256, False)}
+    for bad in ({"num_stages": 1}, {"num_warps": 8}, {"BLOCK_N": 64}, {"BLOCK_K": 64}, {"num_stages": 7},
+                {"SPLIT_N": True}):
         assert not gemm_sm90.takes({**cfgs[0], **bad}, torch.bfloat16), bad
     assert not gemm_sm90.takes({**cfgs[0], "num_stages": 6}, torch.float32)  # its buffer outgrows the memory
     # block scales take a slot's share too: 5 slots of 128 (4 of 256) at most beside a bf16 result
-    assert [(c["BLOCK_N"], c["num_stages"]) for c in gemm_sm90.candidates(cfgs[0], torch.bfloat16, True, True)] == \
+    assert [(c["BLOCK_N"], c["num_stages"]) for c in gemm_sm90.candidates(cfgs[0], torch.bfloat16, True)] == \
         [(128, 4), (128, 5), (256, 3), (256, 4)]
     assert not gemm_sm90.takes({**cfgs[0], "num_stages": 6}, torch.bfloat16, block_scales=True)
     assert not gemm_sm90.available(torch.device("cpu"), a.dtype, types.SimpleNamespace(fast_accum=False),
@@ -139,26 +135,24 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
                                                       (256, True, "e4m3"), (128, False, "e5m2")])
 def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, block_scales, fp8):
     """Compiled for sm_90 (triton 3.6 in CI, as on the GPU image; the Triton installed too) as the tuner offers
-    it: FP8 wgmmas of 128-column pieces (64 for block scales at 256), its deepest ring within the shared memory,
-    no spills (at 256 with block scales: a few of the tile loop's values, outside the K loop), and ptxas keeping
+    it: FP8 wgmmas of 128-column pieces, its deepest ring within the shared memory, no spills (at 256 with block
+    scales: two sums and a partial, the second piece's wgmmas after the first piece's adds), and ptxas keeping
     the wgmmas asynchronous (were one serialized, every step would wait for its wgmmas before the adds: the
-    overlap the kernel exists for)."""
+    overlap the kernel exists for; nor may it inject a warpgroup arrive: C7519)."""
     if gemm_sm90.gluon is None:
         pytest.skip("this Triton has no Gluon")
     cfg = gemm_sm90.default_config(gemm_config(32, 32, 32, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1),
                                    block_scales=block_scales, block_n=block_n)  # its deepest ring
     meta = gemm_sm90.meta(cfg, "block" if block_scales else "row")
     options = {"num_warps": meta.pop("num_warps"), "maxnreg": meta.pop("maxnreg")}
-    piece = gemm_sm90.piece_n(cfg)
     signature = {(128, "e4m3"): "sm90_gemm_signature", (256, "e4m3"): "sm90_gemm_wide_signature",
-                 (128, "e5m2"): "sm90_gemm_e5m2_signature"}[block_n, fp8] if piece == 128 else \
-        "sm90_gemm_split_signature"
+                 (128, "e5m2"): "sm90_gemm_e5m2_signature"}[block_n, fp8]
     compiled = compile_sm90("triton_dist.kernels.gemm_sm90", "gemm_fp8_sm90_kernel", signature,
                             dict(meta, num_warps=options["num_warps"]), options=options, assemble=True)
-    wgmmas = compiled["ops"].get(f"wgmma.mma_async.sync.aligned.m64n{piece}k32.f32.{fp8}.{fp8}", 0)
-    assert wgmmas >= 2 * 4 * block_n // piece, compiled["ops"]  # both consumers, 4 per piece
+    wgmmas = compiled["ops"].get(f"wgmma.mma_async.sync.aligned.m64n128k32.f32.{fp8}.{fp8}", 0)
+    assert wgmmas >= 2 * 4 * block_n // 128, compiled["ops"]  # both consumers, 4 per piece
     assert compiled["shared"] <= gemm_sm90.SHARED_BYTES
-    assert compiled["spilled_bytes"] <= (0 if piece == 128 else 64), compiled["spilled_bytes"]
+    assert compiled["spilled_bytes"] == 0, compiled["spilled_bytes"]
     assert compiled["wgmma_serialized"] == [], compiled["wgmma_serialized"]
 
 
@@ -178,8 +172,6 @@ def test_the_arguments_describe_each_call_s_operands():
         got = args(a2, w2, c, sa2, sw2)
         assert [d.base for d in got[:3]] == [a2, w2, c] and got[3] is sa2 and got[4] is sw2
         assert [d.block_shape for d in got[:3]] == [[128, 128], [cfg["BLOCK_N"], 128], [128, 128]]
-        split = gemm_sm90.Arguments(a, w, c, {**cfg, "SPLIT_N": True}, mode, sa, sw)(a2, w2, c, sa2, sw2)
-        assert split[2].block_shape == [128, 64]  # C stored in the 64-column pieces
         assert [d.shape for d in got[:3]] == [[200, 384], [264, 384], [200, 264]]
         assert [d.strides for d in got[:3]] == [[384, 1], [384, 1], [264, 1]]
         assert got[5:] == (200, 264, 384) + ((0, 0) if mode == "tensor" else (sa.stride(0), sw.stride(0)))

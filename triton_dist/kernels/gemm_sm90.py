@@ -17,7 +17,8 @@ that run out of step.
   step's block scales). While one warpgroup adds, the other's wgmmas run. A thread holds two register sets: the
   sum and a partial. At BLOCK_N = 256 the step runs as two 128-column pieces, one after the other, so a thread
   holds two sums and one partial (an A tile then serves 256 columns instead of 128: less L2 traffic per FLOP).
-  With block scales 64-column pieces there (``SPLIT_N``): 128-column ones outgrow a thread's registers.
+  With block scales the second piece's wgmmas wait for the first piece's adds (``_zeros_after``): ptxas would
+  issue them before the last adds, and a second partial outgrows a thread's registers.
 - **The epilogue**: per-tensor / rowwise scales multiply the finished sum; each consumer writes its 64 rows of a
   piece into one shared buffer, and the first consumer stores the piece by TMA once both halves are in.
 
@@ -112,10 +113,23 @@ if gluon is not None:
                 step += 1
 
     @gluon.jit
-    def _mma(a, b, zero):
-        """``a @ b.T`` of shared-memory tiles into a fresh fp32 partial, waited for."""
-        part = warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
+    def _mma(a, b, zero, AFTER: gl.constexpr = False):
+        """``a @ b.T`` of shared-memory tiles into a fresh fp32 partial, waited for. AFTER: ``zero`` holds zeros
+        computed from another sum (``_zeros_after``): added to, so the wgmmas wait for that sum."""
+        part = warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=AFTER, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+
+    @gluon.jit
+    def _zeros_after(acc, zero, runtime_zero, BLOCK_SCALES: gl.constexpr):
+        """The fresh partial of the piece after ``acc``'s: with block scales zeros that depend on every value of
+        ``acc`` (its bits and a zero the compiler cannot know, in an asm statement that stays after the adds), so
+        that the piece's wgmmas wait for the adds into ``acc``: ptxas would hoist them above, two partials live,
+        and spill. Else ``zero``."""
+        if BLOCK_SCALES:
+            return gl.inline_asm_elementwise("and.b32 $0, $1, $2;", "=f,f,r", [acc, runtime_zero],
+                                             dtype=gl.float32, is_pure=False, pack=1)
+        else:
+            return zero
 
     @gluon.jit
     def _promote(acc, part, scale, BLOCK_SCALES: gl.constexpr):
@@ -144,12 +158,11 @@ if gluon is not None:
     def _piece_step(acc, a, b, sa, sw, empty, slot, zero, s_first, P: gl.constexpr, PIECES: gl.constexpr,
                     ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr):
         """A K step of the tile's piece ``P`` (of PIECES, each as wide as ``zero``): its wgmmas into a fresh
-        partial, the step's block scales (``s_first`` for piece 0, read from the slot after the wgmmas for the
-        others), the ``slot`` released after the last piece's wgmmas and scales, the partial added into ``acc``
-        times the scales. With block scales the next piece's wgmmas then wait for these adds (ptxas would hoist
-        them above: two partials live, spills)."""
+        partial (``zero``: with block scales after piece 0 the zeros of ``_zeros_after``), the step's block scales
+        (``s_first`` for piece 0, read from the slot after the wgmmas for the others), the ``slot`` released after
+        the last piece's wgmmas and scales, the partial added into ``acc`` times the scales."""
         PN: gl.constexpr = zero.type.shape[1]
-        part = _mma(a, b.slice(P * PN, PN), zero)
+        part = _mma(a, b.slice(P * PN, PN), zero, BLOCK_SCALES and P > 0)
         if P == 0:
             scale = s_first
         else:
@@ -160,8 +173,6 @@ if gluon is not None:
                 _partition_barrier()    # frees it (the producer's next load would overwrite them)
             mbarrier.arrive(empty.index(slot), count=1)
         acc = _promote(acc, part, scale, BLOCK_SCALES)
-        if BLOCK_SCALES and P < PIECES - 1:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         return acc
 
     @gluon.jit
@@ -202,7 +213,7 @@ if gluon is not None:
         BK: gl.constexpr = a_bufs.type.shape[2]
         BN: gl.constexpr = b_bufs.type.shape[1]
         PN: gl.constexpr = c_smem.type.shape[1]
-        PIECES: gl.constexpr = BN // PN  # 1 to 4: a sum each, one partial at a time
+        PIECES: gl.constexpr = BN // PN  # 1 or 2: a sum each, one partial at a time
         ROWS: gl.constexpr = BM // 2
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                       instr_shape=[16, PN, 32])
@@ -211,15 +222,14 @@ if gluon is not None:
         tiles_n = gl.cdiv(N, BN)
         k_tiles = gl.cdiv(K, BK)
         zero = gl.zeros([ROWS, PN], gl.float32, layout=mma)
+        runtime_zero = M >> 31  # (M >= 0)
         step = 0
         pieces = 0  # C pieces stored so far (the buffer's barriers' phase)
         for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
             rows = pid_m * BM + ROW0 + gl.arange(0, ROWS, layout=rows_of)
             acc = zero
-            acc1 = zero  # (the tile's further pieces, where PIECES > 1)
-            acc2 = zero
-            acc3 = zero
+            acc1 = zero  # (the tile's second piece, where PIECES is 2)
             for kk in range(k_tiles):
                 slot = step % STAGES
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
@@ -232,13 +242,8 @@ if gluon is not None:
                 acc = _piece_step(acc, a, b, sa, sw, empty, slot, zero, s_first, 0, PIECES, ROW0,
                                   BLOCK_SCALES)
                 if PIECES > 1:
-                    acc1 = _piece_step(acc1, a, b, sa, sw, empty, slot, zero, s_first, 1, PIECES, ROW0,
-                                       BLOCK_SCALES)
-                if PIECES > 2:
-                    acc2 = _piece_step(acc2, a, b, sa, sw, empty, slot, zero, s_first, 2, PIECES, ROW0,
-                                       BLOCK_SCALES)
-                if PIECES > 3:
-                    acc3 = _piece_step(acc3, a, b, sa, sw, empty, slot, zero, s_first, 3, PIECES, ROW0,
+                    acc1 = _piece_step(acc1, a, b, sa, sw, empty, slot,
+                                       _zeros_after(acc, zero, runtime_zero, BLOCK_SCALES), s_first, 1, PIECES, ROW0,
                                        BLOCK_SCALES)
                 step += 1
             _store_piece(acc, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows, pid_m * BM,
@@ -247,14 +252,6 @@ if gluon is not None:
             if PIECES > 1:
                 _store_piece(acc1, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows,
                              pid_m * BM, pid_n * BN + PN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
-                pieces += 1
-            if PIECES > 2:
-                _store_piece(acc2, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows,
-                             pid_m * BM, pid_n * BN + 2 * PN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
-                pieces += 1
-            if PIECES > 3:
-                _store_piece(acc3, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows,
-                             pid_m * BM, pid_n * BN + 3 * PN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
                 pieces += 1
         if ROW0 == 0:
             tma.store_wait(pendings=0)
@@ -330,39 +327,29 @@ def available(device, dtype, scales, out_dtype):
             and not scales.fast_accum and out_dtype in OUT_DTYPES)
 
 
-def piece_n(cfg):
-    """The columns of the tile's pieces (a wgmma's N, a stored C piece): 128, or 64 where ``cfg`` has SPLIT_N
-    (each piece's sum and partial half as large: BLOCK_N 256 with block scales then fits a thread's registers)."""
-    return 64 if cfg.get("SPLIT_N") else 128
-
-
-def _shared_bytes(block_n, stages, out_dtype, block_scales=False, piece=128):
-    """The ring of FP8 A and W tiles with their block scales (fp32: A's 128 rows, W's two blocks) and the C
-    piece's buffer."""
-    return stages * ((128 + block_n) * 128 + 4 * ((128 if block_scales else 2) + 2)) + 128 * piece * out_dtype.itemsize
+def _shared_bytes(block_n, stages, out_dtype, block_scales=False):
+    """The ring of FP8 A and W tiles with their block scales (fp32: A's 128 rows, W's two blocks) and the buffer
+    of a 128 x 128 C piece."""
+    return stages * ((128 + block_n) * 128 + 4 * ((128 if block_scales else 2) + 2)) + 128 * 128 * out_dtype.itemsize
 
 
 def takes(cfg, out_dtype, block_scales=False):
     """Whether ``cfg`` is a configuration this kernel runs for a result of ``out_dtype`` (with block scales or
-    not): 128x128 A tiles, BLOCK_N of ``BLOCK_NS`` (in pieces of ``piece_n``), BLOCK_K 128, each consumer one
-    warpgroup (num_warps 4), a ring of at least two slots within the shared memory."""
+    not): 128x128 A tiles, BLOCK_N of ``BLOCK_NS`` (in 128-column pieces: no SPLIT_N), BLOCK_K 128, each consumer
+    one warpgroup (num_warps 4), a ring of at least two slots within the shared memory."""
     return ((cfg["BLOCK_M"], cfg["BLOCK_K"]) == (128, 128) and cfg["BLOCK_N"] in BLOCK_NS and cfg["num_warps"] == 4
-            and cfg["num_stages"] >= 2 and _shared_bytes(cfg["BLOCK_N"], cfg["num_stages"], out_dtype, block_scales,
-                                                         piece_n(cfg)) <= SHARED_BYTES)
+            and not cfg.get("SPLIT_N") and cfg["num_stages"] >= 2
+            and _shared_bytes(cfg["BLOCK_N"], cfg["num_stages"], out_dtype, block_scales) <= SHARED_BYTES)
 
 
-def candidates(base, out_dtype=torch.bfloat16, block_scales=False, wide_blocks=False):
+def candidates(base, out_dtype=torch.bfloat16, block_scales=False):
     """Tuner configurations of this mainloop from ``base`` (``gemm_config``'s keys): each BLOCK_N with the two
-    deepest rings that fit beside a result of ``out_dtype``. With block scales BLOCK_N 128; ``wide_blocks``: 256
-    in 64-column pieces too (in 128-column ones two sums and a partial of 64 x 128 and the scales outgrow a
-    thread's registers: ptxas spills), not offered to the tuner until timed on a GPU."""
+    deepest rings that fit beside a result of ``out_dtype`` (with block scales or not)."""
     cands = []
-    for bn in BLOCK_NS if wide_blocks or not block_scales else BLOCK_NS[:1]:
-        split = block_scales and bn > 128
-        deepest = [s for s in range(2, 8)
-                   if _shared_bytes(bn, s, out_dtype, block_scales, 64 if split else 128) <= SHARED_BYTES][-2:]
+    for bn in BLOCK_NS:
+        deepest = [s for s in range(2, 8) if _shared_bytes(bn, s, out_dtype, block_scales) <= SHARED_BYTES][-2:]
         cands += [{**base, "MAINLOOP": "gluon", "BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4,
-                   "num_stages": s, "GROUP_M": 8, "SPLIT_N": split, "EPILOGUE_SUBTILE": False, "SPLIT_K": 1,
+                   "num_stages": s, "GROUP_M": 8, "SPLIT_N": False, "EPILOGUE_SUBTILE": False, "SPLIT_K": 1,
                    "programs_per_sm": None} for s in deepest]
     return cands
 
@@ -370,7 +357,7 @@ def candidates(base, out_dtype=torch.bfloat16, block_scales=False, wide_blocks=F
 def default_config(base, out_dtype=torch.bfloat16, block_scales=False, block_n=128):
     """The ``candidates`` configuration at ``block_n`` with the deepest ring: what a caller's ``config`` naming
     only ``MAINLOOP="gluon"`` gets for the knobs it leaves out."""
-    return [c for c in candidates(base, out_dtype, block_scales, True) if c["BLOCK_N"] == block_n][-1]
+    return [c for c in candidates(base, out_dtype, block_scales) if c["BLOCK_N"] == block_n][-1]
 
 
 _GL_DTYPES = {}
@@ -434,7 +421,7 @@ class Arguments:
         (m, k), n = a.shape, w.shape[0]
         self.templates = (_template(a.shape, a.stride(), [128, 128], a.dtype),
                           _template(w.shape, w.stride(), [cfg["BLOCK_N"], 128], w.dtype),
-                          _template(c.shape, c.stride(), [128, piece_n(cfg)], c.dtype))
+                          _template(c.shape, c.stride(), [128, 128], c.dtype))
         self.ints = (m, n, k) + ((0, 0) if mode == "tensor" else (scale_a.stride(0), scale_w.stride(0)))
 
     def __call__(self, a, w, c, scale_a, scale_w):

@@ -2,8 +2,9 @@
 
 block  Does the 256-wide block-scale tile in 128-column pieces beat the 128 tile? The 64-column pieces (no spills)
        lost everywhere in run155 (a 64-wide wgmma reads as many A bytes as B bytes: shared-memory bound); the
-       128-column pieces spill 264 B (sm_90a, triton 3.6: a few registers rotated through the stack each K step)
-       but move a quarter fewer bytes from L2 per FLOP than the 128 tile, as our per-tensor 256 tile does.
+       128-column pieces move a quarter fewer bytes from L2 per FLOP than the 128 tile, as our per-tensor 256 tile
+       does, and no longer spill (the second piece's wgmmas after the first piece's adds, ``_zeros_after``; before:
+       264 B). The tuner offers them since; these rows time them named.
 split  Where do bf16 1024x1024x16384's split-K items lose ~13 us (run156: 59.4 us, cuBLAS 51.5)? The same 128 work
        items without the split: 1024x2048x8192 and 2048x1024x8192 (the same tile, K share, FLOPs and SMs; no
        partials). If those run at ~46 us the partials' traffic costs the difference; if at ~57 the SMs' shared
