@@ -3,7 +3,8 @@
 #   g  (~150 s) the GPU tests added or changed after run155: the async-TP ops in bf16 at W = 1 and 2 ranks sharing
 #      the GPU (test_async_tp_ops_bf16_on_gpus; the ops had no GPU test), the primitives at 8 shared ranks with
 #      test pools' heaps capped at 8 GiB together (run155: out of memory beside five other workers), the Gluon
-#      mainloop's tests (dc01cf6: block scales at BLOCK_N 256 in 128-column pieces without spills, tuner-offered)
+#      mainloop's and scaled_gemm's tests (dc01cf6: block scales at BLOCK_N 256 in 128-column pieces without
+#      spills, tuner-offered)
 #   p  (~150 s) probe.py: the 256-wide block-scale tile in 128-column pieces against the 128 tile; where bf16
 #      1024x1024x16384's split-K items lose their ~13 us (the same items without the split); scale_probe.py:
 #      do A's block scales (a row apart in memory) cost blockwise its 7-12 % (K-major scales; none)
@@ -12,8 +13,9 @@
 source benchmarks/steps_lib.sh
 case "${1:-g}" in
 g|gm|gh|gp|gph)
-  step gpu_tests 220 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 180 -rf \
-    tests/kernels/test_async_tp.py tests/language/test_primitives.py tests/kernels/test_gemm_sm90.py
+  step gpu_tests 260 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf \
+    tests/kernels/test_async_tp.py tests/language/test_primitives.py tests/kernels/test_gemm_sm90.py \
+    tests/kernels/test_fp8_gemm.py
   grep -E "FAILED|passed|failed|^E " "$OUT/gpu_tests.log" | cut -c1-300 | tail -12 ;;&
 gp|gph|p)
   step probe 200 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run157/probe.py
