@@ -58,6 +58,8 @@ def _worker(rank, world, port, backend, heap_size, wait_timeout_s, conn):
             result = fn(*args, **kwargs)
             gc.collect()  # free symmetric tensors now, identically on every rank
             td.shmem.check_errors()
+            if backend != "cpu":  # other processes' ranks may share the GPU: give back what this task cached
+                torch.cuda.empty_cache()
             conn.send(("ok", result))
         except BaseException:
             conn.send(("err", traceback.format_exc()))

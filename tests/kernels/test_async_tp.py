@@ -24,10 +24,13 @@ def _on_rank(t, dtype):
 
 
 def _every(t):
-    """Every rank's ``t`` (through the host: a gloo group, as ranks sharing a GPU have, may take no GPU tensors)."""
-    host = t.detach().cpu().contiguous()
-    parts = [torch.empty_like(host) for _ in range(td.world_size())]
-    dist.all_gather(parts, host)
+    """Every rank's ``t`` (through the host in a gloo group, as ranks sharing a GPU have: it takes no GPU tensors;
+    an NCCL group takes no CPU ones)."""
+    x = t.detach().contiguous()
+    if dist.get_backend() == "gloo":
+        x = x.cpu()
+    parts = [torch.empty_like(x) for _ in range(td.world_size())]
+    dist.all_gather(parts, x)
     return [p.to(t.device) for p in parts]
 
 
