@@ -10,7 +10,7 @@ split  Where do bf16 1024x1024x16384's split-K items lose ~13 us (run156: 59.4 u
        partials). If those run at ~46 us the partials' traffic costs the difference; if at ~57 the SMs' shared
        L2 bandwidth does (then only fewer bytes per FLOP help: wider tiles, multicast).
 
-    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run157/probe.py [block] [split]
+    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_h100x1_run157/probe.py [block] [split]
 """
 
 import json

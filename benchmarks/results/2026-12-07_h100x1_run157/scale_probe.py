@@ -9,7 +9,7 @@ producer's address of A's scales rewritten (a copy of the module, loaded from a 
   none     no copy of A's scales at all (wrong results: the cost of the copies, for timing only)
 against our per-tensor kernel on the same tile (the scales' upper bound) and cuBLAS per-tensor.
 
-    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_gpu_run157/scale_probe.py
+    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_h100x1_run157/scale_probe.py
 """
 
 import importlib.util
