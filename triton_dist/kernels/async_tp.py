@@ -84,7 +84,11 @@ def fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name=None, return_A=T
     out, gathered = ops.ag_gemm(rows, _as_read(w), return_A, "none", group_name)
     shape = (world * moved[0], *moved[1:-1])
     outs = [o.contiguous().view(*shape, o.shape[-1]).movedim(0, dim) for o in out.split(widths, dim=-1)]
-    return (gathered.view(*shape, A_shard.shape[-1]).movedim(0, dim) if return_A else None), outs
+    if not return_A:
+        return None, outs
+    gathered = gathered.view(*shape, A_shard.shape[-1]).movedim(0, dim)
+    # torch's A in a group of one: the shard's own layout (its flatten of one rank's rows is a view, not a copy)
+    return (gathered.contiguous() if world == 1 else gathered), outs
 
 
 # ------------------------------------------------------------------------------------------- matmul + reduce-scatter
