@@ -54,17 +54,18 @@ def launcher(mod, a, w, c, cfg, mode, sa, sw, stride_sa=None):
     return lambda: mod._LAUNCH(grid, *args, **meta)
 
 
-start()
-mods = {name: variant(name) for name in VARIANTS}
-cfg = gemm_sm90.default_config({"GROUP_M": 8}, torch.bfloat16, True)  # 128 wide, its deepest ring
-rows = []
-for m, n, k in BLOCK_SHAPES:
-    (at, sat, wt, swt), (ab, sab, wb, swb), want, out = block_case(m, n, k)
-    sab_k = sab.t().contiguous()  # [K/128, M]
-    calls = {"cuBLAS tensor": cublas_fp8(at, wt, sat, swt, "tensor", False),
-             "ours tensor 128": launcher(mods["rows"], at, wt, out, cfg, "tensor", sat, swt),
-             "block rows": launcher(mods["rows"], ab, wb, out, cfg, "block", sab, swb),
-             "block kmajor": launcher(mods["kmajor"], ab, wb, out, cfg, "block", sab_k, swb, stride_sa=m),
-             "block none": launcher(mods["none"], ab, wb, out, cfg, "block", sab, swb)}
-    rows += time_block_contenders((m, n, k), calls, want, out, stages=cfg["num_stages"])
-write(rows, "scale_probe.json")
+if __name__ == "__main__":  # (run158's ring_probe.py imports ``variant`` and ``launcher``)
+    start()
+    mods = {name: variant(name) for name in VARIANTS}
+    cfg = gemm_sm90.default_config({"GROUP_M": 8}, torch.bfloat16, True)  # 128 wide, its deepest ring
+    rows = []
+    for m, n, k in BLOCK_SHAPES:
+        (at, sat, wt, swt), (ab, sab, wb, swb), want, out = block_case(m, n, k)
+        sab_k = sab.t().contiguous()  # [K/128, M]
+        calls = {"cuBLAS tensor": cublas_fp8(at, wt, sat, swt, "tensor", False),
+                 "ours tensor 128": launcher(mods["rows"], at, wt, out, cfg, "tensor", sat, swt),
+                 "block rows": launcher(mods["rows"], ab, wb, out, cfg, "block", sab, swb),
+                 "block kmajor": launcher(mods["kmajor"], ab, wb, out, cfg, "block", sab_k, swb, stride_sa=m),
+                 "block none": launcher(mods["none"], ab, wb, out, cfg, "block", sab, swb)}
+        rows += time_block_contenders((m, n, k), calls, want, out, stages=cfg["num_stages"])
+    write(rows, "scale_probe.json")
