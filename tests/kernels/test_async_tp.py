@@ -261,8 +261,9 @@ def _scaled_all_gather_matmul():
     return results
 
 
-def test_fused_all_gather_scaled_matmul_matches_torch(ranks):
-    for res in ranks(2, _scaled_all_gather_matmul):
+@pytest.mark.parametrize("world", [1, 2])
+def test_fused_all_gather_scaled_matmul_matches_torch(ranks, world):
+    for res in ranks(world, _scaled_all_gather_matmul):
         assert all(res.values()), res
 
 
@@ -298,6 +299,7 @@ def _scaled_matmul_reduce_scatter():
     return results
 
 
-def test_fused_scaled_matmul_reduce_scatter_matches_torch(ranks):
-    for res in ranks(2, _scaled_matmul_reduce_scatter):
+@pytest.mark.parametrize("world", [1, 2])
+def test_fused_scaled_matmul_reduce_scatter_matches_torch(ranks, world):
+    for res in ranks(world, _scaled_matmul_reduce_scatter):
         assert all(res.values()), res

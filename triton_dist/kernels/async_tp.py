@@ -39,6 +39,13 @@ def _rows_first(t, dim):
     return moved.reshape(-1, t.shape[-1]).contiguous(), moved.shape
 
 
+def _gathered_a(gathered, shape, A_shard, dim, world):
+    """The gathered rows ([world * shape[0] * ..., K], gathered dim first) as torch's fallback returns A: ``dim``
+    back in place; in a group of one the shard's own layout (torch's flatten of one rank's rows is a view)."""
+    a = gathered.view(*shape, A_shard.shape[-1]).movedim(0, dim)
+    return a.contiguous() if world == 1 else a
+
+
 def _check(A, Bs, dim, what, k_factor=1):
     """``dim`` as a non-negative index, or ValueError; ``k_factor``: B's rows per column of A (the ranks when A's
     K is gathered)."""
@@ -84,11 +91,7 @@ def fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name=None, return_A=T
     out, gathered = ops.ag_gemm(rows, _as_read(w), return_A, "none", group_name)
     shape = (world * moved[0], *moved[1:-1])
     outs = [o.contiguous().view(*shape, o.shape[-1]).movedim(0, dim) for o in out.split(widths, dim=-1)]
-    if not return_A:
-        return None, outs
-    gathered = gathered.view(*shape, A_shard.shape[-1]).movedim(0, dim)
-    # torch's A in a group of one: the shard's own layout (its flatten of one rank's rows is a view, not a copy)
-    return (gathered.contiguous() if world == 1 else gathered), outs
+    return (_gathered_a(gathered, shape, A_shard, dim, world) if return_A else None), outs
 
 
 # ------------------------------------------------------------------------------------------- matmul + reduce-scatter
@@ -227,7 +230,7 @@ def fused_all_gather_scaled_matmul(A_shard, Bs, A_scale, B_scales, gather_dim, g
 
     outs = _scaled_products(rows, scale_rows, [B.t() for B in Bs], _b_scales(Bs, B_scales, what), dtypes, fast, run)
     shape = (world * moved[0], *moved[1:-1])
-    return (gathered[0].view(*shape, A_shard.shape[-1]).movedim(0, dim),
+    return (_gathered_a(gathered[0], shape, A_shard, dim, world),
             [o.contiguous().view(*shape, o.shape[-1]).movedim(0, dim) for o in outs])
 
 

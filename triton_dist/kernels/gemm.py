@@ -650,7 +650,8 @@ def matmul_torch(a, w, scales=None, out_dtype=None):
             (scales.mode == "row" and out_dtype != torch.bfloat16):
         return _gemm(a, w, None, None, scales, out_dtype)
     sw = scales.w.reshape(1, -1) if scales.mode == "row" else scales.w.reshape(())
-    sa = scales.a if scales.mode == "row" else scales.a.reshape(())
+    # (rowwise: [M, 1] with unit strides, as cuBLAS checks them; a transposed [1, M] is contiguous but not that)
+    sa = scales.a.reshape(-1).unsqueeze(1) if scales.mode == "row" else scales.a.reshape(())
     return torch._scaled_mm(a, w.t(), sa, sw, out_dtype=out_dtype, use_fast_accum=scales.fast_accum)
 
 
