@@ -32,14 +32,25 @@ gemm_module = importlib.import_module("triton_dist.kernels.gemm")  # (the packag
 
 
 @triton.jit
-def _sum_splits_own(acc, partials, tile_counts, tile, split, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
+def _store_and_arrive(acc, partials, tile_counts, tile, split, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    """What every variant does as shipped: store this split's partial and arrive; the last resets the counter.
+    (offsets in a partial, the tile's partials, whether this split arrived last)."""
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     tile_partials = partials + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
     tl.store(tile_partials + split * (BLOCK_M * BLOCK_N) + offs, acc)
     last = dl.arrive_last(tile_counts + tile, SPLIT_K)
     if last:
         tl.atomic_xchg(tile_counts + tile, 0, sem="relaxed", scope="gpu")
+    return offs, tile_partials, last
+
+
+@triton.jit
+def _sum_splits_own(acc, partials, tile_counts, tile, split, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    offs, tile_partials, last = _store_and_arrive(acc, partials, tile_counts, tile, split, SPLIT_K, BLOCK_M,
+                                                  BLOCK_N)
+    if last:
         splits = offs * 0 + split  # (a block: masks of the loads that are not this split's own)
         total = tl.where(splits == 0, acc, tl.load(tile_partials + offs, mask=splits != 0, other=0.0,
                                                    cache_modifier=".cg"))
@@ -54,12 +65,7 @@ def _sum_splits_own(acc, partials, tile_counts, tile, split, SPLIT_K: tl.constex
 @triton.jit
 def _sum_splits_none(acc, partials, tile_counts, tile, split, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr):
-    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    tile_partials = partials + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
-    tl.store(tile_partials + split * (BLOCK_M * BLOCK_N) + offs, acc)
-    last = dl.arrive_last(tile_counts + tile, SPLIT_K)
-    if last:
-        tl.atomic_xchg(tile_counts + tile, 0, sem="relaxed", scope="gpu")
+    _, _, last = _store_and_arrive(acc, partials, tile_counts, tile, split, SPLIT_K, BLOCK_M, BLOCK_N)
     return acc, last
 
 
