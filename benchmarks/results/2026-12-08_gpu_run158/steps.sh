@@ -5,8 +5,8 @@
 #      run on a GPU: test_async_tp_ops_bf16_on_gpus[1])
 #   p  (~150 s) ring_probe.py: the block-scale 128 tile at 4 and 5 slots, A's scales row-major vs K-major, three
 #      rounds in turn, medians (run157's single round left both within its spread)
-#   s  (~90 s) split_probe.py: bf16 split-K's reduction as shipped, with the last arriver's own partial from its
-#      registers ("own": bitwise the same result), and none (the partials' cost bound); one process each
+#   s  (~60 s) split_probe.py: bf16 split-K's reduction spread over a tile's splits (shipped since 2026-12-07)
+#      against one split summing the whole tile ("one": the reduction before); one process each
 source benchmarks/steps_lib.sh
 case "${1:-t}" in
 t|tp)
@@ -16,7 +16,7 @@ p|tp|ps)
   step ring_probe 200 torchrun --nproc-per-node=1 benchmarks/results/2026-12-08_gpu_run158/ring_probe.py
   grep MEDIAN "$OUT/ring_probe.log" | cut -c1-200 | tail -40 ;;&
 s|ps)
-  for v in shipped own nosum; do
+  for v in shipped one; do
     step split_probe_$v 60 torchrun --nproc-per-node=1 benchmarks/results/2026-12-08_gpu_run158/split_probe.py $v
     grep -E "split-k|Error" "$OUT/split_probe_$v.log" | cut -c1-200
   done ;;
