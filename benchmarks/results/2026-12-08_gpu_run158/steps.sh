@@ -16,9 +16,9 @@ p|tp|ps)
   step ring_probe 200 torchrun --nproc-per-node=1 benchmarks/results/2026-12-08_gpu_run158/ring_probe.py
   grep MEDIAN "$OUT/ring_probe.log" | cut -c1-200 | tail -40 ;;&
 s|ps)
-  for v in shipped one; do
+  for v in shipped one nowait old; do
     step split_probe_$v 60 torchrun --nproc-per-node=1 benchmarks/results/2026-12-08_gpu_run158/split_probe.py $v
-    grep -E "split-k|Error" "$OUT/split_probe_$v.log" | cut -c1-200
+    grep -E "split-k|Error" "$OUT/split_probe_$v.log" | cut -c1-260
   done ;;
 esac
 true
