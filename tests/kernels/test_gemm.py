@@ -116,7 +116,7 @@ def test_split_k_rejects_what_it_cannot_do():
     from triton_dist.kernels import allgather_gemm
 
     cpu = torch.device("cpu")
-    for bad in (0, 1.5, True, 129):
+    for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="SPLIT_K"):
             gemm_module.split_k_of({"SPLIT_K": bad})
     with pytest.raises(ValueError, match="SiLU"):

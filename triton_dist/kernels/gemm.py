@@ -282,7 +282,7 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
                 WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr,
                 scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = "",
                 MAX_IMPRECISE_ACC: tl.constexpr = None, SPLIT_K: tl.constexpr = 1, partials=None, tile_counts=None,
-                B_KN: tl.constexpr = False, SUM_SLICES: tl.constexpr = 1):
+                B_KN: tl.constexpr = False):
     """Persistent ``C[seg] = A[seg] @ B.T`` over all segments: the reference use of the three pieces above
     (SILU_GATE: ``silu(A @ B_gate.T) * (A @ B_up.T)``; FP8 scales: SCALES, see ``tile_accumulate``; B_KN: ``b`` is
     B.T [K, N] as it lies, ``stride_bn`` its rows' stride).
@@ -318,49 +318,27 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
                                   stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, False,
                                   scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC, None,
                                   split * k_share, (split + 1) * k_share, B_KN=B_KN)
-            _sum_splits(acc, partials, tile_counts, tile, split, num_tiles * SPLIT_K <= num_programs, c, seg,
-                        pid_m * BLOCK_M, pid_n * BLOCK_N, seg_rows, N, stride_cs, stride_cm, SPLIT_K, SUM_SLICES,
-                        BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
-
-
-SPLIT_WAIT_POLLS = tl.constexpr(0 if interpreting() else 4096)  # a split's wait for its tile's others (~ms)
+            acc, last = _sum_splits(acc, partials, tile_counts, tile, split, SPLIT_K, BLOCK_M, BLOCK_N)
+            if last:
+                tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, seg_rows, N, stride_cs, stride_cm,
+                           BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
 
 
 @triton.jit
-def _sum_splits(acc, partials, tile_counts, tile, split, one_wave, c, seg, off_m, off_n, seg_rows, N, stride_cs,
-                stride_cm, SPLIT_K: tl.constexpr, SUM_SLICES: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr):
-    """Split-K's reduction: store this split's fp32 partial tile and arrive at the tile's counter; the C tile is
-    summed and stored in SUM_SLICES row slices. Where every item of the launch has its program (``one_wave``), a
-    tile's splits run at once: split q waits briefly for the others and sums slice q, so the tile's sum is spread
-    over SUM_SLICES SMs. Every slice still unclaimed when the last split arrives is summed by that one, so nothing
-    waits for a split that does not run (the interpreter's programs run one by one: no wait). The counter word:
-    arrivals in bits 0-7, departures in 8-15, slice claims from bit 16 on. Partials are added in split order: the same bits whoever sums."""
+def _sum_splits(acc, partials, tile_counts, tile, split, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """Split-K: store this split's fp32 partial tile; in the last of the tile's splits to arrive, return the sum
+    of all of them in split order (the same bits whichever arrives last) and True; elsewhere ``acc`` and False."""
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     tile_partials = partials + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
     tl.store(tile_partials + split * (BLOCK_M * BLOCK_N) + offs, acc)
-    counter = tile_counts + tile
-    arrived = (dl.arrive(counter) & 0xFF) + 1
-    last = arrived == SPLIT_K
-    owner = one_wave & (split < SUM_SLICES)
-    if owner:
-        arrived = dl.poll_count(counter, SPLIT_K, SPLIT_WAIT_POLLS, 0xFF)
-    slice_rows: tl.constexpr = BLOCK_M // SUM_SLICES
-    rows = tl.arange(0, slice_rows)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    first = tl.where(split < SUM_SLICES, split, 0)  # own slice first: the others' owners claim theirs meanwhile
-    for i in tl.range(0, SUM_SLICES):
-        q = (first + i) % SUM_SLICES
-        if last | (owner & (arrived >= SPLIT_K) & (q == split)):
-            if dl.claim(counter, 16 + q):
-                slice_partials = tile_partials + q * (slice_rows * BLOCK_N) + rows
-                total = tl.load(slice_partials, cache_modifier=".cg")  # (from L2: never a stale L1 line)
-                for s in tl.static_range(1, SPLIT_K):
-                    total += tl.load(slice_partials + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
-                tile_store(c, total, seg, off_m + q * slice_rows, off_n, seg_rows, N, stride_cs, stride_cm,
-                           slice_rows, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
-    left = tl.atomic_add(counter, 1 << 8, sem="acq_rel", scope="gpu") >> 8
-    if (left & 0xFF) == SPLIT_K - 1:  # the tile's last to leave (all claims made): zero for the next launch
-        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+    last = dl.arrive_last(tile_counts + tile, SPLIT_K)
+    if last:  # (".cg": from L2, where the other SMs' partials are; never a stale L1 line)
+        tl.atomic_xchg(tile_counts + tile, 0, sem="relaxed", scope="gpu")
+        acc = tl.load(tile_partials + offs, cache_modifier=".cg")
+        for s in tl.static_range(1, SPLIT_K):
+            acc += tl.load(tile_partials + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+    return acc, last
 
 
 # ----------------------------------------------------------------------------------------------- host side
@@ -476,18 +454,8 @@ _NEW = object.__new__
 
 
 def c_block(cfg):
-    """The block of C's tensor descriptor [1, BLOCK_M, BLOCK_N] (half the columns with ``EPILOGUE_SUBTILE``; a
-    split-K tile's row slices: ``sum_slices``)."""
-    return [1, cfg["BLOCK_M"] // sum_slices(cfg), cfg["BLOCK_N"] // 2 if cfg.get("EPILOGUE_SUBTILE") else cfg["BLOCK_N"]]
-
-
-def sum_slices(cfg):
-    """The row slices in which a split-K tile is summed (``_sum_splits``): as many as splits, in powers of two, at
-    most 8 (claim bits), of 8 rows or more; 1 without split-K."""
-    split_k = cfg.get("SPLIT_K") or 1
-    if split_k == 1:
-        return 1
-    return min(1 << (split_k.bit_length() - 1), 8, max(1, cfg["BLOCK_M"] // 8))
+    """The block of C's tensor descriptor [1, BLOCK_M, BLOCK_N] (half the columns with ``EPILOGUE_SUBTILE``)."""
+    return [1, cfg["BLOCK_M"], cfg["BLOCK_N"] // 2 if cfg.get("EPILOGUE_SUBTILE") else cfg["BLOCK_N"]]
 
 
 def describe_operands(a, b, c3, cfg, kn=False):
@@ -557,8 +525,8 @@ def split_k_of(cfg, silu_gate=False):
     split_k = cfg.get("SPLIT_K")
     if split_k is None:
         return 1
-    if not isinstance(split_k, int) or isinstance(split_k, bool) or not 1 <= split_k <= 128:
-        raise ValueError(f"SPLIT_K must be an int from 1 to 128, got {split_k!r}")  # (128: a tile's counter bits)
+    if not isinstance(split_k, int) or isinstance(split_k, bool) or split_k < 1:
+        raise ValueError(f"SPLIT_K must be a positive int, got {split_k!r}")
     if split_k > 1 and silu_gate:
         raise ValueError("SPLIT_K > 1 sums partial products: it cannot take the SiLU-gate epilogue")
     return split_k
@@ -607,7 +575,7 @@ def gemm_meta(cfg, use_tma, dtype, silu_gate=False, scales=None):
                 WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"], DOT_PRECISION=dot_precision(dtype), SILU_GATE=silu_gate,
                 num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
     if (cfg.get("SPLIT_K") or 1) > 1:
-        meta["SPLIT_K"], meta["SUM_SLICES"] = cfg["SPLIT_K"], sum_slices(cfg)
+        meta["SPLIT_K"] = cfg["SPLIT_K"]
     if scales is not None:
         meta.update(scales.constexprs(cfg))
     return meta

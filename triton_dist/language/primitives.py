@@ -296,44 +296,14 @@ def finish_call(state, epoch, num_programs):
 
 
 @triton.jit
-def arrive(counter):
-    """Add this program's arrival to the int32 ``counter`` (GPU scope, acquire-release), after every earlier store
-    of the program; returns the counter before it. Who sees ``n - 1`` arrived ``n``-th: it sees what the programs
-    that arrived before it stored."""
-    tl.debug_barrier()  # the stores of all threads of the program happen before the release below
-    return tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")  # (a scalar's result reaches every thread of the
-    # program through shared memory after a barrier: they read after the acquire)
-
-
-@triton.jit
 def arrive_last(counter, arrivals):
-    """``arrive``: True in the program that arrives ``arrivals``-th: it sees what the programs that arrived before
-    it stored, and it is the one to set the counter back to 0 for the next launch (``tl.atomic_xchg(counter, 0)``:
+    """Count this program's arrival at the int32 ``counter`` (GPU scope), after every earlier store of the
+    program. True in the program that arrives ``arrivals``-th: it sees what the programs that arrived before it
+    stored, and it is the one to set the counter back to 0 for the next launch (``tl.atomic_xchg(counter, 0)``:
     no host memsets, CUDA-graph replay safe). No program waits, so nothing can hang whichever programs run at
     once."""
-    return arrive(counter) == arrivals - 1
-
-
-@triton.jit
-def poll_count(counter, count, max_polls, COUNT_MASK: tl.constexpr = -1):
-    """Poll the int32 ``counter`` (GPU scope, acquire) until its bits in ``COUNT_MASK`` reach ``count``, at most
-    ``max_polls`` times, and return them as last seen: a wait that may give up, for a program that has another
-    way on when it does (one that must complete is ``wait``)."""
-    seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu") & COUNT_MASK
-    polls = 1
-    while (seen < count) & (polls < max_polls):
-        seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu") & COUNT_MASK
-        polls += 1
-    tl.debug_barrier()  # every thread of the program reads after the acquire
-    return seen
-
-
-@triton.jit
-def claim(word, bit):
-    """Set ``bit`` of the int32 ``word`` (GPU scope); True in the one program that set it first: the owner of
-    whatever the bit stands for."""
-    mask = 1 << bit
-    return (tl.atomic_or(word, mask, sem="relaxed", scope="gpu") & mask) == 0
+    tl.debug_barrier()  # the stores of all threads of the program happen before the release below
+    return tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == arrivals - 1
 
 
 @triton.jit

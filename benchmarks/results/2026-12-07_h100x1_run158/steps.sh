@@ -13,11 +13,11 @@ t|tp)
   step gpu_tier 560 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 tests
   grep -E "FAILED|passed|failed" "$OUT/gpu_tier.log" | cut -c1-250 | tail -14 ;;&
 p|tp|ps)
-  step ring_probe 200 torchrun --nproc-per-node=1 benchmarks/results/2026-12-08_gpu_run158/ring_probe.py
+  step ring_probe 200 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_h100x1_run158/ring_probe.py
   grep MEDIAN "$OUT/ring_probe.log" | cut -c1-200 | tail -40 ;;&
 s|ps)
   for v in shipped one nowait old; do
-    step split_probe_$v 60 torchrun --nproc-per-node=1 benchmarks/results/2026-12-08_gpu_run158/split_probe.py $v
+    step split_probe_$v 60 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_h100x1_run158/split_probe.py $v
     grep -E "split-k|Error" "$OUT/split_probe_$v.log" | cut -c1-260
   done ;;
 esac

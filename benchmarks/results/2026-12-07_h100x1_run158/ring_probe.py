@@ -6,7 +6,7 @@ ring    run157 timed the block tile at 4 slots (``probe.py``'s config) and our p
 kmajor  A's block scales K-major ([K/128, M], torch._scaled_mm's layout) were 2-7 % faster at three shapes and
         2.4 % slower at one in a single round (run157 ``scale_probe.py``): rounds in turn, medians, both depths.
 
-    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-08_gpu_run158/ring_probe.py
+    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_h100x1_run158/ring_probe.py
 """
 
 import os
@@ -21,7 +21,7 @@ from probe import BLOCK_SHAPES, block_case, start, time_block_contenders, write 
 from scale_probe import launcher, variant  # noqa: E402  (run157's: the Gluon kernel with A's scales K-major)
 from triton_dist.kernels import gemm_sm90  # noqa: E402
 
-ROUNDS = 3
+ROUNDS = int(os.environ.get("RING_ROUNDS", 3))
 
 start()
 kmajor = variant("kmajor")
