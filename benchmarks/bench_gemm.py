@@ -17,7 +17,8 @@ FP8 (``--only fp8``; ``--only bf16`` skips it), one GPU's GEMMs M x N x K at FP8
   tensor / row   our scaled GEMM core (``gemm.scaled_gemm``, autotuned) against ``torch._scaled_mm`` (cuBLAS)
                  with per-tensor and rowwise scales, both with and without fast accumulation, timed in turn
   block          our 128-blockwise scales (DeepSeek-V3: 1x128 groups of A, 128x128 blocks of W) against cuBLAS's
-                 per-tensor figure: cuBLAS has no block scales in this form
+                 per-tensor figure: cuBLAS has no block scales in this form; "block kmajor": A's scales K-major
+                 ([M, K/128] of strides (1, M), torch._scaled_mm's layout), read as they lie, tuned on their own
   quantize       ``quantize_fp8`` (the dispatch senders' 1x128 quantisation) of 4096 x 7168 bf16 tokens: effective
                  TB/s = (2 B read + 1 B written + 4 B per 128 values) / time, against the same in torch
 """
@@ -76,11 +77,11 @@ def cublas_fp8(a, w, sa, sw, mode, fast):
     return lambda: torch._scaled_mm(a, w.t(), sa_, sw_, out_dtype=torch.bfloat16, use_fast_accum=fast)
 
 
-def fp8_rows():
+def fp8_rows(shapes=FP8_SHAPES):
     """The FP8 tables: GEMM core vs cuBLAS per shape (in turn), and the quantiser's throughput."""
     from triton_dist.kernels.gemm import _CONFIGS
     rows = []
-    for m, n, k in FP8_SHAPES:
+    for m, n, k in shapes:
         calls, errs, chosen = {}, {}, {}
         for mode in ("tensor", "row", "block"):
             a, sa, w, sw = fp8_operands(m, n, k, mode, "cuda")
@@ -96,14 +97,21 @@ def fp8_rows():
                     ref = cublas_fp8(a, w, sa, sw, mode, fast)
                     calls[f"cuBLAS {tag}"] = ref
                     errs[tag] = ((out.float() - ref().float()).abs().max() / ref().float().abs().max()).item()
+        sa_k = sa.t().contiguous().t()  # (the block operands of the loop's last mode)
+        out_k = scaled_gemm(a, w, sa_k, sw, scaling="block")  # tunes once: the layout has its own tuning
+        out_r = scaled_gemm(a, w, sa, sw, scaling="block").float()
+        err_k = ((out_k.float() - out_r).abs().max() / out_r.abs().max()).item()
+        tuned = _CONFIGS.find((m, n, k, a.dtype, a.device, "block", False, torch.bfloat16, ("a_scales", "k-major")))
+        chosen["ours block kmajor config"] = _label(tuned) if tuned else "?"
+        calls["ours block kmajor"] = lambda a=a, w=w, sa_k=sa_k, sw=sw: scaled_gemm(a, w, sa_k, sw, scaling="block")
         turn = in_turn(calls)
         tflops = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731
         row = {"M": m, "N": n, "K": k}
         for tag in ("tensor", "tensor fast", "row", "row fast"):
             row[f"ours {tag} us"], row[f"cuBLAS {tag} us"] = turn[f"ours {tag}"], turn[f"cuBLAS {tag}"]
             row[f"vs cuBLAS {tag}"] = turn[f"cuBLAS {tag}"] / turn[f"ours {tag}"]
-        for tag in ("block", "block fast"):  # against the per-tensor figure: cuBLAS has no block scales here
-            base = tag.replace("block", "tensor")
+        for tag in ("block", "block fast", "block kmajor"):  # against per-tensor: cuBLAS has no block scales here
+            base = tag.replace("block", "tensor").replace(" kmajor", "")
             row[f"ours {tag} us"] = turn[f"ours {tag}"]
             row[f"vs cuBLAS {base} (no block scales)"] = turn[f"cuBLAS {base}"] / turn[f"ours {tag}"]
         row["ours row TFLOP/s"] = tflops(turn["ours row"])
@@ -112,6 +120,7 @@ def fp8_rows():
             row["ours row graph us"] = graph_us_or_nan(calls["ours row"], "ours row", warmup=2, calls=reps)
             row["cuBLAS row graph us"] = graph_us_or_nan(calls["cuBLAS row"], "cuBLAS row", warmup=2, calls=reps)
         row["max rel err vs cuBLAS"] = max(errs.values())
+        row["block kmajor rel err vs rows"] = err_k
         row.update(chosen)
         rows.append(row)
     record("gemm_core_fp8", rows, notes=f"e4m3 a[M,K] @ w[N,K].T -> bf16 on one GPU per rank; eager calls {IN_TURN}; "
@@ -184,6 +193,7 @@ def small_rows():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("bf16", "fp8", "small"), help="run one part (default: bf16 and fp8)")
+    parser.add_argument("--fp8-shapes", help="MxNxK,... instead of FP8_SHAPES")
     args = parser.parse_args()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     td.init(backend="cuda")
@@ -192,7 +202,8 @@ def main():
         td.finalize()
         return
     if args.only != "bf16":
-        fp8_rows()
+        fp8_rows([tuple(map(int, s.split("x"))) for s in args.fp8_shapes.split(",")] if args.fp8_shapes
+                 else FP8_SHAPES)
     if args.only == "fp8":
         td.finalize()
         return

@@ -52,12 +52,17 @@ def sm90_gemm_signature(block_n=128, fp8=None):
     return dict(a_desc=gluon_descriptor(fp8, (128, 128)), b_desc=gluon_descriptor(fp8, (block_n, 128)),
                 c_desc=gluon_descriptor(torch.bfloat16, (128, 128)), scale_a="*fp32", scale_w="*fp32", M="i32",
                 N="i32", K="i32", stride_sa="i32", stride_sw="i32",
-                **_const("BLOCK_SCALES", "GROUP_M", "STAGES", "num_warps"))
+                **_const("stride_sak", "BLOCK_SCALES", "GROUP_M", "STAGES", "num_warps"))
 
 
 def sm90_gemm_wide_signature():
     """``gemm_fp8_sm90_kernel``'s signature at BLOCK_N 256 (two 128-column pieces per K step)."""
     return sm90_gemm_signature(256)
+
+
+def sm90_gemm_kmajor_signature():
+    """``gemm_fp8_sm90_kernel``'s signature with A's block scales K-major (row stride 1)."""
+    return dict(sm90_gemm_signature(), stride_sa="constexpr", stride_sak="i32")
 
 
 def sm90_gemm_e5m2_signature():
@@ -367,13 +372,15 @@ KERNELS = [
      dict(SPLIT_SIG, dst_o="*bf16"), dict(SPLIT_DEFAULT, MODE=0, WORLD=1),
      ("q", "k_cache", "v_cache", "part_o", "dst_o", "out"), {"num_warps": 8, "num_stages": 3}),
     ("gemm_sm90/fp8-rows", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_signature,
-     dict(BLOCK_SCALES=False, GROUP_M=8, STAGES=6, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
+     dict(stride_sak=1, BLOCK_SCALES=False, GROUP_M=8, STAGES=6, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-blocks", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_signature,
-     dict(BLOCK_SCALES=True, GROUP_M=8, STAGES=5, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
+     dict(stride_sak=1, BLOCK_SCALES=True, GROUP_M=8, STAGES=5, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
+    ("gemm_sm90/fp8-blocks-kmajor", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_kmajor_signature,
+     dict(stride_sa=1, BLOCK_SCALES=True, GROUP_M=8, STAGES=5, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-rows-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,
-     dict(BLOCK_SCALES=False, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
+     dict(stride_sak=1, BLOCK_SCALES=False, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-blocks-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,
-     dict(BLOCK_SCALES=True, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
+     dict(stride_sak=1, BLOCK_SCALES=True, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("flash_decode/merge", K + "flash_decode", "flash_decode_merge_kernel", MERGE_SIG,
      dict(GROUP=4, GROUP_P2=4, HEAD_DIM=128, WORLD=2, WORLD_PAD=2, RANK_CHUNK=2, PDL=True),
      ("recv_o", "out", "stride_ob", "stride_oh"), {"num_warps": 4}),

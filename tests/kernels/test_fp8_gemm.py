@@ -57,6 +57,26 @@ def test_split_k_shares_keep_their_scales(mode):
 
 
 @cpu_only
+@pytest.mark.parametrize("use_tma,split_k", [(None, 1), (False, 1), (None, 2)])
+def test_k_major_block_scales_of_a_are_read_as_they_lie(use_tma, split_k):
+    """A's block scales K-major ([M, K/128] of strides (1, M): torch._scaled_mm's layout) give the bits of the
+    same scales row-major, read without a copy (the op's ``Scales`` hold the caller's tensor; the other ops', whose
+    kernels move A's scales with its rows, a contiguous one), the repeat (an eager plan) too."""
+    m, n, k = 37, 150, 300
+    gen = torch.Generator().manual_seed(11)
+    a, sa, w, sw, da, dw = operands(m, n, k, "block", gen)
+    sa_k = sa.t().contiguous().t()
+    assert not sa_k.is_contiguous() and sa_k.stride() == (1, m)
+    for cfg in ({**CPU, "use_tma": use_tma, "SPLIT_K": split_k}, None):
+        want = scaled_gemm(a, w, sa, sw, out_dtype=torch.float32, config=cfg)
+        assert rel_err(want, da @ dw.T) < 1e-5
+        for _ in range(2):
+            assert torch.equal(scaled_gemm(a, w, sa_k, sw, out_dtype=torch.float32, config=cfg), want)
+    assert fp8.check_scales(a, w, sa_k, sw, a_strided=True).a is sa_k
+    assert fp8.check_scales(a, w, sa_k, sw).a.is_contiguous()
+
+
+@cpu_only
 @pytest.mark.parametrize("mode,split", [("tensor", True), ("row", True), ("block", True), ("block", False)])
 def test_split_columns_scale_each_half(mode, split):
     """SPLIT_N (two accumulators of half the tile's columns): each half scaled by its own columns' scales (block
@@ -252,8 +272,14 @@ def test_scaled_gemm_rejects_bad_input(monkeypatch):
 
 # ----------------------------------------------------------------------------------------------- GPU
 def _gpu_errors(m, n, k, mode, cfg):
+    """The relative error of ``scaled_gemm`` (``cfg``: a config, None: tuned) against fp64 (and cuBLAS where it
+    takes the mode); mode "block-kmajor": A's block scales K-major, as torch._scaled_mm takes them."""
     gen = torch.Generator().manual_seed(m + n + k)
+    kmajor = mode == "block-kmajor"
+    mode = "block" if kmajor else mode
     a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen))
+    if kmajor:
+        sa = sa.t().contiguous().t()
     out = scaled_gemm(a, w, sa, sw, config=cfg)
     err = rel_err(out, da @ dw.T)
     if mode != "block" and not (n % 16 or k % 16):  # cuBLAS agrees too (bf16 out, fast accumulation off;
@@ -265,7 +291,7 @@ def _gpu_errors(m, n, k, mode, cfg):
 
 
 @gpu_only
-@pytest.mark.parametrize("mode", ["tensor", "row", "block"])
+@pytest.mark.parametrize("mode", ["tensor", "row", "block", "block-kmajor"])
 @pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (1000, 1536, 1032), (517, 520, 4104), (128, 4096, 8192)])
 def test_scaled_gemm_gpu(ranks, mode, m, n, k):
     assert ranks.on_one_gpu(_gpu_errors, m, n, k, mode, None) < 1e-2
@@ -274,13 +300,13 @@ def test_scaled_gemm_gpu(ranks, mode, m, n, k):
 def _gpu_errors_of_every_candidate(m, n, k, mode):
     """(config, error) of every candidate off by 1e-2 or more."""
     cands = gemm_candidates(m, n, k, torch.float8_e4m3fn, torch.device("cuda"),
-                            types.SimpleNamespace(mode=mode, fast_accum=False))
+                            types.SimpleNamespace(mode=mode.split("-")[0], fast_accum=False))
     errs = [(cfg, _gpu_errors(m, n, k, mode, cfg)) for cfg in cands]
     return [(cfg, err) for cfg, err in errs if not err < 1e-2]
 
 
 @gpu_only
-@pytest.mark.parametrize("mode", ["row", "block"])
+@pytest.mark.parametrize("mode", ["row", "block", "block-kmajor"])
 def test_scaled_gemm_gpu_every_candidate(ranks, mode):
     assert ranks.on_one_gpu(_gpu_errors_of_every_candidate, 1000, 1536, 1032, mode) == []
 

@@ -17,17 +17,22 @@ from .fp8_inputs import operands, rel_err
 
 def _errors(m, n, k, mode, out_dtype, fp8_dtype=torch.float8_e4m3fn):
     """{(BLOCK_N, stages): max relative error} of each configuration of the mainloop (``candidates``), two repeats
-    with fresh inputs and a result poisoned with NaN each; or a string saying why it cannot run here."""
+    with fresh inputs and a result poisoned with NaN each; or a string saying why it cannot run here. Mode
+    "block-kmajor": block scales with A's K-major ([M, K/128] of strides (1, M), torch._scaled_mm's layout)."""
     if torch.cuda.get_device_capability()[0] != 9:
         return "not an sm_90 GPU"
     gen = torch.Generator().manual_seed(m + n + k)
     base = gemm_config(m, n, k, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1)
     errs = {}
+    kmajor = mode == "block-kmajor"
+    mode = "block" if kmajor else mode
     block = mode == "block"
     for cfg in gemm_sm90.candidates(base, out_dtype, block):
         key = (cfg["BLOCK_N"], cfg["num_stages"])
         for _ in range(2):
             a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen, dtype=fp8_dtype))
+            if kmajor:
+                sa = sa.t().contiguous().t()
             out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
             scaled_gemm(a, w, sa, sw, out=out, out_dtype=out_dtype, config=cfg)
             errs[key] = max(errs.get(key, 0.0), rel_err(out, da @ dw.T))
@@ -35,7 +40,7 @@ def _errors(m, n, k, mode, out_dtype, fp8_dtype=torch.float8_e4m3fn):
 
 
 @gpu_only
-@pytest.mark.parametrize("mode", ["tensor", "row", "block"])
+@pytest.mark.parametrize("mode", ["tensor", "row", "block", "block-kmajor"])
 @pytest.mark.parametrize("m,n,k,out_dtype", [
     (1000, 1536, 1040, torch.bfloat16),  # ragged M, N a multiple of 128 plus none, K ragged against 128
     (272, 136, 48, torch.float32),  # one K step, partial tiles on both sides, an fp32 result
@@ -132,13 +137,14 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
 
 
 @pytest.mark.parametrize("block_n,block_scales,fp8", [(128, False, "e4m3"), (128, True, "e4m3"), (256, False, "e4m3"),
-                                                      (256, True, "e4m3"), (128, False, "e5m2")])
+                                                      (256, True, "e4m3"), (128, False, "e5m2"), (128, "kmajor", "e4m3")])
 def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, block_scales, fp8):
     """Compiled for sm_90 (triton 3.6 in CI, as on the GPU image; the Triton installed too) as the tuner offers
     it: FP8 wgmmas of 128-column pieces, its deepest ring within the shared memory, no spills (at 256 with block
     scales: two sums and a partial, the second piece's wgmmas after the first piece's adds), and ptxas keeping
     the wgmmas asynchronous (were one serialized, every step would wait for its wgmmas before the adds: the
-    overlap the kernel exists for; nor may it inject a warpgroup arrive: C7519)."""
+    overlap the kernel exists for; nor may it inject a warpgroup arrive: C7519). Block scales "kmajor": A's
+    K-major (row stride 1, as a launch on such scales specializes it)."""
     if gemm_sm90.gluon is None:
         pytest.skip("this Triton has no Gluon")
     cfg = gemm_sm90.default_config(gemm_config(32, 32, 32, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1),
@@ -147,6 +153,10 @@ def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, blo
     options = {"num_warps": meta.pop("num_warps"), "maxnreg": meta.pop("maxnreg")}
     signature = {(128, "e4m3"): "sm90_gemm_signature", (256, "e4m3"): "sm90_gemm_wide_signature",
                  (128, "e5m2"): "sm90_gemm_e5m2_signature"}[block_n, fp8]
+    meta["stride_sak"] = 1  # (row-major A scales: a unit K stride, specialized)
+    if block_scales == "kmajor":
+        signature, meta = "sm90_gemm_kmajor_signature", {**meta, "stride_sa": 1}
+        del meta["stride_sak"]
     compiled = compile_sm90("triton_dist.kernels.gemm_sm90", "gemm_fp8_sm90_kernel", signature,
                             dict(meta, num_warps=options["num_warps"]), options=options, assemble=True)
     wgmmas = compiled["ops"].get(f"wgmma.mma_async.sync.aligned.m64n128k32.f32.{fp8}.{fp8}", 0)
@@ -174,4 +184,9 @@ def test_the_arguments_describe_each_call_s_operands():
         assert [d.block_shape for d in got[:3]] == [[128, 128], [cfg["BLOCK_N"], 128], [128, 128]]
         assert [d.shape for d in got[:3]] == [[200, 384], [264, 384], [200, 264]]
         assert [d.strides for d in got[:3]] == [[384, 1], [384, 1], [264, 1]]
-        assert got[5:] == (200, 264, 384) + ((0, 0) if mode == "tensor" else (sa.stride(0), sw.stride(0)))
+        assert got[5:] == (200, 264, 384) + ((0, 0) if mode == "tensor" else (sa.stride(0), sw.stride(0))) + \
+            ((sa.stride(1),) if mode == "block" else (1,))
+        if mode == "block":  # A's scales K-major: their strides as they lie
+            sa_k = sa.t().contiguous().t()
+            assert gemm_sm90.Arguments(a, w, c, cfg, mode, sa_k, sw)(a, w, c, sa_k, sw)[-3:] == \
+                (1, sw.stride(0), sa_k.stride(1)) and sa_k.stride(1) == 200

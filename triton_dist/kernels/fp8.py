@@ -556,24 +556,34 @@ def out_dtype_of(out_dtype):
 
 @dataclasses.dataclass(frozen=True)
 class Scales:
-    """A call's checked scales: ``a`` (of A's rows) and ``w`` (of W's rows), contiguous fp32, and the mode."""
+    """A call's checked scales: ``a`` (of A's rows) and ``w`` (of W's rows), contiguous fp32 (A's block scales
+    in ``gemm`` also K-major: ``check_scales``), and the mode."""
 
     mode: str
     a: torch.Tensor
     w: torch.Tensor
     fast_accum: bool = False
 
+    @property
+    def a_k_major(self):
+        """Whether A's block scales lie K-major (``check_scales``' ``a_strided``): another tuning of the op."""
+        return self.mode == "block" and not self.a.is_contiguous()
+
     def kernel_args(self, cfg, a=None):
         """The scale arguments of ``gemm.tile_accumulate``: ``tensor_args`` and ``constexprs``."""
         return {**self.tensor_args(a), **self.constexprs(cfg)}
 
-    def tensor_args(self, a=None):
+    def tensor_args(self, a=None, k_stride=False):
         """The runtime scale arguments of ``gemm.tile_accumulate``; ``a``: A's scales as rows [rows, S] instead
-        (``rows_of_a``, or gathered ones)."""
+        (``rows_of_a``, or gathered ones); ``k_stride``: with block scales also ``stride_sak``, the stride of A's
+        scales along K (a kernel that reads them K-major too: ``gemm_kernel``)."""
         tensor = self.mode == "tensor"
-        stride_sa = 0 if tensor and a is None else (self.a if a is None else a).stride(0)
-        return dict(scale_a=self.a if a is None else a, scale_w=self.w, stride_sa=stride_sa,
+        sa = self.a if a is None else a
+        args = dict(scale_a=sa, scale_w=self.w, stride_sa=0 if tensor and a is None else sa.stride(0),
                     stride_sw=0 if tensor else self.w.stride(0))
+        if k_stride and self.mode == "block":
+            args["stride_sak"] = sa.stride(1)
+        return args
 
     def constexprs(self, cfg):
         """The scale constexprs of ``gemm.tile_accumulate``. fast_accum False: the tensor cores' partial sums are
@@ -584,7 +594,7 @@ class Scales:
     def rows_of_a(self, m):
         """A's scales as rows [m, S] (S: 1, or the groups of "block"): a per-tensor scale repeated, so that rows
         gathered from several ranks keep their own scale."""
-        return self.a.reshape(1, 1).expand(m, 1).contiguous() if self.mode == "tensor" else self.a
+        return self.a.reshape(1, 1).expand(m, 1).contiguous() if self.mode == "tensor" else self.a.contiguous()
 
     def as_rows(self, m):
         """These scales with A's as rows [m, S] (``rows_of_a``): what the gather moves with the rows."""
@@ -621,10 +631,11 @@ def infer_mode(m, n, k, scale_a, scale_w):
     return None
 
 
-def check_scales(a, w, scale_a, scale_w, scaling=None, fast_accum=False, what=("a", "w")):
+def check_scales(a, w, scale_a, scale_w, scaling=None, fast_accum=False, what=("a", "w"), a_strided=False):
     """``Scales`` for FP8 operands ``a`` [M, K], ``w`` [N, K] (K: the operands' own, a shard's on TP ranks), or
     TypeError (not FP8, mixed formats, scales not fp32 tensors) / ValueError (shapes that do not match the
-    mode, devices)."""
+    mode, devices). The scales are held contiguous, but with ``a_strided`` (an op whose kernels read A's block
+    scales by both strides: ``gemm``) A's stay as given where ``strided_a_scales`` keeps them."""
     na, nw = what
     for t, name in ((a, na), (w, nw)):
         if not isinstance(t, torch.Tensor):
@@ -662,7 +673,15 @@ def check_scales(a, w, scale_a, scale_w, scaling=None, fast_accum=False, what=("
         shapes = "; ".join(f"{md}: scale_a {sa}, scale_w {sw}" for md in MODES for sa, sw in [_shapes(md, m, n, k)])
         raise ValueError(f"scale shapes {list(scale_a.shape)} and {list(scale_w.shape)} match no scaling mode for "
                          f"{na} {list(a.shape)}, {nw} {list(w.shape)} (expected {shapes})")
-    return Scales(mode, scale_a.contiguous(), scale_w.contiguous(), bool(fast_accum))
+    keep_a = a_strided and mode == "block" and strided_a_scales(scale_a)
+    return Scales(mode, scale_a if keep_a else scale_a.contiguous(), scale_w.contiguous(), bool(fast_accum))
+
+
+def strided_a_scales(scale_a):
+    """Whether A's scales are read as they lie by an op that takes them so (``check_scales``' ``a_strided``):
+    contiguous, or 2-D of unit row stride, e.g. K-major [M, K/128] block scales (strides (1, M): the layout
+    ``torch._scaled_mm`` takes, each K block's scales of consecutive rows side by side)."""
+    return scale_a.is_contiguous() or (scale_a.dim() == 2 and scale_a.stride(0) == 1)
 
 
 def takes(scales, cfg):
@@ -678,13 +697,14 @@ def check_block_k(scales, cfg):
 
 
 def scaled_operands(a, w, scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False,
-                    required=False, quantize=None):
+                    required=False, quantize=None, a_strided=False):
     """A GEMM op's FP8 mode, from its keywords: ``(Scales, result dtype)`` for FP8 operands with their scales
     (``check_scales``, ``out_dtype_of``), ``(None, a's dtype)`` for other operands without scales (the op as it
     is) and for ``quantize=`` (the op quantises them itself: ``quantize_operands``). The keywords' rules:
-    ``keywords_given``."""
+    ``keywords_given``; ``a_strided``: ``check_scales``'."""
     if keywords_given(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum, required, quantize):
-        return check_scales(a, w, scale_a, scale_w, scaling, fast_accum), out_dtype_of(out_dtype)
+        return (check_scales(a, w, scale_a, scale_w, scaling, fast_accum, a_strided=a_strided),
+                out_dtype_of(out_dtype))
     return None, getattr(a, "dtype", None)
 
 
@@ -723,9 +743,12 @@ def describe(scales, out_dtype):
     """What an FP8 call adds to its op's tuning key and call signature (nothing for other operands)."""
     if scales is None:
         return {}
-    return dict(scaling=scales.mode, fast_accum=scales.fast_accum, out_dtype=str(out_dtype).replace("torch.", ""))
+    key = dict(scaling=scales.mode, fast_accum=scales.fast_accum, out_dtype=str(out_dtype).replace("torch.", ""))
+    return {**key, "a_scales": "k-major"} if scales.a_k_major else key
 
 
 def plan_key(scales, out_dtype):
-    """What an FP8 call adds to its op's plan (and CUDA-graph) key: the mode, the accumulation, the result."""
-    return () if scales is None else (scales.mode, scales.fast_accum, out_dtype)
+    """What an FP8 call adds to its op's plan (and CUDA-graph) key: the mode, the accumulation, the result (and
+    A's K-major block scales)."""
+    return () if scales is None else (scales.mode, scales.fast_accum, out_dtype) + \
+        (("a_scales", "k-major"),) * scales.a_k_major

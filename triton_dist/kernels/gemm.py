@@ -72,14 +72,15 @@ def _scale_rows(scale, rows, stride, mask):
 
 @triton.jit
 def _block_scales(scale_a, scale_w, rows, col0, kb, a_rows, N, stride_sa, stride_sw, WIDTH: tl.constexpr,
-                  SCALES: tl.constexpr, SILU_GATE: tl.constexpr):
+                  SCALES: tl.constexpr, SILU_GATE: tl.constexpr, stride_sak=1):
     """SCALES "blocks": the scales of K block ``kb`` for the gate (and up) columns ``col0 .. col0 + WIDTH``: A's
     1x128 group scales of ``rows`` times B's 128x128 block scales. A tile of WIDTH <= 128 columns starting at a
     multiple of WIDTH lies in one block of B: its gate scale is A's column times one scalar ([BLOCK_M, 1]), where a
     [BLOCK_M, WIDTH] scale tile would take a thread as many registers as an accumulator. Up columns (SILU_GATE)
-    start at N + col0 and may straddle two blocks: a scale per column. Otherwise nothing to scale (1, 1)."""
+    start at N + col0 and may straddle two blocks: a scale per column. Otherwise nothing to scale (1, 1).
+    A's scales: ``scale_a[row * stride_sa + kb * stride_sak]`` (row-major: stride_sak 1; K-major: stride_sa 1)."""
     if SCALES == "blocks":
-        s_a = _scale_rows(scale_a + kb, rows, stride_sa, rows < a_rows)[:, None]
+        s_a = _scale_rows(scale_a + kb * stride_sak, rows, stride_sa, rows < a_rows)[:, None]
         cols = col0 + tl.arange(0, WIDTH)
         if WIDTH <= 128:  # (a tile's right half may start past N: masked)
             s_gate = s_a * tl.load(scale_w + kb + (col0 // 128).to(tl.int64) * stride_sw, mask=col0 < N, other=0.0)
@@ -109,7 +110,7 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
                     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr = None, SILU_GATE: tl.constexpr = False,
                     scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = None,
                     MAX_IMPRECISE_ACC: tl.constexpr = None, b_row0=None, k_tile_lo=None, k_tile_hi=None,
-                    B_KN: tl.constexpr = False, b_index=None):
+                    B_KN: tl.constexpr = False, b_index=None, stride_sak=1):
     """fp32 ``A[a_row : a_row + BLOCK_M, :] @ B[off_n : off_n + BLOCK_N, :].T`` (rows past ``a_rows`` and
     columns past ``N`` / ``K`` count as zeros; ``off_n`` a multiple of BLOCK_N). ``a``/``b``: tensor descriptors
     (USE_TMA) or pointers.
@@ -120,7 +121,7 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
 
     FP8 operands with scales (fp32, ``kernels/fp8.py``), applied in fp32 before the gate: SCALES "rows": the
     product times ``scale_a[row * stride_sa] * scale_w[b_row * stride_sw]`` after the K loop (per-tensor scales:
-    strides 0; rowwise: a scale per row of A and per row of B); "blocks": ``scale_a[row * stride_sa + kb]`` per
+    strides 0; rowwise: a scale per row of A and per row of B); "blocks": ``scale_a[row * stride_sa + kb * stride_sak]`` per
     1x128 group of A times ``scale_w[(b_row // 128) * stride_sw + kb]`` per 128x128 block of B, applied to each
     K step (kb = its 128-wide K block: BLOCK_K divides 128). MAX_IMPRECISE_ACC, DOT_PRECISION (None: the default):
     see ``tl.dot``. ``b_row0`` (TMA): the row of B's descriptor where B starts (a weight in a stack of them, e.g.
@@ -157,7 +158,7 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
         for ki in range(ki_lo, ki_hi):
             a_tile = a.load([a_row, ki * BLOCK_K])
             s_gate, s_up = _block_scales(scale_a, scale_w, rows, off_n, ki * BLOCK_K // 128, a_rows, N, stride_sa,
-                                         stride_sw, COLS, SCALES, SILU_GATE)
+                                         stride_sw, COLS, SCALES, SILU_GATE, stride_sak)
             if B_KN:  # a [BLOCK_K, COLS] tile of B.T straight into the dot (no scales here)
                 if b_index is not None:
                     b_tile = b.load([b_index, ki * BLOCK_K, b_row]).reshape(BLOCK_K, COLS)
@@ -169,7 +170,7 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
                              MAX_IMPRECISE_ACC)
             if COLS < BLOCK_N:
                 s_gate_r, s_up_r = _block_scales(scale_a, scale_w, rows, off_n + COLS, ki * BLOCK_K // 128, a_rows,
-                                                 N, stride_sa, stride_sw, COLS, SCALES, SILU_GATE)
+                                                 N, stride_sa, stride_sw, COLS, SCALES, SILU_GATE, stride_sak)
                 acc_r = _mma(acc_r, a_tile, b.load([b_row + COLS, ki * BLOCK_K]), s_gate_r, DOT_PRECISION, SCALES,
                              MAX_IMPRECISE_ACC)
             if SILU_GATE:  # gate rows past N (a ragged last tile) read up rows: their columns are never stored
@@ -203,7 +204,7 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
             b_mask = (cols[:, None] < N) & (ks[None, :] < k_left)
             a_tile = tl.load(a_ptrs, mask=(rows[:, None] < a_rows) & (ks[None, :] < k_left), other=0.0)
             s_gate, s_up = _block_scales(scale_a, scale_w, rows, off_n, ki * BLOCK_K // 128, a_rows, N, stride_sa,
-                                         stride_sw, BLOCK_N, SCALES, SILU_GATE)
+                                         stride_sw, BLOCK_N, SCALES, SILU_GATE, stride_sak)
             if B_KN:
                 b_kn = tl.load(b_ptrs, mask=(ks[:, None] < k_left) & (cols[None, :] < N), other=0.0)
                 acc = tl.dot(a_tile, b_kn, acc, input_precision=DOT_PRECISION)
@@ -282,10 +283,10 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
                 WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, SILU_GATE: tl.constexpr,
                 scale_a=None, scale_w=None, stride_sa=None, stride_sw=None, SCALES: tl.constexpr = "",
                 MAX_IMPRECISE_ACC: tl.constexpr = None, SPLIT_K: tl.constexpr = 1, partials=None, tile_counts=None,
-                B_KN: tl.constexpr = False):
+                B_KN: tl.constexpr = False, stride_sak=1):
     """Persistent ``C[seg] = A[seg] @ B.T`` over all segments: the reference use of the three pieces above
-    (SILU_GATE: ``silu(A @ B_gate.T) * (A @ B_up.T)``; FP8 scales: SCALES, see ``tile_accumulate``; B_KN: ``b`` is
-    B.T [K, N] as it lies, ``stride_bn`` its rows' stride).
+    (SILU_GATE: ``silu(A @ B_gate.T) * (A @ B_up.T)``; FP8 scales: SCALES and ``stride_sak``, see
+    ``tile_accumulate``; B_KN: ``b`` is B.T [K, N] as it lies, ``stride_bn`` its rows' stride).
 
     SPLIT_K > 1 (few tiles, long K: M small): each tile's K steps in SPLIT_K shares, a work item each, so that
     every SM streams its part of B; an item stores its fp32 partial tile in ``partials`` and the last of a tile's
@@ -303,7 +304,8 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
                                             GROUP_M)
             acc = tile_accumulate(a, b, seg * seg_rows + pid_m * BLOCK_M, pid_n * BLOCK_N, a_rows, N, K,
                                   stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, SILU_GATE,
-                                  scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC, B_KN=B_KN)
+                                  scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC, B_KN=B_KN,
+                                  stride_sak=stride_sak)
             tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, seg_rows, N, stride_cs, stride_cm,
                        BLOCK_M, BLOCK_N, USE_TMA, EPILOGUE_SUBTILE)
     else:
@@ -317,7 +319,7 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
             acc = tile_accumulate(a, b, seg * seg_rows + pid_m * BLOCK_M, pid_n * BLOCK_N, a_rows, N, K,
                                   stride_am, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, DOT_PRECISION, False,
                                   scale_a, scale_w, stride_sa, stride_sw, SCALES, MAX_IMPRECISE_ACC, None,
-                                  split * k_share, (split + 1) * k_share, B_KN=B_KN)
+                                  split * k_share, (split + 1) * k_share, B_KN=B_KN, stride_sak=stride_sak)
             acc, last = _sum_splits(acc, partials, tile_counts, tile, split, SPLIT_K, BLOCK_M, BLOCK_N)
             if last:
                 tile_store(c, acc, seg, pid_m * BLOCK_M, pid_n * BLOCK_N, seg_rows, N, stride_cs, stride_cm,
@@ -510,7 +512,7 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg, kn)
     args = (a_arg, b_arg, c_arg, segments, seg_rows, n, a.shape[1], a.stride(0), b_row_stride(b, kn),
             c3.stride(0), c3.stride(1), first_segment, segment_step)
-    named = {} if scales is None else scales.tensor_args(scale_rows)
+    named = {} if scales is None else scales.tensor_args(scale_rows, k_stride=True)
     split_k = split_k_of(cfg, silu_gate)
     if split_k > 1:
         named.update(split_k_workspace(a.device, gemm_tiles(cfg, segments, seg_rows, n), split_k, cfg))
@@ -727,7 +729,8 @@ def _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype,
             result = plan(a, w, out, scale_a, scale_w)
             if result is not None:
                 return result
-    scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum, required)
+    scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum, required,
+                                            a_strided=True)
     return _gemm(a, w, out, config, scales, out_dtype, plan_key=key)
 
 
@@ -806,8 +809,8 @@ class EagerGemm:
     def __init__(self, a, w, cfg, scales, out_dtype):
         (m, k), n = a.shape, w.shape[0]
         self.device, self.out_shape, self.out_dtype = a.device, (m, n), out_dtype
-        named = None if scales is None else scales.tensor_args()
-        self.scale_strides = None if named is None else (named["stride_sa"], named["stride_sw"])
+        named = None if scales is None else scales.tensor_args(k_stride=True)
+        self.scale_strides = None if named is None else {k: v for k, v in named.items() if k.startswith("stride")}
         split_k = split_k_of(cfg)
         self.split_args = (gemm_tiles(cfg, 1, m, n), split_k, cfg) if split_k > 1 else None  # split_k_workspace's
         grid = gemm_grid(cfg, 1, m, n, a.device)
@@ -842,8 +845,7 @@ class EagerGemm:
         if self.scale_strides is not None:
             if (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
                 return None
-            named = dict(scale_a=scale_a, scale_w=scale_w, stride_sa=self.scale_strides[0],
-                         stride_sw=self.scale_strides[1])
+            named = dict(scale_a=scale_a, scale_w=scale_w, **self.scale_strides)
         if self.split_args is not None:
             named.update(split_k_workspace(self.device, *self.split_args))
         self.launcher.run(a, w, out, *self.ints, **named)
@@ -865,11 +867,8 @@ def _tensors_or_none(*args):
     return True
 
 
-def _contiguous_scales(*scales):  # a plan launches the scales as given: Scales holds them contiguous
-    for t in scales:
-        if t is not None and not t.is_contiguous():
-            return False
-    return True
+def _contiguous_scales(scale_a, scale_w):  # a plan launches the scales as given: as ``Scales`` holds them
+    return (scale_a is None or fp8.strided_a_scales(scale_a)) and (scale_w is None or scale_w.is_contiguous())
 
 
 def _layout(t):

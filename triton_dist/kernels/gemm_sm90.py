@@ -79,7 +79,8 @@ if gluon is not None:
 
     @gluon.jit
     def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, scale_a, scale_w, M, N, K,
-                  stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+                  stride_sa, stride_sw, stride_sak, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr,
+                  STAGES: gl.constexpr):
         """TMA loads of every K step of this program's tiles into the ring; a slot is loaded again once both
         consumers have released it. With BLOCK_SCALES the step's scales come along into the slot (cp.async, whose
         completion the slot's ready barrier also awaits): A's of the tile's rows, W's of the blocks its columns meet."""
@@ -104,7 +105,7 @@ if gluon is not None:
                 mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
                 bar = ready.index(slot)
                 if BLOCK_SCALES:  # before the expect (the phase's last arrival): the copies' arrival counts in it
-                    _copy_to_shared(sa_bufs.index(slot), scale_a + rows * stride_sa + kk, mask=rows < M)
+                    _copy_to_shared(sa_bufs.index(slot), scale_a + rows * stride_sa + kk * stride_sak, mask=rows < M)
                     _copy_to_shared(sw_bufs.index(slot), scale_w + pieces * stride_sw + kk, mask=pieces < n_blocks)
                     async_copy.mbarrier_arrive(bar)
                 mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
@@ -265,15 +266,16 @@ if gluon is not None:
                   M, N, K, stride_sa, stride_sw, a_bufs.type.shape[1] // 2, BLOCK_SCALES, GROUP_M, STAGES)
 
     @gluon.jit
-    def gemm_fp8_sm90_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa, stride_sw,
+    def gemm_fp8_sm90_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa, stride_sw, stride_sak,
                              BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                              num_warps: gl.constexpr):
         """Persistent ``C = A @ B.T`` of FP8 A [M, K], B [N, K] (tensor descriptors: A's block 128x128, B's
         BLOCK_N x 128 with BLOCK_N 128 or 256, C's 128 x the pieces' width, 128 or 64) with promotion every K
         step; scales:
         ``scale_a[row * stride_sa]`` x ``scale_w[col * stride_sw]`` after the K loop (per-tensor: strides 0), or
-        with BLOCK_SCALES ``scale_a[row * stride_sa + kb]`` x ``scale_w[n_block * stride_sw + kb]`` on each
-        step's partial. num_warps 4: each consumer is one warpgroup."""
+        with BLOCK_SCALES ``scale_a[row * stride_sa + kb * stride_sak]`` x ``scale_w[n_block * stride_sw + kb]`` on
+        each step's partial (A's scales row-major, stride_sak 1, or K-major, stride_sa 1: a step's scales in
+        contiguous bytes, fewer copies than rows apart). num_warps 4: each consumer is one warpgroup."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -300,7 +302,7 @@ if gluon is not None:
             (_second_consumer, (a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc,
                                 scale_a, scale_w, M, N, K, stride_sa, stride_sw, BLOCK_SCALES, GROUP_M, STAGES)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, scale_a, scale_w, M, N, K,
-                         stride_sa, stride_sw, BLOCK_SCALES, GROUP_M, STAGES)),
+                         stride_sa, stride_sw, stride_sak, BLOCK_SCALES, GROUP_M, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # (worker_num_regs: required by 3.6, optional since)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
@@ -405,7 +407,7 @@ _LAUNCH = Launchers(gemm_fp8_sm90_kernel, "gemm_sm90_launch") if gluon is not No
 
 def launch(a, w, c, cfg, mode, scale_a, scale_w, grid):
     """``c = (a * scale_a) @ (w * scale_w).T`` for FP8 ``a`` [M, K], ``w`` [N, K] into ``c`` [M, N] (2-D,
-    TMA-compatible) with scales of ``mode`` (contiguous: ``fp8.Scales``) and ``cfg`` (a ``candidates``
+    TMA-compatible) with scales of ``mode`` (as ``fp8.Scales`` holds them) and ``cfg`` (a ``candidates``
     configuration) on ``grid`` (one program per SM, at most one per tile)."""
     args = Arguments(a, w, c, cfg, mode, scale_a, scale_w)(a, w, c, scale_a, scale_w)
     _LAUNCH(grid, *args, **meta(cfg, mode))
@@ -422,7 +424,8 @@ class Arguments:
         self.templates = (_template(a.shape, a.stride(), [128, 128], a.dtype),
                           _template(w.shape, w.stride(), [cfg["BLOCK_N"], 128], w.dtype),
                           _template(c.shape, c.stride(), [128, 128], c.dtype))
-        self.ints = (m, n, k) + ((0, 0) if mode == "tensor" else (scale_a.stride(0), scale_w.stride(0)))
+        self.ints = (m, n, k) + ((0, 0) if mode == "tensor" else (scale_a.stride(0), scale_w.stride(0))) + \
+            (scale_a.stride(1) if mode == "block" else 1,)
 
     def __call__(self, a, w, c, scale_a, scale_w):
         ta, tw, tc = self.templates
