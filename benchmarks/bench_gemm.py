@@ -111,9 +111,10 @@ def fp8_rows(shapes=FP8_SHAPES):
             row[f"ours {tag} us"], row[f"cuBLAS {tag} us"] = turn[f"ours {tag}"], turn[f"cuBLAS {tag}"]
             row[f"vs cuBLAS {tag}"] = turn[f"cuBLAS {tag}"] / turn[f"ours {tag}"]
         for tag in ("block", "block fast", "block kmajor"):  # against per-tensor: cuBLAS has no block scales here
-            base = tag.replace("block", "tensor").replace(" kmajor", "")
+            base = "tensor fast" if "fast" in tag else "tensor"
             row[f"ours {tag} us"] = turn[f"ours {tag}"]
-            row[f"vs cuBLAS {base} (no block scales)"] = turn[f"cuBLAS {base}"] / turn[f"ours {tag}"]
+            row[f"vs cuBLAS {base} (no block scales){', kmajor' if 'kmajor' in tag else ''}"] = \
+                turn[f"cuBLAS {base}"] / turn[f"ours {tag}"]
         row["ours row TFLOP/s"] = tflops(turn["ours row"])
         if m <= 2048:  # host-bound sizes: the device time too
             reps = graph_calls(m, n, k, torch.float8_e4m3fn)
