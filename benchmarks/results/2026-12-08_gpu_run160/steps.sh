@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# run160 (1 GPU; prepared 2026-12-07, not yet run). GIT_COMMIT=<sha> bash steps.sh t|b|tb
+#   t  (~540 s on an H100) the whole GPU tier at 6 workers: proves 152542a (K-major A block scales) beyond the 68
+#      FP8 GPU tests run159 ran (12 K-major ones passed, 56 others before its step limit)
+#   b  (~140 s) bench_gemm FP8 at issue 34's four shapes (block scales row-major and K-major, each tuned), the
+#      column of the K-major ratio fixed after run159
+source benchmarks/steps_lib.sh
+case "${1:-t}" in
+t|tb)
+  step gpu_tier 570 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 tests
+  grep -E "FAILED|passed|failed" "$OUT/gpu_tier.log" | cut -c1-250 | tail -14 ;;&
+b|tb)
+  BENCH_DIR=$OUT step bench_gemm_fp8 280 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only fp8 \
+    --fp8-shapes 8192x8192x8192,8192x28672x8192,4096x6144x4096,2048x8192x8192
+  grep -E "^\||Error|error" "$OUT/bench_gemm_fp8.log" | cut -c1-400 | head -24 ;;
+esac
+true
