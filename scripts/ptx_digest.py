@@ -332,6 +332,9 @@ KERNELS = [
     ("fp8/quantize", K + "fp8", "quantize_fp8_kernel",
      dict(x="*bf16", q="*fp8e4nv", scales="*fp32", T="i32", H="i32", BT="constexpr", BH="constexpr"),
      dict(BT=16, BH=512), ("x", "q", "H"), {"num_warps": 4}),
+    ("fp8/quantize-kmajor", K + "fp8", "quantize_fp8_kernel",
+     dict(x="*bf16", q="*fp8e4nv", scales="*fp32", T="i32", H="i32", BT="constexpr", BH="constexpr",
+          K_MAJOR="constexpr"), dict(BT=16, BH=512, K_MAJOR=True), ("x", "q", "H"), {"num_warps": 4}),
     ("fp8/quantize-blocks", K + "fp8", "quantize_blocks_kernel",
      dict(x="*bf16", q="*fp8e4nv", scales="*fp32", T="i32", H="i32", BLOCK="constexpr"), dict(BLOCK=128),
      ("x", "q", "H"), {"num_warps": 16}),
@@ -356,6 +359,11 @@ KERNELS = [
      dict(SCALING=scaling, BT=128, BH=128 if scaling == "block" else 64, **({"STACK": True} if stack else {})),
      ("x", "q", "T", "H"), {"num_warps": 8 if scaling == "block" else 4})
     for scaling in ("group", "block", "row", "tensor") for stack in (False, True) if scaling != "group" or not stack
+] + [
+    ("fp8/quantize-transposed-group-kmajor", K + "fp8", "quantize_transposed_kernel",
+     dict(x="*bf16", q="*fp8e4nv", scales="*fp32", amax="*i32", T="i32", H="i32", SCALING="constexpr",
+          BT="constexpr", BH="constexpr", K_MAJOR="constexpr"), dict(SCALING="group", BT=128, BH=64, K_MAJOR=True),
+     ("x", "q", "T", "H"), {"num_warps": 4}),
 ] + [
     ("silu_gate/forward", K + "silu_gate", "silu_gate_kernel",
      dict(h="*bf16", out="*bf16", numel="i32", cols="i32", BLOCK="constexpr"), dict(BLOCK=1024), ("h", "out", "cols"),

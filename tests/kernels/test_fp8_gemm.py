@@ -168,6 +168,10 @@ def _quantize_fp8_matches_torch(scaling, device, rows, cols, transposed):
         q, s = fp8.quantize_fp8(x, scaling, transposed=transposed)
         ref_q, ref_s = fp8.quantize(x.float().T if transposed else x.float(), scaling)
         assert s.shape == ref_s.shape and torch.equal(s, ref_s), (scaling, dtype)
+        if scaling == "group":  # the same scales laid out K-major, the same values
+            q_k, s_k = fp8.quantize_fp8(x, scaling, transposed=transposed, k_major=True)
+            assert s_k.stride() == (1, s.shape[0]) and torch.equal(s_k, ref_s) and torch.equal(q_k.view(
+                torch.uint8), q.view(torch.uint8)), dtype
         got, want = q.view(torch.uint8).cpu(), ref_q.view(torch.uint8).cpu()
         if _SIGNLESS_ZERO and device == "cpu":  # triton 3.6's interpreter converts -0.0 to fp8 +0
             got, want = torch.where(want == 0x80, 0, got), torch.where(want == 0x80, 0, want)
@@ -180,6 +184,8 @@ def _quantize_fp8_matches_torch(scaling, device, rows, cols, transposed):
     assert q.shape == ((cols, 0) if transposed else (0, cols)) and s.shape == groups, (q.shape, s.shape)
     with pytest.raises(ValueError, match="scaling"):
         fp8.quantize_fp8(x, "column")
+    with pytest.raises(ValueError, match="k_major"):
+        fp8.quantize_fp8(x, "row", k_major=True)
 
 
 @cpu_only

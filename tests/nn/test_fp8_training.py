@@ -722,14 +722,14 @@ def _transposed_weight_cache_case(mode, device="cpu", compile_too=False):
     start = {name: p.detach().clone() for name, p in weights.items()}
     made = []  # one entry per quantisation of a weight ("down") or of a weight's transpose ("down.T")
 
-    def counting(t, scaling="group", transposed=False):
+    def counting(t, scaling="group", transposed=False, k_major=False):
         quantised = t.T if transposed else t  # (``transposed``: t.T's quantisation, read from t)
         for name, p in weights.items():
             if t is p:
                 made.append(f"{name}.T" if transposed else name)
             elif quantised.shape == p.T.shape and torch.equal(quantised, p.T):
                 made.append(f"{name}.T")
-        return real_fp8(t, scaling, transposed)
+        return real_fp8(t, scaling, transposed, k_major)
 
     def train(cache):
         with torch.no_grad():

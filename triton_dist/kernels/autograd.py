@@ -86,7 +86,8 @@ def fp8_weight_grad(g, x, mode):
     lie), the FP8 GEMM core's product in g's dtype. Under torch.compile: ``torch.ops.triton_dist.fp8_weight_grad``."""
     if hardware.compiling():
         return torch.ops.triton_dist.fp8_weight_grad(g, x, mode)
-    g8, scale_g = fp8.quantize_fp8(g, fp8.a_scaling(mode), transposed=True)
+    # (block mode: g.T's group scales K-major, the layout gemm reads fastest; the same product bit for bit)
+    g8, scale_g = fp8.quantize_fp8(g, fp8.a_scaling(mode), transposed=True, k_major=mode == "block")
     x8, scale_x = fp8.quantize_fp8(x, mode, transposed=True)
     return gemm(g8, x8, scale_a=scale_g, scale_w=scale_x, scaling=mode, out_dtype=g.dtype)
 

@@ -92,8 +92,9 @@ def quantize_groups(x, BT: tl.constexpr, BH: tl.constexpr):
 
 
 @triton.jit
-def quantize_fp8_kernel(x, q, scales, T, H, BT: tl.constexpr, BH: tl.constexpr):
-    """Program (i, j): rows [i * BT, +BT) and columns [j * BH, +BH) of x [T, H] -> q [T, H], scales [T, G]."""
+def quantize_fp8_kernel(x, q, scales, T, H, BT: tl.constexpr, BH: tl.constexpr, K_MAJOR: tl.constexpr = False):
+    """Program (i, j): rows [i * BT, +BT) and columns [j * BH, +BH) of x [T, H] -> q [T, H], scales [T, G]
+    (K_MAJOR: laid out [G, T], a group's scales of consecutive rows side by side)."""
     t = tl.program_id(0) * BT + tl.arange(0, BT)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     m = (t < T)[:, None] & (h < H)[None, :]
@@ -102,7 +103,12 @@ def quantize_fp8_kernel(x, q, scales, T, H, BT: tl.constexpr, BH: tl.constexpr):
     tl.store(q + offs, qt, mask=m)
     groups = tl.cdiv(H, 128)
     g = tl.program_id(1) * (BH // 128) + tl.arange(0, BH // 128)
-    tl.store(scales + t.to(tl.int64)[:, None] * groups + g[None, :], st, mask=(t < T)[:, None] & (g < groups)[None, :])
+    if K_MAJOR:
+        tl.store(scales + g.to(tl.int64)[None, :] * T + t[:, None], st,
+                 mask=(t < T)[:, None] & (g < groups)[None, :])
+    else:
+        tl.store(scales + t.to(tl.int64)[:, None] * groups + g[None, :], st,
+                 mask=(t < T)[:, None] & (g < groups)[None, :])
 
 
 @triton.jit
@@ -183,13 +189,14 @@ def column_amax_kernel(x, amax, T, H, BT: tl.constexpr, BH: tl.constexpr, STACK:
 
 @triton.jit
 def quantize_transposed_kernel(x, q, scales, amax, T, H, SCALING: tl.constexpr, BT: tl.constexpr,
-                               BH: tl.constexpr, STACK: tl.constexpr = False):
+                               BH: tl.constexpr, STACK: tl.constexpr = False, K_MAJOR: tl.constexpr = False):
     """Program (i, j): rows [i * BT, +BT) and columns [j * BH, +BH) of x [T, H] -> that block of x.T in q [H, T],
     quantised as ``quantize_fp8(x.T, SCALING)`` would (x.T never written in high precision): "group" in 1x128
     groups along T (BT = 128; scales [H, ceil(T/128)]), "block" per 128x128 block (BT = BH = 128; scales
     [ceil(H/128), ceil(T/128)]), "row" / "tensor" by the amax of column h / of x (``column_amax_kernel`` /
     ``amax_kernel``'s bits; scales [H, 1] / [1]). STACK: x [E, T, H], program axis 2 the expert, everything
-    per expert as ``quantize_stack`` of the transposes lays it out (amax [E, H] / [E])."""
+    per expert as ``quantize_stack`` of the transposes lays it out (amax [E, H] / [E]). K_MAJOR ("group"): the
+    scales laid out [ceil(T/128), H], a group's scales of consecutive rows of x.T side by side."""
     if STACK:
         e = tl.program_id(2).to(tl.int64)
         x += e * T * H
@@ -211,7 +218,10 @@ def quantize_transposed_kernel(x, q, scales, amax, T, H, SCALING: tl.constexpr, 
     if SCALING == "group":  # BT = 128: a group per row of the tile
         scale = _scale_of(tl.max(tl.abs(tile), axis=1))
         qt = _quantized(tile, scale[:, None])
-        tl.store(scales + h.to(tl.int64) * tl.num_programs(0) + tl.program_id(0), scale, mask=h < H)
+        if K_MAJOR:
+            tl.store(scales + tl.program_id(0).to(tl.int64) * H + h, scale, mask=h < H)
+        else:
+            tl.store(scales + h.to(tl.int64) * tl.num_programs(0) + tl.program_id(0), scale, mask=h < H)
     elif SCALING == "block":
         scale = _scale_of(tl.max(tl.max(tl.abs(tile), axis=1), axis=0))
         qt = _quantized(tile, scale)
@@ -239,35 +249,42 @@ def groups(k):
     return cdiv(k, GROUP)
 
 
-def quantize_fp8(x, scaling="group", transposed=False):
+def quantize_fp8(x, scaling="group", transposed=False, k_major=False):
     """``x`` [T, H] (bf16/fp16/fp32) -> (q [T, H] float8_e4m3fn, scale) by the rule above, ``scaling`` as in
     ``quantize``: "group" (per 1x128 group: [T, ceil(H/128)]; the kernel dispatch's senders run), "row" ([T, 1]),
     "block" (per 128x128 block: [ceil(T/128), ceil(H/128)]) or "tensor" ([1]). Triton kernels, one sweep over x
     ("row": two over each row; "tensor": an amax sweep first); under the interpreter on CPU (CPU tensors without
     it: ``quantize``). ``transposed``: the quantisation of ``x.T`` [H, T] (bitwise that of ``x.T.contiguous()``)
     read from x as it lies, one sweep ("row" / "tensor": an amax sweep first): an FP8 backward's operand
-    quantised along the tokens."""
+    quantised along the tokens. ``k_major`` ("group" only): the same scales [rows, G] laid out K-major (strides
+    (1, rows), as ``torch._scaled_mm`` takes A's 1x128 scales), which ``gemm`` reads faster (docs/design/fp8.md)."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in OUT_DTYPES:
         raise TypeError("x must be a 2-D bfloat16 / float16 / float32 tensor")
     if scaling not in ("group", "row", "block", "tensor"):
         raise ValueError(f"scaling must be group, row, block or tensor, got {scaling!r}")
+    if k_major and scaling != "group":
+        raise ValueError(f"k_major lays out 1x128 group scales (scaling 'group'), got scaling {scaling!r}")
     check_device(x)
     if not x.is_cuda and not hardware.interpreting():
-        return quantize(x.T if transposed else x, scaling)
+        q, scales = quantize(x.T if transposed else x, scaling)
+        return q, (scales.t().contiguous().t() if k_major else scales)
     x = x.contiguous()
     t, h = x.shape
     r, c = (h, t) if transposed else (t, h)  # the quantised tensor's shape
     q = torch.empty((r, c), dtype=torch.float8_e4m3fn, device=x.device)
     shape = {"group": (r, groups(c)), "row": (r, 1), "block": (cdiv(r, GROUP), groups(c)), "tensor": (1,)}
-    scales = torch.empty(shape[scaling], dtype=torch.float32, device=x.device)
+    if k_major:
+        scales = torch.empty(shape[scaling][::-1], dtype=torch.float32, device=x.device).t()
+    else:
+        scales = torch.empty(shape[scaling], dtype=torch.float32, device=x.device)
     if not (t and h):
         return q, scales.fill_(1.0)
     if transposed:
-        _quantize_transposed(x, q, scales, scaling)
+        _quantize_transposed(x, q, scales, scaling, k_major)
     elif scaling == "group":
         bt, bh = (16, 512) if x.is_cuda else (4, 128)
-        quantize_fp8_kernel[(cdiv(t, bt), cdiv(h, bh))](x, q, scales, t, h, BT=bt, BH=bh,
-                                                                    num_warps=4)
+        quantize_fp8_kernel[(cdiv(t, bt), cdiv(h, bh))](x, q, scales, t, h, BT=bt, BH=bh, num_warps=4,
+                                                        **({"K_MAJOR": True} if k_major else {}))
     elif scaling == "block":
         quantize_blocks_kernel[(cdiv(t, GROUP), groups(h))](x, q, scales, t, h, BLOCK=GROUP, num_warps=16)
     elif scaling == "row":
@@ -278,7 +295,7 @@ def quantize_fp8(x, scaling="group", transposed=False):
     return q, scales
 
 
-def _quantize_transposed(x, q, scales, scaling):
+def _quantize_transposed(x, q, scales, scaling, k_major=False):
     """``quantize_transposed_kernel`` over contiguous ``x`` [T, H] into q [H, T] and ``scales`` (``quantize_fp8``'s
     of x.T), after the amax sweep that "row" (per column of x) and "tensor" take; a stack x [E, T, H]: each
     expert's into q [E, H, T] and the stacked scales (``quantize_stack``'s of the transposes)."""
@@ -293,6 +310,8 @@ def _quantize_transposed(x, q, scales, scaling):
         column_amax_kernel[grid](x, amax, t, h, BT=GROUP, BH=bh, num_warps=4, **extra)
     elif scaling == "tensor":
         amax = _amax_bits(x, experts)[0]
+    if k_major:
+        extra["K_MAJOR"] = True
     quantize_transposed_kernel[grid](x, q, scales, amax, t, h, SCALING=scaling, BT=GROUP, BH=bh,
                                      num_warps=8 if scaling == "block" else 4, **extra)
 
