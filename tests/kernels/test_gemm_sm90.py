@@ -137,7 +137,8 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
 
 
 @pytest.mark.parametrize("block_n,block_scales,fp8", [(128, False, "e4m3"), (128, True, "e4m3"), (256, False, "e4m3"),
-                                                      (256, True, "e4m3"), (128, False, "e5m2"), (128, "kmajor", "e4m3")])
+                                                      (256, True, "e4m3"), (128, False, "e5m2"),
+                                                      (128, "kmajor", "e4m3")])
 def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, block_scales, fp8):
     """Compiled for sm_90 (triton 3.6 in CI, as on the GPU image; the Triton installed too) as the tuner offers
     it: FP8 wgmmas of 128-column pieces, its deepest ring within the shared memory, no spills (at 256 with block

@@ -121,11 +121,12 @@ def tile_accumulate(a, b, a_row, off_n, a_rows, N, K, stride_am, stride_bn,
 
     FP8 operands with scales (fp32, ``kernels/fp8.py``), applied in fp32 before the gate: SCALES "rows": the
     product times ``scale_a[row * stride_sa] * scale_w[b_row * stride_sw]`` after the K loop (per-tensor scales:
-    strides 0; rowwise: a scale per row of A and per row of B); "blocks": ``scale_a[row * stride_sa + kb * stride_sak]`` per
-    1x128 group of A times ``scale_w[(b_row // 128) * stride_sw + kb]`` per 128x128 block of B, applied to each
-    K step (kb = its 128-wide K block: BLOCK_K divides 128). MAX_IMPRECISE_ACC, DOT_PRECISION (None: the default):
-    see ``tl.dot``. ``b_row0`` (TMA): the row of B's descriptor where B starts (a weight in a stack of them, e.g.
-    an expert's; None: 0), so that ``off_n`` and the scales stay B's own. ``k_tile_lo`` / ``k_tile_hi``: only
+    strides 0; rowwise: a scale per row of A and per row of B); "blocks":
+    ``scale_a[row * stride_sa + kb * stride_sak]`` (A's scales row-major or K-major) per 1x128 group of A times
+    ``scale_w[(b_row // 128) * stride_sw + kb]`` per 128x128 block of B, applied to each K step (kb = its
+    128-wide K block: BLOCK_K divides 128). MAX_IMPRECISE_ACC, DOT_PRECISION (None: the default): see ``tl.dot``.
+    ``b_row0`` (TMA): the row of B's descriptor where B starts (a weight in a stack of them, e.g. an expert's;
+    None: 0), so that ``off_n`` and the scales stay B's own. ``k_tile_lo`` / ``k_tile_hi``: only
     the K steps lo .. hi - 1 (of BLOCK_K each; split-K's share; None: all). B_KN: B is given as B.T, [K, N]
     row-major (a weight multiplied as it lies, ``x @ w``: no transposed copy; ``stride_bn`` its K rows' stride, TMA
     blocks [BLOCK_K, BLOCK_N]; 16-bit and fp32 operands, no gate); with ``b_index`` (TMA) B.T is entry
