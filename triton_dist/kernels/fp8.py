@@ -628,8 +628,9 @@ class Scales:
         return Scales("row", rows, w.contiguous(), self.fast_accum)
 
     def probe(self):
-        """Scales of the same mode and shapes, all ones: what the autotuner's timed calls take."""
-        return Scales(self.mode, torch.ones_like(self.a), torch.ones_like(self.w), self.fast_accum)
+        """Scales of the same mode, shapes and strides, all ones: what the autotuner's timed calls take."""
+        a = torch.empty_strided(self.a.shape, self.a.stride(), dtype=self.a.dtype, device=self.a.device).fill_(1.0)
+        return Scales(self.mode, a, torch.ones_like(self.w), self.fast_accum)
 
 
 def _shapes(mode, m, n, k):
