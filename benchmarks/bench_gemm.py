@@ -46,6 +46,8 @@ def _label(cfg):
         parts.append("gluon")
     if (cfg.get("SPLIT_K") or 1) > 1:
         parts.append(f"split-k {cfg['SPLIT_K']}")
+    if cfg.get("A_SCALES_K_MAJOR"):  # row-major block scales of A copied K-major by the op first
+        parts.append("A scales to k-major")
     return " ".join(parts)
 
 

@@ -8,6 +8,7 @@ and dtypes, mixed formats, a GPU without FP8). GPU: bf16 results against ``torch
 shapes, every tuning candidate. sm_90: FP8 wgmma (e4m3) with TMA, the promoted accumulation, block scales.
 """
 
+import importlib
 import types
 
 import pytest
@@ -22,6 +23,7 @@ from ..sm90 import compile_sm90
 from .fp8_inputs import fp8_steps, operands, quantize, rel_err
 
 CPU = {"num_programs": 3}
+gemm_module = importlib.import_module("triton_dist.kernels.gemm")  # (the package's ``gemm`` is the op)
 
 
 @cpu_only
@@ -58,10 +60,11 @@ def test_split_k_shares_keep_their_scales(mode):
 
 @cpu_only
 @pytest.mark.parametrize("use_tma,split_k", [(None, 1), (False, 1), (None, 2)])
-def test_k_major_block_scales_of_a_are_read_as_they_lie(use_tma, split_k):
+def test_k_major_block_scales_of_a_are_read_as_they_lie(use_tma, split_k, monkeypatch):
     """A's block scales K-major ([M, K/128] of strides (1, M): torch._scaled_mm's layout) give the bits of the
     same scales row-major, read without a copy (the op's ``Scales`` hold the caller's tensor; the other ops', whose
-    kernels move A's scales with its rows, a contiguous one), the repeat (an eager plan) too."""
+    kernels move A's scales with its rows, a contiguous one), the repeat (an eager plan) too; the knob
+    A_SCALES_K_MAJOR (row-major scales copied K-major by the op) the same bits."""
     m, n, k = 37, 150, 300
     gen = torch.Generator().manual_seed(11)
     a, sa, w, sw, da, dw = operands(m, n, k, "block", gen)
@@ -72,8 +75,21 @@ def test_k_major_block_scales_of_a_are_read_as_they_lie(use_tma, split_k):
         assert rel_err(want, da @ dw.T) < 1e-5
         for _ in range(2):
             assert torch.equal(scaled_gemm(a, w, sa_k, sw, out_dtype=torch.float32, config=cfg), want)
+        copied = {**(cfg or CPU), "A_SCALES_K_MAJOR": True}  # row-major scales copied K-major by the op
+        assert torch.equal(scaled_gemm(a, w, sa, sw, out_dtype=torch.float32, config=copied), want)
+        assert torch.equal(scaled_gemm(a, w, sa_k, sw, out_dtype=torch.float32, config=copied), want)
     assert fp8.check_scales(a, w, sa_k, sw, a_strided=True).a is sa_k
     assert fp8.check_scales(a, w, sa_k, sw).a.is_contiguous()
+    scales = fp8.check_scales(a, w, sa, sw)
+    assert scales.k_major_a().a.stride() == (1, m) and torch.equal(scales.k_major_a().a, sa)
+    launch, seen = gemm_module._LAUNCH_GEMM, []  # the knob hands the kernel K-major scales: their K stride is M
+    monkeypatch.setattr(gemm_module, "_LAUNCH_GEMM", lambda *args, named=None, **meta: (
+        seen.append(named["stride_sak"]), launch(*args, named=named, **meta)))
+    scaled_gemm(a, w, sa, sw, out_dtype=torch.float32, config={**CPU, "A_SCALES_K_MAJOR": True})
+    scaled_gemm(a, w, sa, sw, out_dtype=torch.float32, config=CPU)
+    assert seen == [m, 1]
+    with pytest.raises(ValueError, match="A_SCALES_K_MAJOR"):
+        scaled_gemm(a, w, sa, sw, config={**CPU, "A_SCALES_K_MAJOR": 1})
 
 
 @cpu_only
@@ -320,19 +336,22 @@ def test_scaled_gemm_gpu_every_candidate(ranks, mode):
 @pytest.mark.parametrize("mode", [None, "row", "block"])
 def test_every_candidate_is_a_config_the_op_takes(mode, monkeypatch):
     """What the tuner may pick passes as ``config=`` too (the GPU test above runs every candidate so), split-K
-    tiles included."""
-    import importlib
-
+    tiles and the Gluon mainloop's included (with block scales also copying A's K-major first)."""
     from triton_dist import autotune
+    from triton_dist.kernels import gemm_sm90
     from triton_dist.kernels.gemm import gemm_config
 
-    monkeypatch.setattr(importlib.import_module("triton_dist.kernels.gemm"), "num_sms", lambda index=None: 132)
+    monkeypatch.setattr(gemm_module, "num_sms", lambda index=None: 132)
+    monkeypatch.setattr(gemm_sm90, "available", lambda *args: mode is not None)  # (as on an sm_90 GPU)
     cuda, dtype = torch.device("cuda"), torch.bfloat16 if mode is None else torch.float8_e4m3fn
     scales = None if mode is None else types.SimpleNamespace(mode=mode, fast_accum=False)
     for m in (128, 256, 4096):
-        base = gemm_config(m, 4096, 4096, dtype, cuda, scales, SPLIT_K=1)  # the gemm op's defaults
-        for cand in gemm_candidates(m, 4096, 4096, dtype, cuda, scales, split_k=True):
+        base = gemm_config(m, 4096, 4096, dtype, cuda, scales, **gemm_module.OP_KNOBS)  # the gemm op's defaults
+        cands = gemm_candidates(m, 4096, 4096, dtype, cuda, scales, split_k=True)
+        for cand in cands:
             assert autotune.with_overrides(base, cand) == {**base, **cand}
+        assert any(c.get("MAINLOOP") == "gluon" for c in cands) == (mode is not None)
+        assert any(c.get("A_SCALES_K_MAJOR") for c in cands) == (mode == "block")
 
 
 @pytest.mark.parametrize("mode,fast_accum", [("tensor", False), ("row", False), ("row", True), ("block", False)])

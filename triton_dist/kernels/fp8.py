@@ -588,6 +588,12 @@ class Scales:
         """Whether A's block scales lie K-major (``check_scales``' ``a_strided``): another tuning of the op."""
         return self.mode == "block" and not self.a.is_contiguous()
 
+    def k_major_a(self):
+        """These scales with A's block scales K-major (a copy where they are not; others: these)."""
+        if self.mode != "block" or self.a_k_major:
+            return self
+        return dataclasses.replace(self, a=self.a.t().contiguous().t())
+
     def kernel_args(self, cfg, a=None):
         """The scale arguments of ``gemm.tile_accumulate``: ``tensor_args`` and ``constexprs``."""
         return {**self.tensor_args(a), **self.constexprs(cfg)}

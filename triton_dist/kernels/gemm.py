@@ -385,9 +385,10 @@ def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
     Keys: BLOCK_M/N/K, GROUP_M, num_stages, num_warps, EPILOGUE_SUBTILE, FLATTEN, WARP_SPECIALIZE, SPLIT_N (the
     tile's columns as two accumulators, TMA only: ``tile_accumulate``), use_tma (None: whenever the operands
     allow), num_programs (None: one per SM, or ``programs_per_sm`` per SM); the ``gemm`` op's also SPLIT_K (each
-    tile's K in that many shares, summed by the last: ``gemm_kernel``; the fused ops' kernels have none) and
-    MAINLOOP ("triton": the core; "gluon": ``gemm_sm90``'s FP8 kernel). FP8 operands (``scales``: their
-    ``fp8.Scales``): ``fp8_tiles``."""
+    tile's K in that many shares, summed by the last: ``gemm_kernel``; the fused ops' kernels have none),
+    A_SCALES_K_MAJOR (block scales of A given row-major: copied K-major first, the layout both mainloops read
+    faster; ``OP_KNOBS``) and MAINLOOP ("triton": the core; "gluon": ``gemm_sm90``'s FP8 kernel). FP8 operands
+    (``scales``: their ``fp8.Scales``): ``fp8_tiles``."""
     if device.type != "cuda":  # interpreter: small tiles keep it quick
         cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_stages=1, num_warps=4)
     elif m <= 1024 or n <= 1024:  # few tiles of 128x256 would leave SMs idle
@@ -420,6 +421,8 @@ def check_tiles(config, **choices):
             ok, want = is_int and value >= 1 and value & (value - 1) == 0, "a power of two"
         elif name == "MAINLOOP":
             ok, want = value in ("triton", "gluon"), "'triton' or 'gluon'"
+        elif name == "A_SCALES_K_MAJOR":
+            ok, want = isinstance(value, bool), "a bool"
         elif name in choices:
             ok, want = value in choices[name], f"one of {choices[name]}"
         else:
@@ -503,8 +506,11 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
     """``c3[s] = a[s*seg_rows:(s+1)*seg_rows] @ b.T`` for every segment s of ``c3`` [S, seg_rows, N]
     (``silu_gate``: b is [2N, K], gate over up, and c3 gets ``silu(a @ b_gate.T) * (a @ b_up.T)``; ``scales``:
     FP8 operands' ``fp8.Scales``, ``scale_rows``: A's scales as rows [rows, S] instead of ``scales.a``; ``kn``:
-    b is the transposed view of a contiguous [K, N], read as it lies: no gate, no scales)."""
+    b is the transposed view of a contiguous [K, N], read as it lies: no gate, no scales; ``cfg``'s
+    A_SCALES_K_MAJOR: A's block scales copied K-major first)."""
     segments, seg_rows, n = c3.shape
+    if cfg.get("A_SCALES_K_MAJOR") and scales is not None and scale_rows is None:
+        scales = scales.k_major_a()
     if cfg.get("MAINLOOP") == "gluon":  # ``gemm``'s own configurations only: one segment, no gate
         if segments != 1 or silu_gate or scale_rows is not None:
             raise ValueError("the Gluon FP8 mainloop runs gemm's calls: one segment, no SiLU gate")
@@ -625,6 +631,7 @@ def check_launchable(t, what="a and w"):
                          f"Triton interpreter)")
 
 
+OP_KNOBS = dict(SPLIT_K=1, A_SCALES_K_MAJOR=False)  # the gemm op's knobs beside the core's (``gemm_config``)
 _CONFIGS = Plans("gemm")  # (m, n, k, dtype, device[, FP8 mode]) -> the tuned configuration
 
 
@@ -750,10 +757,10 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
         return out.zero_()
     if config is None:
         key = (m, n, k, a.dtype, a.device) + fp8.plan_key(scales, out_dtype)
-        cfg = _CONFIGS.get(key, lambda: {**gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1),
+        cfg = _CONFIGS.get(key, lambda: {**gemm_config(m, n, k, a.dtype, a.device, scales, **OP_KNOBS),
                                          **_tuned_gemm_config(m, n, k, a.dtype, a.device, scales, out_dtype)})
     else:
-        base = gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1)
+        base = gemm_config(m, n, k, a.dtype, a.device, scales, **OP_KNOBS)
         if isinstance(config, dict) and config.get("MAINLOOP") == "gluon" and scales is not None:
             # the knobs a caller leaves out: the Gluon mainloop's own (a 128-wide tile, its deepest ring)
             base = gemm_sm90.default_config(base, out.dtype, scales.mode == "block")
@@ -764,7 +771,7 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
         if config is not None and config.get("MAINLOOP") == "gluon":
             raise ValueError(f"config MAINLOOP='gluon' needs {'; '.join(unmet)}; got {config} for a {tuple(a.shape)} "
                              f"{a.dtype} and w {tuple(w.shape)}")
-        cfg = gemm_config(m, n, k, a.dtype, a.device, scales, SPLIT_K=1)  # a tuned one, for operands at an offset
+        cfg = gemm_config(m, n, k, a.dtype, a.device, scales, **OP_KNOBS)  # a tuned one, for operands at an offset
     if plan_key is not None and a.is_cuda and cfg.get("use_tma") is not False and tma_compatible(a, w, out):
         plan = _EAGER.get(plan_key, lambda: EagerGemm(a, w, cfg, scales, out_dtype))
         if plan(a, w, out, *_scale_tensors(scales)) is not None:
@@ -810,6 +817,11 @@ class EagerGemm:
     def __init__(self, a, w, cfg, scales, out_dtype):
         (m, k), n = a.shape, w.shape[0]
         self.device, self.out_shape, self.out_dtype = a.device, (m, n), out_dtype
+        # (A_SCALES_K_MAJOR: each call's row-major block scales of A copied K-major, launched as such)
+        self.a_to_k_major = (bool(cfg.get("A_SCALES_K_MAJOR")) and scales is not None and scales.mode == "block"
+                             and not scales.a_k_major)
+        if self.a_to_k_major:
+            scales = scales.k_major_a()
         named = None if scales is None else scales.tensor_args(k_stride=True)
         self.scale_strides = None if named is None else {k: v for k, v in named.items() if k.startswith("stride")}
         split_k = split_k_of(cfg)
@@ -837,6 +849,8 @@ class EagerGemm:
             out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
         elif out.data_ptr() % 16:
             return None
+        if self.a_to_k_major:
+            scale_a = scale_a.t().contiguous().t()
         if self.gluon:
             if (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
                 return None
@@ -932,7 +946,8 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtyp
     """The small sweep the autotuner runs on GPU (a few of the known-good Hopper shapes; FP8: ``fp8_tiles``);
     ``split_k``: ``gemm``'s own sweep (the fused ops' kernels call the core tile by tile), with
     ``split_k_configs`` and, for promoted FP8 on sm_90, the Gluon mainloop's (``gemm_sm90``; ``out_dtype``: the
-    result's, bf16 by default)."""
+    result's, bf16 by default), with row-major block scales of A also copying them K-major first (timed with the
+    copy: A_SCALES_K_MAJOR)."""
     base = gemm_config(m, n, k, dtype, device, scales)
     cands = [base,
              {**base, "BLOCK_N": 256, "num_stages": 3, "num_warps": 8, "BLOCK_M": 128},
@@ -958,7 +973,10 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtyp
         tma_rows = k % 16 == 0 and n * out_dtype.itemsize % 16 == 0  # the tuner's contiguous operands
         if (gemm_sm90.TUNER_OFFERS and tma_rows
                 and gemm_sm90.available(device, dtype, scales, out_dtype)):
-            cands += gemm_sm90.candidates(base, out_dtype, scales.mode == "block")
+            gluon = gemm_sm90.candidates(base, out_dtype, scales.mode == "block")
+            cands += gluon
+            if scales.mode == "block" and not getattr(scales, "a_k_major", False):  # row-major A scales copied
+                cands += [{**c, "A_SCALES_K_MAJOR": True} for c in gluon]  # K-major first (docs/design/fp8.md)
     return autotune.dedupe(cands)
 
 
