@@ -2,9 +2,11 @@
 # run160 (1 GPU; prepared 2026-12-07, not yet run). GIT_COMMIT=<sha> bash steps.sh t|b|tb
 #   t  (~540 s on an H100) the whole GPU tier at 6 workers: proves 152542a (K-major A block scales) beyond the 68
 #      FP8 GPU tests run159 ran (12 K-major ones passed, 56 others before its step limit) and 8eb1c10 (quantize_fp8
-#      k_major: test_quantize_fp8_every_scaling_matches_torch_on_gpu; FP8 weight gradients: the fp8_grads tests)
-#   b  (~140 s) bench_gemm FP8 at issue 34's four shapes (block scales row-major and K-major, each tuned), the
-#      column of the K-major ratio fixed after run159
+#      k_major: test_quantize_fp8_every_scaling_matches_torch_on_gpu; FP8 weight gradients: the fp8_grads tests) and
+#      37978e5 (test_scaled_gemm_gpu_every_candidate[block]: the A_SCALES_K_MAJOR candidates)
+#   b  (~160 s) bench_gemm FP8 at issue 34's four shapes (block scales row-major and K-major, each tuned), the
+#      column of the K-major ratio fixed after run159; row-major callers' tuning now also times copying A's
+#      scales K-major first (37978e5: "A scales to k-major" in the config column when chosen)
 source benchmarks/steps_lib.sh
 case "${1:-t}" in
 t|tb)
