@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# run160 (1 GPU; prepared 2026-12-07, not yet run). GIT_COMMIT=<sha> bash steps.sh t|b|tb
-#   t  (~540 s on an H100) the whole GPU tier at 6 workers: proves 152542a (K-major A block scales) beyond the 68
-#      FP8 GPU tests run159 ran (12 K-major ones passed, 56 others before its step limit) and 8eb1c10 (quantize_fp8
-#      k_major: test_quantize_fp8_every_scaling_matches_torch_on_gpu; FP8 weight gradients: the fp8_grads tests) and
-#      37978e5 (test_scaled_gemm_gpu_every_candidate[block]: the A_SCALES_K_MAJOR candidates)
+# run160 (1 GPU; prepared 2026-12-07, not yet run). GIT_COMMIT=<sha> bash steps.sh k, then rb (two calls: the
+# whole tier took 532 s in run158 and has more FP8 tests since, too close to a call's 600 s)
+#   k  (~400 s on an H100) the GPU tier's tests/kernels at 6 workers: proves 152542a (K-major A block scales)
+#      beyond the 68 FP8 GPU tests run159 ran (12 K-major ones passed, 56 others before its step limit),
+#      8eb1c10 (quantize_fp8 k_major: test_quantize_fp8_every_scaling_matches_torch_on_gpu) and 37978e5
+#      (test_scaled_gemm_gpu_every_candidate[block]: the A_SCALES_K_MAJOR candidates)
+#   r  (~250 s) the rest of the tier (nn layers and training, FP8-grads weight gradients with K-major scales,
+#      examples, language, shmem)
 #   b  (~160 s) bench_gemm FP8 at issue 34's four shapes (block scales row-major and K-major, each tuned), the
 #      column of the K-major ratio fixed after run159; row-major callers' tuning now also times copying A's
 #      scales K-major first (37978e5: "A scales to k-major" in the config column when chosen)
 source benchmarks/steps_lib.sh
-case "${1:-t}" in
-t|tb)
-  step gpu_tier 570 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 tests
-  grep -E "FAILED|passed|failed" "$OUT/gpu_tier.log" | cut -c1-250 | tail -14 ;;&
-b|tb)
-  BENCH_DIR=$OUT step bench_gemm_fp8 280 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only fp8 \
+case "${1:-k}" in
+k)
+  step gpu_tier_kernels 570 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 \
+    tests/kernels
+  grep -E "FAILED|passed|failed" "$OUT/gpu_tier_kernels.log" | cut -c1-250 | tail -14 ;;
+r|rb)
+  step gpu_tier_rest 330 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=15 \
+    tests --ignore=tests/kernels
+  grep -E "FAILED|passed|failed" "$OUT/gpu_tier_rest.log" | cut -c1-250 | tail -14 ;;&
+b|rb)
+  BENCH_DIR=$OUT step bench_gemm_fp8 250 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only fp8 \
     --fp8-shapes 8192x8192x8192,8192x28672x8192,4096x6144x4096,2048x8192x8192
   grep -E "^\||Error|error" "$OUT/bench_gemm_fp8.log" | cut -c1-400 | head -24 ;;
 esac
