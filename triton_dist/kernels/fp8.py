@@ -267,7 +267,7 @@ def quantize_fp8(x, scaling="group", transposed=False, k_major=False):
     check_device(x)
     if not x.is_cuda and not hardware.interpreting():
         q, scales = quantize(x.T if transposed else x, scaling)
-        return q, (scales.t().contiguous().t() if k_major else scales)
+        return q, (as_k_major(scales) if k_major else scales)
     x = x.contiguous()
     t, h = x.shape
     r, c = (h, t) if transposed else (t, h)  # the quantised tensor's shape
@@ -592,7 +592,7 @@ class Scales:
         """These scales with A's block scales K-major (a copy where they are not; others: these)."""
         if self.mode != "block" or self.a_k_major:
             return self
-        return dataclasses.replace(self, a=self.a.t().contiguous().t())
+        return dataclasses.replace(self, a=as_k_major(self.a))
 
     def kernel_args(self, cfg, a=None):
         """The scale arguments of ``gemm.tile_accumulate``: ``tensor_args`` and ``constexprs``."""
@@ -701,6 +701,11 @@ def check_scales(a, w, scale_a, scale_w, scaling=None, fast_accum=False, what=("
                          f"{na} {list(a.shape)}, {nw} {list(w.shape)} (expected {shapes})")
     keep_a = a_strided and mode == "block" and strided_a_scales(scale_a)
     return Scales(mode, scale_a if keep_a else scale_a.contiguous(), scale_w.contiguous(), bool(fast_accum))
+
+
+def as_k_major(scales):
+    """A copy of [rows, G] ``scales`` laid out K-major (strides (1, rows)): the same values."""
+    return scales.t().contiguous().t()
 
 
 def strided_a_scales(scale_a):

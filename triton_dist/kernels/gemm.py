@@ -725,7 +725,7 @@ def _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype,
         elif out is None and scale_a is None and scale_w is None:  # the common call: a flat key, two layouts
             key = (a.shape, a.stride(), a.dtype, a.device, w.shape, w.stride(), w.dtype, w.device, scaling,
                    out_dtype, fast_accum, required)
-        elif _tensors_or_none(out, scale_a, scale_w) and _contiguous_scales(scale_a, scale_w):
+        elif _tensors_or_none(out, scale_a, scale_w) and _scales_as_held(scale_a, scale_w):
             key = (_layout(a), _layout(w), _layout(out), _layout(scale_a), _layout(scale_w), scaling, out_dtype,
                    fast_accum, required)
     if key is not None:
@@ -817,11 +817,10 @@ class EagerGemm:
     def __init__(self, a, w, cfg, scales, out_dtype):
         (m, k), n = a.shape, w.shape[0]
         self.device, self.out_shape, self.out_dtype = a.device, (m, n), out_dtype
-        # (A_SCALES_K_MAJOR: each call's row-major block scales of A copied K-major, launched as such)
-        self.a_to_k_major = (bool(cfg.get("A_SCALES_K_MAJOR")) and scales is not None and scales.mode == "block"
-                             and not scales.a_k_major)
-        if self.a_to_k_major:
+        given = scales
+        if cfg.get("A_SCALES_K_MAJOR") and scales is not None:
             scales = scales.k_major_a()
+        self.a_to_k_major = scales is not given  # each call's row-major A scales copied K-major (``__call__``)
         named = None if scales is None else scales.tensor_args(k_stride=True)
         self.scale_strides = None if named is None else {k: v for k, v in named.items() if k.startswith("stride")}
         split_k = split_k_of(cfg)
@@ -850,7 +849,7 @@ class EagerGemm:
         elif out.data_ptr() % 16:
             return None
         if self.a_to_k_major:
-            scale_a = scale_a.t().contiguous().t()
+            scale_a = fp8.as_k_major(scale_a)
         if self.gluon:
             if (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
                 return None
@@ -882,7 +881,7 @@ def _tensors_or_none(*args):
     return True
 
 
-def _contiguous_scales(scale_a, scale_w):  # a plan launches the scales as given: as ``Scales`` holds them
+def _scales_as_held(scale_a, scale_w):  # a plan launches the scales as given: as ``Scales`` holds them
     return (scale_a is None or fp8.strided_a_scales(scale_a)) and (scale_w is None or scale_w.is_contiguous())
 
 
