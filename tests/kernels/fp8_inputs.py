@@ -42,12 +42,16 @@ def dequantize(q, scale, kind):
 
 
 def operands(m, n, k, mode, gen, dtype=E4M3, w_rows=None):
-    """Random FP8 operands of a scaling mode: (a, scale_a, w, scale_w) and the fp64 dequantised a and w."""
+    """Random FP8 operands of a scaling mode: (a, scale_a, w, scale_w) and the fp64 dequantised a and w. Mode
+    "block-kmajor": block scales with A's laid out K-major ([M, K/128] of strides (1, M), torch._scaled_mm's)."""
+    kmajor = mode == "block-kmajor"
+    mode = "block" if kmajor else mode
     x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen) * 4  # rows of different magnitudes
     y = torch.randn(w_rows or n, k, generator=gen) / k ** 0.5
     a, sa = quantize(x, A_KIND[mode], dtype)
     w, sw = quantize(y, mode, dtype)
-    return a, sa, w, sw, dequantize(a, sa, A_KIND[mode]), dequantize(w, sw, mode)
+    da, dw = dequantize(a, sa, A_KIND[mode]), dequantize(w, sw, mode)
+    return a, (sa.t().contiguous().t() if kmajor else sa), w, sw, da, dw
 
 
 def rel_err(out, ref):

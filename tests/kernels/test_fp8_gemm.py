@@ -297,11 +297,8 @@ def _gpu_errors(m, n, k, mode, cfg):
     """The relative error of ``scaled_gemm`` (``cfg``: a config, None: tuned) against fp64 (and cuBLAS where it
     takes the mode); mode "block-kmajor": A's block scales K-major, as torch._scaled_mm takes them."""
     gen = torch.Generator().manual_seed(m + n + k)
-    kmajor = mode == "block-kmajor"
-    mode = "block" if kmajor else mode
-    a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen))
-    if kmajor:
-        sa = sa.t().contiguous().t()
+    a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen))  # (.cuda() keeps K-major strides)
+    mode = mode.split("-")[0]
     out = scaled_gemm(a, w, sa, sw, config=cfg)
     err = rel_err(out, da @ dw.T)
     if mode != "block" and not (n % 16 or k % 16):  # cuBLAS agrees too (bf16 out, fast accumulation off;

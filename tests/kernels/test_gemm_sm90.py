@@ -24,15 +24,10 @@ def _errors(m, n, k, mode, out_dtype, fp8_dtype=torch.float8_e4m3fn):
     gen = torch.Generator().manual_seed(m + n + k)
     base = gemm_config(m, n, k, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1)
     errs = {}
-    kmajor = mode == "block-kmajor"
-    mode = "block" if kmajor else mode
-    block = mode == "block"
-    for cfg in gemm_sm90.candidates(base, out_dtype, block):
+    for cfg in gemm_sm90.candidates(base, out_dtype, mode.startswith("block")):
         key = (cfg["BLOCK_N"], cfg["num_stages"])
         for _ in range(2):
             a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen, dtype=fp8_dtype))
-            if kmajor:
-                sa = sa.t().contiguous().t()
             out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
             scaled_gemm(a, w, sa, sw, out=out, out_dtype=out_dtype, config=cfg)
             errs[key] = max(errs.get(key, 0.0), rel_err(out, da @ dw.T))
