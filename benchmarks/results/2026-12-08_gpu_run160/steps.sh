@@ -10,6 +10,10 @@
 #   b  (~160 s) bench_gemm FP8 at issue 34's four shapes (block scales row-major and K-major, each tuned), the
 #      column of the K-major ratio fixed after run159; row-major callers' tuning now also times copying A's
 #      scales K-major first (37978e5: "A scales to k-major" in the config column when chosen)
+#   p  (~150 s) group_probe.py: the Gluon mainloop's GROUP_M 4-32 at 4 / 5 slots (block, A scales K-major) and
+#      per-tensor, 3 rounds in turn (is the tile order worth a tuner knob?)
+#   g  (~150 s) bench_backward --only mlp --fp8 block --fp8-grads: FP8 training with K-major weight-gradient
+#      scales (8eb1c10) against run155's 5779 / 5288 us (fp8-block grads / kept)
 source benchmarks/steps_lib.sh
 case "${1:-k}" in
 k)
@@ -24,5 +28,14 @@ b|rb)
   BENCH_DIR=$OUT step bench_gemm_fp8 250 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only fp8 \
     --fp8-shapes 8192x8192x8192,8192x28672x8192,4096x6144x4096,2048x8192x8192
   grep -E "^\||Error|error" "$OUT/bench_gemm_fp8.log" | cut -c1-400 | head -24 ;;
+esac
+case "${1:-k}" in
+p|pg)
+  step group_probe 200 torchrun --nproc-per-node=1 benchmarks/results/2026-12-08_gpu_run160/group_probe.py
+  grep -E "MEDIAN|Error" "$OUT/group_probe.log" | cut -c1-200 | tail -44 ;;&
+g|pg)
+  BENCH_DIR=$OUT step bench_backward 250 torchrun --nproc-per-node=1 benchmarks/bench_backward.py --only mlp \
+    --fp8 block --fp8-grads
+  grep -E "^\||Error|error" "$OUT/bench_backward.log" | cut -c1-300 | head -20 ;;
 esac
 true
