@@ -5,6 +5,12 @@ our per-tensor 128 tile 0.92-0.94x. A 128x128 FP8 tile moves 32 KB from L2 per 4
 bandwidth at ~1 PFLOP/s, so which tiles run at once (and meet in L2) may matter. Rows: GROUP_M 4 / 8 / 16 / 32
 at 4 and 5 slots, block scales K-major, and the per-tensor 128 tile at GROUP_M 8 / 16.
 
+Also: do the operands' bits cost time? At the power limit a GPU's clock follows the tensor cores' switching,
+which the values drive. Per-tensor and blockwise ("grouped") operands differ (one amax per tensor vs per 128 values: the
+blockwise e4m3 values use more of the range), so "cuBLAS tensor, grouped bits" times cuBLAS's per-tensor GEMM on
+the blockwise operands' FP8 bytes (unit scales), and "ours tensor, grouped bits" ours: if these lose to the same
+kernels on per-tensor bytes, part of blockwise's gap to per-tensor cuBLAS is the data, not the kernel.
+
     PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-08_gpu_run160/group_probe.py
 """
 
@@ -38,6 +44,10 @@ for m, n, k in BLOCK_SHAPES:
     (at, sat, wt, swt), (ab, sab, wb, swb), want, out = block_case(m, n, k)
     sab_k = sab.t().contiguous().t()  # [M, K/128] of strides (1, M): K-major
     calls = {"cuBLAS tensor": cublas_fp8(at, wt, sat, swt, "tensor", False)}
+    one = torch.ones((), device="cuda")
+    calls["cuBLAS tensor, grouped bits"] = cublas_fp8(ab, wb, one, one, "tensor", False)
+    cfg8 = {**gemm_sm90.default_config({"GROUP_M": 8}, torch.bfloat16, False), "num_stages": 5}
+    calls["ours tensor, grouped bits"] = launcher(ab, wb, out, cfg8, "tensor", one, one)
     for group in (8, 16):
         cfg = {**gemm_sm90.default_config({"GROUP_M": group}, torch.bfloat16, False), "num_stages": 5}
         calls[f"ours tensor s5 g{group}"] = launcher(at, wt, out, cfg, "tensor", sat, swt)
