@@ -38,6 +38,28 @@ SHARED_GPU_WAIT_TIMEOUT_S = 180
 SHARED_GPU_HEAPS = 8 << 30  # the symmetric heaps of a pool of ranks sharing one GPU, together
 
 
+POOL_RANK_BYTES = 1 << 30  # what a GPU rank holds beside its heap (context, workspaces, a test's tensors)
+GPU_MEMORY_WAIT_S = 90  # (well inside the tier's per-test timeout)
+
+
+def _wait_for_gpu_memory(need, timeout_s=GPU_MEMORY_WAIT_S, poll_s=2.0):
+    """Wait (at most ``timeout_s``) until every GPU has ``need`` bytes free (NVML: no CUDA context here), then
+    return either way: the tier's parallel workers share the GPUs, and a pool started while another worker's
+    test holds most of the memory fails its heap allocation (run160: 4 ranks of 2 GiB beside a 21 GiB test)."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # no NVML (nvidia-ml-py): start at once
+        return
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(GPUS)]
+        deadline = time.monotonic() + timeout_s
+        while min(pynvml.nvmlDeviceGetMemoryInfo(h).free for h in handles) < need and time.monotonic() < deadline:
+            time.sleep(poll_s)
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs GPUs (runs on GPU ranks: pools, or torchrun); the GPU tier")
     config.addinivalue_line("markers", "long: takes a minute or more; started first, so parallel workers end together")
@@ -117,13 +139,16 @@ def ranks(_pools, request):
             # ranks sharing a GPU also share the host's cores: one may still be compiling a kernel while its
             # peers already wait on it, so their waits get longer
             timeout_s = None if not gpu else SHARED_GPU_WAIT_TIMEOUT_S if shared else GPU_WAIT_TIMEOUT_S
+            from triton_dist.shmem.heap import DEFAULT_HEAP_BYTES
+
             # ranks sharing a GPU: their heaps together at most SHARED_GPU_HEAPS (8 ranks of 2 GiB beside the other
             # test workers' pools ran an 80 GB H100 out of memory, run155)
             heap = None
             if shared and not os.environ.get("TRITON_DIST_HEAP_SIZE"):
-                from triton_dist.shmem.heap import DEFAULT_HEAP_BYTES
-
                 heap = min(DEFAULT_HEAP_BYTES["gpu"], SHARED_GPU_HEAPS // world)
+            if gpu:  # other workers' tests come and go on the same GPU: start once their memory leaves room
+                per_rank = (heap or DEFAULT_HEAP_BYTES["gpu"]) + POOL_RANK_BYTES
+                _wait_for_gpu_memory(per_rank * -(-world // max(GPUS, 1)))
             _pools[key] = RankPool(world, backend=backend, heap_size=heap, wait_timeout_s=timeout_s)
         return _pools[key]
 
