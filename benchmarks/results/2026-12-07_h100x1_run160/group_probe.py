@@ -11,7 +11,7 @@ blockwise e4m3 values use more of the range), so "cuBLAS tensor, grouped bits" t
 the blockwise operands' FP8 bytes (unit scales), and "ours tensor, grouped bits" ours: if these lose to the same
 kernels on per-tensor bytes, part of blockwise's gap to per-tensor cuBLAS is the data, not the kernel.
 
-    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-08_gpu_run160/group_probe.py
+    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_h100x1_run160/group_probe.py
 """
 
 import os

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run160 (1 GPU; prepared 2026-12-07, not yet run). GIT_COMMIT=<sha> bash steps.sh k, then rb (two calls: the
+# run160 (1 GPU; ran 2026-12-07 on 18df711: README.md). GIT_COMMIT=<sha> bash steps.sh k, then rb (two calls: the
 # whole tier took 532 s in run158 and has more FP8 tests since, too close to a call's 600 s)
 #   k  (~400 s on an H100) the GPU tier's tests/kernels at 6 workers: proves 152542a (K-major A block scales)
 #      beyond the 68 FP8 GPU tests run159 ran (12 K-major ones passed, 56 others before its step limit),
@@ -31,7 +31,7 @@ b|rb)
 esac
 case "${1:-k}" in
 p|pg)
-  step group_probe 200 torchrun --nproc-per-node=1 benchmarks/results/2026-12-08_gpu_run160/group_probe.py
+  step group_probe 200 torchrun --nproc-per-node=1 benchmarks/results/2026-12-07_h100x1_run160/group_probe.py
   grep -E "MEDIAN|Error" "$OUT/group_probe.log" | cut -c1-200 | tail -44 ;;&
 g|pg)
   BENCH_DIR=$OUT step bench_backward 250 torchrun --nproc-per-node=1 benchmarks/bench_backward.py --only mlp \
