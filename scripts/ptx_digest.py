@@ -65,6 +65,14 @@ def sm90_gemm_kmajor_signature():
     return dict(sm90_gemm_signature(), stride_sa="constexpr", stride_sak="i32")
 
 
+def sm90_gemm_subtile_signature():
+    """``gemm_fp8_sm90_kernel``'s signature with A's block scales K-major and C's buffer 128 x 64
+    (EPILOGUE_SUBTILE: each 128-column piece stored in two halves)."""
+    import torch
+    return dict(sm90_gemm_kmajor_signature(), c_desc=gluon_descriptor(torch.bfloat16, (128, 64)),
+                EPILOGUE_SUBTILE="constexpr")
+
+
 def sm90_gemm_e5m2_signature():
     """``gemm_fp8_sm90_kernel``'s signature with e5m2 operands."""
     import torch
@@ -385,6 +393,9 @@ KERNELS = [
      dict(stride_sak=1, BLOCK_SCALES=True, GROUP_M=8, STAGES=5, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-blocks-kmajor", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_kmajor_signature,
      dict(stride_sa=1, BLOCK_SCALES=True, GROUP_M=8, STAGES=5, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
+    ("gemm_sm90/fp8-blocks-kmajor-subtile", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_subtile_signature,
+     dict(stride_sa=1, BLOCK_SCALES=True, GROUP_M=8, STAGES=6, num_warps=4, EPILOGUE_SUBTILE=True), (),
+     {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-rows-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,
      dict(stride_sak=1, BLOCK_SCALES=False, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-blocks-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,

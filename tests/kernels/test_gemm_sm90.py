@@ -123,35 +123,48 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
                 {"SPLIT_N": True}):
         assert not gemm_sm90.takes({**cfgs[0], **bad}, torch.bfloat16), bad
     assert not gemm_sm90.takes({**cfgs[0], "num_stages": 6}, torch.float32)  # its buffer outgrows the memory
-    # block scales take a slot's share too: 5 slots of 128 (4 of 256) at most beside a bf16 result
-    assert [(c["BLOCK_N"], c["num_stages"]) for c in gemm_sm90.candidates(cfgs[0], torch.bfloat16, True)] == \
-        [(128, 4), (128, 5), (256, 3), (256, 4)]
+    # block scales take a slot's share too: 5 slots of 128 (4 of 256) at most beside a bf16 result, 6 of 128
+    # beside half of it (EPILOGUE_SUBTILE; at 256 the half makes no room for a fifth slot)
+    assert [(c["BLOCK_N"], c["num_stages"], c["EPILOGUE_SUBTILE"])
+            for c in gemm_sm90.candidates(cfgs[0], torch.bfloat16, True)] == \
+        [(128, 4, False), (128, 5, False), (128, 6, True), (256, 3, False), (256, 4, False)]
     assert not gemm_sm90.takes({**cfgs[0], "num_stages": 6}, torch.bfloat16, block_scales=True)
+    assert gemm_sm90.takes({**cfgs[0], "num_stages": 6, "EPILOGUE_SUBTILE": True}, torch.bfloat16, block_scales=True)
+    assert not gemm_sm90.takes({**cfgs[0], "num_stages": 7, "EPILOGUE_SUBTILE": True}, torch.bfloat16, True)
+    # without block scales the half buffer adds a slot only where the result is wide (fp32)
+    assert not any(c["EPILOGUE_SUBTILE"] for c in cfgs)
+    assert [(c["BLOCK_N"], c["num_stages"]) for c in gemm_sm90.candidates(cfgs[0], torch.float32)
+            if c["EPILOGUE_SUBTILE"]] == [(128, 6), (256, 4)]
     assert not gemm_sm90.available(torch.device("cpu"), a.dtype, types.SimpleNamespace(fast_accum=False),
                                    torch.bfloat16)
 
 
 @pytest.mark.parametrize("block_n,block_scales,fp8", [(128, False, "e4m3"), (128, True, "e4m3"), (256, False, "e4m3"),
                                                       (256, True, "e4m3"), (128, False, "e5m2"),
-                                                      (128, "kmajor", "e4m3")])
+                                                      (128, "kmajor", "e4m3"), (128, "kmajor-subtile", "e4m3")])
 def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, block_scales, fp8):
     """Compiled for sm_90 (triton 3.6 in CI, as on the GPU image; the Triton installed too) as the tuner offers
     it: FP8 wgmmas of 128-column pieces, its deepest ring within the shared memory, no spills (at 256 with block
     scales: two sums and a partial, the second piece's wgmmas after the first piece's adds), and ptxas keeping
     the wgmmas asynchronous (were one serialized, every step would wait for its wgmmas before the adds: the
     overlap the kernel exists for; nor may it inject a warpgroup arrive: C7519). Block scales "kmajor": A's
-    K-major (row stride 1, as a launch on such scales specializes it)."""
+    K-major (row stride 1, as a launch on such scales specializes it); "kmajor-subtile": also the sixth slot a
+    C buffer of half a piece makes room for (EPILOGUE_SUBTILE)."""
     if gemm_sm90.gluon is None:
         pytest.skip("this Triton has no Gluon")
-    cfg = gemm_sm90.default_config(gemm_config(32, 32, 32, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1),
-                                   block_scales=block_scales, block_n=block_n)  # its deepest ring
+    base = gemm_config(32, 32, 32, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1)
+    cfg = gemm_sm90.default_config(base, block_scales=block_scales, block_n=block_n)  # its deepest ring
+    if block_scales == "kmajor-subtile":
+        cfg = gemm_sm90.candidates(base, block_scales=True)[2]
+        assert (cfg["BLOCK_N"], cfg["num_stages"], cfg["EPILOGUE_SUBTILE"]) == (128, 6, True), cfg
     meta = gemm_sm90.meta(cfg, "block" if block_scales else "row")
     options = {"num_warps": meta.pop("num_warps"), "maxnreg": meta.pop("maxnreg")}
     signature = {(128, "e4m3"): "sm90_gemm_signature", (256, "e4m3"): "sm90_gemm_wide_signature",
                  (128, "e5m2"): "sm90_gemm_e5m2_signature"}[block_n, fp8]
     meta["stride_sak"] = 1  # (row-major A scales: a unit K stride, specialized)
-    if block_scales == "kmajor":
-        signature, meta = "sm90_gemm_kmajor_signature", {**meta, "stride_sa": 1}
+    if block_scales in ("kmajor", "kmajor-subtile"):
+        signature, meta = f"sm90_gemm_{'subtile' if cfg['EPILOGUE_SUBTILE'] else 'kmajor'}_signature", \
+            {**meta, "stride_sa": 1}
         del meta["stride_sak"]
     compiled = compile_sm90("triton_dist.kernels.gemm_sm90", "gemm_fp8_sm90_kernel", signature,
                             dict(meta, num_warps=options["num_warps"]), options=options, assemble=True)

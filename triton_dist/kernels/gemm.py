@@ -787,7 +787,8 @@ def _gluon_unmet(a, w, out, cfg, scales):
          gemm_sm90.available(a.device, a.dtype, scales, out.dtype)),
         ("TMA-compatible operands (16-byte aligned data and rows)", tma_compatible(a, w, out)),
         (f"BLOCK_M and BLOCK_K 128, BLOCK_N in {gemm_sm90.BLOCK_NS} (no SPLIT_N), num_warps 4, num_stages >= 2 "
-         "within the shared memory", gemm_sm90.takes(cfg, out.dtype, scales is not None and scales.mode == "block")))
+         "within the shared memory (EPILOGUE_SUBTILE: beside half a C piece)",
+         gemm_sm90.takes(cfg, out.dtype, scales is not None and scales.mode == "block")))
         if not met]
 
 

@@ -177,25 +177,16 @@ if gluon is not None:
         return acc
 
     @gluon.jit
-    def _store_piece(acc, c_desc, c_smem, c_free, c_full, phase, scale_a, scale_w, rows, row0, col0, M, N,
-                     stride_sa, stride_sw, ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr):
-        """This consumer's ``rows`` of the piece of C at (``row0``, ``col0``): scaled (per-tensor /
-        rowwise), converted, written into the shared buffer; the first consumer (ROW0 0) frees the buffer (the
-        previous piece's store has read it) and, once both halves are in, stores the piece by TMA."""
-        mma: gl.constexpr = acc.type.layout
-        ROWS: gl.constexpr = acc.type.shape[0]
-        if not BLOCK_SCALES:
-            cols = col0 + gl.arange(0, acc.type.shape[1], layout=gl.SliceLayout(0, mma))
-            s_rows = gl.load(scale_a + rows * stride_sa, mask=rows < M, other=0.0)
-            s_cols = gl.load(scale_w + cols * stride_sw, mask=cols < N, other=0.0)
-            acc = acc * s_rows[:, None] * s_cols[None, :]
-        out = acc.to(c_desc.dtype)
+    def _store_buffer(out, c_desc, c_smem, c_free, c_full, phase, row0, col0, ROW0: gl.constexpr):
+        """This consumer's rows ``out`` of C's block at (``row0``, ``col0``) (as wide as the shared buffer) through
+        the buffer: the first consumer (ROW0 0) frees it (the previous store has read it) and, once both
+        consumers' rows are in, stores the block by TMA."""
         if ROW0 == 0:
             tma.store_wait(pendings=0)
             mbarrier.arrive(c_free, count=1)
         else:
             mbarrier.wait(c_free, phase)
-        c_smem.slice(ROW0, ROWS).store(out)
+        c_smem.slice(ROW0, out.type.shape[0]).store(out)
         fence_async_shared()
         _partition_barrier()  # every thread's rows written and fenced before thread 0 arrives
         mbarrier.arrive(c_full, count=1)
@@ -204,16 +195,40 @@ if gluon is not None:
             _tma_store(c_desc, [row0, col0], c_smem)
 
     @gluon.jit
+    def _store_piece(acc, c_desc, c_smem, c_free, c_full, phase, scale_a, scale_w, rows, row0, col0, M, N,
+                     stride_sa, stride_sw, ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr):
+        """This consumer's ``rows`` of the piece of C at (``row0``, ``col0``): scaled (per-tensor / rowwise),
+        converted, stored through the shared buffer (``_store_buffer``) at once, or, where the buffer is half the
+        piece's width (EPILOGUE_SUBTILE: 16 KiB of shared memory for the ring), in two halves (phases ``phase``
+        and ``phase ^ 1``)."""
+        mma: gl.constexpr = acc.type.layout
+        ROWS: gl.constexpr = acc.type.shape[0]
+        PN: gl.constexpr = acc.type.shape[1]
+        if not BLOCK_SCALES:
+            cols = col0 + gl.arange(0, PN, layout=gl.SliceLayout(0, mma))
+            s_rows = gl.load(scale_a + rows * stride_sa, mask=rows < M, other=0.0)
+            s_cols = gl.load(scale_w + cols * stride_sw, mask=cols < N, other=0.0)
+            acc = acc * s_rows[:, None] * s_cols[None, :]
+        out = acc.to(c_desc.dtype)
+        if c_smem.type.shape[1] == PN:
+            _store_buffer(out, c_desc, c_smem, c_free, c_full, phase, row0, col0, ROW0)
+        else:  # columns c and c + PN / 2 of a row sit in one thread: split them apart
+            lo, hi = gl.split(gl.permute(gl.reshape(out, [ROWS, 2, PN // 2]), [0, 2, 1]))
+            _store_buffer(lo, c_desc, c_smem, c_free, c_full, phase, row0, col0, ROW0)
+            _store_buffer(hi, c_desc, c_smem, c_free, c_full, phase ^ 1, row0, col0 + PN // 2, ROW0)
+
+    @gluon.jit
     def _consumer(a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w,
                   M, N, K, stride_sa, stride_sw, ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr,
-                  GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+                  GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPILOGUE_SUBTILE: gl.constexpr):
         """Rows ROW0 .. ROW0 + 64 of every tile of this program, on this partition's warpgroup: per K step wait
-        for the slot, its wgmmas (a piece of PN columns at a time: C's piece width), release the slot, promote;
-        then the epilogue."""
+        for the slot, its wgmmas (a piece of PN columns at a time: C's buffer width, twice that with
+        EPILOGUE_SUBTILE), release the slot, promote; then the epilogue."""
         BM: gl.constexpr = a_bufs.type.shape[1]
         BK: gl.constexpr = a_bufs.type.shape[2]
         BN: gl.constexpr = b_bufs.type.shape[1]
-        PN: gl.constexpr = c_smem.type.shape[1]
+        STORES: gl.constexpr = 2 if EPILOGUE_SUBTILE else 1  # buffer stores per piece
+        PN: gl.constexpr = c_smem.type.shape[1] * STORES
         PIECES: gl.constexpr = BN // PN  # 1 or 2: a sum each, one partial at a time
         ROWS: gl.constexpr = BM // 2
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
@@ -225,7 +240,7 @@ if gluon is not None:
         zero = gl.zeros([ROWS, PN], gl.float32, layout=mma)
         runtime_zero = M >> 31  # (M >= 0)
         step = 0
-        pieces = 0  # C pieces stored so far (the buffer's barriers' phase)
+        pieces = 0  # C buffer stores so far (the buffer's barriers' phase)
         for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
             rows = pid_m * BM + ROW0 + gl.arange(0, ROWS, layout=rows_of)
@@ -249,29 +264,30 @@ if gluon is not None:
                 step += 1
             _store_piece(acc, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows, pid_m * BM,
                          pid_n * BN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
-            pieces += 1
+            pieces += STORES
             if PIECES > 1:
                 _store_piece(acc1, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows,
                              pid_m * BM, pid_n * BN + PN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
-                pieces += 1
+                pieces += STORES
         if ROW0 == 0:
             tma.store_wait(pendings=0)
 
     @gluon.jit
     def _second_consumer(a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a,
                          scale_w, M, N, K, stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr,
-                         STAGES: gl.constexpr):
+                         STAGES: gl.constexpr, EPILOGUE_SUBTILE: gl.constexpr):
         """The worker consumer: rows 64 .. 127 of each tile."""
         _consumer(a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w,
-                  M, N, K, stride_sa, stride_sw, a_bufs.type.shape[1] // 2, BLOCK_SCALES, GROUP_M, STAGES)
+                  M, N, K, stride_sa, stride_sw, a_bufs.type.shape[1] // 2, BLOCK_SCALES, GROUP_M, STAGES,
+                  EPILOGUE_SUBTILE)
 
     @gluon.jit
     def gemm_fp8_sm90_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa, stride_sw, stride_sak,
                              BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                             num_warps: gl.constexpr):
+                             num_warps: gl.constexpr, EPILOGUE_SUBTILE: gl.constexpr = False):
         """Persistent ``C = A @ B.T`` of FP8 A [M, K], B [N, K] (tensor descriptors: A's block 128x128, B's
-        BLOCK_N x 128 with BLOCK_N 128 or 256, C's 128 x the pieces' width, 128 or 64) with promotion every K
-        step; scales:
+        BLOCK_N x 128 with BLOCK_N 128 or 256, C's 128 x the pieces' width, 128 or 64, or with EPILOGUE_SUBTILE
+        half of 128: a piece stored in two halves) with promotion every K step; scales:
         ``scale_a[row * stride_sa]`` x ``scale_w[col * stride_sw]`` after the K loop (per-tensor: strides 0), or
         with BLOCK_SCALES ``scale_a[row * stride_sa + kb * stride_sak]`` x ``scale_w[n_block * stride_sw + kb]`` on
         each step's partial (A's scales row-major, stride_sak 1, or K-major, stride_sa 1: a step's scales in
@@ -298,9 +314,10 @@ if gluon is not None:
         mbarrier.init(c_full, count=2)
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a,
-                         scale_w, M, N, K, stride_sa, stride_sw, 0, BLOCK_SCALES, GROUP_M, STAGES)),
+                         scale_w, M, N, K, stride_sa, stride_sw, 0, BLOCK_SCALES, GROUP_M, STAGES, EPILOGUE_SUBTILE)),
             (_second_consumer, (a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc,
-                                scale_a, scale_w, M, N, K, stride_sa, stride_sw, BLOCK_SCALES, GROUP_M, STAGES)),
+                                scale_a, scale_w, M, N, K, stride_sa, stride_sw, BLOCK_SCALES, GROUP_M, STAGES,
+                                EPILOGUE_SUBTILE)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, scale_a, scale_w, M, N, K,
                          stride_sa, stride_sw, stride_sak, BLOCK_SCALES, GROUP_M, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # (worker_num_regs: required by 3.6, optional since)
@@ -329,37 +346,47 @@ def available(device, dtype, scales, out_dtype):
             and not scales.fast_accum and out_dtype in OUT_DTYPES)
 
 
-def _shared_bytes(block_n, stages, out_dtype, block_scales=False):
+def _shared_bytes(block_n, stages, out_dtype, block_scales=False, subtile=False):
     """The ring of FP8 A and W tiles with their block scales (fp32: A's 128 rows, W's two blocks) and the buffer
-    of a 128 x 128 C piece."""
-    return stages * ((128 + block_n) * 128 + 4 * ((128 if block_scales else 2) + 2)) + 128 * 128 * out_dtype.itemsize
+    of a 128 x 128 C piece (``subtile``: 128 x 64, a piece stored in two halves)."""
+    c_buffer = 128 * (64 if subtile else 128) * out_dtype.itemsize
+    return stages * ((128 + block_n) * 128 + 4 * ((128 if block_scales else 2) + 2)) + c_buffer
 
 
 def takes(cfg, out_dtype, block_scales=False):
     """Whether ``cfg`` is a configuration this kernel runs for a result of ``out_dtype`` (with block scales or
     not): 128x128 A tiles, BLOCK_N of ``BLOCK_NS`` (in 128-column pieces: no SPLIT_N), BLOCK_K 128, each consumer
-    one warpgroup (num_warps 4), a ring of at least two slots within the shared memory."""
+    one warpgroup (num_warps 4), a ring of at least two slots within the shared memory (beside a C buffer of
+    half a piece with EPILOGUE_SUBTILE)."""
     return ((cfg["BLOCK_M"], cfg["BLOCK_K"]) == (128, 128) and cfg["BLOCK_N"] in BLOCK_NS and cfg["num_warps"] == 4
             and not cfg.get("SPLIT_N") and cfg["num_stages"] >= 2
-            and _shared_bytes(cfg["BLOCK_N"], cfg["num_stages"], out_dtype, block_scales) <= SHARED_BYTES)
+            and _shared_bytes(cfg["BLOCK_N"], cfg["num_stages"], out_dtype, block_scales,
+                              bool(cfg.get("EPILOGUE_SUBTILE"))) <= SHARED_BYTES)
 
 
 def candidates(base, out_dtype=torch.bfloat16, block_scales=False):
     """Tuner configurations of this mainloop from ``base`` (``gemm_config``'s keys): each BLOCK_N with the two
-    deepest rings that fit beside a result of ``out_dtype`` (with block scales or not)."""
+    deepest rings that fit beside a result of ``out_dtype`` (with block scales or not), and the one slot more
+    that a half-width C buffer makes room for (EPILOGUE_SUBTILE), where it does: block scales wait for two loads
+    per slot, so a deeper ring pays (docs/design/fp8.md)."""
+    def depths(bn, subtile):
+        return [s for s in range(2, 8) if _shared_bytes(bn, s, out_dtype, block_scales, subtile) <= SHARED_BYTES]
+
     cands = []
     for bn in BLOCK_NS:
-        deepest = [s for s in range(2, 8) if _shared_bytes(bn, s, out_dtype, block_scales) <= SHARED_BYTES][-2:]
+        deepest = [(s, False) for s in depths(bn, False)[-2:]]
+        deepest += [(s, True) for s in depths(bn, True)[-1:] if s > deepest[-1][0]]
         cands += [{**base, "MAINLOOP": "gluon", "BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4,
-                   "num_stages": s, "GROUP_M": 8, "SPLIT_N": False, "EPILOGUE_SUBTILE": False, "SPLIT_K": 1,
-                   "programs_per_sm": None} for s in deepest]
+                   "num_stages": s, "GROUP_M": 8, "SPLIT_N": False, "EPILOGUE_SUBTILE": subtile, "SPLIT_K": 1,
+                   "programs_per_sm": None} for s, subtile in deepest]
     return cands
 
 
 def default_config(base, out_dtype=torch.bfloat16, block_scales=False, block_n=128):
     """The ``candidates`` configuration at ``block_n`` with the deepest ring: what a caller's ``config`` naming
-    only ``MAINLOOP="gluon"`` gets for the knobs it leaves out."""
-    return [c for c in candidates(base, out_dtype, block_scales) if c["BLOCK_N"] == block_n][-1]
+    only ``MAINLOOP="gluon"`` gets for the knobs it leaves out (a whole-piece C buffer)."""
+    return [c for c in candidates(base, out_dtype, block_scales)
+            if c["BLOCK_N"] == block_n and not c["EPILOGUE_SUBTILE"]][-1]
 
 
 _GL_DTYPES = {}
@@ -423,7 +450,7 @@ class Arguments:
         (m, k), n = a.shape, w.shape[0]
         self.templates = (_template(a.shape, a.stride(), [128, 128], a.dtype),
                           _template(w.shape, w.stride(), [cfg["BLOCK_N"], 128], w.dtype),
-                          _template(c.shape, c.stride(), [128, 128], c.dtype))
+                          _template(c.shape, c.stride(), [128, 64 if cfg.get("EPILOGUE_SUBTILE") else 128], c.dtype))
         self.ints = (m, n, k) + ((0, 0) if mode == "tensor" else (scale_a.stride(0), scale_w.stride(0))) + \
             (scale_a.stride(1) if mode == "block" else 1,)
 
@@ -440,4 +467,4 @@ class Arguments:
 def meta(cfg, mode):
     """The kernel's constexprs and launch options for ``cfg`` and scales of ``mode``."""
     return dict(BLOCK_SCALES=mode == "block", GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"], num_warps=4,
-                maxnreg=MAXNREG)
+                EPILOGUE_SUBTILE=bool(cfg.get("EPILOGUE_SUBTILE")), maxnreg=MAXNREG)
