@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# run161 (1 GPU; prepared 2026-12-07, not yet run). GIT_COMMIT=<sha> bash steps.sh s|p|sp|b|k|r
+#   s  (~150 s) the Gluon mainloop's GPU tests (test_gemm_sm90: every candidate at 7 shapes, EPILOGUE_SUBTILE's
+#      sixth block-scale slot and fp32 results' among them) and test_fp8_gemm's every-candidate tests: proves
+#      5c88ec8 (not yet on a GPU)
+#   p  (~60 s) subtile_probe.py: the sixth slot (block scales, K-major and row-major A scales) against five, and
+#      what the two-half epilogue costs (per-tensor s6 with and without), 3 rounds in turn
+#   b  (~150 s) bench_gemm FP8 at issue 34's four shapes: does the tuner pick the sixth slot?
+#   k / r  the GPU tier in two calls (tests/kernels ~430 s; the rest ~270 s), if the budget allows
+source benchmarks/steps_lib.sh
+HERE=benchmarks/results/2026-12-08_gpu_run161
+case "${1:-sp}" in
+s|sp)
+  step gluon_tests 300 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 250 -rf \
+    tests/kernels/test_gemm_sm90.py tests/kernels/test_fp8_gemm.py -k "gluon or candidate or kmajor"
+  grep -E "FAILED|passed|failed" "$OUT/gluon_tests.log" | cut -c1-250 | tail -14 ;;&
+p|sp)
+  step subtile_probe 200 torchrun --nproc-per-node=1 $HERE/subtile_probe.py
+  grep -E "MEDIAN|Error" "$OUT/subtile_probe.log" | cut -c1-220 | tail -44 ;;
+b)
+  BENCH_DIR=$OUT step bench_gemm_fp8 250 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only fp8 \
+    --fp8-shapes 8192x8192x8192,8192x28672x8192,4096x6144x4096,2048x8192x8192
+  grep -E "^\||Error|error" "$OUT/bench_gemm_fp8.log" | cut -c1-400 | head -24 ;;
+k)
+  step gpu_tier_kernels 570 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 \
+    tests/kernels
+  grep -E "FAILED|passed|failed" "$OUT/gpu_tier_kernels.log" | cut -c1-250 | tail -14 ;;
+r)
+  step gpu_tier_rest 400 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=15 \
+    tests --ignore=tests/kernels
+  grep -E "FAILED|passed|failed" "$OUT/gpu_tier_rest.log" | cut -c1-250 | tail -14 ;;
+esac
+true

@@ -1,0 +1,66 @@
+"""run161 probe (one GPU, device time by ``do_bench``, rounds in turn, medians): does the sixth ring slot that
+``EPILOGUE_SUBTILE`` (a C buffer half a piece wide, 5c88ec8) makes room for close blockwise FP8's gap? run160:
+with block scales 5 slots beat 4 by 1-7 % (a slot waits for its TMA tiles and its scales' cp.async), 6 did not
+fit beside the whole C buffer. Rows at issue 34's four shapes, 128 tile:
+  block {kmajor, rows} s5          the tuner's best so far (whole buffer)
+  block {kmajor, rows} s5 subtile  the same ring with the half buffer: what the two-half epilogue costs
+  block {kmajor, rows} s6 subtile  the sixth slot
+  ours tensor s6 / s6 subtile      per-tensor, whose ring already has six: the epilogue's cost there
+Each block row's result (poisoned with NaN first) is checked against fp64.
+
+    PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/<run>/subtile_probe.py
+"""
+
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-12-07_h100x1_run157"))
+from bench_gemm import cublas_fp8  # noqa: E402
+from probe import BLOCK_SHAPES, block_case, start, time_block_contenders, write  # noqa: E402
+from triton_dist import hardware  # noqa: E402
+from triton_dist.kernels import gemm_sm90  # noqa: E402
+
+ROUNDS = int(os.environ.get("SUBTILE_ROUNDS", 3))
+
+
+def launcher(a, w, c, cfg, mode, sa, sw):
+    """The Gluon kernel's launch as ``gemm_sm90.launch`` makes it, bound once (no host path timed)."""
+    args = gemm_sm90.Arguments(a, w, c, cfg, mode, sa, sw)(a, w, c, sa, sw)
+    tiles = -(-a.shape[0] // 128) * -(-w.shape[0] // cfg["BLOCK_N"])
+    grid = (min(tiles, hardware.num_sms(a.device.index)),)
+    meta = gemm_sm90.meta(cfg, mode)
+    return lambda: gemm_sm90._LAUNCH(grid, *args, **meta)
+
+
+start()
+rows = []
+for m, n, k in BLOCK_SHAPES:
+    (at, sat, wt, swt), (ab, sab, wb, swb), want, out = block_case(m, n, k)
+    sab_k = sab.t().contiguous().t()  # [M, K/128] of strides (1, M): K-major
+    calls = {"cuBLAS tensor": cublas_fp8(at, wt, sat, swt, "tensor", False)}
+    tensor = gemm_sm90.default_config({"GROUP_M": 8}, torch.bfloat16, False)
+    for subtile in (False, True):
+        calls[f"ours tensor s6{' subtile' if subtile else ''}"] = launcher(
+            at, wt, out, {**tensor, "num_stages": 6, "EPILOGUE_SUBTILE": subtile}, "tensor", sat, swt)
+    block = gemm_sm90.default_config({"GROUP_M": 8}, torch.bfloat16, True)
+    for layout, scales in (("kmajor", sab_k), ("rows", sab)):
+        for stages, subtile in ((5, False), (5, True), (6, True)):
+            cfg = {**block, "num_stages": stages, "EPILOGUE_SUBTILE": subtile}
+            assert gemm_sm90.takes(cfg, torch.bfloat16, True), cfg
+            calls[f"block {layout} s{stages}{' subtile' if subtile else ''}"] = launcher(
+                ab, wb, out, cfg, "block", scales, swb)
+    per_round = [time_block_contenders((m, n, k), calls, want, out, round=r) for r in range(ROUNDS)]
+    for name in calls:
+        times = [r["device_us"] for rr in per_round for r in rr if r["name"] == name]
+        errs = {r["rel_err"] for rr in per_round for r in rr if r["name"] == name}
+        rows.append(dict(shape=[m, n, k], name=name, median_us=statistics.median(times), rounds_us=times,
+                         rel_err=max(errs, key=str)))
+    bar = rows[-len(calls)]["median_us"]
+    for r in rows[-len(calls):]:
+        r["vs_cublas"] = bar / r["median_us"]
+        print(f"MEDIAN {m}x{n}x{k} {r['name']:24s} {r['median_us']:8.1f} us {r['vs_cublas']:5.2f}x "
+              f"rounds {' '.join(f'{t:.1f}' for t in r['rounds_us'])} err {r['rel_err']}", flush=True)
+write(rows, "subtile_probe.json")
