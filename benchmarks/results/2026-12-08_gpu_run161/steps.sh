@@ -6,6 +6,8 @@
 #   p  (~60 s) subtile_probe.py: the sixth slot (block scales, K-major and row-major A scales) against five, and
 #      what the two-half epilogue costs (per-tensor s6 with and without), 3 rounds in turn
 #   b  (~150 s) bench_gemm FP8 at issue 34's four shapes: does the tuner pick the sixth slot?
+#   g  (~120 s) bench_backward --only moe --fp8 row,block --fp8-grads: the MoE layer's FP8-grads step, never
+#      timed (issue 35), against HF's block and our bf16 layer
 #   k / r  the GPU tier in two calls (tests/kernels ~430 s; the rest ~270 s), if the budget allows
 source benchmarks/steps_lib.sh
 HERE=benchmarks/results/2026-12-08_gpu_run161
@@ -21,6 +23,10 @@ b)
   BENCH_DIR=$OUT step bench_gemm_fp8 250 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only fp8 \
     --fp8-shapes 8192x8192x8192,8192x28672x8192,4096x6144x4096,2048x8192x8192
   grep -E "^\||Error|error" "$OUT/bench_gemm_fp8.log" | cut -c1-400 | head -24 ;;
+g)
+  BENCH_DIR=$OUT step bench_backward_moe 250 torchrun --nproc-per-node=1 benchmarks/bench_backward.py --only moe \
+    --fp8 row,block --fp8-grads
+  grep -E "^\||Error|error" "$OUT/bench_backward_moe.log" | cut -c1-300 | head -20 ;;
 k)
   step gpu_tier_kernels 570 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 \
     tests/kernels
