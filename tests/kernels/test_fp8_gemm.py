@@ -310,6 +310,7 @@ def _gpu_errors(m, n, k, mode, cfg):
 
 
 @gpu_only
+@pytest.mark.long  # the op tunes at each shape (GPU tier run160: up to 125 s): started first
 @pytest.mark.parametrize("mode", ["tensor", "row", "block", "block-kmajor"])
 @pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (1000, 1536, 1032), (517, 520, 4104), (128, 4096, 8192)])
 def test_scaled_gemm_gpu(ranks, mode, m, n, k):

@@ -179,6 +179,7 @@ def _check_gpu(m, n, k, mode, repeats):
 
 
 @gpu_only
+@pytest.mark.long  # the op tunes at each shape (GPU tier run160: up to 125 s): started first
 @pytest.mark.parametrize("mode", ["tensor", "row", "block"])
 @pytest.mark.parametrize("m,n,k", [(2048, 1536, 1024), (517, 520, 2052), (64, 4096, 1000)])
 def test_fp8_gemm_rs_gpu_bf16(ranks, m, n, k, mode):
