@@ -6,6 +6,8 @@ fit beside the whole C buffer. Rows at issue 34's four shapes, 128 tile:
   block {kmajor, rows} s5 subtile  the same ring with the half buffer: what the two-half epilogue costs
   block {kmajor, rows} s6 subtile  the sixth slot
   ours tensor s6 / s6 subtile      per-tensor, whose ring already has six: the epilogue's cost there
+  block kmajor s5 / s6 subtile tma  ``tma_scales.py``'s variant: the scales by TMA with the tiles (one expect-tx,
+                                   no cp.async): does a slot then wait on one load instead of the later of two?
 Each block row's result (poisoned with NaN first) is checked against fp64.
 
     PYTHONPATH=$PWD:$PWD/benchmarks torchrun --nproc-per-node=1 benchmarks/results/<run>/subtile_probe.py
@@ -23,6 +25,9 @@ from probe import BLOCK_SHAPES, block_case, start, time_block_contenders, write 
 from triton_dist import hardware  # noqa: E402
 from triton_dist.kernels import gemm_sm90  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tma_scales  # noqa: E402  (this directory's variant)
+
 ROUNDS = int(os.environ.get("SUBTILE_ROUNDS", 3))
 
 
@@ -36,6 +41,7 @@ def launcher(a, w, c, cfg, mode, sa, sw):
 
 
 start()
+tma_variant = tma_scales.variant()
 rows = []
 for m, n, k in BLOCK_SHAPES:
     (at, sat, wt, swt), (ab, sab, wb, swb), want, out = block_case(m, n, k)
@@ -52,6 +58,10 @@ for m, n, k in BLOCK_SHAPES:
             assert gemm_sm90.takes(cfg, torch.bfloat16, True), cfg
             calls[f"block {layout} s{stages}{' subtile' if subtile else ''}"] = launcher(
                 ab, wb, out, cfg, "block", scales, swb)
+    for stages, subtile in ((5, False), (6, True)):
+        cfg = {**block, "num_stages": stages, "EPILOGUE_SUBTILE": subtile}
+        calls[f"block kmajor s{stages}{' subtile' if subtile else ''} tma"] = tma_scales.launcher(
+            tma_variant, ab, wb, out, cfg, sab_k, swb)
     per_round = [time_block_contenders((m, n, k), calls, want, out, round=r) for r in range(ROUNDS)]
     for name in calls:
         times = [r["device_us"] for rr in per_round for r in rr if r["name"] == name]
