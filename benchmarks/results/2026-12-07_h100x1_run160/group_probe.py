@@ -38,32 +38,40 @@ def launcher(a, w, c, cfg, mode, sa, sw):
     return lambda: gemm_sm90._LAUNCH(grid, *args, **meta)
 
 
-start()
-rows = []
-for m, n, k in BLOCK_SHAPES:
-    (at, sat, wt, swt), (ab, sab, wb, swb), want, out = block_case(m, n, k)
-    sab_k = sab.t().contiguous().t()  # [M, K/128] of strides (1, M): K-major
-    calls = {"cuBLAS tensor": cublas_fp8(at, wt, sat, swt, "tensor", False)}
-    one = torch.ones((), device="cuda")
-    calls["cuBLAS tensor, grouped bits"] = cublas_fp8(ab, wb, one, one, "tensor", False)
-    cfg8 = {**gemm_sm90.default_config({"GROUP_M": 8}, torch.bfloat16, False), "num_stages": 5}
-    calls["ours tensor, grouped bits"] = launcher(ab, wb, out, cfg8, "tensor", one, one)
-    for group in (8, 16):
-        cfg = {**gemm_sm90.default_config({"GROUP_M": group}, torch.bfloat16, False), "num_stages": 5}
-        calls[f"ours tensor s5 g{group}"] = launcher(at, wt, out, cfg, "tensor", sat, swt)
-    for stages in (4, 5):
-        for group in (4, 8, 16, 32):
-            cfg = {**gemm_sm90.default_config({"GROUP_M": group}, torch.bfloat16, True), "num_stages": stages}
-            calls[f"block kmajor s{stages} g{group}"] = launcher(ab, wb, out, cfg, "block", sab_k, swb)
-    per_round = [time_block_contenders((m, n, k), calls, want, out, round=r) for r in range(ROUNDS)]
+def medians(shape, calls, per_round):
+    """Rows of ``calls`` ({name: fn}, the bar first) at ``shape`` from ``time_block_contenders``' rounds: each
+    contender's median, its rounds and (block rows) relative error, and its ratio to the bar, printed."""
+    rows = []
     for name in calls:
         times = [r["device_us"] for rr in per_round for r in rr if r["name"] == name]
         errs = {r["rel_err"] for rr in per_round for r in rr if r["name"] == name}
-        rows.append(dict(shape=[m, n, k], name=name, median_us=statistics.median(times), rounds_us=times,
+        rows.append(dict(shape=list(shape), name=name, median_us=statistics.median(times), rounds_us=times,
                          rel_err=max(errs, key=str)))
-    bar = rows[-len(calls)]["median_us"]
-    for r in rows[-len(calls):]:
-        r["vs_cublas"] = bar / r["median_us"]
-        print(f"MEDIAN {m}x{n}x{k} {r['name']:22s} {r['median_us']:8.1f} us {r['vs_cublas']:5.2f}x "
+    for r in rows:
+        r["vs_cublas"] = rows[0]["median_us"] / r["median_us"]
+        print(f"MEDIAN {'x'.join(map(str, shape))} {r['name']:22s} {r['median_us']:8.1f} us {r['vs_cublas']:5.2f}x "
               f"rounds {' '.join(f'{t:.1f}' for t in r['rounds_us'])}", flush=True)
-write(rows, "group_probe.json")
+    return rows
+
+
+if __name__ == "__main__":
+    start()
+    rows = []
+    for m, n, k in BLOCK_SHAPES:
+        (at, sat, wt, swt), (ab, sab, wb, swb), want, out = block_case(m, n, k)
+        sab_k = sab.t().contiguous().t()  # [M, K/128] of strides (1, M): K-major
+        calls = {"cuBLAS tensor": cublas_fp8(at, wt, sat, swt, "tensor", False)}
+        one = torch.ones((), device="cuda")
+        calls["cuBLAS tensor, grouped bits"] = cublas_fp8(ab, wb, one, one, "tensor", False)
+        cfg8 = {**gemm_sm90.default_config({"GROUP_M": 8}, torch.bfloat16, False), "num_stages": 5}
+        calls["ours tensor, grouped bits"] = launcher(ab, wb, out, cfg8, "tensor", one, one)
+        for group in (8, 16):
+            cfg = {**gemm_sm90.default_config({"GROUP_M": group}, torch.bfloat16, False), "num_stages": 5}
+            calls[f"ours tensor s5 g{group}"] = launcher(at, wt, out, cfg, "tensor", sat, swt)
+        for stages in (4, 5):
+            for group in (4, 8, 16, 32):
+                cfg = {**gemm_sm90.default_config({"GROUP_M": group}, torch.bfloat16, True), "num_stages": stages}
+                calls[f"block kmajor s{stages} g{group}"] = launcher(ab, wb, out, cfg, "block", sab_k, swb)
+        per_round = [time_block_contenders((m, n, k), calls, want, out, round=r) for r in range(ROUNDS)]
+        rows += medians((m, n, k), calls, per_round)
+    write(rows, "group_probe.json")

@@ -14,30 +14,20 @@ Each block row's result (poisoned with NaN first) is checked against fp64.
 """
 
 import os
-import statistics
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-12-07_h100x1_run157"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", run) for run in ("2026-12-07_h100x1_run157", "2026-12-07_h100x1_run160")]
+sys.path.insert(0, HERE)
 from bench_gemm import cublas_fp8  # noqa: E402
+from group_probe import launcher, medians  # noqa: E402  (run160's: the bound Gluon launch, rounds' medians)
 from probe import BLOCK_SHAPES, block_case, start, time_block_contenders, write  # noqa: E402
-from triton_dist import hardware  # noqa: E402
 from triton_dist.kernels import gemm_sm90  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tma_scales  # noqa: E402  (this directory's variant)
 
 ROUNDS = int(os.environ.get("SUBTILE_ROUNDS", 3))
-
-
-def launcher(a, w, c, cfg, mode, sa, sw):
-    """The Gluon kernel's launch as ``gemm_sm90.launch`` makes it, bound once (no host path timed)."""
-    args = gemm_sm90.Arguments(a, w, c, cfg, mode, sa, sw)(a, w, c, sa, sw)
-    tiles = -(-a.shape[0] // 128) * -(-w.shape[0] // cfg["BLOCK_N"])
-    grid = (min(tiles, hardware.num_sms(a.device.index)),)
-    meta = gemm_sm90.meta(cfg, mode)
-    return lambda: gemm_sm90._LAUNCH(grid, *args, **meta)
 
 
 start()
@@ -63,14 +53,5 @@ for m, n, k in BLOCK_SHAPES:
         calls[f"block kmajor s{stages}{' subtile' if subtile else ''} tma"] = tma_scales.launcher(
             tma_variant, ab, wb, out, cfg, sab_k, swb)
     per_round = [time_block_contenders((m, n, k), calls, want, out, round=r) for r in range(ROUNDS)]
-    for name in calls:
-        times = [r["device_us"] for rr in per_round for r in rr if r["name"] == name]
-        errs = {r["rel_err"] for rr in per_round for r in rr if r["name"] == name}
-        rows.append(dict(shape=[m, n, k], name=name, median_us=statistics.median(times), rounds_us=times,
-                         rel_err=max(errs, key=str)))
-    bar = rows[-len(calls)]["median_us"]
-    for r in rows[-len(calls):]:
-        r["vs_cublas"] = bar / r["median_us"]
-        print(f"MEDIAN {m}x{n}x{k} {r['name']:24s} {r['median_us']:8.1f} us {r['vs_cublas']:5.2f}x "
-              f"rounds {' '.join(f'{t:.1f}' for t in r['rounds_us'])} err {r['rel_err']}", flush=True)
+    rows += medians((m, n, k), calls, per_round)  # (each round's lines give the block rows' errors)
 write(rows, "subtile_probe.json")
