@@ -6,6 +6,7 @@ fit beside the whole C buffer. Rows at issue 34's four shapes, 128 tile:
   block {kmajor, rows} s5 subtile  the same ring with the half buffer: what the two-half epilogue costs
   block {kmajor, rows} s6 subtile  the sixth slot
   ours tensor s6 / s6 subtile      per-tensor, whose ring already has six: the epilogue's cost there
+  ours tensor 256 s3 / s4          per-tensor's 256 tile (run160's tuner took 128 s6 at 8192^3 only: 0.93x)
   block kmajor s5 / s6 subtile tma  ``tma_scales.py``'s variant: the scales by TMA with the tiles (one expect-tx,
                                    no cp.async): does a slot then wait on one load instead of the later of two?
 Each block row's result (poisoned with NaN first) is checked against fp64.
@@ -41,6 +42,9 @@ for m, n, k in BLOCK_SHAPES:
     for subtile in (False, True):
         calls[f"ours tensor s6{' subtile' if subtile else ''}"] = launcher(
             at, wt, out, {**tensor, "num_stages": 6, "EPILOGUE_SUBTILE": subtile}, "tensor", sat, swt)
+    for stages in (3, 4):  # the 256-column tile (an A tile serves twice the columns: less L2 traffic per FLOP)
+        calls[f"ours tensor 256 s{stages}"] = launcher(
+            at, wt, out, {**tensor, "BLOCK_N": 256, "num_stages": stages}, "tensor", sat, swt)
     block = gemm_sm90.default_config({"GROUP_M": 8}, torch.bfloat16, True)
     for layout, scales in (("kmajor", sab_k), ("rows", sab)):
         for stages, subtile in ((5, False), (5, True), (6, True)):
