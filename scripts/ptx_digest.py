@@ -73,6 +73,21 @@ def sm90_gemm_subtile_signature():
                 EPILOGUE_SUBTILE="constexpr")
 
 
+def sm90_gemm_tail_signature(signature=None):
+    """``gemm_fp8_sm90_kernel``'s signature (``signature``: another of its signatures) with its last round's tiles
+    split along K (SPLIT_TAIL: C's pointer and row stride, the partials, the counters, the split)."""
+    return dict(signature or sm90_gemm_signature(), c="*bf16", stride_cm="i32", partials="*fp32",
+                tile_counts="*i32", tail_split="i32", SPLIT_TAIL="constexpr")
+
+
+def sm90_gemm_tail_kmajor_signature():
+    return sm90_gemm_tail_signature(sm90_gemm_kmajor_signature())
+
+
+def sm90_gemm_tail_wide_signature():
+    return sm90_gemm_tail_signature(sm90_gemm_wide_signature())
+
+
 def sm90_gemm_e5m2_signature():
     """``gemm_fp8_sm90_kernel``'s signature with e5m2 operands."""
     import torch
@@ -396,6 +411,15 @@ KERNELS = [
     ("gemm_sm90/fp8-blocks-kmajor-subtile", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_subtile_signature,
      dict(stride_sa=1, BLOCK_SCALES=True, GROUP_M=8, STAGES=6, num_warps=4, EPILOGUE_SUBTILE=True), (),
      {"num_warps": 4, "maxnreg": 168}),
+    ("gemm_sm90/fp8-rows-tail", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_tail_signature,
+     dict(stride_sak=1, BLOCK_SCALES=False, GROUP_M=8, STAGES=6, num_warps=4, SPLIT_TAIL=True),
+     ("c", "partials", "tile_counts"), {"num_warps": 4, "maxnreg": 168}),
+    ("gemm_sm90/fp8-blocks-kmajor-tail", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_tail_kmajor_signature,
+     dict(stride_sa=1, BLOCK_SCALES=True, GROUP_M=8, STAGES=5, num_warps=4, SPLIT_TAIL=True),
+     ("c", "partials", "tile_counts"), {"num_warps": 4, "maxnreg": 168}),
+    ("gemm_sm90/fp8-rows-wide-tail", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_tail_wide_signature,
+     dict(stride_sak=1, BLOCK_SCALES=False, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_TAIL=True),
+     ("c", "partials", "tile_counts"), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-rows-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,
      dict(stride_sak=1, BLOCK_SCALES=False, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-blocks-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from triton_dist.kernels import gemm_sm90
-from triton_dist.kernels.gemm import gemm_candidates, gemm_config, scaled_gemm
+from triton_dist.kernels.gemm import check_tiles, gemm_candidates, gemm_config, scaled_gemm
 
 from ..conftest import cpu_only, gpu_only
 from ..sm90 import compile_sm90
@@ -80,6 +80,55 @@ def test_gluon_mainloop_takes_e5m2(ranks, mode):
     if isinstance(errs, str):
         pytest.skip(errs)
     assert errs and all(err < 1e-2 for err in errs.values()), errs
+
+
+def _split_tail_errors(mode, out_dtype):
+    """{(BLOCK_N, stages, shape): (max relative error, bitwise equal on the same inputs)} of each configuration of
+    the mainloop with its last round's tiles split along K (TAIL_SPLIT 8), at two shapes sized from the SM count:
+    one round and a few tiles more (ragged M and N), and fewer tiles than SMs (every tile split); through the op
+    with ``config=`` and through the eager plan (``EagerGemm``), fresh inputs, results poisoned with NaN."""
+    from triton_dist.kernels import fp8
+    from triton_dist.kernels.gemm import EagerGemm, default_num_programs
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        return "not an sm_90 GPU"
+    cuda = torch.device("cuda")
+    programs = default_num_programs(cuda)
+    gen = torch.Generator().manual_seed(7)
+    errs = {}
+    for cfg in gemm_sm90.candidates(gemm_config(256, 256, 256, torch.float8_e4m3fn, cuda, SPLIT_K=1), out_dtype,
+                                    mode.startswith("block")):
+        cfg = {**cfg, "TAIL_SPLIT": 8}
+        columns = -(-200 // cfg["BLOCK_N"])  # N 200: one or two tiles a row of tiles
+        for m, n, k in ((128 * -(-(programs + 3) // columns) - 50, 200, 1008), (200, 520, 2064)):
+            assert gemm_sm90.tail_split(cfg, m, n, k, programs) > 1, (cfg, m, n, k)  # the path under test runs
+            key = (cfg["BLOCK_N"], cfg["num_stages"], cfg["EPILOGUE_SUBTILE"], (m, n, k))
+            a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen))
+            outs = []
+            for eager in (False, True, True):
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+                if eager:
+                    scales, _ = fp8.scaled_operands(a, w, sa, sw, None, out_dtype, False, required=True,
+                                                    a_strided=True)
+                    EagerGemm(a, w, cfg, scales, out_dtype)(a, w, out, sa, sw)
+                else:
+                    scaled_gemm(a, w, sa, sw, out=out, out_dtype=out_dtype, config=cfg)
+                outs.append(out)
+            errs[key] = (max(rel_err(out, da @ dw.T) for out in outs),
+                         all(torch.equal(outs[0], out) for out in outs[1:]))
+    return errs
+
+
+@gpu_only
+@pytest.mark.parametrize("mode", ["tensor", "row", "block", "block-kmajor"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_gluon_mainloop_split_tail_matches_fp64(ranks, mode, out_dtype):
+    """TAIL_SPLIT: the last round's tiles in K shares, summed by whichever share arrives last (in share order:
+    the same bits each time), the counters back at zero for the next call (three calls on one workspace)."""
+    errs = ranks.on_one_gpu(_split_tail_errors, mode, out_dtype)
+    if isinstance(errs, str):
+        pytest.skip(errs)
+    assert errs and all(err < 1e-2 and same for err, same in errs.values()), errs
 
 
 def _offered():
@@ -173,6 +222,48 @@ def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, blo
     assert compiled["shared"] <= gemm_sm90.SHARED_BYTES
     assert compiled["spilled_bytes"] == 0, compiled["spilled_bytes"]
     assert compiled["wgmma_serialized"] == [], compiled["wgmma_serialized"]
+
+
+@pytest.mark.parametrize("signature,block_n,block_scales", [("sm90_gemm_tail_signature", 128, False),
+                                                            ("sm90_gemm_tail_kmajor_signature", 128, True),
+                                                            ("sm90_gemm_tail_wide_signature", 256, False)])
+def test_gluon_mainloop_split_tail_compiles_for_sm90(signature, block_n, block_scales):
+    """With its last round's tiles split along K (SPLIT_TAIL) at the deepest ring: the epilogue of the tail's
+    shares (fp32 partials stored, a GPU-scope acq_rel count, the last share's sum stored from registers) fits the
+    shared memory, leaves the wgmmas asynchronous and adds no spill at the 128 tile (at 256, whose two sums fill a
+    thread's registers, triton 3.9 spills 8 bytes: 3.6 none)."""
+    if gemm_sm90.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    base = gemm_config(32, 32, 32, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1)
+    cfg = gemm_sm90.default_config(base, block_scales=block_scales, block_n=block_n)
+    meta = gemm_sm90.meta(cfg, "block" if block_scales else "row", split_tail=True)
+    options = {"num_warps": meta.pop("num_warps"), "maxnreg": meta.pop("maxnreg")}
+    meta.update({"stride_sa": 1} if block_scales else {"stride_sak": 1})
+    compiled = compile_sm90("triton_dist.kernels.gemm_sm90", "gemm_fp8_sm90_kernel", signature,
+                            dict(meta, num_warps=options["num_warps"]), aligned=("c", "partials", "tile_counts"),
+                            options=options, assemble=True)  # (aligned: as a launch on torch's tensors has them)
+    assert compiled["ops"].get("atom.global.gpu.acq_rel.add.u32", 0) == 2, compiled["ops"]  # one per consumer
+    assert compiled["shared"] <= gemm_sm90.SHARED_BYTES
+    assert compiled["spilled_bytes"] <= (0 if block_n == 128 else 8), compiled["spilled_bytes"]
+    assert compiled["wgmma_serialized"] == [], compiled["wgmma_serialized"]
+
+
+def test_the_tail_splits_only_a_last_round_that_leaves_most_sms_idle():
+    """``tail_split``: the last round's tiles in as many K shares as fill the SMs, at most TAIL_SPLIT, at least one
+    K step each; whole tiles where the round is empty or at least half full, or the knob is off."""
+    cfg = {"BLOCK_N": 128, "TAIL_SPLIT": 8}
+    assert gemm_sm90.tail_split(cfg, 8192, 8192, 8192, 132) == 8  # 4096 tiles: 31 rounds and 4 tiles
+    assert gemm_sm90.tail_tiles(cfg, 8192, 8192, 132) == 4
+    assert gemm_sm90.tail_split({**cfg, "TAIL_SPLIT": 64}, 8192, 8192, 8192, 132) == 33  # 4 tiles x 33 <= 132
+    assert gemm_sm90.tail_split({**cfg, "TAIL_SPLIT": 64}, 8192, 8192, 384, 132) == 3  # one K step a share
+    assert gemm_sm90.tail_split(cfg, 128 * 132, 128, 8192, 132) == 1  # no last round
+    assert gemm_sm90.tail_split(cfg, 4096, 6144, 4096, 132) == 1  # 84 of 132: more than half full
+    assert gemm_sm90.tail_split(cfg, 200, 520, 2064, 132) == 8  # 10 tiles, fewer than the SMs: all split
+    assert gemm_sm90.tail_split({**cfg, "BLOCK_N": 256}, 8192, 28672, 8192, 132) == 3  # 40 of 7168 tiles left
+    assert gemm_sm90.tail_split({"BLOCK_N": 128}, 8192, 8192, 8192, 132) == 1  # knob absent: off
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="TAIL_SPLIT"):
+            check_tiles({"TAIL_SPLIT": bad})
 
 
 @cpu_only

@@ -387,8 +387,9 @@ def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
     allow), num_programs (None: one per SM, or ``programs_per_sm`` per SM); the ``gemm`` op's also SPLIT_K (each
     tile's K in that many shares, summed by the last: ``gemm_kernel``; the fused ops' kernels have none),
     A_SCALES_K_MAJOR (block scales of A given row-major: copied K-major first, the layout both mainloops read
-    faster; ``OP_KNOBS``) and MAINLOOP ("triton": the core; "gluon": ``gemm_sm90``'s FP8 kernel). FP8 operands
-    (``scales``: their ``fp8.Scales``): ``fp8_tiles``."""
+    faster), TAIL_SPLIT (the Gluon mainloop's tiles of its last, partial round in at most that many K shares:
+    ``gemm_sm90.tail_split``; ``OP_KNOBS``) and MAINLOOP ("triton": the core; "gluon": ``gemm_sm90``'s FP8
+    kernel). FP8 operands (``scales``: their ``fp8.Scales``): ``fp8_tiles``."""
     if device.type != "cuda":  # interpreter: small tiles keep it quick
         cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_stages=1, num_warps=4)
     elif m <= 1024 or n <= 1024:  # few tiles of 128x256 would leave SMs idle
@@ -415,7 +416,7 @@ def check_tiles(config, **choices):
         if name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
             ok = is_int and value >= 16 and value & (value - 1) == 0
             want = "a power of two >= 16"
-        elif name in ("GROUP_M", "num_stages"):
+        elif name in ("GROUP_M", "num_stages", "TAIL_SPLIT"):
             ok, want = is_int and value >= 1, "a positive int"
         elif name == "num_warps":
             ok, want = is_int and value >= 1 and value & (value - 1) == 0, "a power of two"
@@ -514,8 +515,14 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
     if cfg.get("MAINLOOP") == "gluon":  # ``gemm``'s own configurations only: one segment, no gate
         if segments != 1 or silu_gate or scale_rows is not None:
             raise ValueError("the Gluon FP8 mainloop runs gemm's calls: one segment, no SiLU gate")
-        return gemm_sm90.launch(a, b, c3[0], cfg, scales.mode, scales.a, scales.w,
-                                gemm_grid(cfg, 1, seg_rows, n, a.device))
+        programs = default_num_programs(a.device, cfg)
+        split = gemm_sm90.tail_split(cfg, seg_rows, n, a.shape[1], programs)
+        if split == 1:
+            return gemm_sm90.launch(a, b, c3[0], cfg, scales.mode, scales.a, scales.w,
+                                    gemm_grid(cfg, 1, seg_rows, n, a.device))
+        tail = gemm_sm90.tail_arguments(c3[0], split, split_k_workspace(
+            a.device, gemm_sm90.tail_tiles(cfg, seg_rows, n, programs), split, cfg, counters=2))
+        return gemm_sm90.launch(a, b, c3[0], cfg, scales.mode, scales.a, scales.w, (programs,), tail)
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg, kn)
     args = (a_arg, b_arg, c_arg, segments, seg_rows, n, a.shape[1], a.stride(0), b_row_stride(b, kn),
             c3.stride(0), c3.stride(1), first_segment, segment_step)
@@ -544,13 +551,14 @@ def split_k_of(cfg, silu_gate=False):
 _SPLIT_K_SPACE = {}  # (device, stream) -> split-K's partial tiles and tile counters there
 
 
-def split_k_workspace(device, tiles, split_k, cfg):
+def split_k_workspace(device, tiles, split_k, cfg, counters=1):
     """``gemm_kernel``'s split-K arguments for ``tiles`` tiles of ``cfg`` launched on the current stream: fp32
-    room for every split's partial tile and an int32 counter per tile, zero between launches (the kernel resets
-    it). One pair per stream (launches on one stream never overlap), grown as needed; under CUDA-graph capture a
-    new pair the graph keeps to itself (its zeroing is captured too)."""
+    room for every split's partial tile and ``counters`` int32 counters per tile, zero between launches (the
+    kernel resets them). One pair per stream (launches on one stream never overlap), grown as needed; under
+    CUDA-graph capture a new pair the graph keeps to itself (its zeroing is captured too). Also the Gluon
+    mainloop's split tail (``gemm_sm90.tail_split``: two counters per tile, one per consumer)."""
     tile_elems = cfg["BLOCK_M"] * cfg["BLOCK_N"]
-    need = (tiles * split_k * tile_elems, tiles)
+    need = (tiles * split_k * tile_elems, tiles * counters)
     key = (device, torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else None)
     capturing = hardware.capturing()  # (a kept pair may be replaced when it grows: a graph must not hold it)
     space = None if capturing else _SPLIT_K_SPACE.get(key)
@@ -631,7 +639,7 @@ def check_launchable(t, what="a and w"):
                          f"Triton interpreter)")
 
 
-OP_KNOBS = dict(SPLIT_K=1, A_SCALES_K_MAJOR=False)  # the gemm op's knobs beside the core's (``gemm_config``)
+OP_KNOBS = dict(SPLIT_K=1, A_SCALES_K_MAJOR=False, TAIL_SPLIT=1)  # the gemm op's knobs beside the core's
 _CONFIGS = Plans("gemm")  # (m, n, k, dtype, device[, FP8 mode]) -> the tuned configuration
 
 
@@ -832,8 +840,13 @@ class EagerGemm:
             arguments = gemm_sm90.Arguments(a, w, torch.empty((m, n), dtype=out_dtype, device="meta"), cfg,
                                             scales.mode, scales.a, scales.w)
             self.ints = arguments.ints
+            programs = default_num_programs(a.device, cfg)
+            self.tail_split = gemm_sm90.tail_split(cfg, m, n, k, programs)  # its workspace's (split_k_workspace)
+            self.tail_space = (gemm_sm90.tail_tiles(cfg, m, n, programs), self.tail_split, cfg, 2)
+            if self.tail_split > 1:
+                grid = (programs,)
             self.launcher = Launcher(gemm_sm90.gemm_fp8_sm90_kernel, grid, described=arguments.described(),
-                                     **gemm_sm90.meta(cfg, scales.mode))
+                                     **gemm_sm90.meta(cfg, scales.mode, self.tail_split > 1))
         else:  # the descriptors' blocks, shapes and strides (the [m, n] result as one segment) follow from the layout
             described = {0: _described([cfg["BLOCK_M"], cfg["BLOCK_K"]], [m, k], [k, 1]),
                          1: _described(b_block(cfg), [n, k], [k, 1]),
@@ -854,7 +867,11 @@ class EagerGemm:
         if self.gluon:
             if (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
                 return None
-            self.launcher.run(a, w, out, scale_a, scale_w, *self.ints)
+            if self.tail_split > 1:
+                self.launcher.run(a, w, out, scale_a, scale_w, *self.ints, **gemm_sm90.tail_arguments(
+                    out, self.tail_split, split_k_workspace(self.device, *self.tail_space)))
+            else:
+                self.launcher.run(a, w, out, scale_a, scale_w, *self.ints)
             return out
         named = {}
         if self.scale_strides is not None:

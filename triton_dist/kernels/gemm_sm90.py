@@ -22,8 +22,12 @@ that run out of step.
 - **The epilogue**: per-tensor / rowwise scales multiply the finished sum; each consumer writes its 64 rows of a
   piece into one shared buffer, and the first consumer stores the piece by TMA once both halves are in.
 
-Persistent: one program per SM walks its tiles in grouped-M order. No wgmma is in flight at a loop's back edge or
-across a run-time branch (ptxas would then serialize every wgmma of the kernel: docs/design/fp8.md).
+Persistent: one program per SM walks its tiles in grouped-M order. Where the tiles leave the last round's SMs
+mostly idle (``tail_split``: at 8192^3, 4096 tiles of 128x128 on 132 SMs, the 32nd round holds 4), the
+configuration's TAIL_SPLIT cuts each of that round's tiles into K shares that fill the round: each share's sums go
+to an fp32 workspace, and the last share to arrive adds them in share order (bitwise the same whichever is last;
+no program waits for another) and stores the tile. No wgmma is in flight at a loop's back edge or across a run-time
+branch (ptxas would then serialize every wgmma of the kernel: docs/design/fp8.md).
 
 ``gemm`` runs it where its autotuner picks a configuration with ``MAINLOOP="gluon"`` (``candidates``, offered
 where ``TUNER_OFFERS``) or ``config=`` asks for it: FP8 operands with promoted scales, on an sm_90 GPU,
@@ -78,9 +82,34 @@ if gluon is not None:
         return first_m + (tile % group) % rows, (tile % group) // rows
 
     @gluon.jit
+    def _items(tiles, tail_split, SPLIT_TAIL: gl.constexpr):
+        """(work items, whole tiles) of the programs' walk: every tile whole, or with SPLIT_TAIL the tiles of the
+        last, partial round (``tiles % programs`` of them) each in ``tail_split`` K shares, so that the round's
+        work spreads over the idle SMs (``_span``)."""
+        if SPLIT_TAIL:
+            whole = tiles - tiles % gl.num_programs(0)
+            return whole + (tiles - whole) * tail_split, whole
+        else:
+            return tiles, tiles
+
+    @gluon.jit
+    def _span(item, whole, tail_split, k_tiles):
+        """The tile of work item ``item`` and its K steps [first, last): all of them below ``whole``, else the
+        item's share of a tail tile's (shares in K order: the tail tile's items are neighbours)."""
+        tile = item
+        first = item * 0
+        last = k_tiles
+        if item >= whole:
+            tile = whole + (item - whole) // tail_split
+            share = (item - whole) % tail_split
+            first = share * k_tiles // tail_split
+            last = (share + 1) * k_tiles // tail_split
+        return tile, first, last
+
+    @gluon.jit
     def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, scale_a, scale_w, M, N, K,
-                  stride_sa, stride_sw, stride_sak, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  stride_sa, stride_sw, stride_sak, tail_split, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr,
+                  STAGES: gl.constexpr, SPLIT_TAIL: gl.constexpr):
         """TMA loads of every K step of this program's tiles into the ring; a slot is loaded again once both
         consumers have released it. With BLOCK_SCALES the step's scales come along into the slot (cp.async, whose
         completion the slot's ready barrier also awaits): A's of the tile's rows, W's of the blocks its columns meet."""
@@ -93,13 +122,19 @@ if gluon is not None:
         n_blocks = gl.cdiv(N, SCALE_BLOCK)
         row_of: gl.constexpr = gl.BlockedLayout([BM // 32], [32], [1], [0])
         piece_of: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        first_item = gl.program_id(0)
+        n_items, whole = _items(tiles_m * tiles_n, tail_split, SPLIT_TAIL)
         step = 0  # over all this program's tiles: the slot is step % STAGES, its pass (step // STAGES)
-        for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        for item in range(first_item, n_items, gl.num_programs(0)):
+            if SPLIT_TAIL:
+                tile, k_first, k_last = _span(item, whole, tail_split, k_tiles)
+            else:
+                tile, k_first, k_last = item, 0, k_tiles
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
             rows = pid_m * BM + gl.arange(0, BM, layout=row_of)
             # the W blocks of the tile's columns (BLOCK_N 128 or 256: the tile starts on a block)
             pieces = pid_n * (BN // SCALE_BLOCK) + gl.arange(0, 2, layout=piece_of)
-            for kk in range(k_tiles):
+            for kk in range(k_first, k_last):
                 slot = step % STAGES
                 # a fresh barrier counts its (virtual) previous phase, parity 1, complete: the first pass is free
                 mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
@@ -195,21 +230,26 @@ if gluon is not None:
             _tma_store(c_desc, [row0, col0], c_smem)
 
     @gluon.jit
+    def _scaled(acc, scale_a, scale_w, rows, col0, M, N, stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr):
+        """The finished sum ``acc`` of ``rows`` (columns from ``col0``) times its per-tensor / rowwise scales
+        (block scales: applied every K step already)."""
+        if not BLOCK_SCALES:
+            cols = col0 + gl.arange(0, acc.type.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+            s_rows = gl.load(scale_a + rows * stride_sa, mask=rows < M, other=0.0)
+            s_cols = gl.load(scale_w + cols * stride_sw, mask=cols < N, other=0.0)
+            acc = acc * s_rows[:, None] * s_cols[None, :]
+        return acc
+
+    @gluon.jit
     def _store_piece(acc, c_desc, c_smem, c_free, c_full, phase, scale_a, scale_w, rows, row0, col0, M, N,
                      stride_sa, stride_sw, ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr):
         """This consumer's ``rows`` of the piece of C at (``row0``, ``col0``): scaled (per-tensor / rowwise),
         converted, stored through the shared buffer (``_store_buffer``) at once, or, where the buffer is half the
         piece's width (EPILOGUE_SUBTILE: 16 KiB of shared memory for the ring), in two halves (phases ``phase``
         and ``phase ^ 1``)."""
-        mma: gl.constexpr = acc.type.layout
         ROWS: gl.constexpr = acc.type.shape[0]
         PN: gl.constexpr = acc.type.shape[1]
-        if not BLOCK_SCALES:
-            cols = col0 + gl.arange(0, PN, layout=gl.SliceLayout(0, mma))
-            s_rows = gl.load(scale_a + rows * stride_sa, mask=rows < M, other=0.0)
-            s_cols = gl.load(scale_w + cols * stride_sw, mask=cols < N, other=0.0)
-            acc = acc * s_rows[:, None] * s_cols[None, :]
-        out = acc.to(c_desc.dtype)
+        out = _scaled(acc, scale_a, scale_w, rows, col0, M, N, stride_sa, stride_sw, BLOCK_SCALES).to(c_desc.dtype)
         if c_smem.type.shape[1] == PN:
             _store_buffer(out, c_desc, c_smem, c_free, c_full, phase, row0, col0, ROW0)
         else:  # columns c and c + PN / 2 of a row sit in one thread: split them apart
@@ -218,9 +258,64 @@ if gluon is not None:
             _store_buffer(hi, c_desc, c_smem, c_free, c_full, phase ^ 1, row0, col0 + PN // 2, ROW0)
 
     @gluon.jit
+    def _store_tile(acc, acc1, c_desc, c_smem, c_free, c_full, pieces, scale_a, scale_w, rows, pid_m, pid_n, M, N,
+                    stride_sa, stride_sw, ROW0: gl.constexpr, PIECES: gl.constexpr, STORES: gl.constexpr,
+                    BLOCK_SCALES: gl.constexpr):
+        """This consumer's rows of the whole tile (``pid_m``, ``pid_n``): its piece sums ``acc`` (and ``acc1``)
+        through the shared buffer, ``pieces`` the buffer's stores so far; returns the count after these."""
+        PN: gl.constexpr = acc.type.shape[1]
+        BM: gl.constexpr = 2 * acc.type.shape[0]
+        _store_piece(acc, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows, pid_m * BM,
+                     pid_n * (PN * PIECES), M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
+        pieces += STORES
+        if PIECES > 1:
+            _store_piece(acc1, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows, pid_m * BM,
+                         pid_n * (PN * PIECES) + PN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
+            pieces += STORES
+        return pieces
+
+    @gluon.jit
+    def _tail_epilogue(acc, acc1, c, stride_cm, partials, tile_counts, item, whole, tail_split, scale_a, scale_w,
+                       rows, col0, M, N, stride_sa, stride_sw, ROW0: gl.constexpr, PIECES: gl.constexpr,
+                       BLOCK_SCALES: gl.constexpr):
+        """The end of a tail tile's K share (SPLIT_TAIL): this consumer's rows of the share's sums stored as an
+        fp32 partial; the consumer whose share arrives last at the counter of these rows adds the tile's partials
+        in share order (the same bits whichever arrives last), sets the counter back to 0 and stores the rows to
+        C from registers (the other consumer's rows may finish in another program: not through the shared
+        buffer). No one waits, so nothing hangs whichever programs run at once."""
+        mma: gl.constexpr = acc.type.layout
+        ROWS: gl.constexpr = acc.type.shape[0]
+        PN: gl.constexpr = acc.type.shape[1]
+        TILE: gl.constexpr = 2 * ROWS * PN * PIECES  # a partial tile's fp32 values
+        cols = gl.arange(0, PN, layout=gl.SliceLayout(0, mma))
+        # (64-bit offsets: each thread's then differ by constants, folded into its stores' and loads' addresses)
+        at = (ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))).to(gl.int64)[:, None] * (PN * PIECES) + \
+            cols[None, :]
+        tail_tile = (item - whole) // tail_split
+        tile_partials = partials + tail_tile * tail_split * TILE
+        share = tile_partials + (item - whole) % tail_split * TILE
+        gl.store(share + at, acc)
+        if PIECES > 1:
+            gl.store(share + PN + at, acc1)
+        _partition_barrier()  # every thread's partial stored before the release below
+        counter = tile_counts + tail_tile * 2 + ROW0 // ROWS
+        if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == tail_split - 1:
+            gl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+            for p in gl.static_range(PIECES):  # (".cg": from L2, where the other SMs' partials are)
+                total = gl.load(tile_partials + p * PN + at, cache_modifier=".cg")
+                for other in range(1, tail_split):
+                    total += gl.load(tile_partials + other * TILE + p * PN + at, cache_modifier=".cg")
+                out = _scaled(total, scale_a, scale_w, rows, col0 + p * PN, M, N, stride_sa, stride_sw,
+                              BLOCK_SCALES).to(c.dtype.element_ty)
+                c_cols = col0 + p * PN + cols
+                gl.store(c + rows.to(gl.int64)[:, None] * stride_cm + c_cols[None, :], out,
+                         mask=(rows < M)[:, None] & (c_cols < N)[None, :])
+
+    @gluon.jit
     def _consumer(a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w,
-                  M, N, K, stride_sa, stride_sw, ROW0: gl.constexpr, BLOCK_SCALES: gl.constexpr,
-                  GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPILOGUE_SUBTILE: gl.constexpr):
+                  M, N, K, stride_sa, stride_sw, c, stride_cm, partials, tile_counts, tail_split, ROW0: gl.constexpr,
+                  BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                  EPILOGUE_SUBTILE: gl.constexpr, SPLIT_TAIL: gl.constexpr):
         """Rows ROW0 .. ROW0 + 64 of every tile of this program, on this partition's warpgroup: per K step wait
         for the slot, its wgmmas (a piece of PN columns at a time: C's buffer width, twice that with
         EPILOGUE_SUBTILE), release the slot, promote; then the epilogue."""
@@ -239,14 +334,20 @@ if gluon is not None:
         k_tiles = gl.cdiv(K, BK)
         zero = gl.zeros([ROWS, PN], gl.float32, layout=mma)
         runtime_zero = M >> 31  # (M >= 0)
+        first_item = gl.program_id(0)
+        n_items, whole = _items(tiles_m * tiles_n, tail_split, SPLIT_TAIL)
         step = 0
         pieces = 0  # C buffer stores so far (the buffer's barriers' phase)
-        for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        for item in range(first_item, n_items, gl.num_programs(0)):
+            if SPLIT_TAIL:
+                tile, k_first, k_last = _span(item, whole, tail_split, k_tiles)
+            else:
+                tile, k_first, k_last = item, 0, k_tiles
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
             rows = pid_m * BM + ROW0 + gl.arange(0, ROWS, layout=rows_of)
             acc = zero
             acc1 = zero  # (the tile's second piece, where PIECES is 2)
-            for kk in range(k_tiles):
+            for kk in range(k_first, k_last):
                 slot = step % STAGES
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                 a = a_bufs.index(slot).slice(ROW0, ROWS)
@@ -262,36 +363,45 @@ if gluon is not None:
                                        _zeros_after(acc, zero, runtime_zero, BLOCK_SCALES), s_first, 1, PIECES, ROW0,
                                        BLOCK_SCALES)
                 step += 1
-            _store_piece(acc, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows, pid_m * BM,
-                         pid_n * BN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
-            pieces += STORES
-            if PIECES > 1:
-                _store_piece(acc1, c_desc, c_smem, c_free, c_full, pieces & 1, scale_a, scale_w, rows,
-                             pid_m * BM, pid_n * BN + PN, M, N, stride_sa, stride_sw, ROW0, BLOCK_SCALES)
-                pieces += STORES
+            if SPLIT_TAIL:
+                if item < whole:
+                    pieces = _store_tile(acc, acc1, c_desc, c_smem, c_free, c_full, pieces, scale_a, scale_w, rows,
+                                         pid_m, pid_n, M, N, stride_sa, stride_sw, ROW0, PIECES, STORES, BLOCK_SCALES)
+                else:
+                    _tail_epilogue(acc, acc1, c, stride_cm, partials, tile_counts, item, whole, tail_split, scale_a,
+                                   scale_w, rows, pid_n * BN, M, N, stride_sa, stride_sw, ROW0, PIECES,
+                                   BLOCK_SCALES)
+            else:
+                pieces = _store_tile(acc, acc1, c_desc, c_smem, c_free, c_full, pieces, scale_a, scale_w, rows,
+                                     pid_m, pid_n, M, N, stride_sa, stride_sw, ROW0, PIECES, STORES, BLOCK_SCALES)
         if ROW0 == 0:
             tma.store_wait(pendings=0)
 
     @gluon.jit
     def _second_consumer(a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a,
-                         scale_w, M, N, K, stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr,
-                         STAGES: gl.constexpr, EPILOGUE_SUBTILE: gl.constexpr):
+                         scale_w, M, N, K, stride_sa, stride_sw, c, stride_cm, partials, tile_counts, tail_split,
+                         BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                         EPILOGUE_SUBTILE: gl.constexpr, SPLIT_TAIL: gl.constexpr):
         """The worker consumer: rows 64 .. 127 of each tile."""
         _consumer(a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w,
-                  M, N, K, stride_sa, stride_sw, a_bufs.type.shape[1] // 2, BLOCK_SCALES, GROUP_M, STAGES,
-                  EPILOGUE_SUBTILE)
+                  M, N, K, stride_sa, stride_sw, c, stride_cm, partials, tile_counts, tail_split,
+                  a_bufs.type.shape[1] // 2, BLOCK_SCALES, GROUP_M, STAGES, EPILOGUE_SUBTILE, SPLIT_TAIL)
 
     @gluon.jit
     def gemm_fp8_sm90_kernel(a_desc, b_desc, c_desc, scale_a, scale_w, M, N, K, stride_sa, stride_sw, stride_sak,
                              BLOCK_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                             num_warps: gl.constexpr, EPILOGUE_SUBTILE: gl.constexpr = False):
+                             num_warps: gl.constexpr, EPILOGUE_SUBTILE: gl.constexpr = False, c=None, stride_cm=None,
+                             partials=None, tile_counts=None, tail_split=None, SPLIT_TAIL: gl.constexpr = False):
         """Persistent ``C = A @ B.T`` of FP8 A [M, K], B [N, K] (tensor descriptors: A's block 128x128, B's
         BLOCK_N x 128 with BLOCK_N 128 or 256, C's 128 x the pieces' width, 128 or 64, or with EPILOGUE_SUBTILE
         half of 128: a piece stored in two halves) with promotion every K step; scales:
         ``scale_a[row * stride_sa]`` x ``scale_w[col * stride_sw]`` after the K loop (per-tensor: strides 0), or
         with BLOCK_SCALES ``scale_a[row * stride_sa + kb * stride_sak]`` x ``scale_w[n_block * stride_sw + kb]`` on
         each step's partial (A's scales row-major, stride_sak 1, or K-major, stride_sa 1: a step's scales in
-        contiguous bytes, fewer copies than rows apart). num_warps 4: each consumer is one warpgroup."""
+        contiguous bytes, fewer copies than rows apart). num_warps 4: each consumer is one warpgroup. SPLIT_TAIL:
+        the last round's tiles in ``tail_split`` K shares each, summed through fp32 ``partials`` (room for
+        every share of every tail tile) and ``tile_counts`` (two int32 per tail tile, zero between launches), the
+        finished rows stored to ``c`` (row stride ``stride_cm``) from registers."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -314,12 +424,13 @@ if gluon is not None:
         mbarrier.init(c_full, count=2)
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a,
-                         scale_w, M, N, K, stride_sa, stride_sw, 0, BLOCK_SCALES, GROUP_M, STAGES, EPILOGUE_SUBTILE)),
+                         scale_w, M, N, K, stride_sa, stride_sw, c, stride_cm, partials, tile_counts, tail_split, 0,
+                         BLOCK_SCALES, GROUP_M, STAGES, EPILOGUE_SUBTILE, SPLIT_TAIL)),
             (_second_consumer, (a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc,
-                                scale_a, scale_w, M, N, K, stride_sa, stride_sw, BLOCK_SCALES, GROUP_M, STAGES,
-                                EPILOGUE_SUBTILE)),
+                                scale_a, scale_w, M, N, K, stride_sa, stride_sw, c, stride_cm, partials, tile_counts,
+                                tail_split, BLOCK_SCALES, GROUP_M, STAGES, EPILOGUE_SUBTILE, SPLIT_TAIL)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, scale_a, scale_w, M, N, K,
-                         stride_sa, stride_sw, stride_sak, BLOCK_SCALES, GROUP_M, STAGES)),
+                         stride_sa, stride_sw, stride_sak, tail_split, BLOCK_SCALES, GROUP_M, STAGES, SPLIT_TAIL)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # (worker_num_regs: required by 3.6, optional since)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
@@ -432,13 +543,20 @@ def _described(t, template):
 _LAUNCH = Launchers(gemm_fp8_sm90_kernel, "gemm_sm90_launch") if gluon is not None else None
 
 
-def launch(a, w, c, cfg, mode, scale_a, scale_w, grid):
+def launch(a, w, c, cfg, mode, scale_a, scale_w, grid, tail=None):
     """``c = (a * scale_a) @ (w * scale_w).T`` for FP8 ``a`` [M, K], ``w`` [N, K] into ``c`` [M, N] (2-D,
     TMA-compatible) with scales of ``mode`` (as ``fp8.Scales`` holds them) and ``cfg`` (a ``candidates``
-    configuration) on ``grid`` (one program per SM, at most one per tile)."""
+    configuration) on ``grid`` (one program per SM, at most one per tile; every SM's where the tail tiles split);
+    ``tail``: the split tail's arguments (``tail_arguments``) or None."""
     args = Arguments(a, w, c, cfg, mode, scale_a, scale_w)(a, w, c, scale_a, scale_w)
-    _LAUNCH(grid, *args, **meta(cfg, mode))
+    _LAUNCH(grid, *args, named=tail, **meta(cfg, mode, tail is not None))
     return c
+
+
+def tail_arguments(c, split, workspace):
+    """The kernel's arguments of a split tail: ``c`` itself (its finished tail rows are stored from registers),
+    the split and ``workspace`` (``partials`` and ``tile_counts``: ``gemm.split_k_workspace``)."""
+    return dict(c=c, stride_cm=c.stride(0), tail_split=split, **workspace)
 
 
 class Arguments:
@@ -464,7 +582,24 @@ class Arguments:
                 for at, template in enumerate(self.templates)}
 
 
-def meta(cfg, mode):
-    """The kernel's constexprs and launch options for ``cfg`` and scales of ``mode``."""
+def meta(cfg, mode, split_tail=False):
+    """The kernel's constexprs and launch options for ``cfg`` and scales of ``mode`` (``split_tail``: the tail
+    tiles split, ``tail_split`` > 1)."""
     return dict(BLOCK_SCALES=mode == "block", GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"], num_warps=4,
-                EPILOGUE_SUBTILE=bool(cfg.get("EPILOGUE_SUBTILE")), maxnreg=MAXNREG)
+                EPILOGUE_SUBTILE=bool(cfg.get("EPILOGUE_SUBTILE")), maxnreg=MAXNREG,
+                **({"SPLIT_TAIL": True} if split_tail else {}))
+
+
+def tail_split(cfg, m, n, k, programs):
+    """The K shares of each tile of the last round for ``cfg`` (its TAIL_SPLIT: the most) at [m, n, k] on
+    ``programs`` programs: as many as fill the round (``tiles % programs`` tiles), each at least one K step; 1
+    (whole tiles) where the round is empty or at least half full."""
+    most = cfg.get("TAIL_SPLIT") or 1
+    tiles = -(-m // 128) * -(-n // cfg["BLOCK_N"])
+    tail = tiles % programs
+    return 1 if most < 2 or not tail else max(1, min(most, programs // tail, -(-k // 128)))
+
+
+def tail_tiles(cfg, m, n, programs):
+    """The tiles of the last round (what ``tail_split`` splits)."""
+    return -(-m // 128) * -(-n // cfg["BLOCK_N"]) % programs

@@ -2,10 +2,11 @@
 # run161 (1 GPU; prepared 2026-12-07, not yet run). GIT_COMMIT=<sha> bash steps.sh s|p|sp|b|k|r
 #   s  (~150 s) the Gluon mainloop's GPU tests (test_gemm_sm90: every candidate at 7 shapes, EPILOGUE_SUBTILE's
 #      sixth block-scale slot and fp32 results' among them) and test_fp8_gemm's every-candidate tests: proves
-#      5c88ec8 (not yet on a GPU)
+#      5c88ec8 (not yet on a GPU) and the split tail (TAIL_SPLIT: test_gluon_mainloop_split_tail_matches_fp64)
 #   p  (~90 s) subtile_probe.py: the sixth slot (block scales, K-major and row-major A scales) against five, and
 #      what the two-half epilogue costs (per-tensor s6 with and without), and tma_scales.py's variant (the block
-#      scales by TMA with the tiles, no cp.async; probe only) at 5 and 6 slots, 3 rounds in turn
+#      scales by TMA with the tiles, no cp.async; probe only) at 5 and 6 slots, and the last round's tiles split
+#      along K (TAIL_SPLIT 4 / 8: "tail" rows, where a shape has a tail to split), 3 rounds in turn
 #   b  (~150 s) bench_gemm FP8 at issue 34's four shapes: does the tuner pick the sixth slot?
 #   g  (~120 s) bench_backward --only moe --fp8 row,block --fp8-grads: the MoE layer's FP8-grads step, never
 #      timed (issue 35), against HF's block and our bf16 layer

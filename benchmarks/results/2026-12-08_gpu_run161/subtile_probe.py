@@ -7,6 +7,9 @@ fit beside the whole C buffer. Rows at issue 34's four shapes, 128 tile:
   block {kmajor, rows} s6 subtile  the sixth slot
   ours tensor s6 / s6 subtile      per-tensor, whose ring already has six: the epilogue's cost there
   ours tensor 256 s3 / s4          per-tensor's 256 tile (run160's tuner took 128 s6 at 8192^3 only: 0.93x)
+  ... tail<S>                      the row's configuration with TAIL_SPLIT S: the last round's tiles in K shares
+                                   (only where it splits: at 8192^3 the 128 tile's 32nd round holds 4 of 132 SMs'
+                                   tiles; 8192x28672x8192's 256 tile 40)
   block kmajor s5 / s6 subtile tma  ``tma_scales.py``'s variant: the scales by TMA with the tiles (one expect-tx,
                                    no cp.async): does a slot then wait on one load instead of the later of two?
 Each block row's result (poisoned with NaN first) is checked against fp64.
@@ -25,10 +28,36 @@ sys.path.insert(0, HERE)
 from bench_gemm import cublas_fp8  # noqa: E402
 from group_probe import launcher, medians  # noqa: E402  (run160's: the bound Gluon launch, rounds' medians)
 from probe import BLOCK_SHAPES, block_case, start, time_block_contenders, write  # noqa: E402
+from triton_dist import hardware  # noqa: E402
 from triton_dist.kernels import gemm_sm90  # noqa: E402
+from triton_dist.kernels.gemm import split_k_workspace  # noqa: E402
 import tma_scales  # noqa: E402  (this directory's variant)
 
 ROUNDS = int(os.environ.get("SUBTILE_ROUNDS", 3))
+
+
+
+
+def tail_launcher(a, w, c, cfg, mode, sa, sw):
+    """The Gluon kernel's bound launch with its last round's tiles split (``cfg``'s TAIL_SPLIT) on every SM, as
+    ``gemm.launch_gemm`` makes it; None where the shape leaves nothing to split."""
+    (m, k), n, programs = a.shape, w.shape[0], hardware.num_sms(a.device.index)
+    split = gemm_sm90.tail_split(cfg, m, n, k, programs)
+    if split == 1:
+        return None
+    args = gemm_sm90.Arguments(a, w, c, cfg, mode, sa, sw)(a, w, c, sa, sw)
+    tail = gemm_sm90.tail_arguments(c, split, split_k_workspace(
+        a.device, gemm_sm90.tail_tiles(cfg, m, n, programs), split, cfg, counters=2))
+    meta = gemm_sm90.meta(cfg, mode, True)
+    return lambda: gemm_sm90._LAUNCH((programs,), *args, named=tail, **meta)
+
+
+def with_tails(calls, name, a, w, c, cfg, mode, sa, sw, splits=(4, 8)):
+    """``calls`` plus the row ``name`` with each TAIL_SPLIT of ``splits`` where the shape splits."""
+    for most in splits:
+        fn = tail_launcher(a, w, c, {**cfg, "TAIL_SPLIT": most}, mode, sa, sw)
+        if fn is not None:
+            calls[f"{name} tail{most}"] = fn
 
 
 start()
@@ -45,6 +74,9 @@ for m, n, k in BLOCK_SHAPES:
     for stages in (3, 4):  # the 256-column tile (an A tile serves twice the columns: less L2 traffic per FLOP)
         calls[f"ours tensor 256 s{stages}"] = launcher(
             at, wt, out, {**tensor, "BLOCK_N": 256, "num_stages": stages}, "tensor", sat, swt)
+    with_tails(calls, "ours tensor s6", at, wt, out, {**tensor, "num_stages": 6}, "tensor", sat, swt)
+    with_tails(calls, "ours tensor 256 s3", at, wt, out, {**tensor, "BLOCK_N": 256, "num_stages": 3}, "tensor",
+               sat, swt)
     block = gemm_sm90.default_config({"GROUP_M": 8}, torch.bfloat16, True)
     for layout, scales in (("kmajor", sab_k), ("rows", sab)):
         for stages, subtile in ((5, False), (5, True), (6, True)):
@@ -52,6 +84,7 @@ for m, n, k in BLOCK_SHAPES:
             assert gemm_sm90.takes(cfg, torch.bfloat16, True), cfg
             calls[f"block {layout} s{stages}{' subtile' if subtile else ''}"] = launcher(
                 ab, wb, out, cfg, "block", scales, swb)
+        with_tails(calls, f"block {layout} s5", ab, wb, out, {**block, "num_stages": 5}, "block", scales, swb, (8,))
     for stages, subtile in ((5, False), (6, True)):
         cfg = {**block, "num_stages": stages, "EPILOGUE_SUBTILE": subtile}
         calls[f"block kmajor s{stages}{' subtile' if subtile else ''} tma"] = tma_scales.launcher(
