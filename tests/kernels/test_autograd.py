@@ -100,6 +100,32 @@ def test_gradients_match_fp64(ranks, world):
         assert not bad, bad
 
 
+def _empty_shard_grads(m, k):
+    """ag_gemm (plain, SiLU gate, gathered rows returned) on empty shards ([0, K] or [m, 0] rows on every rank),
+    forward and backward: (its outputs and gradients as shapes, every value of them finite and zero)."""
+    g = torch.Generator().manual_seed(3 + td.rank())
+    got = []
+    for kw, n in (({}, 4), ({"activation": "silu_gate"}, 8), ({"return_gathered": True}, 4)):
+        a = torch.randn(m, k, generator=g).requires_grad_()
+        w = torch.randn(n, k, generator=g).requires_grad_()
+        res = ag_gemm(a, w, **kw)
+        outs = res if isinstance(res, tuple) else (res,)
+        sum(o.sum() for o in outs).backward()
+        tensors = outs + (a.grad, w.grad)
+        got.append(([tuple(t.shape) for t in tensors], all(bool((t == 0).all()) for t in tensors)))
+    return got
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_gradients_of_empty_shards(ranks, world):
+    """No rows (or K = 0) on every rank: zero outputs and zero gradients of the inputs' shapes (the backward's
+    re-gather of the weight gradient once built an empty symmetric workspace and failed on its peer views)."""
+    for m, k in ((0, 5), (3, 0)):
+        want = [([(world * m, 4), (m, k), (4, k)], True), ([(world * m, 4), (m, k), (8, k)], True),
+                ([(world * m, 4), (world * m, k), (m, k), (4, k)], True)]
+        assert ranks(world, _empty_shard_grads, m, k) == [want] * world
+
+
 def _regather_calls():
     """Eager backward calls that gather again (ag_gemm's input, FP8-grads gemm_rs's output gradient): how many
     started by ``start_gather`` (overlapped with the input gradient's GEMM) and how many waited for at once."""

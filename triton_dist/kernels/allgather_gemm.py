@@ -369,6 +369,10 @@ def start_gather(a, group=None):
     workspace (``name`` "ag_gemm.gather"), valid until the next ``start_gather`` of this shape on this group."""
     team = shmem.team(group)
     m_shard, k = a.shape
+    if a.numel() == 0:  # nothing to move (every rank's shard is as empty: ranks pass the same shapes); an empty
+        # shard's workspace would be an empty symmetric tensor, which has no peer views
+        rows = a.new_empty((team.size * m_shard, k))
+        return lambda: rows
     plan = _GATHERS.get((team.name, m_shard, k, a.dtype), lambda: _Transfer(
         m_shard, k, a.dtype, team.group, max(1, m_shard), 1, name="ag_gemm.gather"))
     _start_call(a, plan)
