@@ -174,6 +174,54 @@ def test_fused_matmul_reduce_scatter_matches_torch(ranks, world):
         assert not bad, bad
 
 
+def _empty_k():
+    """Both ops on A with K = 0 (every gather_dim / scatter_dim), forward and backward, eager and compiled:
+    {case: whether the results are torch's (zeros of its shapes) and the gradients zeros of the inputs' shapes}."""
+    world = td.world_size()
+    results = {}
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        for dim in (0, 1, 2):
+            full = [2 * world, world, 0]
+            shape = list(full)
+            shape[dim] //= world
+            a, b = torch.rand(shape, requires_grad=True), torch.rand(0, 4, requires_grad=True)
+
+            def gather(a, b, dim=dim):
+                return torch.ops.triton_dist.fused_all_gather_matmul(a, [b], dim, None)
+
+            fn = torch.compile(gather, fullgraph=True, backend="aot_eager") if compiled else gather
+            got_a, (out,) = fn(a, b)
+            want = (tuple(full), tuple(full[:2]) + (4,))
+            ok = (tuple(got_a.shape), tuple(out.shape)) == want and bool((out == 0).all())
+            (out.sum() + got_a.sum()).backward()
+            ok &= a.grad.shape == a.shape and b.grad.shape == b.shape and bool((b.grad == 0).all())
+            results[f"fused_all_gather_matmul dim {dim} compiled={compiled}"] = ok
+            a = torch.rand(2 * world, 2 * world, 0, requires_grad=True)
+            b = torch.rand(0, 2 * world, requires_grad=True)
+
+            def scatter(a, b, dim=dim):
+                return torch.ops.triton_dist.fused_matmul_reduce_scatter(a, b, "avg", dim, None)
+
+            fn = torch.compile(scatter, fullgraph=True, backend="aot_eager") if compiled else scatter
+            out = fn(a, b)
+            want = [2 * world] * 3
+            want[dim] = 2
+            ok = tuple(out.shape) == tuple(want) and bool((out == 0).all())
+            out.sum().backward()
+            ok &= a.grad.shape == a.shape and b.grad.shape == b.shape and bool((b.grad == 0).all())
+            results[f"fused_matmul_reduce_scatter dim {dim} compiled={compiled}"] = ok
+    return results
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_empty_k(ranks, world):
+    """K = 0 (an empty product, torch's zeros): the ops once folded A's leading dims by ``reshape(-1, K)``,
+    which cannot infer the rows of an empty tensor."""
+    for res in ranks(world, _empty_k):
+        assert all(res.values()), res
+
+
 def _routed_and_refused():
     """torch.ops.symm_mem's ops routed here (CPU tensors), and what bad arguments raise."""
     use_for_torch_async_tp(("CPU",))

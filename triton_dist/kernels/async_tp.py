@@ -32,11 +32,16 @@ from .gemm import is_kn
 from .gemm_reducescatter import scaled_gemm_rs
 
 
+def _rows(t):
+    """``t`` [..., K] as [rows, K] (the rows counted, not inferred: K may be 0)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
 def _rows_first(t, dim):
     """``t`` with ``dim`` moved to the front and every other leading dim folded into rows: [t.shape[dim] * rest,
     K] (a copy only when that layout is not already there)."""
     moved = t.movedim(dim, 0)
-    return moved.reshape(-1, t.shape[-1]).contiguous(), moved.shape
+    return _rows(moved).contiguous(), moved.shape
 
 
 def _gathered_a(gathered, shape, A_shard, dim, world):
@@ -82,7 +87,7 @@ def fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name=None, return_A=T
     w = torch.cat([B.t() for B in Bs]) if len(Bs) > 1 else Bs[0].t()  # [sum N, K]: one ag_gemm for every B
     if dim == A_shard.dim() - 1:  # K gathered: the gathered rows, then this rank's product
         k = A_shard.shape[-1]
-        flat = A_shard.reshape(-1, k).contiguous()
+        flat = _rows(A_shard).contiguous()
         parts = ops.all_gather(flat, group_name).view(world, *flat.shape)
         gathered = parts.permute(1, 0, 2).reshape(*A_shard.shape[:-1], world * k)
         out = gathered @ w.t()
@@ -107,7 +112,7 @@ def fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name=None):
         raise ValueError(f"fused_matmul_reduce_scatter: dim {scatter_dim} of A @ B has {size} entries, not "
                          f"divisible by the {world} ranks")
     if dim == A.dim() - 1:  # N scattered: the rows of (A @ B).T = B.T @ A.T, reduce-scattered
-        flat = A.reshape(-1, A.shape[-1]).contiguous()
+        flat = _rows(A).contiguous()
         out = torch.ops.triton_dist.gemm_rs(B.t().contiguous(), flat, group_name).t()
         out = out.reshape(*A.shape[:-1], size // world)
     else:
