@@ -331,16 +331,20 @@ def gemm_kernel(a, b, c, num_segments, seg_rows, N, K, stride_am, stride_bn, str
 def _sum_splits(acc, partials, tile_counts, tile, split, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr):
     """Split-K: store this split's fp32 partial tile; in the last of the tile's splits to arrive, return the sum
-    of all of them in split order (the same bits whichever arrives last) and True; elsewhere ``acc`` and False."""
+    of all of them in split order (the same bits whichever arrives last; its own partial from its registers, the
+    others' read) and True; elsewhere ``acc`` and False."""
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     tile_partials = partials + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
     tl.store(tile_partials + split * (BLOCK_M * BLOCK_N) + offs, acc)
     last = dl.arrive_last(tile_counts + tile, SPLIT_K)
     if last:  # (".cg": from L2, where the other SMs' partials are; never a stale L1 line)
         tl.atomic_xchg(tile_counts + tile, 0, sem="relaxed", scope="gpu")
-        acc = tl.load(tile_partials + offs, cache_modifier=".cg")
+        own = acc
+        splits = tl.zeros((BLOCK_M, BLOCK_N), tl.int32) + split  # (a mask of the tile's shape: the interpreter's)
+        acc = tl.where(splits == 0, own, tl.load(tile_partials + offs, mask=splits != 0, cache_modifier=".cg"))
         for s in tl.static_range(1, SPLIT_K):
-            acc += tl.load(tile_partials + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+            acc += tl.where(splits == s, own, tl.load(tile_partials + s * (BLOCK_M * BLOCK_N) + offs,
+                                                      mask=splits != s, cache_modifier=".cg"))
     return acc, last
 
 
