@@ -126,6 +126,35 @@ def test_gradients_of_empty_shards(ranks, world):
         assert ranks(world, _empty_shard_grads, m, k) == [want] * world
 
 
+def _strided_weight_grads(m, k, n):
+    """gemm_rs on a weight of any strides (a column slice: neither contiguous nor a transposed view, which the
+    forward copies) and a transposed view of a, M uneven over the ranks: {what: relative error vs fp64}."""
+    r, world = td.rank(), td.world_size()
+    rows = world * m + 1
+    a64, w64 = _all(31, (rows, k)), _all(32, (n, k))
+    weights = torch.randn(rows, n, generator=torch.Generator().manual_seed(33), dtype=torch.float64)
+    ref_a = [t.clone().requires_grad_() for t in a64]
+    ref_w = [t.clone().requires_grad_() for t in w64]
+    total = sum(x @ y.T for x, y in zip(ref_a, ref_w))
+    (total * weights).sum().backward()
+    a = a64[r].float().T.contiguous().T.requires_grad_()
+    wide = torch.full((n, 2 * k), float("nan"))
+    wide[:, ::2] = w64[r].float()
+    w = wide[:, ::2].detach().requires_grad_()
+    out = gemm_rs(a, w)
+    (out * torch.tensor_split(weights, world)[r].float()).sum().backward()
+    return {"out": _rel(out, torch.tensor_split(total, world)[r].detach()), "a": _rel(a.grad, ref_a[r].grad),
+            "w": _rel(w.grad, ref_w[r].grad)}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_gemm_rs_gradients_of_a_strided_weight(ranks, world):
+    """The backward reads w.T as it lies where ag_gemm can (w contiguous, or a transposed view), else a contiguous
+    copy: a strided w, which the forward takes, once failed the backward's ag_gemm ("w must be contiguous")."""
+    for errs in ranks(world, _strided_weight_grads, 2, 7, 5):
+        assert all(e < 1e-5 for e in errs.values()), errs
+
+
 def _regather_calls():
     """Eager backward calls that gather again (ag_gemm's input, FP8-grads gemm_rs's output gradient): how many
     started by ``start_gather`` (overlapped with the input gradient's GEMM) and how many waited for at once."""

@@ -209,7 +209,10 @@ def _gemm_rs_backward(ctx, grad_out):
         padded[:grad_out.shape[0]] = grad_out
     mode = ctx.grads_mode
     if mode is None:
-        out, g = ag_gemm(padded, w.T, return_gathered=True, group=group)  # w read as it lies (no transposed copy)
+        # w read as it lies (no transposed copy): w.T is the transposed view of a contiguous w, or w's own
+        # contiguous [K, N] (w a transposed view); ag_gemm takes no other strides, which the forward copied
+        wt = w.T if w.is_contiguous() or w.T.is_contiguous() else w.contiguous().T
+        out, g = ag_gemm(padded, wt, return_gathered=True, group=group)
     else:  # FP8 rows cross in ag_gemm: the weights' gradient gathers G on its own, behind grad_a's GEMM
         g = _regather(padded, group) if ctx.needs_input_grad[1] else None
         out = _times_weight("ag_gemm", padded, w, mode, ctx.group_name) if ctx.needs_input_grad[0] else None
