@@ -475,18 +475,18 @@ def takes(cfg, out_dtype, block_scales=False):
                               bool(cfg.get("EPILOGUE_SUBTILE"))) <= SHARED_BYTES)
 
 
-def candidates(base, out_dtype=torch.bfloat16, block_scales=False):
+def candidates(base, out_dtype=torch.bfloat16, block_scales=False, subtile=False):
     """Tuner configurations of this mainloop from ``base`` (``gemm_config``'s keys): each BLOCK_N with the two
-    deepest rings that fit beside a result of ``out_dtype`` (with block scales or not), and the one slot more
-    that a half-width C buffer makes room for (EPILOGUE_SUBTILE), where it does: block scales wait for two loads
-    per slot, so a deeper ring pays (docs/design/fp8.md)."""
+    deepest rings that fit beside a result of ``out_dtype`` (with block scales or not); ``subtile``: also the one
+    slot more that a half-width C buffer makes room for (EPILOGUE_SUBTILE), where it does (the tuner leaves it
+    out: it won at none of issue 34's shapes, run161; docs/design/fp8.md)."""
     def depths(bn, subtile):
         return [s for s in range(2, 8) if _shared_bytes(bn, s, out_dtype, block_scales, subtile) <= SHARED_BYTES]
 
     cands = []
     for bn in BLOCK_NS:
         deepest = [(s, False) for s in depths(bn, False)[-2:]]
-        deepest += [(s, True) for s in depths(bn, True)[-1:] if s > deepest[-1][0]]
+        deepest += [(s, True) for s in depths(bn, True)[-1:] if subtile and s > deepest[-1][0]]
         cands += [{**base, "MAINLOOP": "gluon", "BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4,
                    "num_stages": s, "GROUP_M": 8, "SPLIT_N": False, "EPILOGUE_SUBTILE": subtile, "SPLIT_K": 1,
                    "programs_per_sm": None} for s, subtile in deepest]

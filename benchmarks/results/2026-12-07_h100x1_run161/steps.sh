@@ -14,7 +14,7 @@
 #      partial from registers) at 1024x1024x16384 / 256x1024x8192 (run156: 0.87x cuBLAS)
 #   k / r  the GPU tier in two calls (tests/kernels ~430 s; the rest ~270 s), if the budget allows
 source benchmarks/steps_lib.sh
-HERE=benchmarks/results/2026-12-08_gpu_run161
+HERE=benchmarks/results/2026-12-07_h100x1_run161
 case "${1:-sp}" in
 s|sp)
   step gluon_tests 300 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 250 -rf \

@@ -85,7 +85,7 @@ for m, n, k in BLOCK_SHAPES:
             calls[f"block {layout} s{stages}{' subtile' if subtile else ''}"] = launcher(
                 ab, wb, out, cfg, "block", scales, swb)
         with_tails(calls, f"block {layout} s5", ab, wb, out, {**block, "num_stages": 5}, "block", scales, swb, (8,))
-    for stages, subtile in ((5, False), (6, True)):
+    for stages, subtile in ((5, False), (6, True)) if os.environ.get("SUBTILE_TMA", "1") == "1" else ():
         cfg = {**block, "num_stages": stages, "EPILOGUE_SUBTILE": subtile}
         calls[f"block kmajor s{stages}{' subtile' if subtile else ''} tma"] = tma_scales.launcher(
             tma_variant, ab, wb, out, cfg, sab_k, swb)
