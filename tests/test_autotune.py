@@ -111,10 +111,11 @@ def test_choose_tunes_in_turn_and_caches(tmp_path, monkeypatch):
 
 def test_short_candidates_get_more_calls_after_their_first_round(tmp_path, monkeypatch):
     """Later rounds time enough calls to span SPAN_US (at most MAX_ITERS, never fewer than iters), counted from
-    the candidate's own first-round figure: a 100-us candidate 50 calls, a 1-ms one stays at 10."""
+    the candidate's own first-round figure: a 1-ms candidate 50 calls, a 10-ms one stays at 10, a 100-us one
+    MAX_ITERS."""
     monkeypatch.setenv("TRITON_DIST_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(autotune, "tuning_allowed", lambda: True)
-    candidates = [{"us": 100.0}, {"us": 1000.0}, {"us": 20.0}]
+    candidates = [{"us": 1000.0}, {"us": 10000.0}, {"us": 100.0}]
     counts = {0: [], 1: [], 2: []}
 
     def fake_time(run, cfg, iters, **kw):
@@ -134,7 +135,7 @@ def test_graph_runs_report_per_call_and_hold_enough_calls(tmp_path, monkeypatch)
     GRAPH_SPAN_US of work, one for long kernels, MAX_GRAPH_CALLS for tiny or unknown ones."""
     monkeypatch.setenv("TRITON_DIST_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(autotune, "tuning_allowed", lambda: True)
-    candidates = [{"us": 30.0}, {"us": 20.0}]
+    candidates = [{"us": 300.0}, {"us": 200.0}]
     counts = []
 
     def fake_time(run, cfg, iters=10, **kw):
@@ -148,10 +149,10 @@ def test_graph_runs_report_per_call_and_hold_enough_calls(tmp_path, monkeypatch)
     monkeypatch.setattr(autotune, "time_candidate", fake_time)
     key = {"test": "graph-calls"}
     assert autotune.choose("demo_calls", key, candidates, make_runner, default=candidates[0], collective=False,
-                           rounds=2) == {"us": 20.0}
+                           rounds=2) == {"us": 200.0}
     fkey = autotune.full_key("demo_calls", key, False, candidates)
-    assert json.loads((tmp_path / "demo_calls.json").read_text())["_timings_us"][fkey] == [30.0, 20.0]
-    assert sorted(counts) == [10, 10, 33, 50]  # 5000 us spanned by 150- and 100-us runs
+    assert json.loads((tmp_path / "demo_calls.json").read_text())["_timings_us"][fkey] == [300.0, 200.0]
+    assert sorted(counts) == [10, 10, 33, 50]  # SPAN_US (50 ms) spanned by 1500- and 1000-us runs
     autotune._CHOSEN.clear()
     span = autotune.GRAPH_SPAN_US
     assert autotune.graph_calls(10 * span) == 1 and autotune.graph_calls(span / 4) == 4

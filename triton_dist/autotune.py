@@ -16,8 +16,9 @@
 * **Fair on a power-capped GPU.** Candidates are timed in turn, ``rounds`` times, each round in a different order
   (``turn_order``), each timing after ~50 ms of the candidate itself (``WARMUP_US``), and each keeps the median of
   its rounds: a GPU at its power limit drifts by several percent within a second.
-* **Enough samples for short calls.** Later rounds time enough calls to span ``SPAN_US`` (at most ``MAX_ITERS``),
-  counted from the first round's figure, which every rank shares.
+* **Enough samples.** Later rounds time enough calls to span ``SPAN_US`` (at most ``MAX_ITERS``), counted from
+  the first round's figure, which every rank shares: short calls beyond the host's jitter, long ones beyond a
+  power-capped GPU's slow spells.
 * **Device time for short kernels.** ``graph_runner`` replays a CUDA graph of each candidate holding enough calls
   for about ``GRAPH_SPAN_US`` of work (``graph_calls``): one call of a few µs replayed alone times the host's cost
   of a replay and its events, the same for every candidate. Figures are per call.
@@ -40,7 +41,7 @@ from . import hardware
 from .timing import max_over_ranks, median_us, timeable
 
 _CHOSEN = {}  # full key -> config (identical on every rank)
-SPAN_US = 5000.0  # later rounds time a candidate over about this long ...
+SPAN_US = 50000.0  # later rounds time a candidate over about this long (a power-capped GPU's spells last ~0.1 s) ...
 MAX_ITERS = 100  # ... in at most this many calls
 WARMUP_US = 50000.0  # each timing starts after ~50 ms of the candidate itself (timing.warm_up)
 GRAPH_SPAN_US = 100.0  # a tuning graph holds calls for about this much device work ...
