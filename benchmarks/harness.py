@@ -144,8 +144,8 @@ def interleaved_ab(run, base, variants, device, rounds=5, what="A/B"):
 
 def in_turn_note(rounds=5):
     """How ``in_turn`` timed a table, for its notes."""
-    return (f"timed in turn: median of {rounds} rounds of 10 iterations after ~50 ms of warm-up, each round "
-            "starting at another contender and in another order")
+    return (f"timed in turn: median of {rounds} rounds (10 iterations in the first, then enough to span ~50 ms, "
+            "at most 100) after ~50 ms of warm-up, each round starting at another contender and in another order")
 
 
 IN_TURN = in_turn_note()
@@ -153,18 +153,24 @@ IN_TURN = in_turn_note()
 
 def in_turn(calls, rounds=5, what="in turn"):
     """``{label: µs}`` of ``calls`` ({label: fn}) timed in turn as the autotuner times candidates
-    (``autotune.in_turn``): ``rounds`` times over (10 iterations each after ~50 ms of warm-up, the same counts on
-    every rank), each round starting at a different contender and in a different order, each keeping the median
-    of its rounds: every contender sees the same mix of the GPU's power states and none always runs right after
-    the same one (a GEMM after a communication-bound call starts with power headroom: run57, run66). NaN for
-    one that fails."""
+    (``autotune.in_turn``): ``rounds`` times over after ~50 ms of warm-up each (10 iterations in a contender's
+    first round, later ones enough to span ``autotune.SPAN_US``: a power-capped GPU's slow spells last ~0.1 s;
+    counted from the first round's figure, the max over ranks, so the same counts on every rank), each round
+    starting at a different contender and in a different order, each keeping the median of its rounds: every
+    contender sees the same mix of the GPU's power states and none always runs right after the same one (a GEMM
+    after a communication-bound call starts with power headroom: run57, run66). NaN for one that fails."""
     from triton_dist import autotune
     from triton_dist.timing import time_us_or_nan
 
     labels = list(calls)
-    medians = autotune.in_turn(len(labels), rounds, lambda i: time_us_or_nan(
-        calls[labels[i]], f"{what} {labels[i]}", iters=10, warmup=2, warmup_us=autotune.WARMUP_US))
-    return dict(zip(labels, medians))
+    first = {}
+
+    def time_one(i):
+        t = time_us_or_nan(calls[labels[i]], f"{what} {labels[i]}", iters=autotune.iters_after(first.get(i), 10),
+                           warmup=2, warmup_us=autotune.WARMUP_US)
+        first.setdefault(i, t)
+        return t
+    return dict(zip(labels, autotune.in_turn(len(labels), rounds, time_one)))
 
 
 def head_to_head(ours, baselines, others=None, rounds=5):
