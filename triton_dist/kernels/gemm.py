@@ -519,14 +519,10 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
     if cfg.get("MAINLOOP") == "gluon":  # ``gemm``'s own configurations only: one segment, no gate
         if segments != 1 or silu_gate or scale_rows is not None:
             raise ValueError("the Gluon FP8 mainloop runs gemm's calls: one segment, no SiLU gate")
-        programs = default_num_programs(a.device, cfg)
-        split = gemm_sm90.tail_split(cfg, seg_rows, n, a.shape[1], programs)
-        if split == 1:
-            return gemm_sm90.launch(a, b, c3[0], cfg, scales.mode, scales.a, scales.w,
-                                    gemm_grid(cfg, 1, seg_rows, n, a.device))
-        tail = gemm_sm90.tail_arguments(c3[0], split, split_k_workspace(
-            a.device, gemm_sm90.tail_tiles(cfg, seg_rows, n, programs), split, cfg, counters=2))
-        return gemm_sm90.launch(a, b, c3[0], cfg, scales.mode, scales.a, scales.w, (programs,), tail)
+        grid, split, space = gluon_tail(cfg, seg_rows, n, a.shape[1], a.device)
+        tail = None if split == 1 else gemm_sm90.tail_arguments(c3[0], split, split_k_workspace(*space))
+        return gemm_sm90.launch(a, b, c3[0], cfg, scales.mode, scales.a, scales.w,
+                                grid or gemm_grid(cfg, 1, seg_rows, n, a.device), tail)
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg, kn)
     args = (a_arg, b_arg, c_arg, segments, seg_rows, n, a.shape[1], a.stride(0), b_row_stride(b, kn),
             c3.stride(0), c3.stride(1), first_segment, segment_step)
@@ -538,6 +534,16 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
     _LAUNCH_GEMM(gemm_grid(cfg, segments, seg_rows, n, a.device), *args, named=named,
                  **gemm_meta(cfg, use_tma, a.dtype, silu_gate, scales), **({"B_KN": True} if kn else {}))
     return c3
+
+
+def gluon_tail(cfg, m, n, k, device):
+    """The Gluon mainloop's split tail (``gemm_sm90.tail_split``) of ``cfg`` at [m, n, k]: (its grid, every SM's;
+    the split; ``split_k_workspace``'s arguments for its partials and two counters per tail tile), the grid None
+    where the split is 1 (whole tiles: ``gemm_grid``)."""
+    programs = default_num_programs(device, cfg)
+    split = gemm_sm90.tail_split(cfg, m, n, k, programs)
+    space = (device, gemm_sm90.tail_tiles(cfg, m, n, programs), split, cfg, 2)
+    return ((programs,) if split > 1 else None), split, space
 
 
 def split_k_of(cfg, silu_gate=False):
@@ -844,11 +850,8 @@ class EagerGemm:
             arguments = gemm_sm90.Arguments(a, w, torch.empty((m, n), dtype=out_dtype, device="meta"), cfg,
                                             scales.mode, scales.a, scales.w)
             self.ints = arguments.ints
-            programs = default_num_programs(a.device, cfg)
-            self.tail_split = gemm_sm90.tail_split(cfg, m, n, k, programs)  # its workspace's (split_k_workspace)
-            self.tail_space = (gemm_sm90.tail_tiles(cfg, m, n, programs), self.tail_split, cfg, 2)
-            if self.tail_split > 1:
-                grid = (programs,)
+            tail_grid, self.tail_split, self.tail_space = gluon_tail(cfg, m, n, k, a.device)
+            grid = tail_grid or grid
             self.launcher = Launcher(gemm_sm90.gemm_fp8_sm90_kernel, grid, described=arguments.described(),
                                      **gemm_sm90.meta(cfg, scales.mode, self.tail_split > 1))
         else:  # the descriptors' blocks, shapes and strides (the [m, n] result as one segment) follow from the layout
@@ -873,7 +876,7 @@ class EagerGemm:
                 return None
             if self.tail_split > 1:
                 self.launcher.run(a, w, out, scale_a, scale_w, *self.ints, **gemm_sm90.tail_arguments(
-                    out, self.tail_split, split_k_workspace(self.device, *self.tail_space)))
+                    out, self.tail_split, split_k_workspace(*self.tail_space)))
             else:
                 self.launcher.run(a, w, out, scale_a, scale_w, *self.ints)
             return out

@@ -93,18 +93,22 @@ if gluon is not None:
             return tiles, tiles
 
     @gluon.jit
-    def _span(item, whole, tail_split, k_tiles):
-        """The tile of work item ``item`` and its K steps [first, last): all of them below ``whole``, else the
-        item's share of a tail tile's (shares in K order: the tail tile's items are neighbours)."""
-        tile = item
-        first = item * 0
-        last = k_tiles
-        if item >= whole:
-            tile = whole + (item - whole) // tail_split
-            share = (item - whole) % tail_split
-            first = share * k_tiles // tail_split
-            last = (share + 1) * k_tiles // tail_split
-        return tile, first, last
+    def _span(item, whole, tail_split, k_tiles, SPLIT_TAIL: gl.constexpr):
+        """The tile of work item ``item`` and its K steps [first, last): all of them below ``whole`` (every item
+        without SPLIT_TAIL), else the item's share of a tail tile's (shares in K order: the tail tile's items are
+        neighbours)."""
+        if SPLIT_TAIL:
+            tile = item
+            first = item * 0
+            last = k_tiles
+            if item >= whole:
+                tile = whole + (item - whole) // tail_split
+                share = (item - whole) % tail_split
+                first = share * k_tiles // tail_split
+                last = (share + 1) * k_tiles // tail_split
+            return tile, first, last
+        else:
+            return item, 0, k_tiles
 
     @gluon.jit
     def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, scale_a, scale_w, M, N, K,
@@ -126,10 +130,7 @@ if gluon is not None:
         n_items, whole = _items(tiles_m * tiles_n, tail_split, SPLIT_TAIL)
         step = 0  # over all this program's tiles: the slot is step % STAGES, its pass (step // STAGES)
         for item in range(first_item, n_items, gl.num_programs(0)):
-            if SPLIT_TAIL:
-                tile, k_first, k_last = _span(item, whole, tail_split, k_tiles)
-            else:
-                tile, k_first, k_last = item, 0, k_tiles
+            tile, k_first, k_last = _span(item, whole, tail_split, k_tiles, SPLIT_TAIL)
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
             rows = pid_m * BM + gl.arange(0, BM, layout=row_of)
             # the W blocks of the tile's columns (BLOCK_N 128 or 256: the tile starts on a block)
@@ -339,10 +340,7 @@ if gluon is not None:
         step = 0
         pieces = 0  # C buffer stores so far (the buffer's barriers' phase)
         for item in range(first_item, n_items, gl.num_programs(0)):
-            if SPLIT_TAIL:
-                tile, k_first, k_last = _span(item, whole, tail_split, k_tiles)
-            else:
-                tile, k_first, k_last = item, 0, k_tiles
+            tile, k_first, k_last = _span(item, whole, tail_split, k_tiles, SPLIT_TAIL)
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
             rows = pid_m * BM + ROW0 + gl.arange(0, ROWS, layout=rows_of)
             acc = zero
@@ -592,11 +590,10 @@ def meta(cfg, mode, split_tail=False):
 
 def tail_split(cfg, m, n, k, programs):
     """The K shares of each tile of the last round for ``cfg`` (its TAIL_SPLIT: the most) at [m, n, k] on
-    ``programs`` programs: as many as fill the round (``tiles % programs`` tiles), each at least one K step; 1
-    (whole tiles) where the round is empty or at least half full."""
+    ``programs`` programs: as many as fill the round (``tail_tiles``), each at least one K step; 1 (whole tiles)
+    where the round is empty or at least half full."""
     most = cfg.get("TAIL_SPLIT") or 1
-    tiles = -(-m // 128) * -(-n // cfg["BLOCK_N"])
-    tail = tiles % programs
+    tail = tail_tiles(cfg, m, n, programs)
     return 1 if most < 2 or not tail else max(1, min(most, programs // tail, -(-k // 128)))
 
 
