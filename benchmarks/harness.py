@@ -163,14 +163,9 @@ def in_turn(calls, rounds=5, what="in turn"):
     from triton_dist.timing import time_us_or_nan
 
     labels = list(calls)
-    first = {}
-
-    def time_one(i):
-        t = time_us_or_nan(calls[labels[i]], f"{what} {labels[i]}", iters=autotune.iters_after(first.get(i), 10),
-                           warmup=2, warmup_us=autotune.WARMUP_US)
-        first.setdefault(i, t)
-        return t
-    return dict(zip(labels, autotune.in_turn(len(labels), rounds, time_one)))
+    medians = autotune.in_turn(len(labels), rounds, autotune.spanning(lambda i, iters: time_us_or_nan(
+        calls[labels[i]], f"{what} {labels[i]}", iters=iters, warmup=2, warmup_us=autotune.WARMUP_US), 10))
+    return dict(zip(labels, medians))
 
 
 def head_to_head(ours, baselines, others=None, rounds=5):

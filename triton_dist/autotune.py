@@ -184,6 +184,18 @@ def iters_after(first_us, iters):
     return max(iters, min(MAX_ITERS, int(SPAN_US / first_us)))
 
 
+def spanning(time_iters, iters):
+    """``in_turn``'s ``time_one(i)`` from ``time_iters(i, calls)``: a candidate's first round times ``iters``
+    calls, its later rounds ``iters_after`` that round's figure (which every rank shares: a max over ranks)."""
+    first = {}
+
+    def time_one(i):
+        t = time_iters(i, iters_after(first.get(i), iters))
+        first.setdefault(i, t)
+        return t
+    return time_one
+
+
 def choose(op, key, candidates, make_runner, default, collective=True, iters=10, rounds=5, group=None):
     """The configuration to use for ``op`` at ``key`` (see the module docstring); ``group``: the ranks a
     collective op runs on (None: the heap's)."""
@@ -205,13 +217,10 @@ def choose(op, key, candidates, make_runner, default, collective=True, iters=10,
     if rank == 0:
         print(f"triton_dist autotune {op} {key}: {len(candidates)} candidates", file=sys.stderr, flush=True)
     done = [0] * len(candidates)
-    first = [None] * len(candidates)  # each candidate's first-round figure: sets its later rounds' call count
 
-    def time_one(i):
-        t = time_candidate(run, candidates[i], iters=iters_after(first[i], iters), collective=collective,
-                           group=group, warmup_us=WARMUP_US)
-        if first[i] is None:
-            first[i] = t
+    def time_iters(i, calls_timed):
+        t = time_candidate(run, candidates[i], iters=calls_timed, collective=collective, group=group,
+                           warmup_us=WARMUP_US)
         done[i] += 1
         if rank == 0:
             print(f"  [{i + 1}/{len(candidates)}] round {done[i]}/{rounds} {t / calls:10.1f} us  "
@@ -219,7 +228,7 @@ def choose(op, key, candidates, make_runner, default, collective=True, iters=10,
                   file=sys.stderr, flush=True)
         return t
 
-    timings = [t / calls for t in in_turn(len(candidates), rounds, time_one)]
+    timings = [t / calls for t in in_turn(len(candidates), rounds, spanning(time_iters, iters))]
     best = min(range(len(candidates)), key=lambda i: timings[i])
     best = _broadcast(best, group, world, rank)  # belt and braces: rank 0's pick wins
     cfg = candidates[best]
