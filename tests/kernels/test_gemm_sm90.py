@@ -178,7 +178,7 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
     assert [(c["BLOCK_N"], c["num_stages"], c["EPILOGUE_SUBTILE"])
             for c in gemm_sm90.candidates(cfgs[0], torch.bfloat16, True, subtile=True)] == \
         [(128, 4, False), (128, 5, False), (128, 6, True), (256, 3, False), (256, 4, False)]
-    # the tuner's (run161: the sixth slot won at none of issue 34's shapes) leave it out
+    # the tuner's leave it out (docs/design/fp8.md)
     assert not any(c["EPILOGUE_SUBTILE"] for c in gemm_sm90.candidates(cfgs[0], torch.bfloat16, True))
     assert not gemm_sm90.takes({**cfgs[0], "num_stages": 6}, torch.bfloat16, block_scales=True)
     assert gemm_sm90.takes({**cfgs[0], "num_stages": 6, "EPILOGUE_SUBTILE": True}, torch.bfloat16, block_scales=True)

@@ -477,7 +477,7 @@ def candidates(base, out_dtype=torch.bfloat16, block_scales=False, subtile=False
     """Tuner configurations of this mainloop from ``base`` (``gemm_config``'s keys): each BLOCK_N with the two
     deepest rings that fit beside a result of ``out_dtype`` (with block scales or not); ``subtile``: also the one
     slot more that a half-width C buffer makes room for (EPILOGUE_SUBTILE), where it does (the tuner leaves it
-    out: it won at none of issue 34's shapes, run161; docs/design/fp8.md)."""
+    out: docs/design/fp8.md)."""
     def depths(bn, subtile):
         return [s for s in range(2, 8) if _shared_bytes(bn, s, out_dtype, block_scales, subtile) <= SHARED_BYTES]
 
