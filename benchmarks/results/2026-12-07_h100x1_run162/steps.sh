@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# run162 (1 GPU; 2026-12-07). GIT_COMMIT=<sha> bash steps.sh STEP [STEP ...]  (steps: b g m k r)
+#   b  (~150 s) bench_gemm FP8 at issue 34's four shapes: with the tuner's 50 ms spans (6b8b818) and without the
+#      sixth slot (3aab19d), do the picks match the probe's best (per-tensor/rowwise 256 s3, block K-major s5)?
+#   g  (~120 s) bench_backward --only moe --fp8 row,block --fp8-grads: the MoE layer's FP8-grads step, never
+#      timed (issue 35), against HF's block and our bf16 layer
+#   m  (~200 s) split-K's GPU test, then bench_gemm --only small: b2e22b2 (split-K's last share adds its own
+#      partial from registers) at 1024x1024x16384 / 256x1024x8192 (run156: 0.87x cuBLAS)
+#   k / r  the GPU tier in two calls (tests/kernels ~430 s; the rest ~270 s): every commit since run160's 18df711
+source benchmarks/steps_lib.sh
+for s in "$@"; do
+case "$s" in
+b)
+  BENCH_DIR=$OUT step bench_gemm_fp8 250 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only fp8 \
+    --fp8-shapes 8192x8192x8192,8192x28672x8192,4096x6144x4096,2048x8192x8192
+  grep -E "^\||Error|error" "$OUT/bench_gemm_fp8.log" | cut -c1-400 | head -24 ;;
+g)
+  BENCH_DIR=$OUT step bench_backward_moe 250 torchrun --nproc-per-node=1 benchmarks/bench_backward.py --only moe \
+    --fp8 row,block --fp8-grads
+  grep -E "^\||Error|error" "$OUT/bench_backward_moe.log" | cut -c1-300 | head -20 ;;
+m)
+  step split_k_tests 120 python -m pytest -m gpu -p no:cacheprovider -v --timeout 100 -rf tests/kernels/test_gemm.py \
+    -k "split_k or eager_plans"
+  grep -E "FAILED|passed|failed" "$OUT/split_k_tests.log" | cut -c1-250 | tail -4
+  BENCH_DIR=$OUT step bench_gemm_small 250 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only small
+  grep -E "^\|" "$OUT/bench_gemm_small.log" | cut -d'|' -f2-4,5,6,7,8,11,12,13 | head -13 ;;
+k)
+  step gpu_tier_kernels 570 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 \
+    tests/kernels
+  grep -E "FAILED|passed|failed" "$OUT/gpu_tier_kernels.log" | cut -c1-250 | tail -14 ;;
+r)
+  step gpu_tier_rest 400 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=15 \
+    tests --ignore=tests/kernels
+  grep -E "FAILED|passed|failed" "$OUT/gpu_tier_rest.log" | cut -c1-250 | tail -14 ;;
+esac
+done
+true
