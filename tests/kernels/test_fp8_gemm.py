@@ -352,6 +352,28 @@ def test_every_candidate_is_a_config_the_op_takes(mode, monkeypatch):
         assert any(c.get("A_SCALES_K_MAJOR") for c in cands) == (mode == "block")
 
 
+@pytest.mark.parametrize("mode,k_major", [("tensor", False), ("row", False), ("block", False), ("block", True)])
+def test_tuner_offers_the_split_tail_where_the_last_round_is_mostly_idle(mode, k_major, monkeypatch):
+    """At 8192^3 on 132 SMs the 128 tile leaves 4 tiles for a 33rd round: the tuner also times the Gluon
+    candidates with that round split along K (TAIL_SPLIT), never on row-major block scales read as they lie (timed
+    slower: docs/design/fp8.md), and nowhere without a tail to split (4096^3: the last round holds 100 tiles)."""
+    from triton_dist.kernels import gemm_sm90
+
+    monkeypatch.setattr(gemm_module, "num_sms", lambda index=None: 132)
+    monkeypatch.setattr(gemm_sm90, "available", lambda *args: True)  # (as on an sm_90 GPU)
+    scales = types.SimpleNamespace(mode=mode, fast_accum=False, a_k_major=k_major)
+    cuda = torch.device("cuda")
+    tails = [c for c in gemm_candidates(8192, 8192, 8192, torch.float8_e4m3fn, cuda, scales, split_k=True)
+             if c.get("TAIL_SPLIT")]
+    assert tails and all(c["MAINLOOP"] == "gluon" and c["TAIL_SPLIT"] == gemm_sm90.TUNER_TAIL_SPLIT for c in tails)
+    assert all(gemm_sm90.tail_split(c, 8192, 8192, 8192, 132) == 8 for c in tails)
+    assert {c["BLOCK_N"] for c in tails} == {128}  # 256 columns: 2048 tiles, 68 in the last round (half full)
+    if mode == "block":
+        assert all(bool(c.get("A_SCALES_K_MAJOR")) == (not k_major) for c in tails)  # row-major: copied first
+    assert not any(c.get("TAIL_SPLIT") for c in gemm_candidates(4096, 4096, 4096, torch.float8_e4m3fn, cuda,
+                                                                scales, split_k=True))
+
+
 @pytest.mark.parametrize("mode,fast_accum", [("tensor", False), ("row", False), ("row", True), ("block", False)])
 def test_fp8_block_tiles_keep_both_accumulators_in_registers(mode, fast_accum):
     """Block scales keep each K step's product apart from the sum (two fp32 accumulators): every candidate of gemm

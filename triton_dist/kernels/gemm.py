@@ -971,7 +971,8 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtyp
     ``split_k``: ``gemm``'s own sweep (the fused ops' kernels call the core tile by tile), with
     ``split_k_configs`` and, for promoted FP8 on sm_90, the Gluon mainloop's (``gemm_sm90``; ``out_dtype``: the
     result's, bf16 by default), with row-major block scales of A also copying them K-major first (timed with the
-    copy: A_SCALES_K_MAJOR)."""
+    copy: A_SCALES_K_MAJOR), and where a shape leaves the last round of tiles mostly idle, with that round's tiles
+    split along K (TAIL_SPLIT)."""
     base = gemm_config(m, n, k, dtype, device, scales)
     cands = [base,
              {**base, "BLOCK_N": 256, "num_stages": 3, "num_warps": 8, "BLOCK_M": 128},
@@ -998,9 +999,12 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtyp
         if (gemm_sm90.TUNER_OFFERS and tma_rows
                 and gemm_sm90.available(device, dtype, scales, out_dtype)):
             gluon = gemm_sm90.candidates(base, out_dtype, scales.mode == "block")
-            cands += gluon
             if scales.mode == "block" and not getattr(scales, "a_k_major", False):  # row-major A scales copied
-                cands += [{**c, "A_SCALES_K_MAJOR": True} for c in gluon]  # K-major first (docs/design/fp8.md)
+                # K-major first (docs/design/fp8.md); the split tail only with K-major scales (row-major: slower)
+                cands += gluon
+                gluon = [{**c, "A_SCALES_K_MAJOR": True} for c in gluon]
+            cands += gluon + [c for c in ({**c, "TAIL_SPLIT": gemm_sm90.TUNER_TAIL_SPLIT} for c in gluon)
+                              if gemm_sm90.tail_split(c, m, n, k, default_num_programs(device, c)) > 1]
     return autotune.dedupe(cands)
 
 

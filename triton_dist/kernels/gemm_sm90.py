@@ -445,6 +445,8 @@ SHARED_BYTES = 227 * 1024  # an sm_90 program's shared memory
 # Offered to gemm's tuner unless TRITON_DIST_GLUON_MAINLOOP=0 (the tuner times it against the Triton core's
 # configurations); ``config={"MAINLOOP": "gluon"}`` runs it either way.
 TUNER_OFFERS = os.environ.get("TRITON_DIST_GLUON_MAINLOOP", "1") != "0"
+# the most K shares of a tail tile the tuner offers (where ``tail_split`` finds a tail to split; docs/design/fp8.md)
+TUNER_TAIL_SPLIT = 8
 
 
 def available(device, dtype, scales, out_dtype):
