@@ -6,8 +6,11 @@
 #      timed (issue 35), against HF's block and our bf16 layer
 #   m  (~200 s) split-K's GPU test, then bench_gemm --only small: b2e22b2 (split-K's last share adds its own
 #      partial from registers) at 1024x1024x16384 / 256x1024x8192 (run156: 0.87x cuBLAS)
+#   n  (~120 s) ncu with per-instruction stall sampling (SourceCounters, WarpStateStats) of the Gluon mainloop
+#      per-tensor vs block K-major, 4096x6144x4096, 128 s5 (ncu_source.py); the SASS lines with the most samples
 #   k / r  the GPU tier in two calls (tests/kernels ~430 s; the rest ~270 s): every commit since run160's 18df711
 source benchmarks/steps_lib.sh
+HERE=benchmarks/results/2026-12-07_h100x1_run162
 for s in "$@"; do
 case "$s" in
 b)
@@ -24,6 +27,16 @@ m)
   grep -E "FAILED|passed|failed" "$OUT/split_k_tests.log" | cut -c1-250 | tail -4
   BENCH_DIR=$OUT step bench_gemm_small 250 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only small
   grep -E "^\|" "$OUT/bench_gemm_small.log" | cut -d'|' -f2-4,5,6,7,8,11,12,13 | head -13 ;;
+n)
+  step ncu_source 200 ncu --clock-control none -k regex:gemm_fp8_sm90 --launch-skip 1 --launch-count 3 \
+    --section WarpStateStats --section SourceCounters --section SchedulerStats --import-source yes \
+    -o "$OUT/ncu_source" -f python $HERE/ncu_source.py
+  for i in 1 3; do ncu --import "$OUT/ncu_source.ncu-rep" --page source --csv --print-source sass \
+    --launch-skip $((i - 1)) --launch-count 1 > "$OUT/ncu_src_$i.csv" 2> "$OUT/ncu_src_$i.err"; done
+  ncu --import "$OUT/ncu_source.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
+  python $HERE/ncu_source_summary.py "$OUT/ncu_src_1.csv" "$OUT/ncu_src_3.csv" 30 > "$OUT/ncu_summary.txt" 2>&1
+  grep -E "Duration|Warp Cycles Per Issued|Issued Warp|No Eligible" "$OUT/ncu_details.txt" | head -12
+  head -c 6000 "$OUT/ncu_summary.txt"; tail -3 "$OUT"/ncu_src_1.err ;;
 k)
   step gpu_tier_kernels 570 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 \
     tests/kernels
