@@ -2,8 +2,10 @@
 sections): the Gluon FP8 mainloop at 4096x6144x4096, the same tile and ring (128x128x128, 5 slots), per-tensor
 then 128-blockwise with A's scales K-major (the layout the op runs best). Where do the block-scaled consumers'
 cycles go that the per-tensor ones do not spend? Each mode runs twice (the first compiles); steps.sh profiles the
-second of each and writes the SASS lines that hold the most stall samples per mode (ncu_source_summary.py).
+second, one mode (NCU_MODES) per report, and writes the SASS lines that hold the most stall samples per mode (ncu_source_summary.py).
 """
+
+import os
 
 import torch
 
@@ -15,7 +17,7 @@ m, n, k = 4096, 6144, 4096
 base = gemm_config(m, n, k, torch.float8_e4m3fn, torch.device("cuda"), SPLIT_K=1)
 cfg = {**gemm_sm90.default_config(base, torch.bfloat16, block_scales=True), "num_stages": 5}
 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-for mode in ("tensor", "block"):
+for mode in os.environ.get("NCU_MODES", "tensor,block").split(","):
     a, sa, w, sw = fp8_operands(m, n, k, mode, "cuda")
     if mode == "block":
         sa = sa.t().contiguous().t()  # [M, K/128] of strides (1, M): K-major

@@ -8,13 +8,19 @@ import csv
 import sys
 
 
+def num(v):
+    try:
+        return float(str(v).replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
 def summarise(path, top):
     rows = list(csv.DictReader(open(path, newline="")))
     if not rows:
         print(f"== {path}: empty")
         return
     cols = list(rows[0])
-    num = lambda v: float(str(v).replace(",", "") or 0) if str(v).replace(",", "").replace(".", "").isdigit() else 0.0
     samples = next((c for c in cols if "Sampling (All" in c), None) or next(c for c in cols if "Sampl" in c)
     stalls = [c for c in cols if c.startswith("stall_") or "Stall" in c and c != samples and "Sampl" not in c]
     total = sum(num(r[samples]) for r in rows)

@@ -28,15 +28,16 @@ m)
   BENCH_DIR=$OUT step bench_gemm_small 250 torchrun --nproc-per-node=1 benchmarks/bench_gemm.py --only small
   grep -E "^\|" "$OUT/bench_gemm_small.log" | cut -d'|' -f2-4,5,6,7,8,11,12,13 | head -13 ;;
 n)
-  step ncu_source 200 ncu --clock-control none -k regex:gemm_fp8_sm90 --launch-skip 1 --launch-count 3 \
-    --section WarpStateStats --section SourceCounters --section SchedulerStats --import-source yes \
-    -o "$OUT/ncu_source" -f python $HERE/ncu_source.py
-  for i in 1 3; do ncu --import "$OUT/ncu_source.ncu-rep" --page source --csv --print-source sass \
-    --launch-skip $((i - 1)) --launch-count 1 > "$OUT/ncu_src_$i.csv" 2> "$OUT/ncu_src_$i.err"; done
-  ncu --import "$OUT/ncu_source.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
-  python $HERE/ncu_source_summary.py "$OUT/ncu_src_1.csv" "$OUT/ncu_src_3.csv" 30 > "$OUT/ncu_summary.txt" 2>&1
-  grep -E "Duration|Warp Cycles Per Issued|Issued Warp|No Eligible" "$OUT/ncu_details.txt" | head -12
-  head -c 6000 "$OUT/ncu_summary.txt"; tail -3 "$OUT"/ncu_src_1.err ;;
+  for mode in tensor block; do
+    NCU_MODES=$mode step ncu_$mode 150 ncu --clock-control none -k regex:gemm_fp8_sm90 --launch-skip 1 \
+      --launch-count 1 --section WarpStateStats --section SourceCounters --section SchedulerStats \
+      --import-source yes -o "$OUT/ncu_$mode" -f python $HERE/ncu_source.py
+    ncu --import "$OUT/ncu_$mode.ncu-rep" --page source --csv --print-source sass > "$OUT/src_$mode.csv" 2>&1
+    ncu --import "$OUT/ncu_$mode.ncu-rep" --page details > "$OUT/details_$mode.txt" 2>&1
+    grep -E "Duration|Warp Cycles Per Issued|Issued Warp|No Eligible" "$OUT/details_$mode.txt" | head -6
+  done
+  python $HERE/ncu_source_summary.py "$OUT/src_tensor.csv" "$OUT/src_block.csv" 30 > "$OUT/ncu_summary.txt" 2>&1
+  head -c 7000 "$OUT/ncu_summary.txt" ;;
 k)
   step gpu_tier_kernels 570 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 \
     tests/kernels
