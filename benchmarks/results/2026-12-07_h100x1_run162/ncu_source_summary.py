@@ -20,7 +20,7 @@ def summarise(path, top):
     if not rows:
         print(f"== {path}: empty")
         return
-    cols = list(rows[0])
+    cols = [c for c in rows[0] if c]
     samples = next((c for c in cols if "Sampling (All" in c), None) or next(c for c in cols if "Sampl" in c)
     stalls = [c for c in cols if c.startswith("stall_") or "Stall" in c and c != samples and "Sampl" not in c]
     total = sum(num(r[samples]) for r in rows)
