@@ -97,13 +97,15 @@ def _split_tail_errors(mode, out_dtype):
     programs = default_num_programs(cuda)
     gen = torch.Generator().manual_seed(7)
     errs = {}
-    for cfg in gemm_sm90.candidates(gemm_config(256, 256, 256, torch.float8_e4m3fn, cuda, SPLIT_K=1), out_dtype,
-                                    mode.startswith("block"), subtile=True):
-        cfg = {**cfg, "TAIL_SPLIT": 8}
+    cands = gemm_sm90.candidates(gemm_config(256, 256, 256, torch.float8_e4m3fn, cuda, SPLIT_K=1), out_dtype,
+                                 mode.startswith("block"), subtile=True)
+    # row-major block scales also copied K-major first (A_SCALES_K_MAJOR): how the tuner offers them the split tail
+    copies = ({}, {"A_SCALES_K_MAJOR": True}) if mode == "block" else ({},)
+    for cfg in [{**cfg, **copy, "TAIL_SPLIT": 8} for cfg in cands for copy in copies]:
         columns = -(-200 // cfg["BLOCK_N"])  # N 200: one or two tiles a row of tiles
         for m, n, k in ((128 * -(-(programs + 3) // columns) - 50, 200, 1008), (200, 520, 2064)):
             assert gemm_sm90.tail_split(cfg, m, n, k, programs) > 1, (cfg, m, n, k)  # the path under test runs
-            key = (cfg["BLOCK_N"], cfg["num_stages"], cfg["EPILOGUE_SUBTILE"], (m, n, k))
+            key = (cfg["BLOCK_N"], cfg["num_stages"], cfg["EPILOGUE_SUBTILE"], "A_SCALES_K_MAJOR" in cfg, (m, n, k))
             a, sa, w, sw, da, dw = (t.cuda() for t in operands(m, n, k, mode, gen))
             outs = []
             for eager in (False, True, True):
