@@ -8,6 +8,9 @@
 #      partial from registers) at 1024x1024x16384 / 256x1024x8192 (run156: 0.87x cuBLAS)
 #   n  (~120 s) ncu with per-instruction stall sampling (SourceCounters, WarpStateStats) of the Gluon mainloop
 #      per-tensor vs block K-major, 4096x6144x4096, 128 s5 (ncu_source.py); the SASS lines with the most samples
+#   o  (~90 s) scale_order.py: the block-scaled K step with its scales read after the wgmmas ("late": the four
+#      QGMMAs then issue back to back, as per-tensor's do; the shipped kernel puts the scales' FMULs between the
+#      first and second) and "mid", against the shipped kernel, 128 s5 K-major, issue 34's four shapes, 5 rounds
 #   t  (~150 s) the GPU tests of this session's change alone (what a short budget allows): the split tail's
 #      (row-major block scales copied K-major among them) and test_fp8_gemm's tuner / every-candidate tests
 #   k / r  the GPU tier in two calls (tests/kernels ~430 s; the rest ~270 s): every commit since run160's 18df711
@@ -40,6 +43,9 @@ n)
   done
   python $HERE/ncu_source_summary.py "$OUT/src_tensor.csv" "$OUT/src_block.csv" 30 > "$OUT/ncu_summary.txt" 2>&1
   head -c 7000 "$OUT/ncu_summary.txt" ;;
+o)
+  step scale_order 200 torchrun --nproc-per-node=1 $HERE/scale_order.py
+  grep -E "MEDIAN|Error" "$OUT/scale_order.log" | cut -c1-220 | tail -20 ;;
 t)
   step changed_tests 220 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 200 -rf \
     tests/kernels/test_gemm_sm90.py tests/kernels/test_fp8_gemm.py -k "split_tail or candidate or tuner"
