@@ -2,7 +2,8 @@
 sections): the Gluon FP8 mainloop at 4096x6144x4096, the same tile and ring (128x128x128, 5 slots), per-tensor
 then 128-blockwise with A's scales K-major (the layout the op runs best). Where do the block-scaled consumers'
 cycles go that the per-tensor ones do not spend? Each mode runs twice (the first compiles); steps.sh profiles the
-second, one mode (NCU_MODES) per report, and writes the SASS lines that hold the most stall samples per mode (ncu_source_summary.py).
+second, one mode (NCU_MODES) per report, and writes the SASS lines that hold the most stall samples per mode
+(ncu_source_summary.py).
 """
 
 import os
