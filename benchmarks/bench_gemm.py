@@ -48,6 +48,8 @@ def _label(cfg):
         parts.append(f"split-k {cfg['SPLIT_K']}")
     if cfg.get("A_SCALES_K_MAJOR"):  # row-major block scales of A copied K-major by the op first
         parts.append("A scales to k-major")
+    if (cfg.get("TAIL_SPLIT") or 1) > 1:  # the last round's tiles in K shares (the Gluon mainloop's split tail)
+        parts.append(f"tail-split {cfg['TAIL_SPLIT']}")
     return " ".join(parts)
 
 
