@@ -8,11 +8,14 @@ compete with the wgmmas' own shared-memory reads. The per-tensor kernel issues i
   mid   the scales read after the wgmmas are issued, before they are waited for
 Timed (``steps.sh o``): do_bench, rounds in turn (the order rotates each round), 128 s5 K-major block scales
 against the shipped kernel and per-tensor cuBLAS at issue 34's four shapes; each result checked against fp64.
+Where the 128 tile leaves a tail (8192^3) also row-major block scales through the op with and without
+TAIL_SPLIT 8 (run161 timed that 11 % slower, but last in every round of a fixed order).
 
     python scale_order.py            # (CPU) compile both for sm_90a: registers, spills, where the LDS sit
     torchrun --nproc-per-node=1 scale_order.py   # (GPU) time them
 """
 
+import functools
 import importlib.util
 import os
 import sys
@@ -115,6 +118,8 @@ def time_them():
     from bench_gemm import cublas_fp8
     from group_probe import medians
     from probe import BLOCK_SHAPES, block_case, start, time_block_contenders, write
+    from triton_dist import hardware
+    from triton_dist.kernels.gemm import gemm_config, scaled_gemm
 
     start()
     mods = {name: variant(name) for name in EDITS}
@@ -127,6 +132,14 @@ def time_them():
                  "block kmajor s5": launcher(gemm_sm90, ab, wb, out, cfg, "block", sab_k, swb)}
         calls.update({f"block kmajor s5 {name}": launcher(mod, ab, wb, out, cfg, "block", sab_k, swb)
                       for name, mod in mods.items()})
+        # run161's row-major block scales with the split tail, 11 % slower, were timed last in every round; the
+        # same kernel loops compile alike with and without it (SASS), so time the pair again in rotated order
+        op_cfg = {**gemm_sm90.default_config(gemm_config(m, n, k, ab.dtype, ab.device, SPLIT_K=1), torch.bfloat16,
+                                             True), "num_stages": 5}
+        if gemm_sm90.tail_split({**op_cfg, "TAIL_SPLIT": 8}, m, n, k, hardware.num_sms(ab.device.index)) > 1:
+            for tail in (1, 8):
+                calls[f"block rows s5 op tail{tail}"] = functools.partial(
+                    scaled_gemm, ab, wb, sab, swb, scaling="block", out=out, config={**op_cfg, "TAIL_SPLIT": tail})
         names = list(calls)[1:]
         per_round = []
         for r in range(rounds):  # the bar first, then the contenders in an order that rotates each round
