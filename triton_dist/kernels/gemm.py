@@ -1000,7 +1000,7 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtyp
                 and gemm_sm90.available(device, dtype, scales, out_dtype)):
             gluon = gemm_sm90.candidates(base, out_dtype, scales.mode == "block")
             if scales.mode == "block" and not getattr(scales, "a_k_major", False):  # row-major A scales copied
-                # K-major first (docs/design/fp8.md); the split tail only with K-major scales (row-major: slower)
+                # K-major first; the split tail only with K-major scales (row-major as they lie: docs/design/fp8.md)
                 cands += gluon
                 gluon = [{**c, "A_SCALES_K_MAJOR": True} for c in gluon]
             cands += gluon + [c for c in ({**c, "TAIL_SPLIT": gemm_sm90.TUNER_TAIL_SPLIT} for c in gluon)
