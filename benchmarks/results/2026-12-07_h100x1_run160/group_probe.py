@@ -29,13 +29,14 @@ from triton_dist.kernels import gemm_sm90  # noqa: E402
 ROUNDS = int(os.environ.get("GROUP_ROUNDS", 3))
 
 
-def launcher(a, w, c, cfg, mode, sa, sw):
-    """The Gluon kernel's launch as ``gemm_sm90.launch`` makes it, bound once (no host path timed)."""
-    args = gemm_sm90.Arguments(a, w, c, cfg, mode, sa, sw)(a, w, c, sa, sw)
+def launcher(a, w, c, cfg, mode, sa, sw, mod=gemm_sm90):
+    """The Gluon kernel's launch as ``gemm_sm90.launch`` makes it, bound once (no host path timed); ``mod``: the
+    shipped module or a probe's variant of it (run162's ``scale_order.py``)."""
+    args = mod.Arguments(a, w, c, cfg, mode, sa, sw)(a, w, c, sa, sw)
     tiles = -(-a.shape[0] // 128) * -(-w.shape[0] // cfg["BLOCK_N"])
     grid = (min(tiles, hardware.num_sms(a.device.index)),)
-    meta = gemm_sm90.meta(cfg, mode)
-    return lambda: gemm_sm90._LAUNCH(grid, *args, **meta)
+    meta = mod.meta(cfg, mode)
+    return lambda: mod._LAUNCH(grid, *args, **meta)
 
 
 def medians(shape, calls, per_round):

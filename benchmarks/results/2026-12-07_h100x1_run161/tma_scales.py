@@ -51,18 +51,20 @@ EDITS = [
 ]
 
 
-def variant():
+def variant(edits=EDITS, name="sm90_tma_scales"):
+    """``kernels/gemm_sm90.py`` with ``edits`` ((old, new) pairs, each old found once), loaded as module ``name``
+    from a temporary copy (run162's ``scale_order.py`` loads its variants so too)."""
     src = open(gemm_sm90.__file__).read()
-    for old, new in EDITS:
+    for old, new in edits:
         assert src.count(old) == 1, old[:80]
         src = src.replace(old, new)
     src = src.replace("from .. import hardware", "from triton_dist import hardware").replace(
         "from . import fp8", "from triton_dist.kernels import fp8").replace(
         "from .launcher import", "from triton_dist.kernels.launcher import")
-    path = os.path.join(tempfile.mkdtemp(), "sm90_tma_scales.py")
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
     with open(path, "w") as f:
         f.write(src)
-    spec = importlib.util.spec_from_file_location("sm90_tma_scales", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

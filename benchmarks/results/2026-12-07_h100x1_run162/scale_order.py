@@ -3,7 +3,7 @@ first piece's scales are read from the slot before its wgmmas; ptxas then places
 FMULs on three LDS results) between the step's first and second QGMMA (sm_90a SASS under triton 3.6: CPU-compiled,
 ``python scale_order.py``), so the second to fourth wgmma issue after the shared-memory loads return, which
 compete with the wgmmas' own shared-memory reads. The per-tensor kernel issues its four back to back. Variants
-(edits to a temporary copy of ``kernels/gemm_sm90.py`` at this commit, as run161's ``tma_scales.py``):
+(edits to a temporary copy of ``kernels/gemm_sm90.py`` at this commit, loaded by run161's ``tma_scales.py``):
   late  every piece reads its scales after its wgmmas are waited for (as pieces after the first already do)
   mid   the scales read after the wgmmas are issued, before they are waited for
 Timed (``steps.sh o``): do_bench, rounds in turn (the order rotates each round), 128 s5 K-major block scales
@@ -16,7 +16,6 @@ TAIL_SPLIT 8 (run161 timed that 11 % slower, but last in every round of a fixed 
 """
 
 import functools
-import importlib.util
 import os
 import sys
 import tempfile
@@ -27,6 +26,11 @@ if __name__ == "__main__" and "LOCAL_RANK" not in os.environ:  # compile for sm_
 import torch  # noqa: E402
 
 from triton_dist.kernels import gemm_sm90  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", run) for run in ("2026-12-07_h100x1_run157", "2026-12-07_h100x1_run160",
+                                                          "2026-12-07_h100x1_run161")]
+import tma_scales  # noqa: E402  (run161's: a variant of the kernel loaded from an edited copy)
 
 PIECE_STEP = """\
         part = _mma(a, b.slice(P * PN, PN), zero, BLOCK_SCALES and P > 0)
@@ -56,30 +60,7 @@ EDITS = {
 
 
 def variant(name):
-    src = open(gemm_sm90.__file__).read()
-    for old, new in EDITS[name]:
-        assert src.count(old) == 1, old[:80]
-        src = src.replace(old, new)
-    src = src.replace("from .. import hardware", "from triton_dist import hardware").replace(
-        "from . import fp8", "from triton_dist.kernels import fp8").replace(
-        "from .launcher import", "from triton_dist.kernels.launcher import")
-    path = os.path.join(tempfile.mkdtemp(), f"sm90_scales_{name}.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location(f"sm90_scales_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def launcher(mod, a, w, c, cfg, mode, sa, sw):
-    """``mod``'s kernel launched as ``gemm_sm90.launch`` does, bound once (no host path timed)."""
-    from triton_dist import hardware
-    args = mod.Arguments(a, w, c, cfg, mode, sa, sw)(a, w, c, sa, sw)
-    tiles = -(-a.shape[0] // 128) * -(-w.shape[0] // cfg["BLOCK_N"])
-    grid = (min(tiles, hardware.num_sms(a.device.index)),)
-    meta = mod.meta(cfg, mode)
-    return lambda: mod._LAUNCH(grid, *args, **meta)
+    return tma_scales.variant(EDITS[name], f"sm90_scales_{name}")
 
 
 def compile_report():
@@ -87,7 +68,7 @@ def compile_report():
     spills, serialized wgmmas, and the SASS between the K step's first QGMMA and its promotion."""
     import re
     import subprocess
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "scripts"))
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "scripts"))
     import ptx_digest
     import triton
     from triton.backends.compiler import GPUTarget
@@ -113,10 +94,8 @@ def compile_report():
 
 
 def time_them():
-    sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", run)
-                    for run in ("2026-12-07_h100x1_run157", "2026-12-07_h100x1_run160")]
     from bench_gemm import cublas_fp8
-    from group_probe import medians
+    from group_probe import launcher, medians
     from probe import BLOCK_SHAPES, block_case, start, time_block_contenders, write
     from triton_dist import hardware
     from triton_dist.kernels.gemm import gemm_config, scaled_gemm
@@ -129,8 +108,8 @@ def time_them():
         sab_k = sab.t().contiguous().t()  # [M, K/128] of strides (1, M): K-major
         cfg = {**gemm_sm90.default_config({"GROUP_M": 8}, torch.bfloat16, True), "num_stages": 5}
         calls = {"cuBLAS tensor": cublas_fp8(at, wt, sat, swt, "tensor", False),
-                 "block kmajor s5": launcher(gemm_sm90, ab, wb, out, cfg, "block", sab_k, swb)}
-        calls.update({f"block kmajor s5 {name}": launcher(mod, ab, wb, out, cfg, "block", sab_k, swb)
+                 "block kmajor s5": launcher(ab, wb, out, cfg, "block", sab_k, swb)}
+        calls.update({f"block kmajor s5 {name}": launcher(ab, wb, out, cfg, "block", sab_k, swb, mod)
                       for name, mod in mods.items()})
         # run161's row-major block scales with the split tail, 11 % slower, were timed last in every round; the
         # same kernel loops compile alike with and without it (SASS), so time the pair again in rotated order
