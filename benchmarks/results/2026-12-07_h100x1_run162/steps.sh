@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run162 (1 GPU; 2026-12-07). GIT_COMMIT=<sha> bash steps.sh STEP [STEP ...]  (steps: b g m k r)
+# run162 (1 GPU; 2026-12-07). GIT_COMMIT=<sha> bash steps.sh STEP [STEP ...]  (steps: b g m n o s t k r)
 #   b  (~150 s) bench_gemm FP8 at issue 34's four shapes: with the tuner's 50 ms spans (6b8b818) and without the
 #      sixth slot (3aab19d), do the picks match the probe's best (per-tensor/rowwise 256 s3, block K-major s5)?
 #   g  (~120 s) bench_backward --only moe --fp8 row,block --fp8-grads: the MoE layer's FP8-grads step, never
@@ -11,6 +11,8 @@
 #   o  (~90 s) scale_order.py: the block-scaled K step with its scales read after the wgmmas ("late": the four
 #      QGMMAs then issue back to back, as per-tensor's do; the shipped kernel puts the scales' FMULs between the
 #      first and second) and "mid", against the shipped kernel, 128 s5 K-major, issue 34's four shapes, 5 rounds
+#   s  (~120 s) ncu of bf16 GEMMs at small M (128x4096x8192, 512x4096x8192, 1024x1024x8192): the tuner's pick
+#      and torch.matmul side by side (ncu_small.py): DRAM throughput, waves, stall reasons (run158: 0.73-0.82x)
 #   t  (~150 s) the GPU tests of this session's change alone (what a short budget allows): the split tail's
 #      (row-major block scales copied K-major among them) and test_fp8_gemm's tuner / every-candidate tests
 #   k / r  the GPU tier in two calls (tests/kernels ~430 s; the rest ~270 s): every commit since run160's 18df711
@@ -46,6 +48,14 @@ n)
 o)
   step scale_order 200 torchrun --nproc-per-node=1 $HERE/scale_order.py
   grep -E "MEDIAN|Error" "$OUT/scale_order.log" | cut -c1-220 | tail -20 ;;
+s)
+  step ncu_small 200 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats \
+    --section SchedulerStats -o "$OUT/ncu_small" -f python $HERE/ncu_small.py
+  ncu --import "$OUT/ncu_small.ncu-rep" --page details > "$OUT/details_small.txt" 2>&1
+  grep -E "rel err|Error" "$OUT/ncu_small.log" | head -6
+  keys="^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Memory Throughput|Waves Per SM|Achieved Occupancy"
+  grep -E "$keys|Warp Cycles Per Issued|No Eligible|Registers Per|Grid Size" "$OUT/details_small.txt" | cut -c1-150 | head -70 ;;
 t)
   step changed_tests 220 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 200 -rf \
     tests/kernels/test_gemm_sm90.py tests/kernels/test_fp8_gemm.py -k "split_tail or candidate or tuner"
