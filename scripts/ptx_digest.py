@@ -88,6 +88,17 @@ def sm90_gemm_tail_wide_signature():
     return sm90_gemm_tail_signature(sm90_gemm_wide_signature())
 
 
+def sm90_gemm_16bit_signature(block_n=128):
+    """``gemm_fp8_sm90_kernel``'s signature with bf16 operands (64-wide K steps) and no scales."""
+    import torch
+    return dict(sm90_gemm_signature(block_n), a_desc=gluon_descriptor(torch.bfloat16, (128, 64)),
+                b_desc=gluon_descriptor(torch.bfloat16, (block_n, 64)), **_const("scale_a", "scale_w"))
+
+
+def sm90_gemm_16bit_wide_tail_signature():
+    return sm90_gemm_tail_signature(sm90_gemm_16bit_signature(256))
+
+
 def sm90_gemm_e5m2_signature():
     """``gemm_fp8_sm90_kernel``'s signature with e5m2 operands."""
     import torch
@@ -424,6 +435,12 @@ KERNELS = [
      dict(stride_sak=1, BLOCK_SCALES=False, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
     ("gemm_sm90/fp8-blocks-wide", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_wide_signature,
      dict(stride_sak=1, BLOCK_SCALES=True, GROUP_M=8, STAGES=4, num_warps=4), (), {"num_warps": 4, "maxnreg": 168}),
+    ("gemm_sm90/bf16", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_16bit_signature,
+     dict(scale_a=None, scale_w=None, stride_sak=1, BLOCK_SCALES=False, GROUP_M=8, STAGES=6, num_warps=4), (),
+     {"num_warps": 4, "maxnreg": 168}),
+    ("gemm_sm90/bf16-wide-tail", K + "gemm_sm90", "gemm_fp8_sm90_kernel", sm90_gemm_16bit_wide_tail_signature,
+     dict(scale_a=None, scale_w=None, stride_sak=1, BLOCK_SCALES=False, GROUP_M=8, STAGES=4, num_warps=4,
+          SPLIT_TAIL=True), ("c", "partials", "tile_counts"), {"num_warps": 4, "maxnreg": 168}),
     ("flash_decode/merge", K + "flash_decode", "flash_decode_merge_kernel", MERGE_SIG,
      dict(GROUP=4, GROUP_P2=4, HEAD_DIM=128, WORLD=2, WORLD_PAD=2, RANK_CHUNK=2, PDL=True),
      ("recv_o", "out", "stride_ob", "stride_oh"), {"num_warps": 4}),

@@ -1,6 +1,6 @@
-"""The Gluon FP8 mainloop (kernels/gemm_sm90.py): against fp64 on an sm_90 GPU in every scaling mode and
-configuration, the tuner offering it there; its sm_90 compile on any machine; the op refusing it where it cannot
-run."""
+"""The Gluon mainloop (kernels/gemm_sm90.py): against fp64 on an sm_90 GPU in every FP8 scaling mode and in bf16 /
+fp16, every configuration, the tuner offering it there; its sm_90 compile on any machine; the op refusing it where
+it cannot run."""
 
 import types
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from triton_dist.kernels import gemm_sm90
-from triton_dist.kernels.gemm import check_tiles, gemm_candidates, gemm_config, scaled_gemm
+from triton_dist.kernels.gemm import check_tiles, gemm, gemm_candidates, gemm_config, scaled_gemm
 
 from ..conftest import cpu_only, gpu_only
 from ..sm90 import compile_sm90
@@ -134,6 +134,63 @@ def test_gluon_mainloop_split_tail_matches_fp64(ranks, mode, out_dtype):
     assert errs and all(err < 1e-2 and same for err, same in errs.values()), errs
 
 
+def _errors_16bit(dtype):
+    """{(BLOCK_N, stages, subtile, TAIL_SPLIT, shape): (max relative error, bitwise equal on the same inputs)} of
+    each configuration of the mainloop on ``dtype`` operands (64-wide K steps, the sums in the wgmmas' fp32
+    accumulators), each also with the split tail (TAIL_SPLIT 8: taken where the last round leaves SMs idle),
+    through the op with ``config=`` and through the eager plan, fresh inputs, results poisoned with NaN."""
+    from triton_dist.kernels.gemm import EagerGemm, default_num_programs
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        return "not an sm_90 GPU"
+    cuda = torch.device("cuda")
+    programs = default_num_programs(cuda)
+    gen = torch.Generator().manual_seed(16)
+    shapes = [(1000, 1536, 1000),  # ragged M, K ragged against 64 (K a multiple of 8: TMA's 16-byte rows)
+              (272, 136, 48),  # one K step, partial tiles on both sides
+              (128 * -(-(programs + 3) // 2) - 50, 200, 1008),  # a round and a few tiles more, ragged M and N
+              (128, 4096, 8192),  # fewer tiles than SMs, a long K (every tile split)
+              (520, 264, 384),  # N: a 256-wide tile and one 8 columns in
+              (3, 264, 256),  # three rows
+              (2048, 2048, 512)]  # several tiles per SM
+    errs = {}
+    for cfg in gemm_sm90.candidates(gemm_config(256, 256, 256, dtype, cuda, SPLIT_K=1), dtype, subtile=True,
+                                    dtype=dtype):
+        assert cfg["BLOCK_K"] == 64
+        for tail in (1, 8):
+            cfg = {**cfg, "TAIL_SPLIT": tail}
+            for m, n, k in shapes:
+                key = (cfg["BLOCK_N"], cfg["num_stages"], cfg["EPILOGUE_SUBTILE"],
+                       gemm_sm90.tail_split(cfg, m, n, k, programs), (m, n, k))
+                a = torch.randn((m, k), generator=gen).to(dtype).cuda()
+                w = torch.randn((n, k), generator=gen).to(dtype).cuda()
+                want = a.double() @ w.double().T
+                outs = []
+                for eager in (False, True, True):
+                    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+                    if eager:
+                        EagerGemm(a, w, cfg, None, dtype)(a, w, out)
+                    else:
+                        gemm(a, w, out=out, config=cfg)
+                    outs.append(out)
+                errs[key] = (max(rel_err(out, want) for out in outs),
+                             all(torch.equal(outs[0], out) for out in outs[1:]))
+    return errs
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gluon_mainloop_on_16bit_operands_matches_fp64(ranks, dtype):
+    """bf16 / fp16 operands: the same pipeline with 64-wide K steps and the wgmmas adding into the fp32 sums, at
+    every configuration, whole tiles and the split tail (its shares summed in share order: the same bits each
+    call)."""
+    errs = ranks.on_one_gpu(_errors_16bit, dtype)
+    if isinstance(errs, str):
+        pytest.skip(errs)
+    assert errs and all(err < 1e-2 and same for err, same in errs.values()), errs
+    assert any(key[3] > 1 for key in errs)  # the split tail ran
+
+
 def _offered():
     if torch.cuda.get_device_capability()[0] != 9:
         return "not an sm_90 GPU"
@@ -193,6 +250,35 @@ def test_the_op_refuses_the_gluon_mainloop_where_it_cannot_run():
                                    torch.bfloat16)
 
 
+@cpu_only
+def test_the_tuner_offers_the_gluon_mainloop_for_16bit_operands_where_asked(monkeypatch):
+    """bf16 / fp16: offered to gemm's tuner only with TRITON_DIST_GLUON_MAINLOOP=all (``TUNER_OFFERS_16BIT``), as
+    configurations of 64-wide K steps it takes, with the split tail where the tiles leave SMs idle (M 128: 32
+    tiles); ``config={"MAINLOOP": "gluon"}`` on 16-bit operands names the mainloop's own knobs, refused off sm_90."""
+    import importlib
+
+    gemm_module = importlib.import_module("triton_dist.kernels.gemm")  # (the package's ``gemm`` is the op)
+    monkeypatch.setattr(gemm_module, "num_sms", lambda index=None: 132)
+    monkeypatch.setattr(gemm_sm90, "available", lambda *args: True)  # (as on an sm_90 GPU)
+    cuda = torch.device("cuda")
+
+    def offered(dtype):
+        return [c for c in gemm_candidates(128, 4096, 8192, dtype, cuda, split_k=True) if c.get("MAINLOOP") == "gluon"]
+
+    monkeypatch.setattr(gemm_sm90, "TUNER_OFFERS_16BIT", False)
+    assert not offered(torch.bfloat16)
+    monkeypatch.setattr(gemm_sm90, "TUNER_OFFERS_16BIT", True)
+    for dtype in (torch.bfloat16, torch.float16):
+        cands = offered(dtype)
+        assert cands and all(c["BLOCK_K"] == 64 and gemm_sm90.takes(c, dtype, dtype=dtype) for c in cands)
+        assert not any(gemm_sm90.takes(c, dtype) for c in cands)  # (FP8's K step is 128)
+        assert any(gemm_sm90.tail_split(c, 128, 4096, 8192, 132) > 1 for c in cands)
+    monkeypatch.undo()
+    a = torch.randn(64, 64).to(torch.float16)
+    with pytest.raises(ValueError, match="MAINLOOP='gluon' needs .*bf16 / fp16 ones, on an sm_90 GPU"):
+        gemm(a, a, config={"MAINLOOP": "gluon"})
+
+
 @pytest.mark.parametrize("block_n,block_scales,fp8", [(128, False, "e4m3"), (128, True, "e4m3"), (256, False, "e4m3"),
                                                       (256, True, "e4m3"), (128, False, "e5m2"),
                                                       (128, "kmajor", "e4m3"), (128, "kmajor-subtile", "e4m3")])
@@ -229,6 +315,35 @@ def test_gluon_mainloop_compiles_for_sm90_overlapping_the_promotion(block_n, blo
     assert compiled["wgmma_serialized"] == [], compiled["wgmma_serialized"]
 
 
+@pytest.mark.parametrize("block_n,split_tail", [(128, False), (256, True)])
+def test_gluon_mainloop_on_16bit_operands_compiles_for_sm90(block_n, split_tail):
+    """bf16 operands as the tuner would offer them (its deepest ring; at 256 with the split tail): 16-bit wgmmas
+    of 64-wide K steps, each piece's issued back to back and left asynchronous by ptxas, within the shared memory,
+    no spills, no scales read."""
+    if gemm_sm90.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    bf16 = torch.bfloat16
+    cfg = gemm_sm90.default_config(gemm_config(32, 32, 32, bf16, torch.device("cuda"), SPLIT_K=1), bf16,
+                                   block_n=block_n, dtype=bf16)
+    assert (cfg["BLOCK_K"], cfg["num_stages"]) == (64, 6 if block_n == 128 else 4), cfg
+    meta = gemm_sm90.meta(cfg, None, split_tail=split_tail)
+    options = {"num_warps": meta.pop("num_warps"), "maxnreg": meta.pop("maxnreg")}
+    meta.update(stride_sak=1, scale_a=None, scale_w=None)
+    compiled = compile_sm90("triton_dist.kernels.gemm_sm90", "gemm_fp8_sm90_kernel",
+                            "sm90_gemm_16bit_wide_tail_signature" if split_tail else "sm90_gemm_16bit_signature",
+                            dict(meta, num_warps=options["num_warps"]),
+                            aligned=("c", "partials", "tile_counts") if split_tail else (), options=options,
+                            assemble=True)
+    wgmmas = compiled["ops"].get("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", 0)
+    assert wgmmas >= 2 * 4 * block_n // 128, compiled["ops"]  # both consumers, 4 per piece
+    reads = [op for op in compiled["ops"] if op.startswith(("ld.global", "cp.async.ca", "cp.async.cg"))]
+    assert all(op.startswith("ld.global.cg") for op in reads), reads  # (only the split tail's partials)
+    assert any(reads) == split_tail
+    assert compiled["shared"] <= gemm_sm90.SHARED_BYTES
+    assert compiled["spilled_bytes"] == 0, compiled["spilled_bytes"]
+    assert compiled["wgmma_serialized"] == [], compiled["wgmma_serialized"]
+
+
 @pytest.mark.parametrize("signature,block_n,block_scales", [("sm90_gemm_tail_signature", 128, False),
                                                             ("sm90_gemm_tail_kmajor_signature", 128, True),
                                                             ("sm90_gemm_tail_wide_signature", 256, False)])
@@ -256,7 +371,7 @@ def test_gluon_mainloop_split_tail_compiles_for_sm90(signature, block_n, block_s
 def test_the_tail_splits_only_a_last_round_that_leaves_most_sms_idle():
     """``tail_split``: the last round's tiles in as many K shares as fill the SMs, at most TAIL_SPLIT, at least one
     K step each; whole tiles where the round is empty or at least half full, or the knob is off."""
-    cfg = {"BLOCK_N": 128, "TAIL_SPLIT": 8}
+    cfg = {"BLOCK_N": 128, "BLOCK_K": 128, "TAIL_SPLIT": 8}
     assert gemm_sm90.tail_split(cfg, 8192, 8192, 8192, 132) == 8  # 4096 tiles: 31 rounds and 4 tiles
     assert gemm_sm90.tail_tiles(cfg, 8192, 8192, 132) == 4
     assert gemm_sm90.tail_split({**cfg, "TAIL_SPLIT": 64}, 8192, 8192, 8192, 132) == 33  # 4 tiles x 33 <= 132
@@ -265,7 +380,8 @@ def test_the_tail_splits_only_a_last_round_that_leaves_most_sms_idle():
     assert gemm_sm90.tail_split(cfg, 4096, 6144, 4096, 132) == 1  # 84 of 132: more than half full
     assert gemm_sm90.tail_split(cfg, 200, 520, 2064, 132) == 8  # 10 tiles, fewer than the SMs: all split
     assert gemm_sm90.tail_split({**cfg, "BLOCK_N": 256}, 8192, 28672, 8192, 132) == 3  # 40 of 7168 tiles left
-    assert gemm_sm90.tail_split({"BLOCK_N": 128}, 8192, 8192, 8192, 132) == 1  # knob absent: off
+    assert gemm_sm90.tail_split({**cfg, "BLOCK_K": 64}, 8192, 8192, 384, 132) == 6  # 16-bit: 64-wide K steps
+    assert gemm_sm90.tail_split({"BLOCK_N": 128, "BLOCK_K": 128}, 8192, 8192, 8192, 132) == 1  # knob absent: off
     for bad in (0, True, 2.0):
         with pytest.raises(ValueError, match="TAIL_SPLIT"):
             check_tiles({"TAIL_SPLIT": bad})

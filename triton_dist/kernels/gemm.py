@@ -392,8 +392,8 @@ def gemm_config(m, n, k, dtype, device, scales=None, **overrides):
     tile's K in that many shares, summed by the last: ``gemm_kernel``; the fused ops' kernels have none),
     A_SCALES_K_MAJOR (block scales of A given row-major: copied K-major first, the layout both mainloops read
     faster), TAIL_SPLIT (the Gluon mainloop's tiles of its last, partial round in at most that many K shares:
-    ``gemm_sm90.tail_split``; ``OP_KNOBS``) and MAINLOOP ("triton": the core; "gluon": ``gemm_sm90``'s FP8
-    kernel). FP8 operands (``scales``: their ``fp8.Scales``): ``fp8_tiles``."""
+    ``gemm_sm90.tail_split``; ``OP_KNOBS``) and MAINLOOP ("triton": the core; "gluon": ``gemm_sm90``'s
+    warp-specialized kernel, FP8 or 16-bit). FP8 operands (``scales``: their ``fp8.Scales``): ``fp8_tiles``."""
     if device.type != "cuda":  # interpreter: small tiles keep it quick
         cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_stages=1, num_warps=4)
     elif m <= 1024 or n <= 1024:  # few tiles of 128x256 would leave SMs idle
@@ -518,10 +518,10 @@ def launch_gemm(a, b, c3, cfg, first_segment=0, segment_step=1, silu_gate=False,
         scales = scales.k_major_a()
     if cfg.get("MAINLOOP") == "gluon":  # ``gemm``'s own configurations only: one segment, no gate
         if segments != 1 or silu_gate or scale_rows is not None:
-            raise ValueError("the Gluon FP8 mainloop runs gemm's calls: one segment, no SiLU gate")
+            raise ValueError("the Gluon mainloop runs gemm's calls: one segment, no SiLU gate")
         grid, split, space = gluon_tail(cfg, seg_rows, n, a.shape[1], a.device)
         tail = None if split == 1 else gemm_sm90.tail_arguments(c3[0], split, split_k_workspace(*space))
-        return gemm_sm90.launch(a, b, c3[0], cfg, scales.mode, scales.a, scales.w,
+        return gemm_sm90.launch(a, b, c3[0], cfg, *_mode_and_scales(scales),
                                 grid or gemm_grid(cfg, 1, seg_rows, n, a.device), tail)
     a_arg, b_arg, c_arg, use_tma = describe_operands(a, b, c3, cfg, kn)
     args = (a_arg, b_arg, c_arg, segments, seg_rows, n, a.shape[1], a.stride(0), b_row_stride(b, kn),
@@ -779,9 +779,9 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
                                          **_tuned_gemm_config(m, n, k, a.dtype, a.device, scales, out_dtype)})
     else:
         base = gemm_config(m, n, k, a.dtype, a.device, scales, **OP_KNOBS)
-        if isinstance(config, dict) and config.get("MAINLOOP") == "gluon" and scales is not None:
+        if isinstance(config, dict) and config.get("MAINLOOP") == "gluon" and a.dtype in gemm_sm90.DTYPES:
             # the knobs a caller leaves out: the Gluon mainloop's own (a 128-wide tile, its deepest ring)
-            base = gemm_sm90.default_config(base, out.dtype, scales.mode == "block")
+            base = gemm_sm90.default_config(base, out.dtype, _has_block_scales(scales), dtype=a.dtype)
         cfg = check_tiles(autotune.with_overrides(base, config))
     fp8.check_block_k(scales, cfg)
     unmet = _gluon_unmet(a, w, out, cfg, scales) if cfg.get("MAINLOOP") == "gluon" else ()
@@ -799,15 +799,25 @@ def _gemm(a, w, out, config, scales, out_dtype, plan_key=None):
 
 
 def _gluon_unmet(a, w, out, cfg, scales):
-    """What keeps the Gluon FP8 mainloop (``gemm_sm90``) from running this call with ``cfg``: the conditions not met."""
+    """What keeps the Gluon mainloop (``gemm_sm90``) from running this call with ``cfg``: the conditions not met."""
+    bk = gemm_sm90.block_k(a.dtype) if a.dtype in gemm_sm90.DTYPES else 128
     return [what for what, met in (
-        ("FP8 operands with promoted scales (fast_accum=False) on an sm_90 GPU",
+        ("FP8 operands with promoted scales (fast_accum=False), or bf16 / fp16 ones, on an sm_90 GPU",
          gemm_sm90.available(a.device, a.dtype, scales, out.dtype)),
         ("TMA-compatible operands (16-byte aligned data and rows)", tma_compatible(a, w, out)),
-        (f"BLOCK_M and BLOCK_K 128, BLOCK_N in {gemm_sm90.BLOCK_NS} (no SPLIT_N), num_warps 4, num_stages >= 2 "
+        (f"BLOCK_M 128, BLOCK_K {bk}, BLOCK_N in {gemm_sm90.BLOCK_NS} (no SPLIT_N), num_warps 4, num_stages >= 2 "
          "within the shared memory (EPILOGUE_SUBTILE: beside half a C piece)",
-         gemm_sm90.takes(cfg, out.dtype, scales is not None and scales.mode == "block")))
+         a.dtype in gemm_sm90.DTYPES and gemm_sm90.takes(cfg, out.dtype, _has_block_scales(scales), a.dtype)))
         if not met]
+
+
+def _has_block_scales(scales):
+    return scales is not None and scales.mode == "block"
+
+
+def _mode_and_scales(scales):
+    """(mode, scale_a, scale_w) of the Gluon mainloop's launch: None for 16-bit operands."""
+    return (None, None, None) if scales is None else (scales.mode, scales.a, scales.w)
 
 
 # ----------------------------------------------------------------------------------------------- torch op
@@ -845,15 +855,16 @@ class EagerGemm:
         split_k = split_k_of(cfg)
         self.split_args = (gemm_tiles(cfg, 1, m, n), split_k, cfg) if split_k > 1 else None  # split_k_workspace's
         grid = gemm_grid(cfg, 1, m, n, a.device)
-        self.gluon = cfg.get("MAINLOOP") == "gluon"  # the Gluon FP8 mainloop (``gemm_sm90``) runs the call
+        self.gluon = cfg.get("MAINLOOP") == "gluon"  # the Gluon mainloop (``gemm_sm90``) runs the call
         if self.gluon:
+            mode_and_scales = _mode_and_scales(scales)
             arguments = gemm_sm90.Arguments(a, w, torch.empty((m, n), dtype=out_dtype, device="meta"), cfg,
-                                            scales.mode, scales.a, scales.w)
+                                            *mode_and_scales)
             self.ints = arguments.ints
             tail_grid, self.tail_split, self.tail_space = gluon_tail(cfg, m, n, k, a.device)
             grid = tail_grid or grid
             self.launcher = Launcher(gemm_sm90.gemm_fp8_sm90_kernel, grid, described=arguments.described(),
-                                     **gemm_sm90.meta(cfg, scales.mode, self.tail_split > 1))
+                                     **gemm_sm90.meta(cfg, mode_and_scales[0], self.tail_split > 1))
         else:  # the descriptors' blocks, shapes and strides (the [m, n] result as one segment) follow from the layout
             described = {0: _described([cfg["BLOCK_M"], cfg["BLOCK_K"]], [m, k], [k, 1]),
                          1: _described(b_block(cfg), [n, k], [k, 1]),
@@ -872,7 +883,7 @@ class EagerGemm:
         if self.a_to_k_major:
             scale_a = fp8.as_k_major(scale_a)
         if self.gluon:
-            if (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
+            if scale_a is not None and (scale_a.data_ptr() | scale_w.data_ptr()) % 16:
                 return None
             if self.tail_split > 1:
                 self.launcher.run(a, w, out, scale_a, scale_w, *self.ints, **gemm_sm90.tail_arguments(
@@ -969,10 +980,10 @@ def split_k_configs(m, n, k, dtype, device, base, scales=None):
 def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtype=None):
     """The small sweep the autotuner runs on GPU (a few of the known-good Hopper shapes; FP8: ``fp8_tiles``);
     ``split_k``: ``gemm``'s own sweep (the fused ops' kernels call the core tile by tile), with
-    ``split_k_configs`` and, for promoted FP8 on sm_90, the Gluon mainloop's (``gemm_sm90``; ``out_dtype``: the
-    result's, bf16 by default), with row-major block scales of A also copying them K-major first (timed with the
-    copy: A_SCALES_K_MAJOR), and where a shape leaves the last round of tiles mostly idle, with that round's tiles
-    split along K (TAIL_SPLIT)."""
+    ``split_k_configs`` and, for promoted FP8 on sm_90 (and bf16 / fp16 where ``gemm_sm90.TUNER_OFFERS_16BIT``),
+    the Gluon mainloop's (``gemm_sm90``; ``out_dtype``: the result's, bf16 for FP8 by default), with row-major
+    block scales of A also copying them K-major first (timed with the copy: A_SCALES_K_MAJOR), and where a shape
+    leaves the last round of tiles mostly idle, with that round's tiles split along K (TAIL_SPLIT)."""
     base = gemm_config(m, n, k, dtype, device, scales)
     cands = [base,
              {**base, "BLOCK_N": 256, "num_stages": 3, "num_warps": 8, "BLOCK_M": 128},
@@ -994,12 +1005,13 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtyp
     cands += [{**c, "SPLIT_N": False} for c in cands if c.get("SPLIT_N")]
     if split_k:
         cands += split_k_configs(m, n, k, dtype, device, base, scales)
-        out_dtype = out_dtype or torch.bfloat16
-        tma_rows = k % 16 == 0 and n * out_dtype.itemsize % 16 == 0  # the tuner's contiguous operands
-        if (gemm_sm90.TUNER_OFFERS and tma_rows
-                and gemm_sm90.available(device, dtype, scales, out_dtype)):
-            gluon = gemm_sm90.candidates(base, out_dtype, scales.mode == "block")
-            if scales.mode == "block" and not getattr(scales, "a_k_major", False):  # row-major A scales copied
+        out_dtype = out_dtype or (torch.bfloat16 if scales is not None else dtype)
+        # (the tuner's contiguous operands)
+        tma_rows = k * dtype.itemsize % 16 == 0 and n * out_dtype.itemsize % 16 == 0
+        offered = gemm_sm90.TUNER_OFFERS if scales is not None else gemm_sm90.TUNER_OFFERS_16BIT
+        if offered and tma_rows and gemm_sm90.available(device, dtype, scales, out_dtype):
+            gluon = gemm_sm90.candidates(base, out_dtype, _has_block_scales(scales), dtype=dtype)
+            if _has_block_scales(scales) and not getattr(scales, "a_k_major", False):  # row-major A scales copied
                 # K-major first; the split tail only with K-major scales (row-major as they lie: docs/design/fp8.md)
                 cands += gluon
                 gluon = [{**c, "A_SCALES_K_MAJOR": True} for c in gluon]

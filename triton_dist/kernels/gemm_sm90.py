@@ -1,6 +1,7 @@
-"""The GEMM core's FP8 mainloop for Hopper (sm_90), written in Gluon: ``C = (A * scale_a) @ (W * scale_w).T`` with
-the tensor cores' partial sums promoted to fp32 every K step, at close to fast-accumulation speed
-(docs/design/fp8.md: what was measured).
+"""The GEMM core's warp-specialized mainloop for Hopper (sm_90), written in Gluon: ``C = (A * scale_a) @ (W *
+scale_w).T`` with the tensor cores' partial sums promoted to fp32 every K step, at close to fast-accumulation speed
+(docs/design/fp8.md: what was measured); and ``C = A @ W.T`` for bf16 / fp16 operands through the same pipeline
+(64-wide K steps, the wgmmas adding into the fp32 sums themselves: nothing to promote, no scales).
 
 Without fast accumulation (``torch._scaled_mm``'s default) the core adds each 128-wide K step's wgmma result into
 an fp32 sum. Written in Triton, the compiler waits for a step's wgmmas before those adds, so the tensor cores idle
@@ -30,9 +31,9 @@ no program waits for another) and stores the tile. No wgmma is in flight at a lo
 branch (ptxas would then serialize every wgmma of the kernel: docs/design/fp8.md).
 
 ``gemm`` runs it where its autotuner picks a configuration with ``MAINLOOP="gluon"`` (``candidates``, offered
-where ``TUNER_OFFERS``) or ``config=`` asks for it: FP8 operands with promoted scales, on an sm_90 GPU,
-TMA-compatible operands. Everything else is the Triton core (``gemm.py``), which the fused ops' kernels call tile
-by tile.
+where ``TUNER_OFFERS``; for 16-bit operands where ``TUNER_OFFERS_16BIT``) or ``config=`` asks for it: FP8 operands
+with promoted scales or bf16 / fp16 ones, on an sm_90 GPU, TMA-compatible operands. Everything else is the Triton
+core (``gemm.py``), which the fused ops' kernels call tile by tile.
 """
 
 import dataclasses
@@ -213,6 +214,20 @@ if gluon is not None:
         return acc
 
     @gluon.jit
+    def _accumulate_step(acc, acc1, a, b, empty, slot, PIECES: gl.constexpr):
+        """A K step of 16-bit operands: the tensor cores add into the fp32 sums themselves (fp32 accumulation
+        needs no promotion), each piece's wgmmas issued, both waited for, then the ``slot`` released."""
+        PN: gl.constexpr = acc.type.shape[1]
+        acc = warpgroup_mma(a, b.slice(0, PN).permute((1, 0)), acc, is_async=True)
+        if PIECES > 1:
+            acc1 = warpgroup_mma(a, b.slice(PN, PN).permute((1, 0)), acc1, is_async=True)
+            acc, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc1))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index(slot), count=1)
+        return acc, acc1
+
+    @gluon.jit
     def _store_buffer(out, c_desc, c_smem, c_free, c_full, phase, row0, col0, ROW0: gl.constexpr):
         """This consumer's rows ``out`` of C's block at (``row0``, ``col0``) (as wide as the shared buffer) through
         the buffer: the first consumer (ROW0 0) frees it (the previous store has read it) and, once both
@@ -233,8 +248,8 @@ if gluon is not None:
     @gluon.jit
     def _scaled(acc, scale_a, scale_w, rows, col0, M, N, stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr):
         """The finished sum ``acc`` of ``rows`` (columns from ``col0``) times its per-tensor / rowwise scales
-        (block scales: applied every K step already)."""
-        if not BLOCK_SCALES:
+        (block scales: applied every K step already; 16-bit operands, ``scale_a`` None: none)."""
+        if not BLOCK_SCALES and scale_a is not None:
             cols = col0 + gl.arange(0, acc.type.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
             s_rows = gl.load(scale_a + rows * stride_sa, mask=rows < M, other=0.0)
             s_cols = gl.load(scale_w + cols * stride_sw, mask=cols < N, other=0.0)
@@ -327,8 +342,10 @@ if gluon is not None:
         PN: gl.constexpr = c_smem.type.shape[1] * STORES
         PIECES: gl.constexpr = BN // PN  # 1 or 2: a sum each, one partial at a time
         ROWS: gl.constexpr = BM // 2
+        FP8: gl.constexpr = a_bufs.dtype.is_fp8()  # (else 16-bit operands: no scales, no promotion)
+        # (a wgmma's K: 32 bytes of operands)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                      instr_shape=[16, PN, 32])
+                                                      instr_shape=[16, PN, 256 // a_bufs.dtype.primitive_bitwidth])
         rows_of: gl.constexpr = gl.SliceLayout(1, mma)  # a value per row of the consumer's piece
         tiles_m = gl.cdiv(M, BM)
         tiles_n = gl.cdiv(N, BN)
@@ -350,16 +367,19 @@ if gluon is not None:
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                 a = a_bufs.index(slot).slice(ROW0, ROWS)
                 b = b_bufs.index(slot)
-                sa = sa_bufs.index(slot)
-                sw = sw_bufs.index(slot)
-                # the first piece's scales before its wgmmas (their loads' latency hidden), the others' after
-                s_first = _piece_scale(sa, sw, 0, PN, ROW0, ROWS, rows_of, BLOCK_SCALES)
-                acc = _piece_step(acc, a, b, sa, sw, empty, slot, zero, s_first, 0, PIECES, ROW0,
-                                  BLOCK_SCALES)
-                if PIECES > 1:
-                    acc1 = _piece_step(acc1, a, b, sa, sw, empty, slot,
-                                       _zeros_after(acc, zero, runtime_zero, BLOCK_SCALES), s_first, 1, PIECES, ROW0,
-                                       BLOCK_SCALES)
+                if FP8:
+                    sa = sa_bufs.index(slot)
+                    sw = sw_bufs.index(slot)
+                    # the first piece's scales before its wgmmas (their loads' latency hidden), the others' after
+                    s_first = _piece_scale(sa, sw, 0, PN, ROW0, ROWS, rows_of, BLOCK_SCALES)
+                    acc = _piece_step(acc, a, b, sa, sw, empty, slot, zero, s_first, 0, PIECES, ROW0,
+                                      BLOCK_SCALES)
+                    if PIECES > 1:
+                        acc1 = _piece_step(acc1, a, b, sa, sw, empty, slot,
+                                           _zeros_after(acc, zero, runtime_zero, BLOCK_SCALES), s_first, 1, PIECES,
+                                           ROW0, BLOCK_SCALES)
+                else:
+                    acc, acc1 = _accumulate_step(acc, acc1, a, b, empty, slot, PIECES)
                 step += 1
             if SPLIT_TAIL:
                 if item < whole:
@@ -392,7 +412,8 @@ if gluon is not None:
                              partials=None, tile_counts=None, tail_split=None, SPLIT_TAIL: gl.constexpr = False):
         """Persistent ``C = A @ B.T`` of FP8 A [M, K], B [N, K] (tensor descriptors: A's block 128x128, B's
         BLOCK_N x 128 with BLOCK_N 128 or 256, C's 128 x the pieces' width, 128 or 64, or with EPILOGUE_SUBTILE
-        half of 128: a piece stored in two halves) with promotion every K step; scales:
+        half of 128: a piece stored in two halves; bf16 / fp16 A and B: blocks 64 wide, ``scale_a`` and
+        ``scale_w`` None, no scales, no promotion) with promotion every K step; scales:
         ``scale_a[row * stride_sa]`` x ``scale_w[col * stride_sw]`` after the K loop (per-tensor: strides 0), or
         with BLOCK_SCALES ``scale_a[row * stride_sa + kb * stride_sak]`` x ``scale_w[n_block * stride_sw + kb]`` on
         each step's partial (A's scales row-major, stride_sak 1, or K-major, stride_sa 1: a step's scales in
@@ -439,47 +460,58 @@ if gluon is not None:
 
 # ----------------------------------------------------------------------------------------------- host side
 BLOCK_NS = (128, 256)  # one 128-column piece per K step, or two (an A tile then serves 256 columns)
+DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16)  # the operands it takes
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SHARED_BYTES = 227 * 1024  # an sm_90 program's shared memory
 
-# Offered to gemm's tuner unless TRITON_DIST_GLUON_MAINLOOP=0 (the tuner times it against the Triton core's
-# configurations); ``config={"MAINLOOP": "gluon"}`` runs it either way.
+# Offered to gemm's tuner for FP8 unless TRITON_DIST_GLUON_MAINLOOP=0 (the tuner times it against the Triton core's
+# configurations), for 16-bit operands too with TRITON_DIST_GLUON_MAINLOOP=all; ``config={"MAINLOOP": "gluon"}``
+# runs it either way.
 TUNER_OFFERS = os.environ.get("TRITON_DIST_GLUON_MAINLOOP", "1") != "0"
+TUNER_OFFERS_16BIT = os.environ.get("TRITON_DIST_GLUON_MAINLOOP", "1") == "all"
 # the most K shares of a tail tile the tuner offers (where ``tail_split`` finds a tail to split; docs/design/fp8.md)
 TUNER_TAIL_SPLIT = 8
 
 
 def available(device, dtype, scales, out_dtype):
     """Whether this mainloop can run a ``gemm`` call: Gluon present, an sm_90 GPU (wgmma), FP8 operands with
-    promoted scales (fast accumulation is the Triton core's: it needs no overlap), a result it stores."""
+    promoted scales (fast accumulation is the Triton core's: it needs no overlap) or bf16 / fp16 operands without
+    scales, a result it stores."""
+    operands = (scales is not None and dtype in fp8.FP8_DTYPES and not scales.fast_accum) or \
+        (scales is None and dtype in (torch.bfloat16, torch.float16))
     return (gluon is not None and device.type == "cuda" and not hardware.interpreting()
-            and hardware.compute_major(device.index) == 9 and dtype in fp8.FP8_DTYPES and scales is not None
-            and not scales.fast_accum and out_dtype in OUT_DTYPES)
+            and hardware.compute_major(device.index) == 9 and operands and out_dtype in OUT_DTYPES)
+
+
+def block_k(dtype):
+    """The K step of ``dtype`` operands: 128 bytes of a row (FP8 128, 16-bit 64), the TMA swizzle's width."""
+    return 128 // dtype.itemsize
 
 
 def _shared_bytes(block_n, stages, out_dtype, block_scales=False, subtile=False):
-    """The ring of FP8 A and W tiles with their block scales (fp32: A's 128 rows, W's two blocks) and the buffer
-    of a 128 x 128 C piece (``subtile``: 128 x 64, a piece stored in two halves)."""
+    """The ring of A and W tiles (128 bytes of each row a slot) with their block scales (fp32: A's 128 rows, W's
+    two blocks) and the buffer of a 128 x 128 C piece (``subtile``: 128 x 64, a piece stored in two halves)."""
     c_buffer = 128 * (64 if subtile else 128) * out_dtype.itemsize
     return stages * ((128 + block_n) * 128 + 4 * ((128 if block_scales else 2) + 2)) + c_buffer
 
 
-def takes(cfg, out_dtype, block_scales=False):
-    """Whether ``cfg`` is a configuration this kernel runs for a result of ``out_dtype`` (with block scales or
-    not): 128x128 A tiles, BLOCK_N of ``BLOCK_NS`` (in 128-column pieces: no SPLIT_N), BLOCK_K 128, each consumer
-    one warpgroup (num_warps 4), a ring of at least two slots within the shared memory (beside a C buffer of
-    half a piece with EPILOGUE_SUBTILE)."""
-    return ((cfg["BLOCK_M"], cfg["BLOCK_K"]) == (128, 128) and cfg["BLOCK_N"] in BLOCK_NS and cfg["num_warps"] == 4
+def takes(cfg, out_dtype, block_scales=False, dtype=torch.float8_e4m3fn):
+    """Whether ``cfg`` is a configuration this kernel runs for operands of ``dtype`` and a result of ``out_dtype``
+    (with block scales or not): A tiles of 128 rows, BLOCK_N of ``BLOCK_NS`` (in 128-column pieces: no SPLIT_N),
+    BLOCK_K ``block_k(dtype)``, each consumer one warpgroup (num_warps 4), a ring of at least two slots within the
+    shared memory (beside a C buffer of half a piece with EPILOGUE_SUBTILE)."""
+    return ((cfg["BLOCK_M"], cfg["BLOCK_K"]) == (128, block_k(dtype)) and cfg["BLOCK_N"] in BLOCK_NS
+            and cfg["num_warps"] == 4
             and not cfg.get("SPLIT_N") and cfg["num_stages"] >= 2
             and _shared_bytes(cfg["BLOCK_N"], cfg["num_stages"], out_dtype, block_scales,
                               bool(cfg.get("EPILOGUE_SUBTILE"))) <= SHARED_BYTES)
 
 
-def candidates(base, out_dtype=torch.bfloat16, block_scales=False, subtile=False):
-    """Tuner configurations of this mainloop from ``base`` (``gemm_config``'s keys): each BLOCK_N with the two
-    deepest rings that fit beside a result of ``out_dtype`` (with block scales or not); ``subtile``: also the one
-    slot more that a half-width C buffer makes room for (EPILOGUE_SUBTILE), where it does (the tuner leaves it
-    out: docs/design/fp8.md)."""
+def candidates(base, out_dtype=torch.bfloat16, block_scales=False, subtile=False, dtype=torch.float8_e4m3fn):
+    """Tuner configurations of this mainloop from ``base`` (``gemm_config``'s keys) for operands of ``dtype``: each
+    BLOCK_N with the two deepest rings that fit beside a result of ``out_dtype`` (with block scales or not);
+    ``subtile``: also the one slot more that a half-width C buffer makes room for (EPILOGUE_SUBTILE), where it
+    does (the tuner leaves it out: docs/design/fp8.md)."""
     def depths(bn, subtile):
         return [s for s in range(2, 8) if _shared_bytes(bn, s, out_dtype, block_scales, subtile) <= SHARED_BYTES]
 
@@ -487,16 +519,16 @@ def candidates(base, out_dtype=torch.bfloat16, block_scales=False, subtile=False
     for bn in BLOCK_NS:
         deepest = [(s, False) for s in depths(bn, False)[-2:]]
         deepest += [(s, True) for s in depths(bn, True)[-1:] if subtile and s > deepest[-1][0]]
-        cands += [{**base, "MAINLOOP": "gluon", "BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4,
-                   "num_stages": s, "GROUP_M": 8, "SPLIT_N": False, "EPILOGUE_SUBTILE": subtile, "SPLIT_K": 1,
-                   "programs_per_sm": None} for s, subtile in deepest]
+        cands += [{**base, "MAINLOOP": "gluon", "BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": block_k(dtype),
+                   "num_warps": 4, "num_stages": s, "GROUP_M": 8, "SPLIT_N": False, "EPILOGUE_SUBTILE": subtile,
+                   "SPLIT_K": 1, "programs_per_sm": None} for s, subtile in deepest]
     return cands
 
 
-def default_config(base, out_dtype=torch.bfloat16, block_scales=False, block_n=128):
+def default_config(base, out_dtype=torch.bfloat16, block_scales=False, block_n=128, dtype=torch.float8_e4m3fn):
     """The ``candidates`` configuration at ``block_n`` with the deepest ring: what a caller's ``config`` naming
     only ``MAINLOOP="gluon"`` gets for the knobs it leaves out (a whole-piece C buffer)."""
-    return [c for c in candidates(base, out_dtype, block_scales)
+    return [c for c in candidates(base, out_dtype, block_scales, dtype=dtype)
             if c["BLOCK_N"] == block_n and not c["EPILOGUE_SUBTILE"]][-1]
 
 
@@ -545,7 +577,8 @@ _LAUNCH = Launchers(gemm_fp8_sm90_kernel, "gemm_sm90_launch") if gluon is not No
 
 def launch(a, w, c, cfg, mode, scale_a, scale_w, grid, tail=None):
     """``c = (a * scale_a) @ (w * scale_w).T`` for FP8 ``a`` [M, K], ``w`` [N, K] into ``c`` [M, N] (2-D,
-    TMA-compatible) with scales of ``mode`` (as ``fp8.Scales`` holds them) and ``cfg`` (a ``candidates``
+    TMA-compatible) with scales of ``mode`` (as ``fp8.Scales`` holds them; bf16 / fp16 operands: mode and scales
+    None, ``c = a @ w.T``) and ``cfg`` (a ``candidates``
     configuration) on ``grid`` (one program per SM, at most one per tile; every SM's where the tail tiles split);
     ``tail``: the split tail's arguments (``tail_arguments``) or None."""
     args = Arguments(a, w, c, cfg, mode, scale_a, scale_w)(a, w, c, scale_a, scale_w)
@@ -566,10 +599,11 @@ class Arguments:
 
     def __init__(self, a, w, c, cfg, mode, scale_a, scale_w):
         (m, k), n = a.shape, w.shape[0]
-        self.templates = (_template(a.shape, a.stride(), [128, 128], a.dtype),
-                          _template(w.shape, w.stride(), [cfg["BLOCK_N"], 128], w.dtype),
+        bk = block_k(a.dtype)
+        self.templates = (_template(a.shape, a.stride(), [128, bk], a.dtype),
+                          _template(w.shape, w.stride(), [cfg["BLOCK_N"], bk], w.dtype),
                           _template(c.shape, c.stride(), [128, 64 if cfg.get("EPILOGUE_SUBTILE") else 128], c.dtype))
-        self.ints = (m, n, k) + ((0, 0) if mode == "tensor" else (scale_a.stride(0), scale_w.stride(0))) + \
+        self.ints = (m, n, k) + ((0, 0) if mode in ("tensor", None) else (scale_a.stride(0), scale_w.stride(0))) + \
             (scale_a.stride(1) if mode == "block" else 1,)
 
     def __call__(self, a, w, c, scale_a, scale_w):
@@ -596,7 +630,7 @@ def tail_split(cfg, m, n, k, programs):
     where the round is empty or at least half full."""
     most = cfg.get("TAIL_SPLIT") or 1
     tail = tail_tiles(cfg, m, n, programs)
-    return 1 if most < 2 or not tail else max(1, min(most, programs // tail, -(-k // 128)))
+    return 1 if most < 2 or not tail else max(1, min(most, programs // tail, -(-k // cfg["BLOCK_K"])))
 
 
 def tail_tiles(cfg, m, n, programs):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run162 (1 GPU; 2026-12-07). GIT_COMMIT=<sha> bash steps.sh STEP [STEP ...]  (steps: b g m n o s t k r)
+# run162 (1 GPU; 2026-12-07). GIT_COMMIT=<sha> bash steps.sh STEP [STEP ...]  (steps: b g m n o s t v k r)
 #   b  (~150 s) bench_gemm FP8 at issue 34's four shapes: with the tuner's 50 ms spans (6b8b818) and without the
 #      sixth slot (3aab19d), do the picks match the probe's best (per-tensor/rowwise 256 s3, block K-major s5)?
 #   g  (~120 s) bench_backward --only moe --fp8 row,block --fp8-grads: the MoE layer's FP8-grads step, never
@@ -15,6 +15,8 @@
 #      and torch.matmul side by side (ncu_small.py): DRAM throughput, waves, stall reasons (run158: 0.73-0.82x)
 #   t  (~150 s) the GPU tests of this session's change alone (what a short budget allows): the split tail's
 #      (row-major block scales copied K-major among them) and test_fp8_gemm's tuner / every-candidate tests
+#   v  (~400 s) the Gluon mainloop on bf16 / fp16 operands (new): its GPU tests, then bench_gemm --only small with
+#      TRITON_DIST_GLUON_MAINLOOP=all (the tuner also times it; 'all knobs' lists each Gluon candidate) beside m's
 #   k / r  the GPU tier in two calls (tests/kernels ~430 s; the rest ~270 s): every commit since run160's 18df711
 source benchmarks/steps_lib.sh
 HERE=benchmarks/results/2026-12-07_h100x1_run162
@@ -60,6 +62,14 @@ t)
   step changed_tests 220 python -m pytest -m gpu -n 4 -p no:cacheprovider -v --timeout 200 -rf \
     tests/kernels/test_gemm_sm90.py tests/kernels/test_fp8_gemm.py -k "split_tail or candidate or tuner"
   grep -E "FAILED|passed|failed" "$OUT/changed_tests.log" | cut -c1-250 | tail -8 ;;
+v)
+  step gluon_16bit_tests 260 python -m pytest -m gpu -n 2 -p no:cacheprovider -v --timeout 240 -rf \
+    tests/kernels/test_gemm_sm90.py -k 16bit
+  grep -E "FAILED|passed|failed|Error" "$OUT/gluon_16bit_tests.log" | cut -c1-300 | tail -6
+  mkdir -p "$OUT/gluon16"
+  TRITON_DIST_GLUON_MAINLOOP=all BENCH_DIR=$OUT/gluon16 step bench_gemm_small_gluon16 300 torchrun \
+    --nproc-per-node=1 benchmarks/bench_gemm.py --only small
+  grep -E "^\|" "$OUT/bench_gemm_small_gluon16.log" | cut -d'|' -f2-4,5,6,7,8,11,12,13 | head -13 ;;
 k)
   step gpu_tier_kernels 570 python -m pytest -m gpu -n 6 -p no:cacheprovider -v --timeout 200 -rf --durations=25 \
     tests/kernels
