@@ -317,15 +317,36 @@ if gluon is not None:
         counter = tile_counts + tail_tile * 2 + ROW0 // ROWS
         if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == tail_split - 1:
             gl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-            for p in gl.static_range(PIECES):  # (".cg": from L2, where the other SMs' partials are)
-                total = gl.load(tile_partials + p * PN + at, cache_modifier=".cg")
-                for other in range(1, tail_split):
-                    total += gl.load(tile_partials + other * TILE + p * PN + at, cache_modifier=".cg")
-                out = _scaled(total, scale_a, scale_w, rows, col0 + p * PN, M, N, stride_sa, stride_sw,
-                              BLOCK_SCALES).to(c.dtype.element_ty)
-                c_cols = col0 + p * PN + cols
-                gl.store(c + rows.to(gl.int64)[:, None] * stride_cm + c_cols[None, :], out,
-                         mask=(rows < M)[:, None] & (c_cols < N)[None, :])
+            if PN > 128:  # (16-bit operands' 256-wide piece) 128 columns at a time: a 256-wide sum and the partial
+                # loaded into it would outgrow a thread's registers
+                half: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                               instr_shape=[16, 128, 16])
+                h_cols = gl.arange(0, 128, layout=gl.SliceLayout(0, half))
+                h_at = (ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, half))).to(gl.int64)[:, None] * PN + \
+                    h_cols[None, :]
+                h_rows = gl.convert_layout(rows, gl.SliceLayout(1, half))
+                for h in gl.static_range(PN // 128):
+                    _finish_columns(tile_partials, h * 128, h_at, h_cols, TILE, tail_split, c, stride_cm, scale_a,
+                                    scale_w, h_rows, col0, M, N, stride_sa, stride_sw, BLOCK_SCALES)
+            else:
+                for p in gl.static_range(PIECES):
+                    _finish_columns(tile_partials, p * PN, at, cols, TILE, tail_split, c, stride_cm, scale_a, scale_w,
+                                    rows, col0, M, N, stride_sa, stride_sw, BLOCK_SCALES)
+
+    @gluon.jit
+    def _finish_columns(tile_partials, OFFSET: gl.constexpr, at, cols, TILE: gl.constexpr, tail_split, c, stride_cm,
+                        scale_a, scale_w, rows, col0, M, N, stride_sa, stride_sw, BLOCK_SCALES: gl.constexpr):
+        """Columns ``col0 + OFFSET + cols`` of a tail tile's ``rows``, by the last share: every share's partial
+        (``tile_partials``: the first share's, the others TILE apart; ``at``: the rows' and columns' offsets) added
+        in share order, scaled, stored to C."""
+        total = gl.load(tile_partials + OFFSET + at, cache_modifier=".cg")  # (".cg": from L2, where the other SMs'
+        for other in range(1, tail_split):                                   # partials are)
+            total += gl.load(tile_partials + other * TILE + OFFSET + at, cache_modifier=".cg")
+        out = _scaled(total, scale_a, scale_w, rows, col0 + OFFSET, M, N, stride_sa, stride_sw,
+                      BLOCK_SCALES).to(c.dtype.element_ty)
+        c_cols = col0 + OFFSET + cols
+        gl.store(c + rows.to(gl.int64)[:, None] * stride_cm + c_cols[None, :], out,
+                 mask=(rows < M)[:, None] & (c_cols < N)[None, :])
 
     @gluon.jit
     def _consumer(a_bufs, b_bufs, sa_bufs, sw_bufs, ready, empty, c_smem, c_free, c_full, c_desc, scale_a, scale_w,
@@ -334,15 +355,19 @@ if gluon is not None:
                   EPILOGUE_SUBTILE: gl.constexpr, SPLIT_TAIL: gl.constexpr):
         """Rows ROW0 .. ROW0 + 64 of every tile of this program, on this partition's warpgroup: per K step wait
         for the slot, its wgmmas (a piece of PN columns at a time: C's buffer width, twice that with
-        EPILOGUE_SUBTILE), release the slot, promote; then the epilogue."""
+        EPILOGUE_SUBTILE or, for 16-bit operands, a whole 256-wide tile), release the slot, promote; then the
+        epilogue."""
         BM: gl.constexpr = a_bufs.type.shape[1]
         BK: gl.constexpr = a_bufs.type.shape[2]
         BN: gl.constexpr = b_bufs.type.shape[1]
-        STORES: gl.constexpr = 2 if EPILOGUE_SUBTILE else 1  # buffer stores per piece
-        PN: gl.constexpr = c_smem.type.shape[1] * STORES
+        FP8: gl.constexpr = a_bufs.dtype.is_fp8()  # (else 16-bit operands: no scales, no promotion)
+        CW: gl.constexpr = c_smem.type.shape[1]
+        # buffer stores per piece: 16-bit operands keep no partial beside the sum, so their 256-wide tile is one
+        # piece (each wgmma 64x256: A read from shared memory once for all 256 columns), stored in two
+        STORES: gl.constexpr = 2 if EPILOGUE_SUBTILE or (not FP8 and BN == 2 * CW) else 1
+        PN: gl.constexpr = CW * STORES
         PIECES: gl.constexpr = BN // PN  # 1 or 2: a sum each, one partial at a time
         ROWS: gl.constexpr = BM // 2
-        FP8: gl.constexpr = a_bufs.dtype.is_fp8()  # (else 16-bit operands: no scales, no promotion)
         # (a wgmma's K: 32 bytes of operands)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                       instr_shape=[16, PN, 256 // a_bufs.dtype.primitive_bitwidth])
