@@ -42,7 +42,7 @@ SHAPES = [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672), (2048, 8
 def _label(cfg):
     parts = [f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}", f"s{cfg['num_stages']}", f"w{cfg['num_warps']}"]
     parts += [name.lower() for name in ("EPILOGUE_SUBTILE", "FLATTEN", "WARP_SPECIALIZE") if cfg.get(name)]
-    if cfg.get("MAINLOOP") == "gluon":  # the Gluon FP8 mainloop (kernels/gemm_sm90.py), not the Triton core
+    if cfg.get("MAINLOOP") == "gluon":  # the Gluon mainloop (kernels/gemm_sm90.py), not the Triton core
         parts.append("gluon")
     if (cfg.get("SPLIT_K") or 1) > 1:
         parts.append(f"split-k {cfg['SPLIT_K']}")
