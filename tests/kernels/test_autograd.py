@@ -2,9 +2,9 @@
 every gradient against an fp64 torch reference of the whole computation across the ranks — the objective is the
 sum of every rank's loss, each rank's loss a random weighting of its own outputs — at 1, 2 and 3 ranks with
 uneven row counts; bitwise the same gradients on a second run; the same under torch.compile (fullgraph); calls
-that cannot be differentiated (config= / out= with grad) refused; the grouped GEMM's gradients (padding between
-groups, an empty group) in this process; MoE dispatch/combine, gemm_ar and all_reduce_rmsnorm; a TP chain on
-groups {0, 1} and {2, 3} of 4 ranks."""
+that cannot be differentiated (out= with grad) refused, config= with grad the forward's; the grouped GEMM's
+gradients (padding between groups, an empty group) in this process; MoE dispatch/combine, gemm_ar and
+all_reduce_rmsnorm; a TP chain on groups {0, 1} and {2, 3} of 4 ranks."""
 
 import pytest
 import torch
@@ -210,15 +210,63 @@ def test_gradients_bitwise_reproducible_and_compiled(ranks):
 def _refusals():
     a = torch.randn(4, 16, requires_grad=True)
     w = torch.randn(8, 16, requires_grad=True)
-    return error_names([lambda: ag_gemm(a, w, config={"path": "overlap"}),
-                        lambda: gemm_rs(a, w, config={"path": "fallback"}),
-                        lambda: gemm_rs(a, w, out=torch.empty(2, 8)),
+    return error_names([lambda: gemm_rs(a, w, out=torch.empty(2, 8)),
                         lambda: all_reduce(a, out=torch.empty(4, 16))])
 
 
 def test_calls_that_cannot_be_differentiated_are_refused(ranks):
     for names in ranks(2, _refusals):
-        assert names == ["ValueError"] * 4, names
+        assert names == ["ValueError"] * 2, names
+
+
+def _with_configs():
+    """{op: (largest relative difference of the output and the inputs' gradients from the call without config,
+    what a bad config raised)} of differentiable calls given ``config=`` (each op's own knobs, another path than
+    its default where it has one), and whether the caller's config was left behind."""
+    from triton_dist.kernels import all_reduce_rmsnorm, gemm, gemm_ar, grouped_gemm, library
+
+    gen = torch.Generator().manual_seed(40 + td.rank())
+    m, k, n = 6, 32, 16
+    tensors = dict(a=torch.randn(m, k, generator=gen), w=torch.randn(n, k, generator=gen),
+                   x=torch.randn(m, n, generator=gen), res=torch.randn(m, n, generator=gen),
+                   weight=torch.rand(n, generator=gen) + 0.5, we=torch.randn(2, n, k, generator=gen))
+    offsets = torch.tensor([0, 2, m], dtype=torch.int32)
+    calls = {
+        "gemm": (lambda t, cfg: gemm(t["a"], t["w"], config=cfg), {"BLOCK_N": 32}, "ab"),
+        "ag_gemm": (lambda t, cfg: ag_gemm(t["a"], t["w"], config=cfg), {"path": "fallback"}, "ab"),
+        "ag_gemm silu_gate": (lambda t, cfg: ag_gemm(t["a"], t["w"], activation="silu_gate", config=cfg),
+                              {"path": "fallback"}, "ab"),
+        "gemm_rs": (lambda t, cfg: gemm_rs(t["a"], t["w"], config=cfg), {"path": "fallback"}, "ab"),
+        "gemm_ar": (lambda t, cfg: gemm_ar(t["a"], t["w"], config=cfg), {"path": "fallback"}, "ab"),
+        "all_reduce": (lambda t, cfg: all_reduce(t["x"], config=cfg), {"num_programs": 1}, "x"),
+        "all_reduce_rmsnorm": (lambda t, cfg: all_reduce_rmsnorm(t["x"], t["res"], t["weight"], 1e-6, config=cfg),
+                               {"num_programs": 1}, "x"),
+        "grouped_gemm": (lambda t, cfg: grouped_gemm(t["a"], t["we"], offsets, config=cfg), {"BLOCK_N": 32}, "a"),
+    }
+    found = {}
+    for name, (call, cfg, _) in calls.items():
+        results = []
+        for config in (None, cfg):
+            t = {key: v.clone().requires_grad_() for key, v in tensors.items()}
+            out = call(t, config)
+            outs = out if isinstance(out, tuple) else (out,)
+            sum((o * (i + 1)).sum() for i, o in enumerate(outs)).backward()
+            results.append([o.detach() for o in outs] + [v.grad for v in t.values() if v.grad is not None])
+        err = max(_rel(got, want.double()) for got, want in zip(results[1], results[0]))
+        bad = error_names([lambda: call({key: v.clone().requires_grad_() for key, v in tensors.items()},
+                                        {"NO_SUCH_KNOB": 1})])[0]
+        found[name] = (err, len(results[0]) == len(results[1]) > 1, bad)
+    return found, getattr(library._CALLER_CONFIG, "value", None)
+
+
+def test_differentiable_calls_take_config_for_their_forward(ranks):
+    """``config=`` with grad: the op's forward runs with it (a bad knob is refused from inside the op: the config
+    reached it), the backward with its tuned configurations; the same output and gradients as without it, and
+    nothing of it left for a later call."""
+    for found, left in ranks(2, _with_configs):
+        assert left is None
+        for name, (err, compared, bad) in found.items():
+            assert err < 1e-5 and compared and bad == "ValueError", (name, err, compared, bad)
 
 
 @cpu_only  # CPU tensors: the interpreter in this process (GPU: test_dtypes / the layers' GPU tests)

@@ -601,9 +601,10 @@ def _ag_gemm_op(a, w, return_gathered=False, activation="none", group_name=None,
     fp8.check_fp8_grads(fp8_grads, quantize)  # (the backward's business: kernels/autograd.py)
     check_launchable(a)
     group = shmem.group_named(group_name)
+    config = library.caller_config("ag_gemm")
     if quantize is not None:
-        return _quantized_ag_gemm(a, w, quantize, None, activation, group), a.new_empty((0, a.shape[1]))
-    out, gathered = _ag_gemm_impl(a, w, return_gathered, activation=activation, group=group)
+        return _quantized_ag_gemm(a, w, quantize, config, activation, group), a.new_empty((0, a.shape[1]))
+    out, gathered = _ag_gemm_impl(a, w, return_gathered, config, activation=activation, group=group)
     return out, (a.new_empty((0, a.shape[1])) if gathered is None else gathered)
 
 
@@ -663,8 +664,8 @@ def ag_gemm(a, w, return_gathered=False, config=None, activation="none", group=N
     ``grad_a = gemm_rs(grad_out, w.T)`` and ``grad_w = grad_out.T @ all_gather(a)`` (``kernels/autograd.py``);
     the gathered input is gathered again in the backward (as Megatron-LM does) unless ``keep_gathered``
     (memory for one all-gather less). With ``silu_gate`` the pre-activation is kept and the activation is torch's
-    (a direct call of the torch op with ``"silu_gate"`` computes it again in its backward). ``config`` is for
-    calls without grad (ValueError otherwise).
+    (a direct call of the torch op with ``"silu_gate"`` computes it again in its backward). ``config``: the
+    forward's (eagerly; the backward's calls take their tuned configurations).
     """
     if not isinstance(a, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"a and w must be torch.Tensors, got {type(a).__name__} and {type(w).__name__}")
@@ -690,18 +691,14 @@ def _ag_gemm(a, w, scales, out_dtype, return_gathered, config, activation, group
     if quantize is not None:  # before any path: the gathered rows are FP8, none to return or keep
         _check_inputs(a, w, activation, quantize=quantize, return_gathered=return_gathered or keep_gathered)
     if scales is None and library.needs_grad(a, w):
-        if config is not None:
-            raise ValueError("ag_gemm: config= is for calls without grad (the differentiable op takes the tuned "
-                             "configuration); call it under torch.no_grad() or drop config")
         name = shmem.group_name(group)
-        if activation == "silu_gate":  # training keeps the pre-activation (as Megatron keeps SwiGLU's input): the
-            # backward then needs no second GEMM; the gate is the differentiable silu_gate op
-            h, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, "none", name,
-                                                        quantize, fp8_grads)
-            out = silu_gate(h)
-        else:
-            out, gathered = torch.ops.triton_dist.ag_gemm(a, w, return_gathered or keep_gathered, activation, name,
-                                                          quantize, fp8_grads)
+        # training keeps the SiLU gate's pre-activation (as Megatron keeps SwiGLU's input): the backward then needs
+        # no second GEMM; the gate is the differentiable silu_gate op
+        op_activation = "none" if activation == "silu_gate" else activation
+        out, gathered = library.with_caller_config("ag_gemm", config, lambda: torch.ops.triton_dist.ag_gemm(
+            a, w, return_gathered or keep_gathered, op_activation, name, quantize, fp8_grads))
+        if activation == "silu_gate":
+            out = silu_gate(out)
     elif config is None and hardware.compiling() and (scales is None or activation == "none"):
         out, gathered = _traced_call(a, w, scales, out_dtype, return_gathered, activation, group, quantize)
     else:

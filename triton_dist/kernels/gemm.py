@@ -701,23 +701,25 @@ def gemm(a, w, out=None, config=None, *, scale_a=None, scale_w=None, scaling=Non
     required.
 
     Differentiable: a call with grad (``a`` or ``w`` requiring it, grad mode on), and every call that
-    torch.compile traces, goes through ``torch.ops.triton_dist.gemm`` (its backward: ``kernels/autograd.py``);
-    ``out=`` and ``config=`` are for calls without grad, and FP8 operands carry none (ValueError)."""
-    if _with_grad(a, w, out, config, scale_a, scale_w):
-        return torch.ops.triton_dist.gemm(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
+    torch.compile traces, goes through ``torch.ops.triton_dist.gemm`` (its backward: ``kernels/autograd.py``;
+    ``config=`` applies to its forward, eagerly); ``out=`` is for calls without grad, and FP8 operands carry none
+    (ValueError)."""
+    if _with_grad(a, w, out, scale_a, scale_w):
+        return library.with_caller_config("gemm", config, lambda: torch.ops.triton_dist.gemm(
+            a, w, scale_a, scale_w, scaling, out_dtype, fast_accum))
     return _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype, fast_accum, False)
 
 
 def scaled_gemm(a, w, scale_a, scale_w, *, scaling=None, out=None, out_dtype=None, fast_accum=False, config=None):
     """``gemm`` on FP8 operands, the scales required (as in ``torch._scaled_mm``): ``(a * scale_a) @ (w *
     scale_w).T`` in ``out_dtype`` (bfloat16 by default) or into ``out``."""
-    if _with_grad(a, w, out, config, scale_a, scale_w):
+    if _with_grad(a, w, out, scale_a, scale_w):
         fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum, required=True)
         return torch.ops.triton_dist.gemm(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum)
     return _checked_or_planned(a, w, out, config, scale_a, scale_w, scaling, out_dtype, fast_accum, True)
 
 
-def _with_grad(a, w, out, config, scale_a, scale_w):
+def _with_grad(a, w, out, scale_a, scale_w):
     """Whether a call must go through the torch op for autograd (``library.needs_grad``); ValueError where it
     cannot have a gradient."""
     if not (isinstance(a, torch.Tensor) and isinstance(w, torch.Tensor) and library.needs_grad(a, w)):
@@ -725,8 +727,8 @@ def _with_grad(a, w, out, config, scale_a, scale_w):
     if scale_a is not None or scale_w is not None or a.dtype in fp8.FP8_DTYPES or w.dtype in fp8.FP8_DTYPES:
         raise ValueError("gemm: FP8 operands carry no gradient (call it under torch.no_grad(); layers train in FP8 "
                          "with their fp8= mode)")
-    if out is not None or config is not None:
-        raise ValueError("gemm: out= and config= are for calls without grad (under torch.no_grad())")
+    if out is not None:
+        raise ValueError("gemm: out= is for calls without grad (under torch.no_grad())")
     return True
 
 
@@ -822,7 +824,8 @@ def _mode_and_scales(scales):
 
 # ----------------------------------------------------------------------------------------------- torch op
 def _gemm_torch_op(a, w, scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):
-    return _checked_or_planned(a, w, None, None, scale_a, scale_w, scaling, out_dtype, fast_accum, False, op=True)
+    return _checked_or_planned(a, w, None, library.caller_config("gemm"), scale_a, scale_w, scaling, out_dtype,
+                               fast_accum, False, op=True)
 
 
 def _gemm_fake(a, w, scale_a=None, scale_w=None, scaling=None, out_dtype=None, fast_accum=False):

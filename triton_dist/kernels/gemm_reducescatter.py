@@ -393,9 +393,10 @@ def _quantized_gemm_rs(a, w, quantize, config=None, out=None, group=None):
 def _gemm_rs_op(a, w, group_name=None, quantize=None, fp8_grads=False):
     _check_inputs(a, w)
     fp8.check_fp8_grads(fp8_grads, quantize)  # (the backward's business: kernels/autograd.py)
+    config = library.caller_config("gemm_rs")
     if quantize is not None:
-        return _quantized_gemm_rs(a, w, quantize, group=shmem.group_named(group_name))
-    return _gemm_rs_impl(a, w, group=shmem.group_named(group_name))
+        return _quantized_gemm_rs(a, w, quantize, config, group=shmem.group_named(group_name))
+    return _gemm_rs_impl(a, w, config, group=shmem.group_named(group_name))
 
 
 library.define("gemm_rs(Tensor a, Tensor w, str? group_name=None, str? quantize=None, bool fp8_grads=False) -> Tensor",
@@ -437,9 +438,10 @@ def gemm_rs(a, w, config=None, out=None, group=None, *, scale_a=None, scale_w=No
     rank), ``grad_w`` the FP8 core's ``G.T @ a`` (G gathered on its own, unquantised; G.T and a.T quantised
     along the M rows), in a's dtype.
 
-    Autograd: when ``a`` or ``w`` requires grad the call goes through the torch op (``config`` and ``out`` are for
-    calls without grad), whose backward gathers every rank's output rows' gradient G [M, N] with the gather
-    overlapped: ``grad_a = ag_gemm(grad_out, w.T) = G @ w``, ``grad_w = G.T @ a`` (``kernels/autograd.py``).
+    Autograd: when ``a`` or ``w`` requires grad the call goes through the torch op (``config``: its forward's,
+    eagerly; ``out`` is for calls without grad), whose backward gathers every rank's output rows' gradient G [M,
+    N] with the gather overlapped: ``grad_a = ag_gemm(grad_out, w.T) = G @ w``, ``grad_w = G.T @ a``
+    (``kernels/autograd.py``).
     """
     scales, out_dtype = fp8.scaled_operands(a, w, scale_a, scale_w, scaling, out_dtype, fast_accum,
                                             quantize=quantize)
@@ -460,9 +462,12 @@ def _gemm_rs(a, w, config, out, group, scales, out_dtype, quantize=None, fp8_gra
     high-precision operands that the op ``quantize``s, and with ``fp8_grads`` differentiates in FP8)."""
     _check_inputs(a, w, scales)
     through_op = scales is None and library.needs_grad(a, w)
-    if through_op and (config is not None or out is not None):
-        raise ValueError("gemm_rs: config= and out= are for calls without grad (under torch.no_grad())")
-    if through_op or (config is None and out is None and hardware.compiling()):
+    if through_op and out is not None:
+        raise ValueError("gemm_rs: out= is for calls without grad (under torch.no_grad())")
+    if through_op:  # (config=: the op's forward, eagerly)
+        return library.with_caller_config("gemm_rs", config, lambda: _op_call(a, w, scales, out_dtype, group,
+                                                                              quantize, fp8_grads))
+    if config is None and out is None and hardware.compiling():
         return _op_call(a, w, scales, out_dtype, group, quantize, fp8_grads)
     if quantize is not None:
         return _quantized_gemm_rs(a, w, quantize, config, out, group)

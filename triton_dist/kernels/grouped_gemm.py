@@ -443,13 +443,15 @@ def grouped_gemm(x, w, expert_offsets, expert_counts=None, activation="none", ou
     scales, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, **fp8_kw,
                                          fp8_grads=fp8_grads)
     if library.needs_grad(x, w):
-        if out is not None or config is not None:
-            raise ValueError("grouped_gemm: out= and config= are for calls without grad (under torch.no_grad())")
-        if activation == "silu_gate":  # training keeps the pre-activation: the backward runs no GEMM again
-            return silu_gate(torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, "none",
-                                                                quantize=quantize, fp8_grads=fp8_grads))
-        return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
-                                                  quantize=quantize, fp8_grads=fp8_grads)
+        if out is not None:
+            raise ValueError("grouped_gemm: out= is for calls without grad (under torch.no_grad())")
+        # (config=: the op's forward, eagerly) training keeps the SiLU gate's pre-activation: the backward runs no
+        # GEMM again
+        gated = activation == "silu_gate"
+        y = library.with_caller_config("grouped_gemm", config, lambda: torch.ops.triton_dist.grouped_gemm(
+            x, w, expert_offsets, expert_counts, "none" if gated else activation, w_layout, quantize=quantize,
+            fp8_grads=fp8_grads))
+        return silu_gate(y) if gated else y
     if config is None and out is None and hardware.compiling():
         return torch.ops.triton_dist.grouped_gemm(x, w, expert_offsets, expert_counts, activation, w_layout,
                                                   **fp8_kw)
@@ -635,8 +637,8 @@ def _grouped_gemm_op(x, w, expert_offsets, expert_counts=None, activation="none"
     fp8_kw = dict(scale_x=scale_x, scale_w=scale_w, scaling=scaling, out_dtype=out_dtype, fast_accum=fast_accum,
                   quantize=quantize, fp8_grads=fp8_grads)  # (fp8_grads: the backward's business, autograd.py)
     scales, result_dtype = _check_inputs(x, w, expert_offsets, expert_counts, activation, w_layout, **fp8_kw)
-    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, None, None, w_layout, scales, result_dtype,
-                         quantize)
+    return _grouped_gemm(x, w, expert_offsets, expert_counts, activation, None, library.caller_config("grouped_gemm"),
+                         w_layout, scales, result_dtype, quantize)
 
 
 def _grouped_gemm_fake(x, w, expert_offsets, expert_counts=None, activation="none", w_layout="nk", quantize=None,

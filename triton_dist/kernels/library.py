@@ -8,6 +8,8 @@ the same work. A call whose inputs require grad goes through the op (``needs_gra
 on it (``kernels/autograd.py``).
 """
 
+import threading
+
 import torch
 
 _LIB = torch.library.Library("triton_dist", "DEF")
@@ -95,6 +97,39 @@ def needs_grad(*tensors):
         if t.requires_grad:
             return torch.is_grad_enabled()
     return False
+
+
+_CALLER_CONFIG = threading.local()  # .value: (op name, config) of the differentiable call running now
+
+
+def with_caller_config(name, config, call):
+    """``call()``, a differentiable call through ``torch.ops.triton_dist.<name>`` (whose schema has no config),
+    with its caller's ``config=`` for the op's forward (``caller_config``; None: the tuned one). The backward's
+    calls take their tuned configurations. Eager only: a graph torch.compile traces calls the op without it
+    (ValueError)."""
+    if config is None:
+        return call()
+    from .. import hardware
+
+    if hardware.compiling():
+        raise ValueError(f"{name}: config= with grad runs eagerly; under torch.compile the differentiable op takes "
+                         f"its tuned configuration (drop config, or call it under torch.no_grad())")
+    before = getattr(_CALLER_CONFIG, "value", None)
+    _CALLER_CONFIG.value = (name, config)
+    try:
+        return call()
+    finally:
+        _CALLER_CONFIG.value = before
+
+
+def caller_config(name):
+    """In op ``name``'s implementation: the ``config`` its differentiable caller gave (``with_caller_config``),
+    taken once (the op's own inner calls do not see it); None otherwise."""
+    value = getattr(_CALLER_CONFIG, "value", None)
+    if value is None or value[0] != name:
+        return None
+    _CALLER_CONFIG.value = None
+    return value[1]
 
 
 class _InferenceOnly(torch.autograd.Function):

@@ -196,15 +196,14 @@ def gemm_ar(a, w, group=None, config=None):
     rank and run. float16/bfloat16 (float32 works too); every rank passes the same shapes; returns [M, N].
     ``config``: overrides of ``default_config``; without it GPU calls use the tuned configuration (which may be
     torch.matmul + NCCL). CUDA graphs: call it once per shape before capturing. Autograd (inputs that require
-    grad go through the torch op; ``config`` is for calls without grad): G = all_reduce(grad), grad_a = G @ w,
+    grad go through the torch op; ``config``: its forward's, eagerly): G = all_reduce(grad), grad_a = G @ w,
     grad_w = G.T @ a (``kernels/autograd.py``)."""
     check_matmul_operands(a, w)
     shmem.check_device(a, "a")
     check_launchable(a)
     if library.needs_grad(a, w):
-        if config is not None:
-            raise ValueError("gemm_ar: config= is for calls without grad (under torch.no_grad())")
-        return torch.ops.triton_dist.gemm_ar(a, w, shmem.group_name(group))
+        return library.with_caller_config("gemm_ar", config, lambda: torch.ops.triton_dist.gemm_ar(
+            a, w, shmem.group_name(group)))
     if config is None and hardware.compiling():
         return torch.ops.triton_dist.gemm_ar(a, w, shmem.group_name(group))
     team = shmem.op_team("gemm_ar", group, lambda: dict(a=tuple(a.shape), w=tuple(w.shape), dtype=str(a.dtype),
@@ -216,7 +215,7 @@ def gemm_ar(a, w, group=None, config=None):
 
 def _gemm_ar_op(a, w, group_name=None):
     with torch.no_grad():  # (below autograd: the public function must not route back to the op)
-        return gemm_ar(a, w, shmem.group_named(group_name))
+        return gemm_ar(a, w, shmem.group_named(group_name), library.caller_config("gemm_ar"))
 
 
 def _gemm_ar_fake(a, w, group_name=None):

@@ -82,17 +82,19 @@ def all_reduce(x, out=None, algo="auto", group=None, config=None):
     GPU; in a group of one a copy), "one_shot", "two_shot" or "nccl". ``config``: knobs of ``config.default_config``.
     Collective: every rank of the group calls it alike (same shape, algo and kind of x). CUDA graphs: call it
     once per size before capturing (workspaces and tuning happen outside the capture).
-    Autograd: an ``x`` that requires grad goes through the torch op (``out`` and ``config`` are for calls without
-    grad); the gradient is that of the sum of every rank's loss: ``all_reduce`` of the output's gradient.
+    Autograd: an ``x`` that requires grad goes through the torch op (``config``: its forward's, eagerly; ``out``
+    is for calls without grad); the gradient is that of the sum of every rank's loss: ``all_reduce`` of the
+    output's gradient.
     """
     check_tensor(x, "x")
     check_algo(algo)
     if out is not None:
         _check_out(out, x)
     if library.needs_grad(x):
-        if out is not None or config is not None:
-            raise ValueError("all_reduce: out= and config= are for calls without grad (under torch.no_grad())")
-        return torch.ops.triton_dist.all_reduce(x, algo, shmem.group_name(group))
+        if out is not None:
+            raise ValueError("all_reduce: out= is for calls without grad (under torch.no_grad())")
+        return library.with_caller_config("all_reduce", config, lambda: torch.ops.triton_dist.all_reduce(
+            x, algo, shmem.group_name(group)))
     if out is None and config is None and hardware.compiling():
         return torch.ops.triton_dist.all_reduce(x, algo, shmem.group_name(group))
     team = shmem.op_team("all_reduce", group, lambda: dict(
@@ -222,18 +224,18 @@ def all_reduce_rmsnorm(x, residual, weight, eps, out_fp8=False, group=None, algo
     ``weight``: [H], x's dtype or float32; ``eps`` > 0. The sum is the one of ``all_reduce`` (fp32, rank order),
     each rank adds its own residual; new_residual is rounded to its dtype before the norm is taken. A symmetric
     ``x`` is read in place (zero-copy). ``algo``, ``config``, collectiveness, graphs: as ``all_reduce``.
-    Autograd (``x``, ``residual`` or ``weight`` requiring grad: through the torch op; not with ``out_fp8`` or
-    ``config``): gradients of the residual, the weight and x (``all_reduce`` of new_residual's gradient),
-    ``kernels/autograd.py``.
+    Autograd (``x``, ``residual`` or ``weight`` requiring grad: through the torch op, ``config`` its forward's,
+    eagerly; not with ``out_fp8``): gradients of the residual, the weight and x (``all_reduce`` of new_residual's
+    gradient), ``kernels/autograd.py``.
     """
     _checked_rmsnorm_inputs(x, residual, weight, eps)
     check_algo(algo)
     if library.needs_grad(x, residual, weight):
-        if out_fp8 or config is not None:
-            raise ValueError("all_reduce_rmsnorm: out_fp8=True and config= have no backward (call it under "
-                             "torch.no_grad())")
-        return tuple(torch.ops.triton_dist.all_reduce_rmsnorm(x, residual, weight, float(eps), False, algo,
-                                                              shmem.group_name(group))[:2])
+        if out_fp8:
+            raise ValueError("all_reduce_rmsnorm: out_fp8=True has no backward (call it under torch.no_grad())")
+        return tuple(library.with_caller_config("all_reduce_rmsnorm", config, lambda: torch.ops.triton_dist.
+                                                all_reduce_rmsnorm(x, residual, weight, float(eps), False, algo,
+                                                                   shmem.group_name(group)))[:2])
     if config is None and hardware.compiling():
         res = torch.ops.triton_dist.all_reduce_rmsnorm(x, residual, weight, float(eps), out_fp8, algo,
                                                        shmem.group_name(group))
@@ -252,7 +254,7 @@ def all_reduce_rmsnorm(x, residual, weight, eps, out_fp8=False, group=None, algo
 # ----------------------------------------------------------------------------------------------- torch ops
 def _all_reduce_op(x, algo="auto", group_name=None):
     with torch.no_grad():  # (below autograd: the public function must not route back to the op)
-        return all_reduce(x, algo=algo, group=shmem.group_named(group_name))
+        return all_reduce(x, algo=algo, group=shmem.group_named(group_name), config=library.caller_config("all_reduce"))
 
 
 def _all_reduce_fake(x, algo="auto", group_name=None):
@@ -261,7 +263,8 @@ def _all_reduce_fake(x, algo="auto", group_name=None):
 
 def _rmsnorm_op(x, residual, weight, eps, out_fp8=False, algo="auto", group_name=None):
     with torch.no_grad():  # (below autograd: the public function must not route back to the op)
-        res = all_reduce_rmsnorm(x, residual, weight, eps, out_fp8, shmem.group_named(group_name), algo)
+        res = all_reduce_rmsnorm(x, residual, weight, eps, out_fp8, shmem.group_named(group_name), algo,
+                                 library.caller_config("all_reduce_rmsnorm"))
     return res if out_fp8 else (*res, x.new_empty((0,), dtype=torch.float32))
 
 
