@@ -315,12 +315,12 @@ def test_grouped_gemm_gradients_match_fp64(activation, w_layout, counts):
                                                                                  _rel(w.grad, ref_w.grad))
 
 
-def _moe_grads(T, H, E, K, align, backends=()):
+def _moe_grads(T, H, E, K, align, backends=(), configs=(None, None)):
     """Dispatch -> one linear layer per expert (grouped_gemm) -> combine, on this rank's tokens; the gradients of
     x, the top-k weights and the experts' weights against fp64 torch over every rank's tokens (some slots unused,
     one rank without tokens when T allows); the chain under activation checkpointing and, with each of
     ``backends``, under torch.compile(fullgraph=True), forward and backward: their gradients against the eager
-    ones ("... vs eager")."""
+    ones ("... vs eager"). ``configs``: the dispatch's and the combine's ``config=``."""
     from triton_dist.kernels import ep_combine, ep_dispatch, grouped_gemm
 
     r, world = td.rank(), td.world_size()
@@ -354,9 +354,9 @@ def _moe_grads(T, H, E, K, align, backends=()):
     from triton_dist.kernels.moe_ep.buffers import buffers
 
     def layer(x, idx, w, mine, weighting):
-        recv = ep_dispatch(x, idx, w, num_experts=E, max_tokens=max(T, 1), align=align)
+        recv = ep_dispatch(x, idx, w, num_experts=E, max_tokens=max(T, 1), align=align, config=configs[0])
         h = grouped_gemm(recv.x, mine, recv.expert_offsets, recv.expert_counts)
-        return (ep_combine(h, recv.handle) * weighting).sum()
+        return (ep_combine(h, recv.handle, config=configs[1]) * weighting).sum()
 
     def grads(fn):
         x = every[r][0].float().requires_grad_()
@@ -390,6 +390,15 @@ def test_moe_dispatch_combine_gradients_match_fp64(ranks, world, align, backends
         bad = {k: v for k, v in errs.items() if not v < 1e-5}
         assert not bad and errs["aot_eager vs eager"] == errs["checkpoint vs eager"] == 0.0, errs
         assert errs.get("inductor vs eager", 0.0) < 1e-6, errs
+
+
+def test_moe_gradients_with_configs_match_fp64(ranks):
+    """``config=`` with grad: the dispatch's other token chunks (3, not the default 2) reach its records, which
+    both backwards walk (the combine of x's gradient, the dispatch of the output's), and the combine's own knobs
+    its forward; gradients against fp64, eagerly and with activation checkpointing."""
+    configs = ({"num_chunks": 3, "block_tokens": 4}, {"num_programs": 3})
+    for errs in ranks(2, _moe_grads, 9, 16, 4, 2, 1, (), configs):
+        assert all(v < 1e-5 for v in errs.values()) and errs["checkpoint vs eager"] == 0.0, errs
 
 
 def _moe_grads_three_times():

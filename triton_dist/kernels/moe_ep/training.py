@@ -16,10 +16,13 @@ The differentiable path runs through two torch ops with their backward registere
 (``torch.library.register_autograd``), so it works eagerly, under ``torch.compile(fullgraph=True)`` and with
 activation checkpointing:
 
-    torch.ops.triton_dist.ep_dispatch_train(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name)
-        -> (rows, expert_ids, weights, expert_counts, expert_offsets, token_pos, slots, span)
+    torch.ops.triton_dist.ep_dispatch_train(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name,
+        num_chunks) -> (rows, expert_ids, weights, expert_counts, expert_offsets, token_pos, slots, span)
     torch.ops.triton_dist.ep_combine_train(expert_out, weights, topk_idx, token_pos, slots, span, num_experts,
-        max_tokens, align, group_name) -> y
+        max_tokens, align, group_name, num_chunks) -> y
+
+(``num_chunks``: the dispatch's token chunks, which its records and so every combine of them follow; 0: the
+default configuration's.)
 
 Unlike the zero-copy ``ep_dispatch`` op, whose outputs are views of the workspace that the next dispatch of the
 same shapes (the backward's own, another layer's) overwrites, the training dispatch returns new tensors, the
@@ -30,8 +33,10 @@ state, and the backward needs no later dispatch's buffers. Rows outside every ex
 gradient. Sums run in the kernels' fixed orders: bitwise reproducible, eager or compiled.
 
 The Python API (``ep_dispatch`` / ``ep_combine``) takes this path when an input requires grad or under
-torch.compile: ``recv.handle`` is then an ``EpRouting`` (the records and the routing as tensors). ``config=``,
-``timeline=``, ``out=``, ``exact=True`` and the FP8 dispatch are for calls without grad (ValueError otherwise).
+torch.compile: ``recv.handle`` is then an ``EpRouting`` (the records and the routing as tensors). ``config=`` is
+the forward's (eagerly: ``library.with_caller_config``; a dispatch's chunks go to the op as ``num_chunks``, so
+both backwards walk them too); ``timeline=``, ``out=``, ``exact=True`` and the FP8 dispatch are for calls
+without grad (ValueError otherwise).
 """
 
 import functools
@@ -64,24 +69,29 @@ class EpRouting(NamedTuple):
     max_tokens: int
     align: int
     group_name: Optional[str]
+    num_chunks: int = 0        # the dispatch's token chunks (0: the default configuration's)
 
 
 # ----------------------------------------------------------------------------------------------------- torch ops
-def _num_chunks(max_tokens, hidden, device):
-    """The token chunks of the ops' dispatch (its default configuration): combine walks the same ones."""
-    return int(dispatch_config(max_tokens, hidden, device.type).num_chunks)
+def _num_chunks(max_tokens, hidden, device, num_chunks=0):
+    """The token chunks of the ops' dispatch (``num_chunks``; 0: its default configuration's): combine walks the
+    same ones."""
+    return num_chunks or int(dispatch_config(max_tokens, hidden, device.type).num_chunks)
 
 
-def _dispatch_train_op(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name=None):
+def _dispatch_train_op(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name=None, num_chunks=0):
+    config = library.caller_config("ep_dispatch_train")
+    if num_chunks:
+        config = {**(config or {}), "num_chunks": num_chunks}
     r = _dispatch.ep_dispatch(x, topk_idx, topk_weights, num_experts=num_experts, max_tokens=max_tokens, align=align,
-                              group=shmem.group_named(group_name))
+                              group=shmem.group_named(group_name), config=config)
     ws = r.handle.workspace
     # copies: the backward and later layers dispatch into the same workspace
     return (r.x.clone(), r.expert_ids.clone(), r.weights.clone(), r.expert_counts.clone(), r.expert_offsets.clone(),
             r.handle.token_pos.clone(), ws.recv_slots.clone(), ws.recv_span.clone())
 
 
-def _dispatch_train_fake(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name=None):
+def _dispatch_train_fake(x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name=None, num_chunks=0):
     world = shmem.world_size(shmem.group_named(group_name))
     rows = max_recv_rows(world, num_experts, topk_idx.shape[1], max_tokens, align)
     local = num_experts // world
@@ -93,7 +103,7 @@ def _dispatch_train_fake(x, topk_idx, topk_weights, num_experts, max_tokens, ali
 
 
 def _combine_train_op(expert_out, weights, topk_idx, token_pos, slots, span, num_experts, max_tokens, align,
-                      group_name=None):
+                      group_name=None, num_chunks=0):
     group = shmem.group_named(group_name)
     key = (num_experts, topk_idx.shape[1], max_tokens, expert_out.shape[1], expert_out.dtype, align)
     ws = shmem.workspaces.peek("moe_ep", key, group)
@@ -107,11 +117,12 @@ def _combine_train_op(expert_out, weights, topk_idx, token_pos, slots, span, num
     ok = (slots >= 0) & (slots < weights.shape[0])
     slot_weights = torch.where(ok, weights.float()[torch.where(ok, slots, 0).long()], 0.0)
     return _combine.combine_records(expert_out, ws, token_pos, slots, slot_weights, span,
-                                    _num_chunks(max_tokens, expert_out.shape[1], expert_out.device))
+                                    _num_chunks(max_tokens, expert_out.shape[1], expert_out.device, num_chunks),
+                                    config=library.caller_config("ep_combine_train"))
 
 
 def _combine_train_fake(expert_out, weights, topk_idx, token_pos, slots, span, num_experts, max_tokens, align,
-                        group_name=None):
+                        group_name=None, num_chunks=0):
     return expert_out.new_empty((token_pos.shape[0], expert_out.shape[1]))
 
 
@@ -186,11 +197,11 @@ def _scalars_home_fake(row_values, slots, token_pos, group_name=None):
 
 
 library.define("ep_dispatch_train(Tensor x, Tensor topk_idx, Tensor topk_weights, int num_experts, int max_tokens, "
-               "int align, str? group_name=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-               _dispatch_train_op, _dispatch_train_fake)
+               "int align, str? group_name=None, int num_chunks=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
+               "Tensor, Tensor, Tensor)", _dispatch_train_op, _dispatch_train_fake)
 library.define("ep_combine_train(Tensor expert_out, Tensor weights, Tensor topk_idx, Tensor token_pos, Tensor slots, "
-               "Tensor span, int num_experts, int max_tokens, int align, str? group_name=None) -> Tensor",
-               _combine_train_op, _combine_train_fake)
+               "Tensor span, int num_experts, int max_tokens, int align, str? group_name=None, int num_chunks=0) -> "
+               "Tensor", _combine_train_op, _combine_train_fake)
 library.define("ep_combine_grad(Tensor g_rows, Tensor expert_out, Tensor weights, Tensor expert_ids) -> "
                "(Tensor, Tensor)", _combine_grad_op, _combine_grad_fake)
 library.define("ep_scalars_home(Tensor row_values, Tensor slots, Tensor token_pos, str? group_name=None) -> Tensor",
@@ -200,9 +211,9 @@ library.collective("ep_dispatch_train", "ep_combine_train", "ep_scalars_home")
 
 # ----------------------------------------------------------------------------------------------------- backward
 def _dispatch_setup(ctx, inputs, output):
-    x, topk_idx, topk_weights, num_experts, max_tokens, align, group_name = inputs
+    x, topk_idx, topk_weights = inputs[:3]
     _, expert_ids, _, _, _, token_pos, slots, span = output
-    ctx.routing = (num_experts, max_tokens, align, group_name)
+    ctx.routing = inputs[3:]  # (num_experts, max_tokens, align, group_name, num_chunks): defaults filled in
     ctx.x_dtype, ctx.w_dtype = x.dtype, topk_weights.dtype
     ctx.set_materialize_grads(False)  # an unused output: None, not zeros to send back
     ctx.save_for_backward(topk_idx, expert_ids, token_pos, slots, span)
@@ -219,12 +230,12 @@ def _dispatch_backward(ctx, grad_rows, _ids, grad_weights, *_):
     if ctx.needs_input_grad[2] and grad_weights is not None:
         grad_w = torch.ops.triton_dist.ep_scalars_home(torch.where(valid, grad_weights.float(), 0.0), slots,
                                                        token_pos, ctx.routing[3]).to(ctx.w_dtype)
-    return grad_x, None, grad_w, None, None, None, None
+    return grad_x, None, grad_w, None, None, None, None, None
 
 
 def _combine_setup(ctx, inputs, output):
     expert_out, weights, topk_idx = inputs[:3]
-    ctx.routing = inputs[6:]
+    ctx.routing = inputs[6:]  # (num_experts, max_tokens, align, group_name, num_chunks)
     ctx.save_for_backward(expert_out, weights, topk_idx)
 
 
@@ -235,7 +246,7 @@ def _combine_backward(ctx, grad):
     # (expert_out may stop at the rows in use; weights cover every row)
     grad_out, grad_w = torch.ops.triton_dist.ep_combine_grad(g_rows, expert_out, weights, expert_ids)
     return (grad_out if ctx.needs_input_grad[0] else None, grad_w.to(weights.dtype) if ctx.needs_input_grad[1]
-            else None, None, None, None, None, None, None, None, None)
+            else None, None, None, None, None, None, None, None, None, None)
 
 
 torch.library.register_autograd("triton_dist::ep_dispatch_train", _dispatch_backward, setup_context=_dispatch_setup)
@@ -250,32 +261,36 @@ def ep_dispatch(x, topk_idx, topk_weights, *, num_experts, max_tokens, align=1, 
                   config=config, timeline=timeline, group=group, quant=quant, x_scales=x_scales)
     tensors = isinstance(x, torch.Tensor) and isinstance(topk_weights, torch.Tensor)
     grad = tensors and library.needs_grad(x, topk_weights)
-    plain = quant is None and x_scales is None and not exact and config is None and timeline is None
-    if not (grad or (tensors and plain and hardware.compiling())):
+    plain = quant is None and x_scales is None and not exact and timeline is None
+    if not (grad or (tensors and plain and config is None and hardware.compiling())):
         return _dispatch.ep_dispatch(x, topk_idx, topk_weights, **kwargs)
     if not plain:
-        raise ValueError("ep_dispatch: the FP8 dispatch, exact=True, config= and timeline= are for calls without "
-                         "grad (call it under torch.no_grad(), or without them)")
+        raise ValueError("ep_dispatch: the FP8 dispatch, exact=True and timeline= are for calls without grad (call "
+                         "it under torch.no_grad(), or without them)")
     if not isinstance(topk_idx, torch.Tensor):
         raise TypeError(f"topk_idx must be a torch.Tensor, got {type(topk_idx).__name__}")
     name = shmem.group_name(group)
-    rows, ids, weights, counts, offsets, token_pos, slots, span = torch.ops.triton_dist.ep_dispatch_train(
-        x, topk_idx, topk_weights, num_experts, max_tokens, align, name)
-    routing = EpRouting(topk_idx, token_pos, slots, span, weights, num_experts, max_tokens, align, name)
+    # config=: its chunks go to the op (the records, and so both backwards, follow them), its other knobs to the
+    # op's forward through the caller (eagerly)
+    chunks = 0 if config is None else int(dispatch_config(max_tokens, x.shape[-1], x.device.type, config).num_chunks)
+    rows, ids, weights, counts, offsets, token_pos, slots, span = library.with_caller_config(
+        "ep_dispatch_train", config, lambda: torch.ops.triton_dist.ep_dispatch_train(
+            x, topk_idx, topk_weights, num_experts, max_tokens, align, name, chunks))
+    routing = EpRouting(topk_idx, token_pos, slots, span, weights, num_experts, max_tokens, align, name, chunks)
     return EpDispatchResult(rows, ids, weights, counts, offsets, routing)
 
 
 @functools.wraps(_combine.ep_combine)
 def ep_combine(expert_out, handle, out=None, config=None, timeline=None):
     if isinstance(handle, EpRouting):
-        if out is not None or config is not None or timeline is not None:
-            raise ValueError("ep_combine: out=, config= and timeline= are for calls without grad (a dispatch under "
+        if out is not None or timeline is not None:
+            raise ValueError("ep_combine: out= and timeline= are for calls without grad (a dispatch under "
                              "torch.no_grad())")
         if not isinstance(expert_out, torch.Tensor):
             raise TypeError(f"expert_out must be a torch.Tensor, got {type(expert_out).__name__}")
-        return torch.ops.triton_dist.ep_combine_train(expert_out, handle.weights, handle.topk_idx, handle.token_pos,
-                                                      handle.slots, handle.span, handle.num_experts,
-                                                      handle.max_tokens, handle.align, handle.group_name)
+        return library.with_caller_config("ep_combine_train", config, lambda: torch.ops.triton_dist.ep_combine_train(
+            expert_out, handle.weights, handle.topk_idx, handle.token_pos, handle.slots, handle.span,
+            handle.num_experts, handle.max_tokens, handle.align, handle.group_name, handle.num_chunks))
     if isinstance(expert_out, torch.Tensor) and library.needs_grad(expert_out):
         raise ValueError("ep_combine: expert_out requires grad but its dispatch ran without (the backward needs the "
                          "routing): call ep_dispatch with grad enabled and x or topk_weights requiring grad")
