@@ -320,6 +320,20 @@ FAMILIES = {  # model type: (its config beyond the common one, the blocks parall
                    router_aux_loss_coef=0.1), {"ExpertParallelMoE": 2}),
     "olmo2": (dict(intermediate_size=32), {"TensorParallelMLP": 2}),  # an MLP recognised by its form
     "phi3": (dict(intermediate_size=32), {}),  # fused gate_up_proj: left as it is
+    "qwen3_moe": (dict(intermediate_size=32, moe_intermediate_size=8, num_experts=4, num_experts_per_tok=2,
+                       output_router_logits=True, head_dim=8), {"ExpertParallelMoE": 2}),
+    "glm4_moe": (dict(intermediate_size=32, moe_intermediate_size=8, n_routed_experts=4, num_experts_per_tok=2,
+                      n_group=1, topk_group=1, n_shared_experts=1, first_k_dense_replace=1, head_dim=8),
+                 {"TensorParallelMLP": 1, "ExpertParallelMoE": 1}),
+    "qwen3": (dict(intermediate_size=32, head_dim=8), {"TensorParallelMLP": 2}),
+    "mistral": (dict(intermediate_size=32), {"TensorParallelMLP": 2}),
+    # its MoE block is not among the swapped ones: the dense first layer's MLP and the shared experts' are
+    "deepseek_v2": (dict(num_key_value_heads=2, intermediate_size=32, moe_intermediate_size=8, n_routed_experts=4,
+                         num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
+                         q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                         topk_method="group_limited_greedy"), {"TensorParallelMLP": 2}),
+    "gpt_oss": (dict(intermediate_size=8, num_local_experts=4, num_experts_per_tok=2, head_dim=8,
+                     layer_types=["full_attention", "full_attention"]), {}),  # experts with biases: left as they are
 }
 
 
@@ -402,7 +416,8 @@ def _train_families(names, steps):
 def test_parallelized_hf_families_train_like_the_originals(ranks):
     """More transformers families at W = 2 beside the Llama and Qwen2-MoE above: Mixtral with router jitter (the
     swapped block drew none: its loss was off by 1e-3), DeepSeek-V3 (sigmoid group-limited routing, shared experts,
-    a dense first layer), OLMoE, OLMo-2 (its MLP swapped by form) and Phi-3 (left as it is): the blocks swapped, the
+    a dense first layer), OLMoE, OLMo-2 (its MLP swapped by form), Phi-3 (left as it is), Qwen3-MoE, GLM-4-MoE,
+    Qwen3, Mistral, DeepSeek-V2 (its MoE block left, its MLPs swapped) and gpt-oss (left): the blocks swapped, the
     same loss curve (2 steps) and the same gradients, cut as each rank holds them."""
     pytest.importorskip("transformers")
     for found in ranks(2, _train_families, list(FAMILIES), 2):
