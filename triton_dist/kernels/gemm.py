@@ -362,6 +362,11 @@ def default_num_programs(device, cfg=None):
     return num_sms(device.index) * ((cfg or {}).get("programs_per_sm") or 1)
 
 
+def _has_block_scales(scales):
+    """Whether a call's ``fp8.Scales`` (None: not FP8) are 128-blockwise."""
+    return scales is not None and scales.mode == "block"
+
+
 def fp8_tiles(cfg, dtype, device, scales=None):
     """``cfg`` as tiles of ``dtype``: for FP8 operands on a GPU BLOCK_K 128 (fp8 wgmma takes K in steps of 32),
     the same bytes per pipeline stage as bf16's 64; unchanged otherwise. Block scales (``scales``, the call's
@@ -374,7 +379,7 @@ def fp8_tiles(cfg, dtype, device, scales=None):
     cfg = {**cfg, "BLOCK_K": FP8_BLOCK_K}
     cfg["SPLIT_N"] = (scales is not None and scales.mode != "block" and not scales.fast_accum
                       and cfg["BLOCK_N"] >= 256)
-    if scales is not None and scales.mode == "block":
+    if _has_block_scales(scales):
         stage_bytes = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * FP8_BLOCK_K
         while cfg["BLOCK_M"] * cfg["BLOCK_N"] > FP8_ACC_PER_THREAD * 32 * cfg["num_warps"] and cfg["BLOCK_N"] > 16:
             cfg["BLOCK_N"] //= 2
@@ -813,10 +818,6 @@ def _gluon_unmet(a, w, out, cfg, scales):
         if not met]
 
 
-def _has_block_scales(scales):
-    return scales is not None and scales.mode == "block"
-
-
 def _mode_and_scales(scales):
     """(mode, scale_a, scale_w) of the Gluon mainloop's launch: None for 16-bit operands."""
     return (None, None, None) if scales is None else (scales.mode, scales.a, scales.w)
@@ -997,7 +998,7 @@ def gemm_candidates(m, n, k, dtype, device, scales=None, split_k=False, out_dtyp
     if dtype in fp8.FP8_DTYPES:  # FP8: 128x128 tiles with deeper pipelines, 256x128 (docs/design/fp8.md)
         cands += [{**base, "BLOCK_N": 128, "num_stages": 5}, {**base, "BLOCK_N": 128, "num_stages": 5, "GROUP_M": 16},
                   {**base, "BLOCK_M": 256, "BLOCK_N": 128, "num_stages": 3}]
-    if scales is not None and scales.mode == "block" and device.type == "cuda":
+    if _has_block_scales(scales) and device.type == "cuda":
         # one warpgroup a program, two programs an SM: one's block scaling beside the other's wgmmas (fp8.md)
         cands += [{**base, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": stages,
                    "programs_per_sm": 2} for stages in (3, 4)]

@@ -603,8 +603,8 @@ _LAUNCH = Launchers(gemm_fp8_sm90_kernel, "gemm_sm90_launch") if gluon is not No
 def launch(a, w, c, cfg, mode, scale_a, scale_w, grid, tail=None):
     """``c = (a * scale_a) @ (w * scale_w).T`` for FP8 ``a`` [M, K], ``w`` [N, K] into ``c`` [M, N] (2-D,
     TMA-compatible) with scales of ``mode`` (as ``fp8.Scales`` holds them; bf16 / fp16 operands: mode and scales
-    None, ``c = a @ w.T``) and ``cfg`` (a ``candidates``
-    configuration) on ``grid`` (one program per SM, at most one per tile; every SM's where the tail tiles split);
+    None, ``c = a @ w.T``) and ``cfg`` (a ``candidates`` configuration) on ``grid`` (one program per SM, at most
+    one per tile; every SM's where the tail tiles split);
     ``tail``: the split tail's arguments (``tail_arguments``) or None."""
     args = Arguments(a, w, c, cfg, mode, scale_a, scale_w)(a, w, c, scale_a, scale_w)
     _LAUNCH(grid, *args, named=tail, **meta(cfg, mode, tail is not None))
